@@ -1,0 +1,1 @@
+namespace gradzip::bench { int run_codecs(int, char**) { return 1; } }

@@ -1,0 +1,46 @@
+// gradzip-bench: one binary, one subcommand per benchmark family.
+//   gradzip-bench codecs [--size N] [--codec SPEC]... [--repeat R] [--json FILE]
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string_view>
+
+#include "gradzip/error.h"
+
+namespace gradzip::bench {
+int run_codecs(int argc, char** argv);
+}
+
+namespace {
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: gradzip-bench SUBCOMMAND [options]\n"
+               "subcommands:\n"
+               "  codecs   compression ratio, encode/decode throughput and error of each codec,\n"
+               "           next to memcpy of the same input measured in the same run\n"
+               "run 'gradzip-bench SUBCOMMAND --help' for its options\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  const std::string_view command = argv[1];
+  try {
+    if (command == "codecs") return gradzip::bench::run_codecs(argc - 1, argv + 1);
+    if (command == "--help" || command == "-h") {
+      print_usage(stdout);
+      return 0;
+    }
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "gradzip-bench %s: %s\n", argv[1], error.what());
+    return 1;
+  }
+  std::fprintf(stderr, "gradzip-bench: unknown subcommand '%s'\n", argv[1]);
+  print_usage(stderr);
+  return 2;
+}

@@ -1,0 +1,255 @@
+// Parser and printer of compression spec strings (grammar in include/gradzip/compression_spec.h).
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradzip/compression_spec.h"
+#include "gradzip/error.h"
+
+namespace gradzip {
+namespace {
+
+struct CodecEntry {
+  CodecKind kind;
+  std::string_view name;
+  std::vector<std::string_view> keys;  // codec-specific keys, in canonical order
+  bool error_feedback_default;
+};
+
+const std::vector<CodecEntry>& codec_table() {
+  static const std::vector<CodecEntry> table = {
+      {CodecKind::none, "none", {}, false},
+      {CodecKind::fp16, "fp16", {}, false},
+      {CodecKind::bf16, "bf16", {}, false},
+      {CodecKind::qsgd, "qsgd", {"bits", "bucket"}, false},
+      {CodecKind::sign, "sign", {"bucket"}, true},
+      {CodecKind::topk, "topk", {"ratio", "k", "approx", "values"}, true},
+      {CodecKind::randk, "randk", {"ratio", "k", "values"}, true},
+      {CodecKind::powersgd, "powersgd", {"rank"}, true},
+  };
+  return table;
+}
+
+constexpr std::array<std::string_view, 6> kSharedKeys = {"ef",     "ef_resize", "algo",
+                                                         "warmup", "min_bytes", "seed"};
+
+const CodecEntry& entry_for(CodecKind kind) {
+  for (const CodecEntry& entry : codec_table())
+    if (entry.kind == kind) return entry;
+  GZ_THROW(ErrorCode::internal, "compression spec: codec kind ", static_cast<int>(kind),
+           " missing from the table");
+}
+
+std::string join(const std::vector<std::string_view>& items) {
+  std::string out;
+  for (std::string_view item : items) {
+    if (!out.empty()) out += ", ";
+    out += item;
+  }
+  return out;
+}
+
+std::string accepted_codecs() {
+  std::vector<std::string_view> names;
+  for (const CodecEntry& entry : codec_table()) names.push_back(entry.name);
+  return join(names);
+}
+
+std::string accepted_keys(const CodecEntry& entry) {
+  std::vector<std::string_view> keys = entry.keys;
+  keys.insert(keys.end(), kSharedKeys.begin(), kSharedKeys.end());
+  return join(keys);
+}
+
+std::string_view trim(std::string_view text) {
+  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+[[noreturn]] void bad_value(std::string_view spec, std::string_view key, std::string_view value,
+                            std::string_view expected) {
+  GZ_THROW(ErrorCode::invalid_spec, "compression spec '", spec, "': bad value '", value,
+           "' for key '", key, "'; expected ", expected);
+}
+
+std::uint64_t parse_unsigned(std::string_view spec, std::string_view key, std::string_view value,
+                             std::uint64_t min, std::uint64_t max) {
+  std::uint64_t result = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), result);
+  if (error != std::errc() || end != value.data() + value.size() || result < min || result > max) {
+    bad_value(spec, key, value,
+              detail::concat("an integer in [", min, ", ", max, "]"));
+  }
+  return result;
+}
+
+double parse_ratio(std::string_view spec, std::string_view key, std::string_view value) {
+  // std::from_chars for double is in libstdc++ 11+.
+  double result = 0.0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), result);
+  if (error != std::errc() || end != value.data() + value.size() || !std::isfinite(result) ||
+      !(result > 0.0) || result > 1.0) {
+    bad_value(spec, key, value, "a number in (0, 1]");
+  }
+  return result;
+}
+
+template <typename T>
+T parse_choice(std::string_view spec, std::string_view key, std::string_view value,
+               std::initializer_list<std::pair<std::string_view, T>> choices) {
+  std::vector<std::string_view> names;
+  for (const auto& [name, result] : choices) {
+    if (name == value) return result;
+    names.push_back(name);
+  }
+  bad_value(spec, key, value, "one of: " + join(names));
+}
+
+}  // namespace
+
+std::string_view codec_kind_name(CodecKind kind) noexcept {
+  for (const CodecEntry& entry : codec_table())
+    if (entry.kind == kind) return entry.name;
+  return "unknown";
+}
+
+std::string_view algorithm_name(Algorithm algo) noexcept {
+  switch (algo) {
+    case Algorithm::auto_select: return "auto";
+    case Algorithm::ring: return "ring";
+    case Algorithm::sra: return "sra";
+    case Algorithm::allgather: return "allgather";
+    case Algorithm::hier: return "hier";
+  }
+  return "unknown";
+}
+
+CompressionSpec CompressionSpec::parse(std::string_view text) {
+  const std::string_view spec = trim(text);
+  GZ_REQUIRE(!spec.empty(), ErrorCode::invalid_spec,
+             "compression spec is empty; expected a codec name, one of: ", accepted_codecs());
+
+  const std::size_t colon = spec.find(':');
+  const std::string_view codec_name = trim(spec.substr(0, colon));
+  const CodecEntry* entry = nullptr;
+  for (const CodecEntry& candidate : codec_table())
+    if (candidate.name == codec_name) entry = &candidate;
+  GZ_REQUIRE(entry != nullptr, ErrorCode::invalid_spec, "compression spec '", spec,
+             "': unknown codec '", codec_name, "'; accepted codecs: ", accepted_codecs());
+
+  CompressionSpec result;
+  result.codec = entry->kind;
+  result.error_feedback = entry->error_feedback_default;
+  if (colon == std::string_view::npos) return result;
+
+  std::set<std::string_view> seen;
+  std::string_view rest = spec.substr(colon + 1);
+  GZ_REQUIRE(!trim(rest).empty(), ErrorCode::invalid_spec, "compression spec '", spec,
+             "': nothing after ':'; expected key=value options, accepted keys: ",
+             accepted_keys(*entry));
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view option = trim(rest.substr(0, comma));
+    const std::size_t equals = option.find('=');
+    GZ_REQUIRE(equals != std::string_view::npos && equals > 0, ErrorCode::invalid_spec,
+               "compression spec '", spec, "': option '", option,
+               "' is not key=value; accepted keys: ", accepted_keys(*entry));
+    const std::string_view key = trim(option.substr(0, equals));
+    const std::string_view value = trim(option.substr(equals + 1));
+
+    const bool codec_key = std::find(entry->keys.begin(), entry->keys.end(), key) != entry->keys.end();
+    const bool shared_key = std::find(kSharedKeys.begin(), kSharedKeys.end(), key) != kSharedKeys.end();
+    GZ_REQUIRE(codec_key || shared_key, ErrorCode::invalid_spec, "compression spec '", spec,
+               "': unknown key '", key, "' for codec '", entry->name,
+               "'; accepted keys: ", accepted_keys(*entry));
+    GZ_REQUIRE(seen.insert(key).second, ErrorCode::invalid_spec, "compression spec '", spec,
+               "': key '", key, "' given twice");
+
+    if (key == "bits") {
+      result.bits = static_cast<int>(parse_unsigned(spec, key, value, 1, 8));
+    } else if (key == "bucket") {
+      result.bucket = parse_unsigned(spec, key, value, 1, std::uint64_t{1} << 31);
+    } else if (key == "ratio") {
+      result.ratio = parse_ratio(spec, key, value);
+    } else if (key == "k") {
+      result.k = parse_unsigned(spec, key, value, 1, UINT64_MAX);
+    } else if (key == "approx") {
+      result.approx = parse_choice<bool>(spec, key, value, {{"on", true}, {"off", false}});
+    } else if (key == "values") {
+      result.values = parse_choice<DType>(spec, key, value, {{"fp32", DType::f32}, {"fp16", DType::f16}});
+    } else if (key == "rank") {
+      result.rank = static_cast<int>(parse_unsigned(spec, key, value, 1, 1024));
+    } else if (key == "ef") {
+      result.error_feedback = parse_choice<bool>(spec, key, value, {{"on", true}, {"off", false}});
+    } else if (key == "ef_resize") {
+      result.ef_resize = parse_choice<ResizePolicy>(
+          spec, key, value, {{"error", ResizePolicy::error}, {"reset", ResizePolicy::reset}});
+    } else if (key == "algo") {
+      result.algo = parse_choice<Algorithm>(spec, key, value,
+                                            {{"auto", Algorithm::auto_select},
+                                             {"ring", Algorithm::ring},
+                                             {"sra", Algorithm::sra},
+                                             {"allgather", Algorithm::allgather},
+                                             {"hier", Algorithm::hier}});
+    } else if (key == "warmup") {
+      result.warmup = static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, UINT32_MAX));
+    } else if (key == "min_bytes") {
+      result.min_bytes = parse_unsigned(spec, key, value, 0, UINT64_MAX);
+    } else if (key == "seed") {
+      result.seed = parse_unsigned(spec, key, value, 0, UINT64_MAX);
+    } else {
+      GZ_THROW(ErrorCode::internal, "compression spec: key '", key, "' accepted but not handled");
+    }
+
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  GZ_REQUIRE(!(seen.count("ratio") && seen.count("k")), ErrorCode::invalid_spec,
+             "compression spec '", spec, "': give ratio or k, not both");
+  if (seen.count("k")) result.ratio = 0.01;  // canonical: k decides, ratio keeps its default
+  return result;
+}
+
+std::string CompressionSpec::to_string() const {
+  const CodecEntry& entry = entry_for(codec);
+  std::string out(entry.name);
+  std::vector<std::string> options;
+  for (std::string_view key : entry.keys) {
+    if (key == "bits") options.push_back(detail::concat("bits=", bits));
+    if (key == "bucket") options.push_back(detail::concat("bucket=", bucket));
+    if (key == "ratio" && k == 0) {
+      char buffer[64];
+      const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, ratio);
+      options.push_back("ratio=" + std::string(buffer, error == std::errc() ? end : buffer));
+    }
+    if (key == "k" && k != 0) options.push_back(detail::concat("k=", k));
+    if (key == "approx") options.push_back(approx ? "approx=on" : "approx=off");
+    if (key == "values") options.push_back(values == DType::f16 ? "values=fp16" : "values=fp32");
+    if (key == "rank") options.push_back(detail::concat("rank=", rank));
+  }
+  options.push_back(error_feedback ? "ef=on" : "ef=off");
+  options.push_back(ef_resize == ResizePolicy::reset ? "ef_resize=reset" : "ef_resize=error");
+  options.push_back(detail::concat("algo=", algorithm_name(algo)));
+  options.push_back(detail::concat("warmup=", warmup));
+  options.push_back(detail::concat("min_bytes=", min_bytes));
+  options.push_back(detail::concat("seed=", seed));
+  for (std::size_t i = 0; i < options.size(); ++i) out += (i == 0 ? ":" : ",") + options[i];
+  return out;
+}
+
+std::size_t CompressionSpec::k_for(std::size_t n) const noexcept {
+  if (n == 0) return 0;
+  if (k > 0) return std::min(k, n);
+  const double wanted = std::ceil(ratio * static_cast<double>(n));
+  if (!(wanted >= 1.0)) return 1;
+  if (wanted >= static_cast<double>(n)) return n;
+  return static_cast<std::size_t>(wanted);
+}
+
+}  // namespace gradzip

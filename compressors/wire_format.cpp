@@ -1,0 +1,96 @@
+#include "compressors/wire_format.h"
+
+#include <bit>
+#include <cstring>
+
+#include "gradzip/error.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "gradzip's wire format is little-endian and written with memcpy");
+
+namespace gradzip::compressors {
+namespace {
+
+template <typename T>
+void put(std::span<std::byte> out, std::size_t offset, T value) {
+  std::memcpy(out.data() + offset, &value, sizeof value);
+}
+
+template <typename T>
+T get(std::span<const std::byte> in, std::size_t offset) {
+  T value;
+  std::memcpy(&value, in.data() + offset, sizeof value);
+  return value;
+}
+
+bool known_codec(std::uint8_t id) noexcept {
+  return id >= static_cast<std::uint8_t>(WireCodec::none) &&
+         id <= static_cast<std::uint8_t>(WireCodec::randk);
+}
+
+}  // namespace
+
+std::string_view wire_codec_name(WireCodec codec) noexcept {
+  switch (codec) {
+    case WireCodec::none: return "none";
+    case WireCodec::fp16: return "fp16";
+    case WireCodec::bf16: return "bf16";
+    case WireCodec::qsgd: return "qsgd";
+    case WireCodec::sign: return "sign";
+    case WireCodec::topk: return "topk";
+    case WireCodec::randk: return "randk";
+  }
+  return "unknown";
+}
+
+void write_header(const WireHeader& header, std::span<std::byte> out) {
+  GZ_REQUIRE(out.size() >= kWireHeaderBytes, ErrorCode::invalid_argument,
+             "write_header: output buffer holds ", out.size(), " bytes, the header needs ",
+             kWireHeaderBytes);
+  put<std::uint32_t>(out, 0, kWireMagic);
+  put<std::uint8_t>(out, 4, kWireVersion);
+  put<std::uint8_t>(out, 5, static_cast<std::uint8_t>(header.codec));
+  put<std::uint8_t>(out, 6, header.flags);
+  put<std::uint8_t>(out, 7, header.small_param);
+  put<std::uint64_t>(out, 8, header.count);
+  put<std::uint64_t>(out, 16, header.payload_bytes);
+  put<std::uint64_t>(out, 24, header.large_param);
+}
+
+WireHeader read_header(std::span<const std::byte> in, std::string_view op) {
+  GZ_REQUIRE(in.size() >= kWireHeaderBytes, ErrorCode::malformed_message, op, ": message of ",
+             in.size(), " bytes is shorter than the ", kWireHeaderBytes, "-byte header");
+  const auto magic = get<std::uint32_t>(in, 0);
+  GZ_REQUIRE(magic == kWireMagic, ErrorCode::malformed_message, op, ": bad magic 0x", std::hex,
+             magic, " (expected 0x", kWireMagic, ")");
+  const auto version = get<std::uint8_t>(in, 4);
+  GZ_REQUIRE(version == kWireVersion, ErrorCode::malformed_message, op, ": wire version ",
+             int{version}, " is not supported (this build reads version ", int{kWireVersion}, ")");
+  const auto codec_id = get<std::uint8_t>(in, 5);
+  GZ_REQUIRE(known_codec(codec_id), ErrorCode::malformed_message, op, ": unknown codec id ",
+             int{codec_id});
+  WireHeader header;
+  header.codec = static_cast<WireCodec>(codec_id);
+  header.flags = get<std::uint8_t>(in, 6);
+  header.small_param = get<std::uint8_t>(in, 7);
+  header.count = get<std::uint64_t>(in, 8);
+  header.payload_bytes = get<std::uint64_t>(in, 16);
+  header.large_param = get<std::uint64_t>(in, 24);
+  const std::size_t available = in.size() - kWireHeaderBytes;
+  GZ_REQUIRE(header.payload_bytes == available, ErrorCode::malformed_message, op,
+             ": header says the payload has ", header.payload_bytes, " bytes, the message has ",
+             available, " after the header");
+  return header;
+}
+
+WireHeader read_header_for(std::span<const std::byte> in, WireCodec expected,
+                           std::size_t expected_count, std::string_view op) {
+  const WireHeader header = read_header(in, op);
+  GZ_REQUIRE(header.codec == expected, ErrorCode::malformed_message, op, ": message is ",
+             wire_codec_name(header.codec), ", this codec decodes ", wire_codec_name(expected));
+  GZ_REQUIRE(header.count == expected_count, ErrorCode::malformed_message, op, ": message holds ",
+             header.count, " elements, the output has ", expected_count);
+  return header;
+}
+
+}  // namespace gradzip::compressors

@@ -1,0 +1,70 @@
+// The wire format: every encoded chunk is one message, a fixed 32-byte header followed by the
+// codec's payload. All fields are little-endian (gradzip runs on little-endian hosts only;
+// the build checks this).
+//
+//   offset size field
+//   0      4    magic          0x505A4447 ("GDZP" in memory order)
+//   4      1    version        kWireVersion
+//   5      1    codec          WireCodec
+//   6      1    flags          codec-specific bits (e.g. top-k value/index widths)
+//   7      1    small_param    codec-specific (qsgd: bits)
+//   8      8    count          elements the message decodes to
+//   16     8    payload_bytes  bytes after the header; the message is exactly 32 + payload_bytes
+//   24     8    large_param    codec-specific (qsgd/sign: bucket; top-k/random-k: k)
+//
+// Decoders call read_header() first, then check every codec field and the exact payload size
+// for the count and parameters before touching any memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace gradzip::compressors {
+
+inline constexpr std::uint32_t kWireMagic = 0x505A4447u;
+inline constexpr std::uint8_t kWireVersion = 1;
+inline constexpr std::size_t kWireHeaderBytes = 32;
+
+enum class WireCodec : std::uint8_t {
+  none = 1,
+  fp16 = 2,
+  bf16 = 3,
+  qsgd = 4,
+  sign = 5,
+  topk = 6,
+  randk = 7,
+};
+
+std::string_view wire_codec_name(WireCodec codec) noexcept;
+
+struct WireHeader {
+  WireCodec codec = WireCodec::none;
+  std::uint8_t flags = 0;
+  std::uint8_t small_param = 0;
+  std::uint64_t count = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t large_param = 0;
+};
+
+// Writes the header into out[0, 32). Throws invalid_argument if out is shorter than that.
+void write_header(const WireHeader& header, std::span<std::byte> out);
+
+// Parses and validates the header of the message `in`: size, magic, version, a known codec,
+// and in.size() == 32 + payload_bytes. Throws malformed_message naming `op` and the field.
+WireHeader read_header(std::span<const std::byte> in, std::string_view op);
+
+// read_header() plus: the codec is `expected`, and the count equals `expected_count`.
+WireHeader read_header_for(std::span<const std::byte> in, WireCodec expected,
+                           std::size_t expected_count, std::string_view op);
+
+// The payload of a validated message.
+inline std::span<const std::byte> payload_of(std::span<const std::byte> message) {
+  return message.subspan(kWireHeaderBytes);
+}
+inline std::span<std::byte> payload_of(std::span<std::byte> message) {
+  return message.subspan(kWireHeaderBytes);
+}
+
+}  // namespace gradzip::compressors

@@ -1,0 +1,68 @@
+// The codec interface: a stateless transform between a gradient chunk and a self-describing
+// encoded message (the wire format, see compressors/wire_format.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "gradzip/compression_spec.h"
+#include "gradzip/tensor_view.h"
+
+namespace gradzip {
+
+// What makes stochastic choices reproducible. Stochastic rounding and random-k draw from
+// Philox 4x32-10 keyed by `seed`, with the counter built from (element index, step, tensor id),
+// so every rank, and the CPU and the GPU, draw the same numbers for the same element.
+struct EncodeContext {
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;
+  std::uint32_t tensor_id = 0;
+  // Index of the chunk's first element inside its tensor, so that a tensor encoded in chunks
+  // draws the same numbers as the whole tensor encoded at once.
+  std::uint64_t element_offset = 0;
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+
+  // The spec this codec was made from, and its canonical string.
+  virtual const CompressionSpec& spec() const noexcept = 0;
+  std::string name() const { return spec().to_string(); }
+
+  // Upper bound of encode()'s result for `count` elements (header included).
+  virtual std::size_t max_encoded_bytes(std::size_t count) const = 0;
+
+  // Encodes `in` (host memory; f32, f16 or bf16) into `out`, which must hold at least
+  // max_encoded_bytes(in.count) bytes. Returns the bytes written: header plus payload.
+  // Deterministic: the same input, spec and context give the same bytes.
+  virtual std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                             const EncodeContext& ctx) const = 0;
+
+  // Decodes the message `in` (exactly one message, no trailing bytes) into `out`, whose count
+  // must equal the message's element count. f16/bf16 outputs are rounded to nearest even.
+  // Every header field is validated first; a bad message throws ErrorCode::malformed_message
+  // and leaves `out` untouched.
+  virtual void decode(std::span<const std::byte> in, TensorView out) const = 0;
+
+  // acc[i] += decoded[i] for i < count, with the same validation as decode().
+  virtual void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const = 0;
+
+  // True when payloads of equal-length messages can be summed without decoding
+  // (casts, shared-seed random-k).
+  virtual bool additive() const noexcept = 0;
+
+  // True when the payload carries indices (top-k).
+  virtual bool sparse() const noexcept = 0;
+};
+
+// Creates the codec a spec names. Throws ErrorCode::unsupported for `powersgd`, which is a
+// Reducer-level compressor working on whole matrices rather than on element chunks.
+std::unique_ptr<Codec> make_codec(const CompressionSpec& spec);
+std::unique_ptr<Codec> make_codec(std::string_view spec);
+
+}  // namespace gradzip

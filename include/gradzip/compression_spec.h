@@ -1,0 +1,78 @@
+// One string configures a codec and its policies, the same from C++, Python, the CLI and
+// GRADZIP_COMPRESSOR. Grammar:
+//
+//   spec   := codec [ ':' option { ',' option } ]
+//   option := key '=' value
+//   codec  := none | fp16 | bf16 | qsgd | sign | topk | randk | powersgd
+//
+// Codec keys (defaults in brackets):
+//   qsgd      bits=1..8 [8], bucket=N [512]
+//   sign      bucket=N [512]
+//   topk      ratio=(0,1] [0.01] | k=N, approx=on|off [off], values=fp32|fp16 [fp32]
+//   randk     ratio=(0,1] [0.01] | k=N, values=fp32|fp16 [fp32]
+//   powersgd  rank=N [4]
+// Shared keys, accepted after every codec:
+//   ef=on|off            error feedback [on for sign, topk, randk, powersgd; off otherwise]
+//   ef_resize=error|reset what the residual store does when a tensor changes size [error]
+//   algo=auto|ring|sra|allgather|hier  collective algorithm [auto]
+//   warmup=STEPS         dense steps before compression starts [0]
+//   min_bytes=N          tensors smaller than this go uncompressed [0]
+//   seed=N               seed of the counter-based generator [0]
+//
+// Unknown codecs, unknown keys, repeated keys and bad values throw gradzip::Error
+// (ErrorCode::invalid_spec) naming what was wrong and listing what is accepted.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "gradzip/dtype.h"
+
+namespace gradzip {
+
+enum class CodecKind : std::uint8_t { none, fp16, bf16, qsgd, sign, topk, randk, powersgd };
+enum class Algorithm : std::uint8_t { auto_select, ring, sra, allgather, hier };
+enum class ResizePolicy : std::uint8_t { error, reset };
+
+std::string_view codec_kind_name(CodecKind kind) noexcept;
+std::string_view algorithm_name(Algorithm algo) noexcept;
+
+struct CompressionSpec {
+  CodecKind codec = CodecKind::none;
+
+  // qsgd, sign
+  int bits = 8;
+  std::size_t bucket = 512;
+
+  // topk, randk: k = ceil(ratio * n) unless k is given explicitly (k > 0).
+  double ratio = 0.01;
+  std::size_t k = 0;
+  bool approx = false;
+  DType values = DType::f32;  // value precision on the wire: f32 or f16
+
+  // powersgd
+  int rank = 4;
+
+  // shared
+  bool error_feedback = false;
+  ResizePolicy ef_resize = ResizePolicy::error;
+  Algorithm algo = Algorithm::auto_select;
+  std::uint32_t warmup = 0;
+  std::size_t min_bytes = 0;
+  std::uint64_t seed = 0;
+
+  // Parses a spec string (grammar above). Throws gradzip::Error on any bad input.
+  static CompressionSpec parse(std::string_view text);
+
+  // Canonical string: parse(to_string()) == *this, keys in a fixed order, every key written.
+  std::string to_string() const;
+
+  // Number of entries top-k / random-k keep out of n: 0 when n == 0, else clamped to [1, n].
+  std::size_t k_for(std::size_t n) const noexcept;
+
+  bool operator==(const CompressionSpec&) const = default;
+};
+
+}  // namespace gradzip

@@ -1,0 +1,42 @@
+#include "kernels/tunables.h"
+
+#include <array>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "gradzip/error.h"
+
+namespace gradzip::kernels {
+namespace {
+
+constexpr std::array kTunables = {
+    Tunable{"GRADZIP_CPU_ISA", "auto",
+            "Vector instruction set of the CPU kernels: auto (best the CPU has), avx512, avx2 or "
+            "scalar. All give the same bits; forcing one is for testing and benchmarking."},
+    Tunable{"GRADZIP_COMPRESSOR", "none",
+            "Compression spec used when the application does not pass one (grammar in the README)."},
+};
+
+}  // namespace
+
+std::span<const Tunable> tunables() noexcept { return kTunables; }
+
+const std::string& tunable_value(std::string_view name) {
+  static std::mutex mutex;
+  static std::map<std::string, std::string, std::less<>> cache;
+  std::lock_guard lock(mutex);
+  if (auto it = cache.find(name); it != cache.end()) return it->second;
+  for (const Tunable& tunable : kTunables) {
+    if (tunable.name != name) continue;
+    const std::string key(name);
+    const char* from_env = std::getenv(key.c_str());
+    return cache.emplace(key, from_env != nullptr ? std::string(from_env)
+                                                  : std::string(tunable.default_value))
+        .first->second;
+  }
+  GZ_THROW(ErrorCode::invalid_argument, "tunable_value: '", name,
+           "' is not a GRADZIP_* variable this build knows");
+}
+
+}  // namespace gradzip::kernels

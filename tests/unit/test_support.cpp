@@ -1,0 +1,71 @@
+#include "tests/unit/test_support.h"
+
+#include <cstring>
+#include <random>
+
+#include "kernels/cast_math.h"
+
+namespace gradzip::testing {
+
+std::vector<float> gaussian(std::size_t n, std::uint64_t seed, float sigma) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> values(n);
+  for (float& value : values) value = normal(engine);
+  return values;
+}
+
+HostTensor::HostTensor(DType dtype, std::size_t count)
+    : dtype_(dtype), count_(count), bytes_(count * dtype_size(dtype)) {}
+
+HostTensor::HostTensor(DType dtype, std::span<const float> values)
+    : HostTensor(dtype, values.size()) {
+  for (std::size_t i = 0; i < count_; ++i) {
+    if (dtype_ == DType::f32) {
+      std::memcpy(bytes_.data() + 4 * i, &values[i], 4);
+    } else {
+      const std::uint16_t bits = dtype_ == DType::f16 ? kernels::f32_to_f16_bits(values[i])
+                                                      : kernels::f32_to_bf16_bits(values[i]);
+      std::memcpy(bytes_.data() + 2 * i, &bits, 2);
+    }
+  }
+}
+
+TensorView HostTensor::view() { return TensorView{bytes_.data(), count_, dtype_, Device{}}; }
+
+ConstTensorView HostTensor::view() const {
+  return ConstTensorView{bytes_.data(), count_, dtype_, Device{}};
+}
+
+float HostTensor::at(std::size_t i) const {
+  if (dtype_ == DType::f32) {
+    float value;
+    std::memcpy(&value, bytes_.data() + 4 * i, 4);
+    return value;
+  }
+  std::uint16_t bits;
+  std::memcpy(&bits, bytes_.data() + 2 * i, 2);
+  return dtype_ == DType::f16 ? kernels::f16_bits_to_f32(bits) : kernels::bf16_bits_to_f32(bits);
+}
+
+std::vector<float> HostTensor::to_f32() const {
+  std::vector<float> values(count_);
+  for (std::size_t i = 0; i < count_; ++i) values[i] = at(i);
+  return values;
+}
+
+std::vector<std::byte> encode_message(const Codec& codec, ConstTensorView in,
+                                      const EncodeContext& ctx) {
+  std::vector<std::byte> message(codec.max_encoded_bytes(in.count));
+  message.resize(codec.encode(in, message, ctx));
+  return message;
+}
+
+std::vector<float> decode_to_f32(const Codec& codec, std::span<const std::byte> message,
+                                 std::size_t count) {
+  std::vector<float> out(count);
+  codec.decode(message, host_view(out.data(), count));
+  return out;
+}
+
+}  // namespace gradzip::testing
