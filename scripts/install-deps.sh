@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages gradzip's build, tests and demo need. Idempotent: packages
+# already present are not touched, and apt-get runs only when something is missing.
+# Run as root (or with sudo) on Debian 12.
+set -euo pipefail
+
+packages=(
+  build-essential cmake             # compiler and build system
+  libgtest-dev libgmock-dev         # GoogleTest (CMake package GTest)
+  libopenmpi-dev openmpi-bin        # Open MPI transport and mpirun
+  python3                           # helper scripts
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+  SUDO=sudo
+else
+  SUDO=
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite, as the README's second quick-start command: install what is needed,
+# build (library, unit tests, their AddressSanitizer+UBSan copies, benchmark), and run ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/configure-and-build.sh
+ctest --test-dir build --output-on-failure -j "$(nproc)"
