@@ -1,11 +1,161 @@
-// Placeholder until the codec lands: the factory refuses with a clear error.
+// `fp16` and `bf16`: the chunk cast to a 16-bit float format, round to nearest even. One codec
+// class serves both; they differ only in the format and its wire codec id.
+//
+// Message (header layout in wire_format.h):
+//   header   codec = fp16 (2) | bf16 (3), flags = 0, small_param = 0, large_param = 0,
+//            count = n, payload_bytes = 2n
+//   payload  offset 2i, 2 bytes, i < n: element i as IEEE binary16 (fp16) or bfloat16 (bf16)
+//            bits, little-endian, rounded to nearest even from the input element's f32 value
+//
+// Inputs: f32 is rounded once. An input already in the codec's format is copied bit for bit
+// (f16 into fp16, bf16 into bf16). The other 16-bit format is widened exactly to f32 and then
+// rounded (f16 -> f32 -> bf16 and bf16 -> f32 -> f16), through a stack block of
+// kConvertBlock elements.
+// Outputs: decode widens the payload exactly to f32; an f16/bf16 output gets those f32 values
+// rounded to nearest even, except that an output of the codec's own format gets the payload
+// bits copied. decode_add adds the exact f32 values into acc, one IEEE f32 add per element.
+// Specials: +-inf stay +-inf; a finite f32 beyond the format's range (fp16: |x| >= 65520)
+// becomes +-inf; a NaN stays a NaN of the same sign, quiet, its payload's top bits kept
+// (kernels/cast_math.h). A signalling NaN copied bit for bit (same format in and out) stays
+// signalling.
+// additive(): the payloads of equal-length messages are elementwise 16-bit floats, so a
+// reduction may sum them without parsing anything else.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "compressors/codec_checks.h"
 #include "compressors/registry.h"
-#include "gradzip/error.h"
+#include "compressors/wire_format.h"
+#include "kernels/cpu/cast_cpu_simd.h"
+#include "kernels/cpu/convert.h"
 
 namespace gradzip::compressors {
+namespace {
+
+// What differs between fp16 and bf16.
+struct CastFormat {
+  WireCodec wire;
+  DType dtype;  // the 16-bit format of the payload
+  void (*from_f32)(const float* in, std::byte* out16, std::size_t count) noexcept;
+  void (*to_f32)(const std::byte* in16, float* out, std::size_t count) noexcept;
+  void (*add_to_f32)(const std::byte* in16, float* acc, std::size_t count) noexcept;
+};
+
+constexpr CastFormat kFp16{WireCodec::fp16, DType::f16, kernels::cpu::f32_to_f16_bytes,
+                           kernels::cpu::f16_bytes_to_f32, kernels::cpu::add_f16_bytes_to_f32};
+constexpr CastFormat kBf16{WireCodec::bf16, DType::bf16, kernels::cpu::f32_to_bf16_bytes,
+                           kernels::cpu::bf16_bytes_to_f32, kernels::cpu::add_bf16_bytes_to_f32};
+
+constexpr std::size_t kBytesPerElement = 2;
+
+class CastCodec final : public Codec {
+ public:
+  CastCodec(const CompressionSpec& spec, const CastFormat& format)
+      : spec_(spec),
+        format_(format),
+        encode_op_(std::string(wire_codec_name(format.wire)) + ".encode"),
+        decode_op_(std::string(wire_codec_name(format.wire)) + ".decode"),
+        decode_add_op_(std::string(wire_codec_name(format.wire)) + ".decode_add") {}
+
+  const CompressionSpec& spec() const noexcept override { return spec_; }
+
+  std::size_t max_encoded_bytes(std::size_t count) const override {
+    GZ_REQUIRE(
+        count <= (std::numeric_limits<std::size_t>::max() - kWireHeaderBytes) / kBytesPerElement,
+        ErrorCode::invalid_argument, wire_codec_name(format_.wire), ".max_encoded_bytes: ", count,
+        " elements do not fit a message size");
+    return kWireHeaderBytes + count * kBytesPerElement;
+  }
+
+  std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                     const EncodeContext& /*ctx*/) const override {
+    require_host(in, encode_op_);
+    const std::size_t total = max_encoded_bytes(in.count);
+    require_capacity(out, total, encode_op_);
+    write_header(WireHeader{format_.wire, 0, 0, in.count, in.count * kBytesPerElement, 0}, out);
+    std::byte* payload = out.data() + kWireHeaderBytes;
+    if (in.count == 0) return total;
+    if (in.dtype == format_.dtype) {
+      std::memcpy(payload, in.data, in.count * kBytesPerElement);
+    } else if (in.dtype == DType::f32) {
+      format_.from_f32(static_cast<const float*>(in.data), payload, in.count);
+    } else {
+      float block[kernels::cpu::kConvertBlock];
+      for (std::size_t begin = 0; begin < in.count; begin += kernels::cpu::kConvertBlock) {
+        const std::size_t n = std::min(kernels::cpu::kConvertBlock, in.count - begin);
+        kernels::cpu::load_as_f32(in, begin, n, block);
+        format_.from_f32(block, payload + begin * kBytesPerElement, n);
+      }
+    }
+    return total;
+  }
+
+  void decode(std::span<const std::byte> in, TensorView out) const override {
+    require_host(out, decode_op_);
+    const std::byte* payload = validated_payload(in, out.count, decode_op_);
+    if (out.count == 0) return;
+    if (out.dtype == DType::f32) {
+      format_.to_f32(payload, static_cast<float*>(out.data), out.count);
+    } else if (out.dtype == format_.dtype) {
+      std::memcpy(out.data, payload, out.count * kBytesPerElement);
+    } else {
+      float block[kernels::cpu::kConvertBlock];
+      for (std::size_t begin = 0; begin < out.count; begin += kernels::cpu::kConvertBlock) {
+        const std::size_t n = std::min(kernels::cpu::kConvertBlock, out.count - begin);
+        format_.to_f32(payload + begin * kBytesPerElement, block, n);
+        kernels::cpu::store_from_f32(block, n, out, begin);
+      }
+    }
+  }
+
+  void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
+    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument, decode_add_op_,
+               ": null accumulator for ", count, " elements");
+    const std::byte* payload = validated_payload(in, count, decode_add_op_);
+    format_.add_to_f32(payload, acc, count);
+  }
+
+  bool additive() const noexcept override { return true; }
+  bool sparse() const noexcept override { return false; }
+
+ private:
+  // Checks every header field of `in` for a message of `count` elements; returns its payload.
+  const std::byte* validated_payload(std::span<const std::byte> in, std::size_t count,
+                                     const std::string& op) const {
+    const WireHeader header = read_header_for(in, format_.wire, count, op);
+    GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags are ",
+               int{header.flags}, " (expected 0)");
+    GZ_REQUIRE(header.small_param == 0, ErrorCode::malformed_message, op, ": small_param is ",
+               int{header.small_param}, " (expected 0)");
+    GZ_REQUIRE(header.large_param == 0, ErrorCode::malformed_message, op, ": large_param is ",
+               header.large_param, " (expected 0)");
+    // Written without count * 2, which could wrap for an absurd count.
+    GZ_REQUIRE(header.payload_bytes % kBytesPerElement == 0 &&
+                   header.payload_bytes / kBytesPerElement == count,
+               ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
+               " bytes for ", count, " elements of 2 bytes (expected ", count, " x 2 bytes)");
+    return in.data() + kWireHeaderBytes;
+  }
+
+  CompressionSpec spec_;
+  CastFormat format_;
+  std::string encode_op_;
+  std::string decode_op_;
+  std::string decode_add_op_;
+};
+
+}  // namespace
 
 std::unique_ptr<Codec> make_cast_codec(const CompressionSpec& spec) {
-  GZ_THROW(ErrorCode::unsupported, "make_codec: codec '", spec.to_string(), "' is not built yet");
+  switch (spec.codec) {
+    case CodecKind::fp16: return std::make_unique<CastCodec>(spec, kFp16);
+    case CodecKind::bf16: return std::make_unique<CastCodec>(spec, kBf16);
+    default: break;
+  }
+  GZ_THROW(ErrorCode::internal, "make_cast_codec: spec '", spec.to_string(),
+           "' is not fp16 or bf16");
 }
 
 }  // namespace gradzip::compressors

@@ -212,6 +212,14 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
   }
   GZ_REQUIRE(!(seen.count("ratio") && seen.count("k")), ErrorCode::invalid_spec,
              "compression spec '", spec, "': give ratio or k, not both");
+  // 1-bit qsgd decodes every element to +-(bucket maximum): its error is as large as the
+  // signal, and feeding it back grows the maximum every step (measured: the residual reaches
+  // 1e28 in 100 steps). `sign` scales by the mean |g| instead and is the 1-bit codec for EF.
+  GZ_REQUIRE(!(result.codec == CodecKind::qsgd && result.bits == 1 && result.error_feedback),
+             ErrorCode::invalid_spec, "compression spec '", spec,
+             "': qsgd with bits=1 and ef=on diverges (each element's error is up to twice the "
+             "bucket maximum, and error feedback amplifies it); use 'sign' for 1-bit with error "
+             "feedback, or ef=off");
   if (seen.count("k")) result.ratio = 0.01;  // canonical: k decides, ratio keeps its default
   return result;
 }

@@ -1,11 +1,153 @@
-// Placeholder until the codec lands: the factory refuses with a clear error.
+// `randk`: shared-seed random-k sparsification (`randk:ratio=r` or `randk:k=N`, optional
+// `values=fp16`). k = spec.k_for(n) indices are drawn from the EncodeContext (seed, step,
+// tensor id, element offset) by the stratified rule of kernels/randk_math.h, so every rank
+// with the same context keeps the same indices: the payload carries values only, and payloads
+// of equal keys can be summed value by value (additive, not sparse).
+//
+// Values are sent as they are, NOT rescaled by n/k: D(C(g)) is a shrunk estimate of g and
+// error feedback (on by default for randk) carries the dropped part into later steps.
+//
+// Chunks: a chunk at element_offset o draws its indices from Philox blocks o .. o+k-1 (k is the
+// chunk's own k_for(chunk length), strata span the chunk only). So the chunks of one tensor use
+// disjoint counters, but a tensor sent in chunks keeps a different selection than the same
+// tensor sent whole.
+//
+// Message = 32-byte header (compressors/wire_format.h) + payload:
+//   header: codec randk, flags bit 1 (0x02) set = f16 values, no other bit; small_param 0;
+//           count = n; large_param = k (k == 0 iff n == 0, else 1 <= k <= n);
+//           payload_bytes = 24 + k * (4 or 2).
+//   payload (little-endian, at any alignment):
+//     offset  size   field
+//     0       8      seed            u64  | the key the indices are drawn from, so decoding
+//     8       4      step            u32  | needs nothing but the message
+//     12      4      tensor_id       u32  |
+//     16      8      element_offset  u64  |
+//     24      4k     values          f32; or 2k bytes of f16 (round to nearest even) with flags
+//                                    bit 1. Value j belongs to index_j, the j-th smallest index.
+// The key is written for every count, including n == 0 (payload of 24 bytes).
+#include <cstring>
+#include <limits>
+
+#include "compressors/codec_checks.h"
 #include "compressors/registry.h"
-#include "gradzip/error.h"
+#include "compressors/wire_format.h"
+#include "kernels/cpu/randk_cpu.h"
 
 namespace gradzip::compressors {
+namespace {
+
+inline constexpr std::uint8_t kFlagF16Values = 1u << 1;
+inline constexpr std::size_t kKeyBytes = 24;
+
+void write_key(const kernels::RandkKey& key, std::byte* out) {
+  std::memcpy(out + 0, &key.seed, 8);
+  std::memcpy(out + 8, &key.step, 4);
+  std::memcpy(out + 12, &key.tensor_id, 4);
+  std::memcpy(out + 16, &key.element_offset, 8);
+}
+
+kernels::RandkKey read_key(const std::byte* in) {
+  kernels::RandkKey key;
+  std::memcpy(&key.seed, in + 0, 8);
+  std::memcpy(&key.step, in + 8, 4);
+  std::memcpy(&key.tensor_id, in + 12, 4);
+  std::memcpy(&key.element_offset, in + 16, 8);
+  return key;
+}
+
+// What a validated message holds.
+struct RandkMessage {
+  std::uint64_t k;
+  DType value_dtype;
+  kernels::RandkKey key;
+  const std::byte* values;
+};
+
+class RandkCodec final : public Codec {
+ public:
+  explicit RandkCodec(const CompressionSpec& spec) : spec_(spec) {
+    GZ_REQUIRE(spec.values == DType::f32 || spec.values == DType::f16, ErrorCode::invalid_spec,
+               "randk: values must be fp32 or fp16, got ", dtype_name(spec.values));
+  }
+
+  const CompressionSpec& spec() const noexcept override { return spec_; }
+
+  std::size_t max_encoded_bytes(std::size_t count) const override {
+    return kWireHeaderBytes + kKeyBytes + spec_.k_for(count) * dtype_size(spec_.values);
+  }
+
+  std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                     const EncodeContext& ctx) const override {
+    require_host(in, "randk.encode");
+    const std::size_t k = spec_.k_for(in.count);
+    const std::size_t payload = kKeyBytes + k * dtype_size(spec_.values);
+    const std::size_t total = kWireHeaderBytes + payload;
+    require_capacity(out, total, "randk.encode");
+    const std::uint8_t flags = spec_.values == DType::f16 ? kFlagF16Values : 0;
+    write_header(WireHeader{WireCodec::randk, flags, 0, in.count, payload, k}, out);
+    const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
+    std::byte* key_bytes = out.data() + kWireHeaderBytes;
+    write_key(key, key_bytes);
+    kernels::cpu::randk_gather(in, k, key, spec_.values, key_bytes + kKeyBytes);
+    return total;
+  }
+
+  void decode(std::span<const std::byte> in, TensorView out) const override {
+    require_host(out, "randk.decode");
+    const RandkMessage message = validated(in, out.count, "randk.decode");
+    kernels::cpu::randk_scatter(message.values, message.value_dtype, message.k, message.key, out);
+  }
+
+  void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
+    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
+               "randk.decode_add: null accumulator for ", count, " elements");
+    const RandkMessage message = validated(in, count, "randk.decode_add");
+    kernels::cpu::randk_scatter_add(message.values, message.value_dtype, message.k, message.key,
+                                    acc, count);
+  }
+
+  bool additive() const noexcept override { return true; }
+  bool sparse() const noexcept override { return false; }
+
+ private:
+  // Every header field and the exact payload size, before anything is written. The indices
+  // need no check: the rule puts them inside [0, count) for any key once 1 <= k <= count.
+  static RandkMessage validated(std::span<const std::byte> in, std::size_t count,
+                                std::string_view op) {
+    const WireHeader header = read_header_for(in, WireCodec::randk, count, op);
+    GZ_REQUIRE((header.flags & ~kFlagF16Values) == 0, ErrorCode::malformed_message, op,
+               ": flags 0x", std::hex, int{header.flags},
+               " (only bit 1, 0x02 = f16 values, is defined)");
+    GZ_REQUIRE(header.small_param == 0, ErrorCode::malformed_message, op, ": small_param ",
+               int{header.small_param}, " (expected 0)");
+    const std::uint64_t k = header.large_param;
+    if (count == 0) {
+      GZ_REQUIRE(k == 0, ErrorCode::malformed_message, op, ": k = ", k,
+                 " for a message of 0 elements (expected 0)");
+    } else {
+      GZ_REQUIRE(k >= 1 && k <= count, ErrorCode::malformed_message, op, ": k = ", k, " for ",
+                 count, " elements (expected 1 <= k <= ", count, ")");
+    }
+    const DType value_dtype = (header.flags & kFlagF16Values) != 0 ? DType::f16 : DType::f32;
+    const std::uint64_t value_bytes = dtype_size(value_dtype);
+    // k <= count keeps k * value_bytes in range for any real buffer; check anyway.
+    GZ_REQUIRE(k <= (std::numeric_limits<std::uint64_t>::max() - kKeyBytes) / value_bytes,
+               ErrorCode::malformed_message, op, ": k = ", k, " overflows the payload size");
+    const std::uint64_t expected = kKeyBytes + k * value_bytes;
+    GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+               header.payload_bytes, " bytes for k = ", k, " ", dtype_name(value_dtype),
+               " values (expected ", kKeyBytes, " + ", k, " * ", value_bytes, " = ", expected, ")");
+    const std::byte* payload = in.data() + kWireHeaderBytes;
+    return RandkMessage{k, value_dtype, read_key(payload), payload + kKeyBytes};
+  }
+
+  CompressionSpec spec_;
+};
+
+}  // namespace
 
 std::unique_ptr<Codec> make_randk_codec(const CompressionSpec& spec) {
-  GZ_THROW(ErrorCode::unsupported, "make_codec: codec '", spec.to_string(), "' is not built yet");
+  return std::make_unique<RandkCodec>(spec);
 }
 
 }  // namespace gradzip::compressors

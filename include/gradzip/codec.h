@@ -21,8 +21,11 @@ struct EncodeContext {
   std::uint64_t seed = 0;
   std::uint32_t step = 0;
   std::uint32_t tensor_id = 0;
-  // Index of the chunk's first element inside its tensor, so that a tensor encoded in chunks
-  // draws the same numbers as the whole tensor encoded at once.
+  // Index of the chunk's first element inside its tensor. Element-wise draws (qsgd's
+  // stochastic rounding) are keyed by the global element index, so a tensor encoded in chunks
+  // draws the same numbers as the whole tensor encoded at once. Random-k picks k per chunk from
+  // counters offset by this value, so chunks of one tensor never share draws, but a chunked
+  // tensor keeps a different selection than the same tensor sent whole.
   std::uint64_t element_offset = 0;
 };
 

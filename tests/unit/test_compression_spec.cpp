@@ -137,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"none:ef_resize=grow", "one of: error, reset"},
         BadSpec{"none:warmup=-3", "warmup"}, BadSpec{"none:warmup=4294967296", "warmup"},
         BadSpec{"none:seed=18446744073709551616", "seed"},
-        BadSpec{"topk:ratio=0.1,ratio=0.2", "given twice"}));
+        BadSpec{"topk:ratio=0.1,ratio=0.2", "given twice"},
+        BadSpec{"qsgd:bits=1,ef=on", "use 'sign' for 1-bit with error feedback"}));
 
 TEST(MakeCodec, RefusesPowerSgdAsAnElementCodec) {
   try {

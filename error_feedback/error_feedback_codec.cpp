@@ -1,0 +1,79 @@
+#include "error_feedback/error_feedback_codec.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "compressors/codec_checks.h"
+#include "gradzip/error.h"
+#include "kernels/cpu/convert.h"
+
+namespace gradzip::error_feedback {
+
+ErrorFeedbackCodec::ErrorFeedbackCodec(std::shared_ptr<const Codec> codec, ResidualStore& store)
+    : codec_(std::move(codec)), store_(&store) {
+  GZ_REQUIRE(codec_ != nullptr, ErrorCode::invalid_argument,
+             "ErrorFeedbackCodec: the wrapped codec is null");
+}
+
+std::size_t ErrorFeedbackCodec::encode(std::string_view tensor_name, ConstTensorView grad,
+                                       std::span<std::byte> out, const EncodeContext& ctx) {
+  GZ_REQUIRE(ctx.element_offset == 0, ErrorCode::invalid_argument, "ef.encode (rank ",
+             store_->rank(), "): tensor '", tensor_name,
+             "' is encoded whole, but ctx.element_offset is ", ctx.element_offset,
+             " (use encode_chunk for chunks)");
+  return encode_chunk(tensor_name, grad.count, grad, out, ctx);
+}
+
+std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
+                                             std::size_t tensor_count, ConstTensorView chunk,
+                                             std::span<std::byte> out,
+                                             const EncodeContext& ctx) {
+  // Argument checks run before the store or the residual change.
+  compressors::require_host(chunk, "ef.encode");
+  GZ_REQUIRE(ctx.element_offset <= tensor_count &&
+                 chunk.count <= tensor_count - ctx.element_offset,
+             ErrorCode::invalid_argument, "ef.encode (rank ", store_->rank(), "): chunk of ",
+             chunk.count, " elements at offset ", ctx.element_offset, " does not fit in tensor '",
+             tensor_name, "' of ", tensor_count, " elements");
+  const std::size_t count = chunk.count;
+  compressors::require_capacity(out, codec_->max_encoded_bytes(count), "ef.encode");
+
+  const std::span<float> residual =
+      store_->residual(tensor_name, tensor_count).subspan(ctx.element_offset, count);
+  if (scratch_.size() < count) scratch_.resize(count);
+  float* const corrected = scratch_.data();  // g'
+  float* const e = residual.data();
+
+  // g' = g + e. Converted inputs go block by block so each block is still in L1 for the add.
+  if (chunk.dtype == DType::f32) {
+    const auto* g = static_cast<const float*>(chunk.data);
+    for (std::size_t i = 0; i < count; ++i) corrected[i] = g[i] + e[i];
+  } else {
+    for (std::size_t begin = 0; begin < count; begin += kernels::cpu::kConvertBlock) {
+      const std::size_t n = std::min(kernels::cpu::kConvertBlock, count - begin);
+      kernels::cpu::load_as_f32(chunk, begin, n, corrected + begin);
+      for (std::size_t i = begin; i < begin + n; ++i) corrected[i] += e[i];
+    }
+  }
+
+  const std::size_t message_bytes =
+      codec_->encode(ConstTensorView{corrected, count, DType::f32, Device{}}, out, ctx);
+
+  // e = g' - D(message). D is applied to the bytes actually written, not recomputed from g'
+  // by a model of the codec: the residual then holds exactly what the receivers did not get
+  // (stochastic rounding, ties, f16 value widths and any codec detail included), so
+  // sum_t D(message_t) + e_T = sum_t g_t holds for every codec. The decode goes straight into
+  // the residual's memory (its old value is already folded into g'), which saves a second
+  // scratch buffer; decoders validate before writing, so a throwing decode leaves e as it was.
+  codec_->decode(std::span<const std::byte>(out.data(), message_bytes),
+                 TensorView{e, count, DType::f32, Device{}});
+  for (std::size_t i = 0; i < count; ++i) e[i] = corrected[i] - e[i];
+  return message_bytes;
+}
+
+void ErrorFeedbackCodec::release_scratch() noexcept {
+  scratch_.clear();
+  scratch_.shrink_to_fit();
+}
+
+}  // namespace gradzip::error_feedback

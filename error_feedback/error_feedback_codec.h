@@ -1,0 +1,73 @@
+// Error feedback as a decorator around any codec (Seide et al. 2014; Karimireddy et al. 2019):
+//
+//   g' = g + e          (f32; g converted from f32/f16/bf16)
+//   message = C(g')     (the wrapped codec's encode)
+//   e  = g' - D(message) (the wrapped codec's decode of the bytes just written)
+//
+// Summed over steps this telescopes: sum_t D(message_t) + e_T = sum_t g_t (exactly in real
+// arithmetic; in f32 up to one rounding of each + and -), so whatever a lossy codec drops is
+// delivered later instead of lost.
+//
+// The decorator always applies error feedback; with ef=off the caller uses the codec directly.
+// Receivers decode with the wrapped codec (codec()): messages are the codec's own wire format.
+//
+// Not thread-safe: it owns a scratch buffer and updates residuals in the store. Use one
+// ErrorFeedbackCodec (and one ResidualStore) per thread that encodes.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "error_feedback/residual_store.h"
+#include "gradzip/codec.h"
+#include "gradzip/tensor_view.h"
+
+namespace gradzip::error_feedback {
+
+class ErrorFeedbackCodec {
+ public:
+  // `codec` must not be null (invalid_argument). `store` must outlive this object.
+  ErrorFeedbackCodec(std::shared_ptr<const Codec> codec, ResidualStore& store);
+
+  const Codec& codec() const noexcept { return *codec_; }
+  ResidualStore& store() const noexcept { return *store_; }
+
+  // The wrapped codec's bound: error feedback does not change the message.
+  std::size_t max_encoded_bytes(std::size_t count) const { return codec_->max_encoded_bytes(count); }
+
+  // Encodes the whole tensor `tensor_name` (grad.count elements, host memory, any dtype) with
+  // error feedback into `out` (at least max_encoded_bytes(grad.count) bytes) and returns the
+  // message size. The tensor starts at element 0, so ctx.element_offset must be 0
+  // (invalid_argument otherwise). `grad` must not overlap `out` or the residual.
+  // The first call for a name registers a zero residual of grad.count elements; a later call
+  // with another count follows the store's ResizePolicy.
+  std::size_t encode(std::string_view tensor_name, ConstTensorView grad, std::span<std::byte> out,
+                     const EncodeContext& ctx);
+
+  // Encodes one chunk of a tensor of `tensor_count` elements that is sent in several messages.
+  // The chunk holds elements [ctx.element_offset, ctx.element_offset + chunk.count) of the
+  // tensor: the same offset keys the codec's random draws and selects the slice of the
+  // tensor's residual this chunk reads and updates, so one residual of `tensor_count` elements
+  // serves all chunks of the tensor. The range must lie inside the tensor (invalid_argument).
+  // Chunks may come in any order and with any boundaries from step to step; each element's
+  // residual is updated by the chunk that contains it.
+  std::size_t encode_chunk(std::string_view tensor_name, std::size_t tensor_count,
+                           ConstTensorView chunk, std::span<std::byte> out,
+                           const EncodeContext& ctx);
+
+  // Bytes of f32 scratch held (4 x the largest chunk encoded so far). The scratch is reused:
+  // after the first call of a given size, encoding allocates nothing here.
+  std::size_t scratch_bytes() const noexcept { return scratch_.size() * sizeof(float); }
+  void release_scratch() noexcept;
+
+ private:
+  std::shared_ptr<const Codec> codec_;
+  ResidualStore* store_;
+  // g' of the current chunk: the codec's input, kept until the residual update.
+  std::vector<float> scratch_;
+};
+
+}  // namespace gradzip::error_feedback

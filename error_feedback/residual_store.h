@@ -1,0 +1,115 @@
+// Error-feedback residuals of one rank, keyed by a stable tensor name, and their checkpoint file.
+//
+// A residual e holds, per element, what compression has not yet delivered of the gradients seen
+// so far (ErrorFeedbackCodec: g' = g + e; send C(g'); e = g' - D(C(g'))). Losing it on a
+// restart loses that mass, so the store saves and loads it with the rest of a checkpoint.
+//
+// Thread safety: a ResidualStore is NOT thread-safe. Calls on one store from several threads
+// need external synchronisation. The f32 memory behind spans returned by residual() may be read
+// and written from any thread while no thread calls a member of the store (different tensors'
+// buffers never overlap).
+//
+// Reference validity: a span returned by residual(name, count) stays valid, and keeps pointing
+// at the tensor's residual, until that same name is resized under ResizePolicy::reset, or until
+// clear() or destruction. Creating other tensors never moves existing buffers; load() into a
+// store that already holds the checkpoint's tensors copies the values into the existing buffers,
+// so spans stay valid across it too.
+//
+// Checkpoint file format (version 1). Integers and f32 values are little-endian:
+//
+//   offset  size  field
+//   0       4     magic "GZEF"
+//   4       4     u32 format version (kFormatVersion)
+//   8       4     u32 world size
+//   12      4     u32 rank
+//   16      8     u64 number of tensors N
+//   24      ...   N records, sorted by name (byte-wise, strictly increasing):
+//                   u32 name length L (>= 1), L name bytes, u64 element count C, C f32 values
+//   end-8   8     u64 checksum: FNV-1a 64 over every byte before it
+//
+// save() writes the whole file to a temporary file in the target's directory, fsyncs it and
+// renames it over the target, so a crash leaves either the old checkpoint or the new one,
+// never a half-written file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradzip/compression_spec.h"
+
+namespace gradzip::error_feedback {
+
+class ResidualStore {
+ public:
+  // The checkpoint format version save() writes and load() reads.
+  static constexpr std::uint32_t kFormatVersion = 1;
+
+  // `world_size` >= 1 and `rank` < world_size (else ErrorCode::invalid_argument). Both are
+  // recorded in checkpoints: a rank's residuals belong to that rank of that world.
+  ResidualStore(std::uint32_t world_size, std::uint32_t rank, ResizePolicy policy);
+
+  std::uint32_t world_size() const noexcept { return world_size_; }
+  std::uint32_t rank() const noexcept { return rank_; }
+  ResizePolicy resize_policy() const noexcept { return policy_; }
+
+  // The residual of tensor `name` (non-empty), `count` elements. The first call for a name
+  // creates a zero buffer. When `count` differs from the registered count:
+  //   ResizePolicy::error -> ErrorCode::size_mismatch naming the tensor and both counts; the
+  //                          store is unchanged;
+  //   ResizePolicy::reset -> the old buffer is dropped (spans to it dangle) and a new zero
+  //                          buffer of `count` elements takes its place.
+  std::span<float> residual(std::string_view name, std::size_t count);
+
+  // Read-only view of a registered tensor's residual; ErrorCode::invalid_argument naming the
+  // tensor when it is not registered.
+  std::span<const float> residual(std::string_view name) const;
+
+  bool contains(std::string_view name) const;
+  // Registered tensor names in byte-wise ascending order (the checkpoint's order).
+  std::vector<std::string> names() const;
+  // Number of registered tensors.
+  std::size_t size() const noexcept { return residuals_.size(); }
+  // Bytes of residual values held: 4 x the sum of the registered element counts.
+  std::size_t total_bytes() const noexcept;
+  // Forgets every tensor; every span handed out dangles.
+  void clear() noexcept;
+
+  // Writes the checkpoint (format above). Throws ErrorCode::io_error naming the path and the
+  // system's reason when the file cannot be written; the target is then left as it was and
+  // the temporary file is removed.
+  void save(const std::filesystem::path& path) const;
+
+  // Reads a checkpoint written by save(). The whole file is read and verified before the store
+  // changes; on any failure the store is unchanged. Refusals:
+  //   io_error          the file cannot be opened or read; it is shorter than its fields say;
+  //                     the magic is wrong; a name length or element count exceeds the bytes
+  //                     left in the file (checked before allocating); names are not strictly
+  //                     increasing; bytes trail the last record; the checksum differs.
+  //   invalid_argument  another format version (checked right after the magic, before anything
+  //                     that version may lay out differently); another rank; the store is
+  //                     non-empty and a tensor name is in one of {file, store} only (the
+  //                     message names the first such name in sorted order).
+  //   size_mismatch     another world size; the store is non-empty and a tensor has another
+  //                     element count in the file (the message names it and both counts).
+  // An empty store takes the file's tensors; a non-empty store must hold exactly the file's
+  // tensors with the same counts and gets their values copied into its existing buffers.
+  void load(const std::filesystem::path& path);
+
+ private:
+  // std::less<> lets lookups take a string_view without building a std::string.
+  using Buffers = std::map<std::string, std::vector<float>, std::less<>>;
+
+  std::uint32_t world_size_;
+  std::uint32_t rank_;
+  ResizePolicy policy_;
+  Buffers residuals_;
+};
+
+}  // namespace gradzip::error_feedback

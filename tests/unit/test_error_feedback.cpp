@@ -1,0 +1,1088 @@
+// Error feedback: the residual store (resize policies, checkpoint format, every load refusal)
+// and the decorator (the definition bit for bit, conservation of the gradient sum, resuming
+// from a checkpoint, chunks, and what feedback buys the biased codecs).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "error_feedback/error_feedback_codec.h"
+#include "error_feedback/residual_store.h"
+#include "gradzip/codec.h"
+#include "gradzip/error.h"
+#include "tests/unit/test_support.h"
+
+// Counts heap allocations while `g_count_allocations` is set, so a test can check that an
+// encode allocates nothing. Replaces the global operator new/delete of this test program only.
+namespace {
+std::atomic<bool> g_count_allocations{false};
+std::atomic<std::size_t> g_allocations{0};
+
+void* counted_allocation(std::size_t bytes) {
+  if (g_count_allocations.load(std::memory_order_relaxed)) {
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t bytes) { return counted_allocation(bytes); }
+void* operator new[](std::size_t bytes) { return counted_allocation(bytes); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace gradzip {
+namespace {
+
+namespace fs = std::filesystem;
+using error_feedback::ErrorFeedbackCodec;
+using error_feedback::ResidualStore;
+
+// The codecs error feedback is tested with.
+const std::vector<std::string> kEfCodecSpecs = {
+    "none", "fp16", "bf16", "qsgd:bits=2", "sign", "topk:ratio=0.01",
+    "topk:ratio=0.01,approx=on", "randk:ratio=0.05"};
+
+// The codec `spec` names, or null while its implementation has not landed yet
+// (make_codec's "not built yet" placeholder).
+std::shared_ptr<const Codec> built_codec(const std::string& spec) {
+  try {
+    return make_codec(spec);
+  } catch (const Error& error) {
+    if (error.code() == ErrorCode::unsupported &&
+        std::string(error.what()).find("not built yet") != std::string::npos) {
+      return nullptr;
+    }
+    throw;
+  }
+}
+
+#define GET_CODEC_OR_SKIP(variable, spec)                                   \
+  const std::shared_ptr<const Codec> variable = built_codec(spec);          \
+  if (!(variable)) GTEST_SKIP() << "codec '" << (spec) << "' is not built yet"
+
+struct CaughtError {
+  ErrorCode code = ErrorCode::internal;
+  std::string what;
+};
+
+CaughtError error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& error) {
+    return {error.code(), error.what()};
+  }
+  ADD_FAILURE() << "expected a gradzip::Error";
+  return {};
+}
+
+void expect_mentions(const CaughtError& error, const std::vector<std::string>& parts) {
+  for (const auto& part : parts) {
+    EXPECT_NE(error.what.find(part), std::string::npos)
+        << "the message does not mention '" << part << "': " << error.what;
+  }
+}
+
+std::uint32_t bits_of(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+std::vector<float> copy_of(std::span<const float> values) {
+  return std::vector<float>(values.begin(), values.end());
+}
+
+// Element-wise bit equality (NaN payloads and -0 included).
+void expect_same_bits(std::span<const float> actual, std::span<const float> expected,
+                      const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_EQ(bits_of(actual[i]), bits_of(expected[i])) << what << ", element " << i;
+  }
+}
+
+double norm(std::span<const float> values) {
+  double sum = 0;
+  for (float v : values) sum += double{v} * v;
+  return std::sqrt(sum);
+}
+
+double norm(const std::vector<double>& values) {
+  double sum = 0;
+  for (double v : values) sum += v * v;
+  return std::sqrt(sum);
+}
+
+// A fresh directory under the system's temporary directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    for (;;) {
+      path_ = fs::temp_directory_path() / ("gradzip_test_error_feedback_" +
+                                           std::to_string(::getpid()) + "_" +
+                                           std::to_string(counter++));
+      if (fs::create_directory(path_)) break;
+    }
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(path_)) {
+      names.push_back(entry.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<unsigned char> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// FNV-1a 64, written again here from its definition so the test checks the documented format.
+std::uint64_t fnv1a64(const unsigned char* data, std::size_t size) {
+  std::uint64_t hash = 14695981039346656037ull;
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= data[i];
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+template <typename T>
+void put_le(std::vector<unsigned char>& bytes, std::size_t offset, T value) {
+  for (std::size_t i = 0; i < sizeof(T); ++i) {
+    bytes[offset + i] = static_cast<unsigned char>(static_cast<std::uint64_t>(value) >> (8 * i));
+  }
+}
+
+template <typename T>
+void append_le(std::vector<unsigned char>& bytes, T value) {
+  bytes.resize(bytes.size() + sizeof(T));
+  put_le(bytes, bytes.size() - sizeof(T), value);
+}
+
+// Rewrites the trailing checksum after a deliberate edit, so only the edit is wrong.
+void rehash(std::vector<unsigned char>& bytes) {
+  put_le(bytes, bytes.size() - 8, fnv1a64(bytes.data(), bytes.size() - 8));
+}
+
+// Field offsets of the version-1 format (residual_store.h).
+constexpr std::size_t kVersionOffset = 4;
+constexpr std::size_t kWorldSizeOffset = 8;
+constexpr std::size_t kRankOffset = 12;
+constexpr std::size_t kTensorCountOffset = 16;
+constexpr std::size_t kFirstRecordOffset = 24;
+
+// Everything observable about a store: names, values (as bits) and where the values live.
+struct StoreSnapshot {
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> values;
+  std::vector<const float*> addresses;
+};
+
+StoreSnapshot snapshot_of(const ResidualStore& store) {
+  StoreSnapshot snapshot;
+  snapshot.names = store.names();
+  for (const auto& name : snapshot.names) {
+    snapshot.values.push_back(copy_of(store.residual(name)));
+    snapshot.addresses.push_back(store.residual(name).data());
+  }
+  return snapshot;
+}
+
+void expect_unchanged(const ResidualStore& store, const StoreSnapshot& before) {
+  const StoreSnapshot after = snapshot_of(store);
+  ASSERT_EQ(after.names, before.names);
+  EXPECT_EQ(after.addresses, before.addresses);
+  for (std::size_t t = 0; t < before.names.size(); ++t) {
+    expect_same_bits(after.values[t], before.values[t], "tensor " + before.names[t]);
+  }
+}
+
+// Expects store.load(path) to throw `code` with a message mentioning `parts`, store unchanged.
+void expect_load_refused(ResidualStore& store, const fs::path& path, ErrorCode code,
+                         const std::vector<std::string>& parts) {
+  const StoreSnapshot before = snapshot_of(store);
+  const auto error = error_of([&] { store.load(path); });
+  EXPECT_EQ(error.code, code) << error.what;
+  expect_mentions(error, parts);
+  expect_unchanged(store, before);
+}
+
+// Fills the residual of `name` with `count` distinct values.
+void fill(ResidualStore& store, const std::string& name, std::size_t count, float first) {
+  const auto residual = store.residual(name, count);
+  for (std::size_t i = 0; i < count; ++i) residual[i] = first + 0.25f * static_cast<float>(i);
+}
+
+// ------------------------------------------------------------------------------------------
+// ResidualStore
+
+TEST(ResidualStore, CreatesZeroBuffersThatKeepTheirValuesAndAddress) {
+  ResidualStore store(2, 1, ResizePolicy::error);
+  EXPECT_EQ(store.size(), 0u);
+  const auto b = store.residual("layer2.bias", 3);
+  ASSERT_EQ(b.size(), 3u);
+  for (float v : b) EXPECT_EQ(bits_of(v), 0u);
+  b[1] = 4.5f;
+  const auto a = store.residual("layer1.weight", 5);
+  const auto b_again = store.residual("layer2.bias", 3);
+  EXPECT_EQ(b_again.data(), b.data());
+  EXPECT_EQ(b_again[1], 4.5f);
+  EXPECT_EQ(store.residual("layer2.bias")[1], 4.5f);
+  EXPECT_EQ(store.residual("layer1.weight").data(), a.data());
+
+  EXPECT_TRUE(store.contains("layer1.weight"));
+  EXPECT_FALSE(store.contains("layer1"));
+  EXPECT_EQ(store.names(), (std::vector<std::string>{"layer1.weight", "layer2.bias"}));
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_EQ(store.total_bytes(), (3u + 5u) * sizeof(float));
+
+  store.residual("empty", 0);
+  EXPECT_EQ(store.size(), 3u);
+  EXPECT_EQ(store.total_bytes(), 32u);
+
+  store.clear();
+  EXPECT_EQ(store.size(), 0u);
+  EXPECT_EQ(store.total_bytes(), 0u);
+  EXPECT_FALSE(store.contains("layer2.bias"));
+}
+
+TEST(ResidualStore, RejectsBadRanksEmptyNamesAndUnknownLookups) {
+  EXPECT_EQ(error_of([] { ResidualStore(0, 0, ResizePolicy::error); }).code,
+            ErrorCode::invalid_argument);
+  const auto rank_error = error_of([] { ResidualStore(4, 4, ResizePolicy::error); });
+  EXPECT_EQ(rank_error.code, ErrorCode::invalid_argument);
+  expect_mentions(rank_error, {"rank 4", "world size 4"});
+
+  ResidualStore store(1, 0, ResizePolicy::error);
+  EXPECT_EQ(error_of([&] { store.residual("", 3); }).code, ErrorCode::invalid_argument);
+  const auto unknown = error_of([&] { store.residual("missing.weight"); });
+  EXPECT_EQ(unknown.code, ErrorCode::invalid_argument);
+  expect_mentions(unknown, {"missing.weight"});
+  EXPECT_EQ(store.size(), 0u);
+}
+
+TEST(ResidualStore, ResizeUnderErrorPolicyThrowsAndKeepsTheBuffer) {
+  ResidualStore store(1, 0, ResizePolicy::error);
+  fill(store, "encoder.proj", 10, 1.0f);
+  const StoreSnapshot before = snapshot_of(store);
+  const auto error = error_of([&] { store.residual("encoder.proj", 11); });
+  EXPECT_EQ(error.code, ErrorCode::size_mismatch);
+  expect_mentions(error, {"encoder.proj", "10", "11"});
+  expect_unchanged(store, before);
+}
+
+TEST(ResidualStore, ResizeUnderResetPolicyStartsAFreshZeroBuffer) {
+  ResidualStore store(1, 0, ResizePolicy::reset);
+  fill(store, "encoder.proj", 10, 1.0f);
+  fill(store, "head", 4, -3.0f);
+  const auto head_before = copy_of(store.residual("head"));
+  const auto resized = store.residual("encoder.proj", 11);
+  ASSERT_EQ(resized.size(), 11u);
+  for (float v : resized) EXPECT_EQ(bits_of(v), 0u);
+  expect_same_bits(store.residual("head"), head_before, "untouched tensor");
+  EXPECT_EQ(store.total_bytes(), (11u + 4u) * sizeof(float));
+}
+
+// ------------------------------------------------------------------------------------------
+// Checkpoints
+
+TEST(ResidualStoreCheckpoint, FileLayoutIsTheDocumentedOne) {
+  TempDir dir;
+  ResidualStore store(3, 2, ResizePolicy::error);
+  const auto ab = store.residual("ab", 2);
+  ab[0] = 1.5f;
+  ab[1] = -2.0f;
+  store.residual("c", 0);
+  store.save(dir / "ef.bin");
+
+  std::vector<unsigned char> expected = {'G', 'Z', 'E', 'F'};
+  append_le<std::uint32_t>(expected, 1);  // version
+  append_le<std::uint32_t>(expected, 3);  // world size
+  append_le<std::uint32_t>(expected, 2);  // rank
+  append_le<std::uint64_t>(expected, 2);  // tensors
+  append_le<std::uint32_t>(expected, 2);
+  expected.insert(expected.end(), {'a', 'b'});
+  append_le<std::uint64_t>(expected, 2);
+  append_le<std::uint32_t>(expected, bits_of(1.5f));
+  append_le<std::uint32_t>(expected, bits_of(-2.0f));
+  append_le<std::uint32_t>(expected, 1);
+  expected.push_back('c');
+  append_le<std::uint64_t>(expected, 0);
+  append_le<std::uint64_t>(expected, fnv1a64(expected.data(), expected.size()));
+
+  EXPECT_EQ(read_bytes(dir / "ef.bin"), expected);
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"ef.bin"})) << "a temporary file was left";
+}
+
+TEST(ResidualStoreCheckpoint, RoundTripRestoresEveryValueBitForBit) {
+  TempDir dir;
+  ResidualStore store(4, 3, ResizePolicy::error);
+  const std::vector<float> specials = {0.0f,
+                                       -0.0f,
+                                       std::numeric_limits<float>::denorm_min(),
+                                       -std::numeric_limits<float>::max(),
+                                       std::numeric_limits<float>::infinity(),
+                                       std::numeric_limits<float>::quiet_NaN(),
+                                       1e-30f};
+  std::copy(specials.begin(), specials.end(), store.residual("a/special", specials.size()).begin());
+  const auto random = testing::gaussian(4099, 5);
+  std::copy(random.begin(), random.end(), store.residual("layers.0.weight", 4099).begin());
+  store.residual("zero.count", 0);
+  store.save(dir / "ef.bin");
+  const StoreSnapshot saved = snapshot_of(store);
+
+  // Into an empty store: it takes the file's tensors.
+  ResidualStore fresh(4, 3, ResizePolicy::error);
+  fresh.load(dir / "ef.bin");
+  ASSERT_EQ(fresh.names(), saved.names);
+  for (std::size_t t = 0; t < saved.names.size(); ++t) {
+    expect_same_bits(fresh.residual(saved.names[t]), saved.values[t], saved.names[t]);
+  }
+
+  // Into a store that already has these tensors: values are copied into the existing buffers.
+  ResidualStore registered(4, 3, ResizePolicy::error);
+  const auto weight = registered.residual("layers.0.weight", 4099);
+  registered.residual("a/special", specials.size());
+  registered.residual("zero.count", 0);
+  registered.load(dir / "ef.bin");
+  EXPECT_EQ(registered.residual("layers.0.weight").data(), weight.data());
+  expect_same_bits(weight, random, "pre-registered tensor after load");
+  expect_same_bits(registered.residual("a/special"), specials, "a/special");
+
+  // Saving over an existing checkpoint replaces it and leaves no temporary file.
+  fill(store, "layers.0.weight", 4099, 7.0f);
+  store.save(dir / "ef.bin");
+  fresh.clear();
+  fresh.load(dir / "ef.bin");
+  EXPECT_EQ(fresh.residual("layers.0.weight")[3], 7.75f);
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"ef.bin"}));
+}
+
+TEST(ResidualStoreCheckpoint, SaveFailuresAreIoErrorsThatLeaveNothingBehind) {
+  TempDir dir;
+  ResidualStore store(1, 0, ResizePolicy::error);
+  fill(store, "w", 5, 1.0f);
+
+  const fs::path no_directory = dir / "missing" / "ef.bin";
+  const auto missing = error_of([&] { store.save(no_directory); });
+  EXPECT_EQ(missing.code, ErrorCode::io_error);
+  expect_mentions(missing, {no_directory.string()});
+
+  // The target is a directory: the rename fails after the temporary file was written.
+  fs::create_directory(dir / "occupied");
+  const auto occupied = error_of([&] { store.save(dir / "occupied"); });
+  EXPECT_EQ(occupied.code, ErrorCode::io_error);
+  expect_mentions(occupied, {(dir / "occupied").string(), "rename"});
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"occupied"})) << "a temporary file was left";
+  EXPECT_TRUE(fs::is_empty(dir / "occupied"));
+}
+
+// A small checkpoint and stores to load it into, for the refusal tests.
+class CheckpointRefusal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ResidualStore writer(3, 1, ResizePolicy::error);
+    fill(writer, "decoder.bias", 7, 0.5f);
+    fill(writer, "encoder.weight", 5, -1.0f);
+    writer.save(good_path());
+    good_ = read_bytes(good_path());
+    ASSERT_EQ(good_.size(), 24u + (4 + 12 + 8 + 28) + (4 + 14 + 8 + 20) + 8);
+    // A store with other values for the same tensors, and an empty store.
+    fill(populated_, "decoder.bias", 7, 9.0f);
+    fill(populated_, "encoder.weight", 5, 19.0f);
+  }
+
+  fs::path good_path() const { return dir_ / "good.bin"; }
+
+  // Writes `bytes` as a checkpoint and expects every store to refuse it with `code` and a
+  // message mentioning `parts`, unchanged.
+  void expect_refused(const std::vector<unsigned char>& bytes, ErrorCode code,
+                      const std::vector<std::string>& parts, const std::string& what) {
+    SCOPED_TRACE(what);
+    const fs::path path = dir_ / "bad.bin";
+    write_bytes(path, bytes);
+    expect_refused_path(path, code, parts);
+  }
+
+  void expect_refused_path(const fs::path& path, ErrorCode code,
+                           const std::vector<std::string>& parts) {
+    for (ResidualStore* store : {&empty_, &populated_}) {
+      expect_load_refused(*store, path, code, parts);
+    }
+  }
+
+  // The good file with the field at `offset` set to `value` and the checksum rewritten, so
+  // that only the field is wrong.
+  template <typename T>
+  std::vector<unsigned char> good_with(std::size_t offset, T value) const {
+    auto bytes = good_;
+    put_le(bytes, offset, value);
+    rehash(bytes);
+    return bytes;
+  }
+
+  TempDir dir_;
+  std::vector<unsigned char> good_;
+  ResidualStore empty_{3, 1, ResizePolicy::error};
+  ResidualStore populated_{3, 1, ResizePolicy::error};
+};
+
+TEST_F(CheckpointRefusal, TheUnmodifiedFileLoads) {
+  // The control for every refusal below: the same stores accept the good file.
+  empty_.load(good_path());
+  populated_.load(good_path());
+  EXPECT_EQ(empty_.residual("encoder.weight")[1], -0.75f);
+  EXPECT_EQ(populated_.residual("decoder.bias")[2], 1.0f);
+}
+
+TEST_F(CheckpointRefusal, NonexistentPathAndDirectory) {
+  expect_refused_path(dir_ / "nothing-here.bin", ErrorCode::io_error,
+                      {(dir_ / "nothing-here.bin").string(), "No such file"});
+  expect_refused_path(dir_.path(), ErrorCode::io_error, {"not a regular file"});
+}
+
+TEST_F(CheckpointRefusal, AnotherFormatVersion) {
+  expect_refused(good_with<std::uint32_t>(kVersionOffset, 2), ErrorCode::invalid_argument, {"version 2", "reads version 1"},
+                 "version 2");
+}
+
+TEST_F(CheckpointRefusal, AnotherWorldSize) {
+  expect_refused(good_with<std::uint32_t>(kWorldSizeOffset, 4), ErrorCode::size_mismatch, {"world of 4 ranks", "world of 3"},
+                 "world size 4");
+}
+
+TEST_F(CheckpointRefusal, AnotherRank) {
+  expect_refused(good_with<std::uint32_t>(kRankOffset, 2), ErrorCode::invalid_argument, {"rank 2", "rank 1"}, "rank 2");
+}
+
+TEST_F(CheckpointRefusal, AnotherTensorSetInANonEmptyStore) {
+  // The file holds {decoder.bias: 7, encoder.weight: 5}.
+  const auto refuses = [&](ResidualStore& store, ErrorCode code,
+                           const std::vector<std::string>& parts) {
+    expect_load_refused(store, good_path(), code, parts);
+  };
+  ResidualStore missing_one(3, 1, ResizePolicy::error);
+  fill(missing_one, "encoder.weight", 5, 0.0f);
+  refuses(missing_one, ErrorCode::invalid_argument, {"'decoder.bias'", "store does not have"});
+
+  ResidualStore extra_one(3, 1, ResizePolicy::error);
+  fill(extra_one, "decoder.bias", 7, 0.0f);
+  fill(extra_one, "decoder.extra", 2, 0.0f);
+  fill(extra_one, "encoder.weight", 5, 0.0f);
+  refuses(extra_one, ErrorCode::invalid_argument, {"'decoder.extra'", "does not hold"});
+
+  ResidualStore renamed(3, 1, ResizePolicy::error);
+  fill(renamed, "decoder.bias", 7, 0.0f);
+  fill(renamed, "encoder.weights", 5, 0.0f);
+  refuses(renamed, ErrorCode::invalid_argument, {"'encoder.weight'"});
+
+  ResidualStore resized(3, 1, ResizePolicy::reset);
+  fill(resized, "decoder.bias", 8, 0.0f);
+  fill(resized, "encoder.weight", 5, 0.0f);
+  refuses(resized, ErrorCode::size_mismatch, {"'decoder.bias'", "7 elements", "8 in this store"});
+}
+
+TEST_F(CheckpointRefusal, EveryTruncation) {
+  for (std::size_t length = 0; length < good_.size(); ++length) {
+    const std::vector<unsigned char> prefix(good_.begin(), good_.begin() + length);
+    expect_refused(prefix, ErrorCode::io_error, {"bad.bin"},
+                   "truncated to " + std::to_string(length) + " bytes");
+  }
+}
+
+TEST_F(CheckpointRefusal, TrailingBytes) {
+  auto bytes = good_;
+  bytes.insert(bytes.end() - 8, {0, 0, 0, 0});
+  rehash(bytes);
+  expect_refused(bytes, ErrorCode::io_error, {"4 unexpected bytes between the last tensor record"},
+                 "4 extra bytes");
+}
+
+TEST_F(CheckpointRefusal, EveryFlippedByte) {
+  // A flipped version byte reads as another format version (checked before the checksum,
+  // because another version may checksum differently); any other flip is corruption.
+  for (std::size_t offset = 0; offset < good_.size(); ++offset) {
+    auto bytes = good_;
+    bytes[offset] ^= 0x01;
+    const bool in_version = offset >= kVersionOffset && offset < kVersionOffset + 4;
+    expect_refused(bytes, in_version ? ErrorCode::invalid_argument : ErrorCode::io_error,
+                   {in_version ? "version" : "bad.bin"},
+                   "byte " + std::to_string(offset) + " flipped");
+  }
+  auto checksum_only = good_;
+  checksum_only[good_.size() - 1] ^= 0x80;
+  expect_refused(checksum_only, ErrorCode::io_error, {"checksum mismatch"}, "checksum flipped");
+  auto value_flipped = good_;
+  value_flipped[kFirstRecordOffset + 4 + 12 + 8] ^= 0x01;
+  expect_refused(value_flipped, ErrorCode::io_error, {"checksum mismatch"}, "value flipped");
+}
+
+TEST_F(CheckpointRefusal, CorruptLengthsAreBoundedByTheFileSizeBeforeAllocating) {
+  // Each edit keeps a valid checksum: only the bounds checks can catch it. Allocating the
+  // claimed 4 TiB would fail with std::bad_alloc (or abort under AddressSanitizer), not with
+  // the expected gradzip::Error.
+  expect_refused(good_with<std::uint64_t>(kFirstRecordOffset + 4 + 12, std::uint64_t{1} << 40),
+                 ErrorCode::io_error, {"'decoder.bias' claims 1099511627776"},
+                 "element count 2^40");
+  expect_refused(good_with<std::uint32_t>(kFirstRecordOffset, 0xFFFFFFFFu), ErrorCode::io_error,
+                 {"name length of 4294967295"}, "name length 2^32-1");
+  expect_refused(good_with<std::uint32_t>(kFirstRecordOffset, 0), ErrorCode::io_error,
+                 {"name length of 0"}, "empty name");
+  expect_refused(good_with<std::uint64_t>(kTensorCountOffset, ~std::uint64_t{0}),
+                 ErrorCode::io_error, {"18446744073709551615 tensors cannot fit"},
+                 "tensor count 2^64-1");
+  expect_refused(good_with<std::uint64_t>(kTensorCountOffset, 3), ErrorCode::io_error,
+                 {"bad.bin"}, "tensor count 3 of 2");
+}
+
+TEST_F(CheckpointRefusal, NamesOutOfOrder) {
+  // Swap the names' first letters: "eecoder.bias" now precedes "dncoder.weight". With a valid
+  // checksum only the order check refuses it.
+  auto bytes = good_;
+  std::swap(bytes[kFirstRecordOffset + 4], bytes[kFirstRecordOffset + 4 + 12 + 8 + 28 + 4]);
+  rehash(bytes);
+  expect_refused(bytes, ErrorCode::io_error, {"strictly increasing"}, "unsorted names");
+}
+
+// ------------------------------------------------------------------------------------------
+// ErrorFeedbackCodec
+
+// A codec that fails on demand, to check the decorator's state after a failure.
+class FailingCodec final : public Codec {
+ public:
+  FailingCodec() : none_(make_codec("none")) {}
+  const CompressionSpec& spec() const noexcept override { return none_->spec(); }
+  std::size_t max_encoded_bytes(std::size_t count) const override {
+    return none_->max_encoded_bytes(count);
+  }
+  std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                     const EncodeContext& ctx) const override {
+    if (fail_encode) GZ_THROW(ErrorCode::internal, "FailingCodec.encode");
+    return none_->encode(in, out, ctx);
+  }
+  void decode(std::span<const std::byte> in, TensorView out) const override {
+    if (fail_decode) GZ_THROW(ErrorCode::malformed_message, "FailingCodec.decode");
+    none_->decode(in, out);
+  }
+  void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
+    none_->decode_add(in, acc, count);
+  }
+  bool additive() const noexcept override { return true; }
+  bool sparse() const noexcept override { return false; }
+
+  bool fail_encode = false;
+  bool fail_decode = false;
+
+ private:
+  std::unique_ptr<Codec> none_;
+};
+
+TEST(ErrorFeedback, RejectsBadArgumentsBeforeTouchingTheStore) {
+  ResidualStore store(1, 0, ResizePolicy::error);
+  EXPECT_EQ(error_of([&] { ErrorFeedbackCodec(nullptr, store); }).code,
+            ErrorCode::invalid_argument);
+  ErrorFeedbackCodec ef(make_codec("none"), store);
+  const std::vector<float> grad(10, 1.0f);
+  std::vector<std::byte> out(ef.max_encoded_bytes(10));
+
+  EncodeContext offset_ctx;
+  offset_ctx.element_offset = 1;
+  const auto whole_with_offset = error_of([&] { ef.encode("w", host_view(grad.data(), 10), out, offset_ctx); });
+  EXPECT_EQ(whole_with_offset.code, ErrorCode::invalid_argument);
+  expect_mentions(whole_with_offset, {"'w'", "element_offset is 1"});
+
+  const auto outside = error_of(
+      [&] { ef.encode_chunk("w", 10, host_view(grad.data(), 10), out, offset_ctx); });
+  EXPECT_EQ(outside.code, ErrorCode::invalid_argument);
+  expect_mentions(outside, {"10 elements at offset 1", "'w' of 10 elements"});
+  EncodeContext wrapping_ctx;
+  wrapping_ctx.element_offset = ~std::uint64_t{0};
+  EXPECT_EQ(error_of([&] { ef.encode_chunk("w", 10, host_view(grad.data(), 1), out, wrapping_ctx); }).code,
+            ErrorCode::invalid_argument);
+
+  std::vector<std::byte> small(ef.max_encoded_bytes(10) - 1);
+  EXPECT_EQ(error_of([&] { ef.encode("w", host_view(grad.data(), 10), small, {}); }).code,
+            ErrorCode::invalid_argument);
+  const ConstTensorView on_gpu{grad.data(), 10, DType::f32, Device{DeviceKind::cuda, 0}};
+  EXPECT_EQ(error_of([&] { ef.encode("w", on_gpu, out, {}); }).code, ErrorCode::unsupported);
+  EXPECT_EQ(store.size(), 0u) << "a refused call registered a residual";
+}
+
+TEST(ErrorFeedback, AFailingCodecLeavesTheResidualAsItWas) {
+  ResidualStore store(1, 0, ResizePolicy::error);
+  const auto codec = std::make_shared<FailingCodec>();
+  ErrorFeedbackCodec ef(codec, store);
+  fill(store, "w", 6, 2.0f);
+  const auto before = copy_of(store.residual("w"));
+  const std::vector<float> grad = {1, 2, 3, 4, 5, 6};
+  std::vector<std::byte> out(ef.max_encoded_bytes(6));
+  codec->fail_encode = true;
+  EXPECT_EQ(error_of([&] { ef.encode("w", host_view(grad.data(), 6), out, {}); }).code,
+            ErrorCode::internal);
+  expect_same_bits(store.residual("w"), before, "after a failed encode");
+  codec->fail_encode = false;
+  codec->fail_decode = true;
+  EXPECT_EQ(error_of([&] { ef.encode("w", host_view(grad.data(), 6), out, {}); }).code,
+            ErrorCode::malformed_message);
+  expect_same_bits(store.residual("w"), before, "after a failed decode");
+}
+
+TEST(ErrorFeedback, NoneCodecSendsGPlusEAndLeavesAZeroResidual) {
+  // D(C(x)) == x for `none`, so e = g' - g' = +0 exactly and the message carries g + e.
+  ResidualStore store(1, 0, ResizePolicy::error);
+  ErrorFeedbackCodec ef(make_codec("none"), store);
+  fill(store, "w", 1000, -4.0f);
+  const auto e0 = copy_of(store.residual("w"));
+  const auto grad = testing::gaussian(1000, 3);
+  const auto message = [&] {
+    std::vector<std::byte> out(ef.max_encoded_bytes(1000));
+    out.resize(ef.encode("w", host_view(grad.data(), 1000), out, {}));
+    return out;
+  }();
+  const auto sent = testing::decode_to_f32(ef.codec(), message, 1000);
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(sent[i], grad[i] + e0[i]) << i;
+  for (float e : store.residual("w")) ASSERT_EQ(bits_of(e), 0u);
+}
+
+TEST(ErrorFeedback, NonFiniteGradientsPoisonOnlyTheirOwnResidualElements) {
+  // Defined behaviour: a NaN or infinite gradient element makes that element's residual NaN
+  // (NaN - NaN, inf - inf) until the caller clears or resets it; the other elements are
+  // unaffected under an element-wise codec. Callers skip steps with non-finite gradients
+  // (as mixed-precision training does) rather than feed them in.
+  ResidualStore store(1, 0, ResizePolicy::error);
+  ErrorFeedbackCodec ef(make_codec("none"), store);
+  std::vector<float> grad(8, 1.0f);
+  grad[2] = std::numeric_limits<float>::quiet_NaN();
+  grad[5] = -std::numeric_limits<float>::infinity();
+  std::vector<std::byte> out(ef.max_encoded_bytes(8));
+  ef.encode("w", host_view(grad.data(), 8), out, {});
+  const auto residual = store.residual("w");
+  for (std::size_t i = 0; i < 8; ++i) {
+    if (i == 2 || i == 5) {
+      EXPECT_TRUE(std::isnan(residual[i])) << i;
+    } else {
+      EXPECT_EQ(bits_of(residual[i]), 0u) << i;
+    }
+  }
+}
+
+TEST(ErrorFeedback, ReusesItsScratchWithoutAllocating) {
+  ResidualStore store(1, 0, ResizePolicy::error);
+  ErrorFeedbackCodec ef(make_codec("none"), store);
+  const auto grad = testing::gaussian(5000, 9);
+  std::vector<std::byte> out(ef.max_encoded_bytes(5000));
+  ef.encode("w", host_view(grad.data(), 5000), out, {});
+  EXPECT_EQ(ef.scratch_bytes(), 5000 * sizeof(float));
+
+  g_allocations = 0;
+  g_count_allocations = true;
+  ef.encode("w", host_view(grad.data(), 5000), out, {});
+  EncodeContext ctx;
+  ctx.element_offset = 1000;
+  ef.encode_chunk("w", 5000, host_view(grad.data(), 3000), out, ctx);  // smaller: reuses
+  g_count_allocations = false;
+  EXPECT_EQ(g_allocations.load(), 0u);
+  EXPECT_EQ(ef.scratch_bytes(), 5000 * sizeof(float));
+  ef.release_scratch();
+  EXPECT_EQ(ef.scratch_bytes(), 0u);
+}
+
+TEST(ErrorFeedback, ResizeFollowsTheStorePolicy) {
+  const std::vector<float> grad(11, 0.5f);
+  std::vector<std::byte> out(1024);
+  for (const ResizePolicy policy : {ResizePolicy::error, ResizePolicy::reset}) {
+    ResidualStore store(1, 0, policy);
+    ErrorFeedbackCodec ef(make_codec("none"), store);
+    fill(store, "w", 10, 0.125f);
+    const StoreSnapshot before = snapshot_of(store);
+    if (policy == ResizePolicy::error) {
+      const auto error = error_of([&] { ef.encode("w", host_view(grad.data(), 11), out, {}); });
+      EXPECT_EQ(error.code, ErrorCode::size_mismatch);
+      expect_mentions(error, {"'w'", "from 10 to 11"});
+      expect_unchanged(store, before);
+    } else {
+      // A fresh zero residual: the message carries g exactly.
+      const std::size_t bytes = ef.encode("w", host_view(grad.data(), 11), out, {});
+      const auto sent = testing::decode_to_f32(ef.codec(), std::span(out).first(bytes), 11);
+      EXPECT_EQ(sent, grad);
+      EXPECT_EQ(store.residual("w").size(), 11u);
+    }
+  }
+}
+
+// Parameterised over the codecs error feedback is used with.
+class ErrorFeedbackCodecTest : public ::testing::TestWithParam<std::string> {};
+
+std::string spec_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name;
+  for (char c : info.param) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name;
+}
+
+// One step of the definition, computed directly: g' = g + e; m = C(g'); e = g' - D(m).
+std::vector<std::byte> reference_step(const Codec& codec, std::span<const float> grad,
+                                      std::span<float> residual, const EncodeContext& ctx) {
+  std::vector<float> corrected(grad.size());
+  for (std::size_t i = 0; i < grad.size(); ++i) corrected[i] = grad[i] + residual[i];
+  const auto message = testing::encode_message(codec, host_view(corrected.data(), grad.size()), ctx);
+  const auto decoded = testing::decode_to_f32(codec, message, grad.size());
+  for (std::size_t i = 0; i < grad.size(); ++i) residual[i] = corrected[i] - decoded[i];
+  return message;
+}
+
+EncodeContext step_context(std::uint32_t step, std::uint32_t tensor_id) {
+  EncodeContext ctx;
+  ctx.seed = 20240611;
+  ctx.step = step;
+  ctx.tensor_id = tensor_id;
+  return ctx;
+}
+
+std::vector<std::byte> ef_step(ErrorFeedbackCodec& ef, const std::string& name,
+                               ConstTensorView grad, const EncodeContext& ctx) {
+  std::vector<std::byte> out(ef.max_encoded_bytes(grad.count));
+  out.resize(ef.encode(name, grad, out, ctx));
+  return out;
+}
+
+TEST_P(ErrorFeedbackCodecTest, MatchesTheDefinitionBitForBit) {
+  GET_CODEC_OR_SKIP(codec, GetParam());
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{4099}}) {
+    ResidualStore store(1, 0, ResizePolicy::error);
+    ErrorFeedbackCodec ef(codec, store);
+    std::vector<float> reference_residual(n, 0.0f);
+    for (std::uint32_t step = 0; step < 5; ++step) {
+      const auto grad = testing::gaussian(n, 100 * n + step);
+      const auto message = ef_step(ef, "w", host_view(grad.data(), n), step_context(step, 1));
+      const auto expected = reference_step(*codec, grad, reference_residual, step_context(step, 1));
+      ASSERT_EQ(message, expected) << "n " << n << ", step " << step;
+      expect_same_bits(store.residual("w"), reference_residual,
+                       "residual, n " + std::to_string(n) + ", step " + std::to_string(step));
+    }
+  }
+}
+
+TEST_P(ErrorFeedbackCodecTest, ConservesTheGradientSum) {
+  // Claim: sum_t D(m_t) + e_T == sum_t g_t (e_0 = 0), up to f32 rounding.
+  // Derivation. Each step computes g' = fl(g + e) and e' = fl(g' - d) with d = D(m) exactly
+  // what receivers decode. Round to nearest gives fl(x) = x / (1 + delta), |delta| <= u = 2^-24
+  // (also for subnormal results: sums of floats that underflow are exact), so
+  //   g' = g + e + r1, |r1| <= u |g'|;   e' = g' - d + r2, |r2| <= u |e'|.
+  // Telescoping over T steps: e_T = sum_t (g_t - d_t) + sum_t (r1_t + r2_t), hence per element
+  //   |sum_t d_t + e_T - sum_t g_t| <= u * sum_t (|g'_t| + |e_t|).
+  // The left side is evaluated in double: 2T + 1 exact terms summed with rounding at most
+  // (2T + 1) * 2^-53 * sum of |terms|, which is added to the bound.
+  GET_CODEC_OR_SKIP(codec, GetParam());
+  constexpr int kSteps = 100;
+  const double u = std::ldexp(1.0, -24);
+  const double u_double = std::ldexp(1.0, -53);
+  for (const std::size_t n : {std::size_t{1000}, std::size_t{4099}}) {
+    ResidualStore store(1, 0, ResizePolicy::error);
+    ErrorFeedbackCodec ef(codec, store);
+    std::vector<double> sum_sent(n, 0.0), sum_grad(n, 0.0), sum_abs_terms(n, 0.0);
+    std::vector<double> f32_bound(n, 0.0);
+    std::vector<float> previous(n, 0.0f);
+    for (int step = 0; step < kSteps; ++step) {
+      const auto grad = testing::gaussian(n, 7000 + step);
+      const auto message = ef_step(ef, "w", host_view(grad.data(), n), step_context(step, 2));
+      const auto sent = testing::decode_to_f32(*codec, message, n);
+      const auto residual = store.residual("w");
+      for (std::size_t i = 0; i < n; ++i) {
+        const float corrected = grad[i] + previous[i];  // the decorator's g', same operation
+        f32_bound[i] += std::fabs(double{corrected}) + std::fabs(double{residual[i]});
+        sum_sent[i] += sent[i];
+        sum_grad[i] += grad[i];
+        sum_abs_terms[i] += std::fabs(double{sent[i]}) + std::fabs(double{grad[i]});
+      }
+      previous = copy_of(residual);
+    }
+    const auto residual = store.residual("w");
+    double worst_ratio = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double gap = sum_sent[i] + residual[i] - sum_grad[i];
+      const double bound =
+          u * f32_bound[i] +
+          (2 * kSteps + 1) * u_double * (sum_abs_terms[i] + std::fabs(double{residual[i]}));
+      ASSERT_TRUE(std::isfinite(gap)) << "n " << n << ", element " << i << ": residual "
+                                      << residual[i] << ", sum sent " << sum_sent[i];
+      ASSERT_LE(std::fabs(gap), bound) << "n " << n << ", element " << i;
+      worst_ratio = std::max(worst_ratio, std::fabs(gap) / bound);
+    }
+    std::cout << "  " << GetParam() << ", n " << n << ": worst |gap| / bound = " << worst_ratio
+              << ", ||e_T|| = " << norm(residual) << "\n";
+  }
+}
+
+TEST_P(ErrorFeedbackCodecTest, ResumingFromACheckpointGivesIdenticalMessages) {
+  GET_CODEC_OR_SKIP(codec, GetParam());
+  struct Tensor {
+    std::string name;
+    std::size_t count;
+  };
+  const std::vector<Tensor> tensors = {
+      {"block0.attn.weight", 1000}, {"block0.bias", 7}, {"empty", 0}, {"head.weight", 4099}};
+  const auto gradient = [](std::size_t t, std::size_t n, int step) {
+    return testing::gaussian(n, 1000 * t + static_cast<std::uint64_t>(step));
+  };
+  const auto run_steps = [&](ErrorFeedbackCodec& ef, int first, int last,
+                             std::vector<std::vector<std::byte>>* messages) {
+    for (int step = first; step < last; ++step) {
+      for (std::size_t t = 0; t < tensors.size(); ++t) {
+        const auto grad = gradient(t, tensors[t].count, step);
+        auto message = ef_step(ef, tensors[t].name, host_view(grad.data(), grad.size()),
+                               step_context(static_cast<std::uint32_t>(step),
+                                            static_cast<std::uint32_t>(t)));
+        if (messages) messages->push_back(std::move(message));
+      }
+    }
+  };
+
+  TempDir dir;
+  ResidualStore original(2, 1, ResizePolicy::error);
+  ErrorFeedbackCodec original_ef(codec, original);
+  run_steps(original_ef, 0, 30, nullptr);
+  original.save(dir / "step30.gzef");
+  std::vector<std::vector<std::byte>> uninterrupted;
+  run_steps(original_ef, 30, 50, &uninterrupted);
+
+  // A restarted rank: either an empty store, or one whose tensors were registered first.
+  for (const bool preregistered : {false, true}) {
+    SCOPED_TRACE(preregistered ? "pre-registered store" : "empty store");
+    ResidualStore restarted(2, 1, ResizePolicy::error);
+    if (preregistered) {
+      for (const auto& tensor : tensors) restarted.residual(tensor.name, tensor.count);
+    }
+    restarted.load(dir / "step30.gzef");
+    ErrorFeedbackCodec restarted_ef(codec, restarted);
+    std::vector<std::vector<std::byte>> resumed;
+    run_steps(restarted_ef, 30, 50, &resumed);
+    ASSERT_EQ(resumed.size(), uninterrupted.size());
+    for (std::size_t m = 0; m < resumed.size(); ++m) {
+      ASSERT_EQ(resumed[m], uninterrupted[m])
+          << "step " << 30 + m / tensors.size() << ", tensor " << tensors[m % tensors.size()].name;
+    }
+    for (const auto& tensor : tensors) {
+      expect_same_bits(restarted.residual(tensor.name), original.residual(tensor.name),
+                       tensor.name);
+    }
+  }
+}
+
+TEST_P(ErrorFeedbackCodecTest, HalfPrecisionInputsActAsTheirF32Values) {
+  GET_CODEC_OR_SKIP(codec, GetParam());
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    ResidualStore half_store(1, 0, ResizePolicy::error), f32_store(1, 0, ResizePolicy::error);
+    ErrorFeedbackCodec half_ef(codec, half_store), f32_ef(codec, f32_store);
+    // 2 * kConvertBlock + 5 elements: several conversion blocks and a partial one.
+    const std::size_t n = 8197;
+    for (std::uint32_t step = 0; step < 3; ++step) {
+      const testing::HostTensor half(dtype, testing::gaussian(n, 300 + step));
+      const auto as_f32 = half.to_f32();
+      const auto half_message = ef_step(half_ef, "w", half.view(), step_context(step, 4));
+      const auto f32_message = ef_step(f32_ef, "w", host_view(as_f32.data(), n), step_context(step, 4));
+      ASSERT_EQ(half_message, f32_message) << dtype_name(dtype) << ", step " << step;
+    }
+    expect_same_bits(half_store.residual("w"), f32_store.residual("w"),
+                     std::string(dtype_name(dtype)) + " residual");
+  }
+}
+
+TEST_P(ErrorFeedbackCodecTest, ChunksReadAndUpdateSlicesOfOneResidual) {
+  // A tensor of 4099 elements sent as chunks [0, 1500), [1500, 1501), [1501, 4099) keyed by one
+  // name: each chunk must be the definition applied to its slice of the tensor's residual.
+  GET_CODEC_OR_SKIP(codec, GetParam());
+  constexpr std::size_t kCount = 4099;
+  const std::size_t bounds[] = {0, 1500, 1501, kCount};
+  ResidualStore store(1, 0, ResizePolicy::error);
+  ErrorFeedbackCodec ef(codec, store);
+  std::vector<float> reference(kCount, 0.0f);
+  for (std::uint32_t step = 0; step < 4; ++step) {
+    const auto grad = testing::gaussian(kCount, 500 + step);
+    // Chunks in reverse order: the order must not matter.
+    for (std::size_t c = 3; c-- > 0;) {
+      const std::size_t begin = bounds[c], count = bounds[c + 1] - bounds[c];
+      EncodeContext ctx = step_context(step, 5);
+      ctx.element_offset = begin;
+      std::vector<std::byte> out(ef.max_encoded_bytes(count));
+      out.resize(ef.encode_chunk("w", kCount, host_view(grad.data() + begin, count), out, ctx));
+      const auto expected = reference_step(
+          *codec, std::span(grad).subspan(begin, count),
+          std::span(reference).subspan(begin, count), ctx);
+      ASSERT_EQ(out, expected) << "step " << step << ", chunk " << c;
+    }
+    expect_same_bits(store.residual("w"), reference, "residual after step " + std::to_string(step));
+  }
+  EXPECT_EQ(store.names(), (std::vector<std::string>{"w"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, ErrorFeedbackCodecTest, ::testing::ValuesIn(kEfCodecSpecs),
+                         spec_test_name);
+
+TEST(ErrorFeedback, ChunkedElementwiseCodecsMatchTheWholeTensor) {
+  // For element-wise deterministic codecs a chunk boundary changes nothing: encoding in chunks
+  // leaves exactly the residual of encoding the whole tensor.
+  for (const std::string spec : {"none", "fp16", "bf16"}) {
+    const auto codec = built_codec(spec);
+    if (!codec) {
+      std::cout << "  skipping '" << spec << "': not built yet\n";
+      continue;
+    }
+    ResidualStore whole_store(1, 0, ResizePolicy::error), chunk_store(1, 0, ResizePolicy::error);
+    ErrorFeedbackCodec whole(codec, whole_store), chunked(codec, chunk_store);
+    for (std::uint32_t step = 0; step < 3; ++step) {
+      const auto grad = testing::gaussian(3000, 40 + step);
+      ef_step(whole, "w", host_view(grad.data(), 3000), step_context(step, 0));
+      for (std::size_t begin = 0; begin < 3000; begin += 1024) {
+        const std::size_t count = std::min<std::size_t>(1024, 3000 - begin);
+        EncodeContext ctx = step_context(step, 0);
+        ctx.element_offset = begin;
+        std::vector<std::byte> out(chunked.max_encoded_bytes(count));
+        chunked.encode_chunk("w", 3000, host_view(grad.data() + begin, count), out, ctx);
+      }
+    }
+    expect_same_bits(chunk_store.residual("w"), whole_store.residual("w"), spec);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// What feedback buys the biased codecs.
+
+class BiasedCodecFeedback : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BiasedCodecFeedback, ResidualIsNonzeroAndFarBelowTheErrorWithoutFeedback) {
+  // Gradients with a fixed mean, g_t = m + xi_t (m ~ N(0, 0.5^2) per element, xi_t ~ N(0, 1)):
+  // a biased codec without feedback drops part of m every step, so its accumulated error
+  //   E_T = sum_t (g_t - D(C(g_t)))
+  // grows like T. With feedback the accumulated error of what was sent is exactly e_T
+  // (conservation, up to rounding), and e_T stays bounded because C is a contraction.
+  // Asserted, after T = 300 steps of n = 1000 elements:
+  //   (1) e_T != 0: the residual holds what has not been sent yet;
+  //   (2) ||e_T|| < ||E_T|| / 4: the time average of what was sent, (1/T) sum_t D(C(g'_t)),
+  //       is more than 4x closer to the average gradient (1/T) sum_t g_t than without
+  //       feedback (the measured ratios are printed; they are far below 1/4).
+  GET_CODEC_OR_SKIP(codec, GetParam());
+  constexpr std::size_t kCount = 1000;
+  constexpr int kSteps = 300;
+  std::vector<float> mean = testing::gaussian(kCount, 77, 0.5f);
+  ResidualStore store(1, 0, ResizePolicy::error);
+  ErrorFeedbackCodec ef(codec, store);
+  std::vector<double> error_without_feedback(kCount, 0.0);
+  for (int step = 0; step < kSteps; ++step) {
+    auto grad = testing::gaussian(kCount, 9000 + step);
+    for (std::size_t i = 0; i < kCount; ++i) grad[i] += mean[i];
+    const EncodeContext ctx = step_context(static_cast<std::uint32_t>(step), 6);
+    ef_step(ef, "w", host_view(grad.data(), kCount), ctx);
+    const auto plain = testing::encode_message(*codec, host_view(grad.data(), kCount), ctx);
+    const auto plain_sent = testing::decode_to_f32(*codec, plain, kCount);
+    for (std::size_t i = 0; i < kCount; ++i) error_without_feedback[i] += grad[i] - plain_sent[i];
+  }
+  const auto residual = store.residual("w");
+  const double with_feedback = norm(residual);
+  const double without_feedback = norm(error_without_feedback);
+  std::cout << "  " << GetParam() << ": ||e_T|| = " << with_feedback
+            << ", ||E_T|| without feedback = " << without_feedback
+            << ", ratio = " << with_feedback / without_feedback << "\n";
+  EXPECT_GT(with_feedback, 0.0);
+  EXPECT_LT(with_feedback, without_feedback / 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, BiasedCodecFeedback,
+                         ::testing::Values("sign", "topk:ratio=0.01", "topk:ratio=0.01,approx=on"),
+                         spec_test_name);
+
+class TopKFeedback : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TopKFeedback, ResidualKeepsExactlyTheUnsentElements) {
+  // Top-k with f32 values sends m elements of g' unchanged (exact: m = k; approx: the exact
+  // top-m for some ceil(k/2) <= m <= k, compressors/topk.cpp), so per step, exactly:
+  //   e_i = +0 for the m sent elements and e_i = g'_i (bit for bit) for the others, and every
+  //   sent element is at least as large in magnitude as every kept one;
+  // hence ||e||^2 <= (1 - m/n) ||g'||^2, the contraction that keeps the residual bounded.
+  // n = 100003 > kTopkSampleAllCount, so approx really samples its threshold.
+  GET_CODEC_OR_SKIP(codec, GetParam());
+  constexpr std::size_t kCount = 100003;
+  const std::size_t k = codec->spec().k_for(kCount);
+  ASSERT_EQ(k, 1001u);
+  const std::size_t fewest = codec->spec().approx ? (k + 1) / 2 : k;
+  ResidualStore store(1, 0, ResizePolicy::error);
+  ErrorFeedbackCodec ef(codec, store);
+  std::vector<float> previous(kCount, 0.0f);
+  for (std::uint32_t step = 0; step < 8; ++step) {
+    const auto grad = testing::gaussian(kCount, 600 + step);
+    ef_step(ef, "w", host_view(grad.data(), kCount), step_context(step, 7));
+    const auto residual = store.residual("w");
+    std::size_t sent = 0;
+    float smallest_sent = std::numeric_limits<float>::infinity();
+    float largest_kept = 0;
+    double corrected_sq = 0, residual_sq = 0;
+    for (std::size_t i = 0; i < kCount; ++i) {
+      const float corrected = grad[i] + previous[i];
+      ASSERT_NE(corrected, 0.0f) << "the data must not hold zeros for the sent/kept split";
+      corrected_sq += double{corrected} * corrected;
+      residual_sq += double{residual[i]} * residual[i];
+      if (bits_of(residual[i]) == 0) {
+        ++sent;
+        smallest_sent = std::min(smallest_sent, std::fabs(corrected));
+      } else {
+        ASSERT_EQ(bits_of(residual[i]), bits_of(corrected)) << "step " << step << ", element " << i;
+        largest_kept = std::max(largest_kept, std::fabs(corrected));
+      }
+    }
+    ASSERT_GE(sent, fewest) << "step " << step;
+    ASSERT_LE(sent, k) << "step " << step;
+    ASSERT_GE(smallest_sent, largest_kept) << "step " << step;
+    // The sums of squares are summed in double: relative rounding below n * 2^-53 < 1e-10.
+    ASSERT_LE(residual_sq, (1.0 - double(sent) / kCount) * corrected_sq * (1 + 1e-10))
+        << "step " << step;
+    previous = copy_of(residual);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, TopKFeedback,
+                         ::testing::Values("topk:ratio=0.01", "topk:ratio=0.01,approx=on"),
+                         spec_test_name);
+
+
+}  // namespace
+}  // namespace gradzip
