@@ -1,11 +1,156 @@
-// Placeholder until the codec lands: the factory refuses with a clear error.
+// `sign:bucket=N`: 1 bit per element (x < 0) plus one f32 scale per bucket of N elements, the
+// bucket's mean |x|; element i decodes to bit ? -scale : +scale. Math and the canonical order
+// of the f32 sums: kernels/sign_math.h. Not additive (two messages' bits cannot be summed),
+// not sparse.
+//
+// Header: codec = WireCodec::sign, flags = 0, small_param = 1 (bits per element),
+// large_param = bucket (>= 1), count = n.
+// Payload (offsets from the end of the 32-byte header; no alignment anywhere):
+//   offset       size                 field
+//   0            4 * B                scales: f32 little-endian, bucket 0 first,
+//                                     B = ceil(n / bucket) (0 when n == 0)
+//   4 * B        ceil(n / 8)          sign bits: element i at bit i % 8 (LSB first) of byte i / 8;
+//                                     the unused high bits of the last byte are zero
+// payload_bytes = 4 * B + ceil(n / 8) exactly. Decoders refuse any other size, bucket 0,
+// flags != 0, small_param != 1 and a nonzero unused bit; scales may hold any f32 bits.
+#include <algorithm>
+#include <limits>
+#include <string_view>
+
+#include "compressors/codec_checks.h"
 #include "compressors/registry.h"
-#include "gradzip/error.h"
+#include "compressors/wire_format.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/sign_cpu.h"
 
 namespace gradzip::compressors {
+namespace {
+
+constexpr std::uint8_t kSignBitsPerElement = 1;
+static_assert(sizeof(std::size_t) == sizeof(std::uint64_t),
+              "the bucket (a 64-bit header field) is used as a size_t");
+
+std::size_t bucket_count(std::size_t count, std::size_t bucket) noexcept {
+  return count == 0 ? 0 : (count - 1) / bucket + 1;  // ceil without overflow for any bucket
+}
+
+std::size_t bit_bytes(std::size_t count) noexcept { return count / 8 + (count % 8 != 0); }
+
+// payload_bytes for `count` elements; saturates at SIZE_MAX (which no message can have: its
+// size would be 32 + SIZE_MAX) when the true size does not fit a size_t.
+std::size_t payload_bytes_for(std::size_t count, std::size_t bucket) noexcept {
+  const std::size_t buckets = bucket_count(count, bucket);
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  if (buckets > (kMax - bit_bytes(count)) / sizeof(float)) return kMax;
+  return buckets * sizeof(float) + bit_bytes(count);
+}
+
+class SignCodec final : public Codec {
+ public:
+  explicit SignCodec(const CompressionSpec& spec) : spec_(spec) {
+    GZ_REQUIRE(spec.bucket >= 1, ErrorCode::invalid_argument, "make_codec: sign bucket is 0 in '",
+               spec.to_string(), "'; it must be at least 1");
+  }
+
+  const CompressionSpec& spec() const noexcept override { return spec_; }
+
+  std::size_t max_encoded_bytes(std::size_t count) const override {
+    const std::size_t payload = payload_bytes_for(count, spec_.bucket);
+    GZ_REQUIRE(payload <= std::numeric_limits<std::size_t>::max() - kWireHeaderBytes,
+               ErrorCode::invalid_argument, "sign.max_encoded_bytes: ", count,
+               " elements do not fit a message");
+    return kWireHeaderBytes + payload;
+  }
+
+  std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                     const EncodeContext& /*ctx*/) const override {
+    require_host(in, "sign.encode");
+    const std::size_t total = max_encoded_bytes(in.count);
+    require_capacity(out, total, "sign.encode");
+    const std::size_t payload = total - kWireHeaderBytes;
+    write_header(
+        WireHeader{WireCodec::sign, 0, kSignBitsPerElement, in.count, payload, spec_.bucket}, out);
+    if (in.count == 0) return total;
+    std::byte* scales = out.data() + kWireHeaderBytes;
+    auto* bits = reinterpret_cast<std::uint8_t*>(scales + bucket_count(in.count, spec_.bucket) *
+                                                              sizeof(float));
+    kernels::cpu::SignEncoder encoder(spec_.bucket, scales, bits);
+    if (in.dtype == DType::f32) {
+      encoder.add(static_cast<const float*>(in.data), in.count);
+    } else {
+      // kConvertBlock is a multiple of 8, so each converted block's bits start on a byte.
+      static_assert(kernels::cpu::kConvertBlock % 8 == 0);
+      float block[kernels::cpu::kConvertBlock];
+      for (std::size_t begin = 0; begin < in.count; begin += kernels::cpu::kConvertBlock) {
+        const std::size_t n = std::min(kernels::cpu::kConvertBlock, in.count - begin);
+        kernels::cpu::load_as_f32(in, begin, n, block);
+        encoder.add(block, n);
+      }
+    }
+    encoder.finish();
+    return total;
+  }
+
+  void decode(std::span<const std::byte> in, TensorView out) const override {
+    require_host(out, "sign.decode");
+    const kernels::cpu::SignPayload payload = validated_payload(in, out.count, "sign.decode");
+    if (out.dtype == DType::f32) {
+      kernels::cpu::sign_decode(payload, 0, out.count, static_cast<float*>(out.data));
+      return;
+    }
+    float block[kernels::cpu::kConvertBlock];
+    for (std::size_t begin = 0; begin < out.count; begin += kernels::cpu::kConvertBlock) {
+      const std::size_t n = std::min(kernels::cpu::kConvertBlock, out.count - begin);
+      kernels::cpu::sign_decode(payload, begin, n, block);
+      kernels::cpu::store_from_f32(block, n, out, begin);
+    }
+  }
+
+  void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
+    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
+               "sign.decode_add: null accumulator for ", count, " elements");
+    kernels::cpu::sign_decode_add(validated_payload(in, count, "sign.decode_add"), acc);
+  }
+
+  bool additive() const noexcept override { return false; }
+  bool sparse() const noexcept override { return false; }
+
+ private:
+  // Checks every header field, the exact payload size and the unused bits of the last byte.
+  static kernels::cpu::SignPayload validated_payload(std::span<const std::byte> in,
+                                                     std::size_t count, std::string_view op) {
+    const WireHeader header = read_header_for(in, WireCodec::sign, count, op);
+    GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags are 0x", std::hex,
+               int{header.flags}, " (expected 0)");
+    GZ_REQUIRE(header.small_param == kSignBitsPerElement, ErrorCode::malformed_message, op,
+               ": small_param (bits per element) is ", int{header.small_param}, " (expected ",
+               int{kSignBitsPerElement}, ")");
+    GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+               ": bucket (large_param) is 0 (expected >= 1)");
+    const auto bucket = static_cast<std::size_t>(header.large_param);
+    const std::size_t expected = payload_bytes_for(count, bucket);
+    GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+               header.payload_bytes, " bytes for ", count, " elements in buckets of ", bucket,
+               " (expected ", expected, ": ", bucket_count(count, bucket), " f32 scales + ",
+               bit_bytes(count), " bytes of bits)");
+    const std::byte* scales = in.data() + kWireHeaderBytes;
+    const auto* bits =
+        reinterpret_cast<const std::uint8_t*>(scales + bucket_count(count, bucket) * sizeof(float));
+    if (count % 8 != 0) {
+      const unsigned padding = bits[count / 8] >> (count % 8);
+      GZ_REQUIRE(padding == 0, ErrorCode::malformed_message, op, ": unused bits ", count % 8,
+                 "..7 of the last sign byte are 0x", std::hex, padding, " (expected 0)");
+    }
+    return kernels::cpu::SignPayload{scales, bits, count, bucket};
+  }
+
+  CompressionSpec spec_;
+};
+
+}  // namespace
 
 std::unique_ptr<Codec> make_sign_codec(const CompressionSpec& spec) {
-  GZ_THROW(ErrorCode::unsupported, "make_codec: codec '", spec.to_string(), "' is not built yet");
+  return std::make_unique<SignCodec>(spec);
 }
 
 }  // namespace gradzip::compressors
