@@ -1,11 +1,144 @@
-// Placeholder until the codec lands: the factory refuses with a clear error.
+// `qsgd:bits=B,bucket=N`: stochastic-rounding quantisation (Alistarh et al., "QSGD", NIPS'17)
+// with one f32 scale (max |x|) per bucket of N elements and a B-bit code per element.
+// Unbiased: E[decode(encode(x))] = x up to f32 rounding; the element math and its treatment of
+// NaN / Inf are in kernels/qsgd_math.h, the loops in kernels/cpu/qsgd_cpu*.cpp.
+//
+// Message: the 32-byte header (compressors/wire_format.h) with
+//   codec = WireCodec::qsgd, flags = 0, small_param = bits (1..8), large_param = bucket (>= 1),
+//   count = elements, payload_bytes = 4 * ceil(count / bucket) + ceil(count * bits / 8);
+// then the payload, little-endian, no padding:
+//   offset                      size                   field
+//   32                          4 * num_buckets        f32 scale of bucket b at 32 + 4b;
+//                                                      num_buckets = ceil(count / bucket)
+//   32 + 4 * num_buckets        ceil(count * bits / 8) codes, a bit stream packed LSB-first:
+//                                                      element i occupies stream bits
+//                                                      [i * bits, (i + 1) * bits), byte j holds
+//                                                      stream bits [8j, 8j + 8); unused high bits
+//                                                      of the last byte are 0
+// Codes: bits >= 2: sign bit 2^(bits-1) | magnitude q in [0, 2^(bits-1) - 1], value ±q * scale / s;
+//        bits == 1: 1 = +scale, 0 = -scale.
+//
+// Decoders check, before writing any output: the header (codec, count, flags, bits in 1..8,
+// bucket >= 1, the exact payload size), every scale (+0..+Inf or the canonical NaN 0x7FC00000:
+// a max |x| is never negative and encode writes only that NaN) and that every code of a
+// non-finite bucket is 0 (what encode writes there). The magnitude field can hold any value up
+// to 2^(bits-1) - 1 = s, so no code of a finite bucket is out of range. A sign bit with
+// magnitude 0 ("-0") is never written by encode; it decodes to -0.0, which equals 0.
+#include <cstring>
+
+#include "compressors/codec_checks.h"
 #include "compressors/registry.h"
-#include "gradzip/error.h"
+#include "compressors/wire_format.h"
+#include "kernels/cpu/qsgd_cpu.h"
 
 namespace gradzip::compressors {
+namespace {
+
+using kernels::cpu::QsgdLayout;
+using kernels::cpu::qsgd_layout;
+
+class QsgdCodec final : public Codec {
+ public:
+  explicit QsgdCodec(const CompressionSpec& spec) : spec_(spec) {
+    GZ_REQUIRE(spec.bits >= kernels::kQsgdMinBits && spec.bits <= kernels::kQsgdMaxBits,
+               ErrorCode::invalid_spec, "make_codec: qsgd bits=", spec.bits,
+               " is outside 1..8 (spec '", spec.to_string(), "')");
+    GZ_REQUIRE(spec.bucket >= 1, ErrorCode::invalid_spec, "make_codec: qsgd bucket=0 (spec '",
+               spec.to_string(), "'); a bucket holds at least one element");
+  }
+
+  const CompressionSpec& spec() const noexcept override { return spec_; }
+
+  std::size_t max_encoded_bytes(std::size_t count) const override {
+    return kWireHeaderBytes + layout_for_encode(count, "qsgd.max_encoded_bytes").payload_bytes();
+  }
+
+  std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                     const EncodeContext& ctx) const override {
+    require_host(in, "qsgd.encode");
+    const QsgdLayout layout = layout_for_encode(in.count, "qsgd.encode");
+    const std::size_t total = kWireHeaderBytes + layout.payload_bytes();
+    require_capacity(out, total, "qsgd.encode");
+    write_header(WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec_.bits), in.count,
+                            layout.payload_bytes(), spec_.bucket},
+                 out);
+    kernels::cpu::qsgd_encode_payload(in, spec_.bits, spec_.bucket, ctx,
+                                      out.data() + kWireHeaderBytes);
+    return total;
+  }
+
+  void decode(std::span<const std::byte> in, TensorView out) const override {
+    require_host(out, "qsgd.decode");
+    const Validated message = validate(in, out.count, "qsgd.decode");
+    kernels::cpu::qsgd_decode_payload(message.payload, out.count, message.bits, message.bucket,
+                                      out);
+  }
+
+  void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
+    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
+               "qsgd.decode_add: null accumulator for ", count, " elements");
+    const Validated message = validate(in, count, "qsgd.decode_add");
+    kernels::cpu::qsgd_decode_add_payload(message.payload, count, message.bits, message.bucket,
+                                          acc);
+  }
+
+  bool additive() const noexcept override { return false; }
+  bool sparse() const noexcept override { return false; }
+
+ private:
+  struct Validated {
+    const std::byte* payload;
+    int bits;
+    std::size_t bucket;
+  };
+
+  QsgdLayout layout_for_encode(std::size_t count, std::string_view op) const {
+    const auto layout = qsgd_layout(count, spec_.bits, spec_.bucket);
+    GZ_REQUIRE(layout.has_value(), ErrorCode::invalid_argument, op, ": ", count,
+               " elements exceed the ", kernels::cpu::kQsgdMaxCount, " a qsgd message can hold");
+    return *layout;
+  }
+
+  static Validated validate(std::span<const std::byte> in, std::size_t count, std::string_view op) {
+    const WireHeader header = read_header_for(in, WireCodec::qsgd, count, op);
+    GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags 0x", std::hex,
+               int{header.flags}, " (expected 0)");
+    const int bits = header.small_param;
+    GZ_REQUIRE(bits >= kernels::kQsgdMinBits && bits <= kernels::kQsgdMaxBits,
+               ErrorCode::malformed_message, op, ": bits ", bits, " (expected 1..8)");
+    GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+               ": bucket 0 (expected >= 1)");
+    // Buckets above SIZE_MAX cannot occur on a 64-bit host; count <= kQsgdMaxCount bounds the rest.
+    const std::size_t bucket = static_cast<std::size_t>(header.large_param);
+    const auto layout = qsgd_layout(count, bits, bucket);
+    GZ_REQUIRE(layout.has_value(), ErrorCode::malformed_message, op, ": count ", count,
+               " exceeds the ", kernels::cpu::kQsgdMaxCount, " a qsgd message can hold");
+    GZ_REQUIRE(header.payload_bytes == layout->payload_bytes(), ErrorCode::malformed_message, op,
+               ": payload of ", header.payload_bytes, " bytes for ", count, " elements, bits=",
+               bits, ", bucket=", bucket, " (expected ", layout->payload_bytes(), " = ",
+               layout->scale_bytes, " scale bytes + ", layout->code_bytes, " code bytes)");
+    const std::byte* payload = payload_of(in).data();
+    kernels::cpu::QsgdPayloadProblem problem;
+    if (!kernels::cpu::qsgd_check_payload(payload, count, bits, bucket, problem)) {
+      if (problem.nonzero_code) {
+        GZ_THROW(ErrorCode::malformed_message, op, ": bucket ", problem.bucket_index,
+                 " has the non-finite scale 0x", std::hex, problem.scale_bits,
+                 " and a non-zero code (expected every code of such a bucket to be 0)");
+      }
+      GZ_THROW(ErrorCode::malformed_message, op, ": bucket ", problem.bucket_index, " has scale 0x",
+               std::hex, problem.scale_bits,
+               " (expected +0 .. +Inf, 0x7f800000 or below, or the quiet NaN 0x7fc00000)");
+    }
+    return Validated{payload, bits, bucket};
+  }
+
+  CompressionSpec spec_;
+};
+
+}  // namespace
 
 std::unique_ptr<Codec> make_qsgd_codec(const CompressionSpec& spec) {
-  GZ_THROW(ErrorCode::unsupported, "make_codec: codec '", spec.to_string(), "' is not built yet");
+  return std::make_unique<QsgdCodec>(spec);
 }
 
 }  // namespace gradzip::compressors
