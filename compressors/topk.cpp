@@ -1,11 +1,228 @@
-// Placeholder until the codec lands: the factory refuses with a clear error.
+// `topk`: keeps the k = spec.k_for(n) elements of largest magnitude (exact), or about that many
+// (approx=on, DGC-style sampled threshold), as (index, value) pairs. Selection, ordering rule
+// and the approx guarantee: kernels/cpu/topk_cpu.h and kernels/topk_math.h. In short: exact
+// keeps exactly the k largest |x| (ties: lowest index; NaN ranks above Inf); approx keeps the
+// exact top-m for some ceil(k/2) <= m <= k.
+//
+// Message: the 32-byte header (compressors/wire_format.h) with
+//   codec        WireCodec::topk
+//   flags        bit 0: indices are u64 (else u32); bit 1: values are f16 (else f32);
+//                no other bit may be set
+//   small_param  0 for exact, 1 for approx (informational: decoding ignores it, but it must be
+//                0 or 1)
+//   count        n, the elements the message decodes to
+//   large_param  m, the number of entries (m == k for exact; m <= n)
+//   payload      m * (index bytes + value bytes)
+// followed by the payload, little-endian, no padding:
+//   offset 0        m indices, u32 or u64 (flags bit 0), strictly increasing, each < n
+//   offset m * iw   m values, f32 or f16 bits (flags bit 1), values[j] belongs to indices[j]
+// with iw = 4 or 8 the index width. The encoder writes u32 indices iff n <= 2^32, and f16
+// values (round to nearest even, overflow to +-inf, NaN kept as NaN) iff values=fp16.
+// The decoder accepts u64 indices for any n (they are validated like u32 ones) and refuses u32
+// indices for n > 2^32, which they cannot address.
+//
+// decode() writes zeros everywhere, then the values at their indices; decode_add() adds the
+// values at their indices. Both validate the whole message, every index included, first.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "compressors/codec_checks.h"
 #include "compressors/registry.h"
-#include "gradzip/error.h"
+#include "compressors/wire_format.h"
+#include "kernels/cast_math.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/topk_cpu.h"
 
 namespace gradzip::compressors {
+namespace {
+
+inline constexpr std::uint8_t kFlagWideIndices = 0x1;
+inline constexpr std::uint8_t kFlagHalfValues = 0x2;
+inline constexpr std::uint64_t kMaxNarrowCount = std::uint64_t{1} << 32;
+
+std::size_t index_bytes_for(std::size_t count) {
+  return count > kMaxNarrowCount ? sizeof(std::uint64_t) : sizeof(std::uint32_t);
+}
+
+// A validated message: where its arrays start and how to read them.
+struct TopkPayload {
+  const std::byte* indices = nullptr;
+  const std::byte* values = nullptr;
+  std::size_t entries = 0;
+  bool wide_indices = false;
+  bool half_values = false;
+
+  std::uint64_t index(std::size_t j) const {
+    if (wide_indices) {
+      std::uint64_t value;
+      std::memcpy(&value, indices + j * sizeof value, sizeof value);
+      return value;
+    }
+    std::uint32_t value;
+    std::memcpy(&value, indices + j * sizeof value, sizeof value);
+    return value;
+  }
+
+  float value(std::size_t j) const {
+    if (half_values) {
+      std::uint16_t bits;
+      std::memcpy(&bits, values + j * sizeof bits, sizeof bits);
+      return kernels::f16_bits_to_f32(bits);
+    }
+    float value;
+    std::memcpy(&value, values + j * sizeof value, sizeof value);
+    return value;
+  }
+};
+
+// Checks every header field, the payload size and every index of the message for `count`
+// output elements; throws malformed_message naming `op` otherwise.
+TopkPayload validated_payload(std::span<const std::byte> in, std::size_t count,
+                              std::string_view op) {
+  const WireHeader header = read_header_for(in, WireCodec::topk, count, op);
+  GZ_REQUIRE((header.flags & ~(kFlagWideIndices | kFlagHalfValues)) == 0,
+             ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags}, std::dec,
+             " has bits other than 0x1 (64-bit indices) and 0x2 (f16 values)");
+  GZ_REQUIRE(header.small_param <= 1, ErrorCode::malformed_message, op, ": small_param ",
+             int{header.small_param}, " is neither 0 (exact) nor 1 (approx)");
+  TopkPayload payload;
+  payload.wide_indices = (header.flags & kFlagWideIndices) != 0;
+  payload.half_values = (header.flags & kFlagHalfValues) != 0;
+  GZ_REQUIRE(payload.wide_indices || header.count <= kMaxNarrowCount, ErrorCode::malformed_message,
+             op, ": 32-bit indices cannot address ", header.count,
+             " elements (flags bit 0x1 must be set above 2^32)");
+  GZ_REQUIRE(header.large_param <= header.count, ErrorCode::malformed_message, op, ": ",
+             header.large_param, " entries (large_param) for ", header.count, " elements");
+  const std::size_t index_width = payload.wide_indices ? 8 : 4;
+  const std::size_t value_width = payload.half_values ? 2 : 4;
+  const std::size_t entry_bytes = index_width + value_width;
+  // Division, not m * entry_bytes: large_param comes off the wire and could overflow.
+  GZ_REQUIRE(header.payload_bytes % entry_bytes == 0 &&
+                 header.payload_bytes / entry_bytes == header.large_param,
+             ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
+             " bytes, expected ", header.large_param, " entries of ", entry_bytes, " bytes (",
+             index_width, "-byte index, ", value_width, "-byte value)");
+  payload.entries = static_cast<std::size_t>(header.large_param);
+  payload.indices = in.data() + kWireHeaderBytes;
+  payload.values = payload.indices + payload.entries * index_width;
+  std::uint64_t previous = 0;
+  for (std::size_t j = 0; j < payload.entries; ++j) {
+    const std::uint64_t index = payload.index(j);
+    GZ_REQUIRE(index < header.count, ErrorCode::malformed_message, op, ": entry ", j,
+               " has index ", index, ", the message holds ", header.count, " elements");
+    GZ_REQUIRE(j == 0 || index > previous, ErrorCode::malformed_message, op, ": entry ", j,
+               " has index ", index, " after index ", previous,
+               " (indices must be strictly increasing)");
+    previous = index;
+  }
+  return payload;
+}
+
+class TopkCodec final : public Codec {
+ public:
+  explicit TopkCodec(const CompressionSpec& spec) : spec_(spec) {}
+
+  const CompressionSpec& spec() const noexcept override { return spec_; }
+
+  std::size_t max_encoded_bytes(std::size_t count) const override {
+    return kWireHeaderBytes + spec_.k_for(count) * (index_bytes_for(count) + value_bytes());
+  }
+
+  std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                     const EncodeContext& ctx) const override {
+    require_host(in, "topk.encode");
+    require_capacity(out, max_encoded_bytes(in.count), "topk.encode");
+    return index_bytes_for(in.count) == sizeof(std::uint32_t)
+               ? encode_with<std::uint32_t>(in, out, ctx)
+               : encode_with<std::uint64_t>(in, out, ctx);
+  }
+
+  void decode(std::span<const std::byte> in, TensorView out) const override {
+    require_host(out, "topk.decode");
+    const TopkPayload payload = validated_payload(in, out.count, "topk.decode");
+    if (out.count == 0) return;
+    std::memset(out.data, 0, out.size_bytes());  // +0.0 in f32, f16 and bf16
+    std::byte* const base = static_cast<std::byte*>(out.data);
+    for (std::size_t j = 0; j < payload.entries; ++j) {
+      const std::size_t index = static_cast<std::size_t>(payload.index(j));
+      const float value = payload.value(j);
+      switch (out.dtype) {
+        case DType::f32:
+          std::memcpy(base + index * sizeof(float), &value, sizeof value);
+          break;
+        case DType::f16: {
+          const std::uint16_t bits = kernels::f32_to_f16_bits(value);
+          std::memcpy(base + index * sizeof bits, &bits, sizeof bits);
+          break;
+        }
+        case DType::bf16: {
+          const std::uint16_t bits = kernels::f32_to_bf16_bits(value);
+          std::memcpy(base + index * sizeof bits, &bits, sizeof bits);
+          break;
+        }
+      }
+    }
+  }
+
+  void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
+    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
+               "topk.decode_add: null accumulator for ", count, " elements");
+    const TopkPayload payload = validated_payload(in, count, "topk.decode_add");
+    for (std::size_t j = 0; j < payload.entries; ++j)
+      acc[static_cast<std::size_t>(payload.index(j))] += payload.value(j);
+  }
+
+  bool additive() const noexcept override { return false; }
+  bool sparse() const noexcept override { return true; }
+
+ private:
+  std::size_t value_bytes() const { return spec_.values == DType::f16 ? 2 : 4; }
+
+  template <typename IndexT>
+  std::size_t encode_with(ConstTensorView in, std::span<std::byte> out,
+                          const EncodeContext& ctx) const {
+    const std::size_t k = spec_.k_for(in.count);
+    auto indices = std::make_unique_for_overwrite<IndexT[]>(k);
+    auto values = std::make_unique_for_overwrite<float[]>(k);
+    const kernels::cpu::TopkOptions options{spec_.approx, ctx.seed, ctx.step, ctx.tensor_id};
+    const std::size_t entries =
+        kernels::cpu::topk_select<IndexT>(in, k, options, indices.get(), values.get()).count;
+
+    const std::size_t payload_bytes = entries * (sizeof(IndexT) + value_bytes());
+    std::uint8_t flags = sizeof(IndexT) == 8 ? kFlagWideIndices : 0;
+    if (spec_.values == DType::f16) flags |= kFlagHalfValues;
+    write_header(WireHeader{WireCodec::topk, flags, static_cast<std::uint8_t>(spec_.approx ? 1 : 0),
+                            in.count, payload_bytes, entries},
+                 out);
+    std::byte* const index_area = out.data() + kWireHeaderBytes;
+    std::byte* const value_area = index_area + entries * sizeof(IndexT);
+    if (entries > 0) std::memcpy(index_area, indices.get(), entries * sizeof(IndexT));
+    if (spec_.values == DType::f16) {
+      // `out` may sit at any alignment: convert through an aligned block.
+      std::uint16_t block[kernels::cpu::kConvertBlock];
+      for (std::size_t begin = 0; begin < entries; begin += kernels::cpu::kConvertBlock) {
+        const std::size_t count = std::min(kernels::cpu::kConvertBlock, entries - begin);
+        kernels::cpu::f32_to_f16(values.get() + begin, block, count);
+        std::memcpy(value_area + begin * sizeof(std::uint16_t), block, count * sizeof(std::uint16_t));
+      }
+    } else if (entries > 0) {
+      std::memcpy(value_area, values.get(), entries * sizeof(float));
+    }
+    return kWireHeaderBytes + payload_bytes;
+  }
+
+  CompressionSpec spec_;
+};
+
+}  // namespace
 
 std::unique_ptr<Codec> make_topk_codec(const CompressionSpec& spec) {
-  GZ_THROW(ErrorCode::unsupported, "make_codec: codec '", spec.to_string(), "' is not built yet");
+  GZ_REQUIRE(spec.codec == CodecKind::topk, ErrorCode::internal,
+             "make_topk_codec: spec '", spec.to_string(), "' is not a topk spec");
+  GZ_REQUIRE(spec.values == DType::f32 || spec.values == DType::f16, ErrorCode::invalid_spec,
+             "topk: values=", dtype_name(spec.values), " is not one of fp32, fp16");
+  return std::make_unique<TopkCodec>(spec);
 }
 
 }  // namespace gradzip::compressors
