@@ -690,17 +690,6 @@ struct CodecUnderTest {
 constexpr CodecUnderTest kCodecs[] = {{"fp16", DType::f16, WireCodec::fp16},
                                       {"bf16", DType::bf16, WireCodec::bf16}};
 
-ErrorCode code_of(const std::function<void()>& call, std::string* message = nullptr) {
-  try {
-    call();
-  } catch (const Error& error) {
-    if (message) *message = error.what();
-    return error.code();
-  }
-  ADD_FAILURE() << "expected a gradzip::Error";
-  return ErrorCode::internal;
-}
-
 // The raw bytes of a tensor's elements.
 std::vector<std::byte> raw_bytes(const testing::HostTensor& tensor) {
   const auto view = tensor.view();
@@ -832,7 +821,7 @@ TEST(CastCodec, DescribesItself) {
     EXPECT_EQ(codec->spec().codec, tested.format == DType::f16 ? CodecKind::fp16 : CodecKind::bf16);
     EXPECT_EQ(codec->max_encoded_bytes(0), kWireHeaderBytes);
     EXPECT_EQ(codec->max_encoded_bytes(1001), kWireHeaderBytes + 2002);
-    EXPECT_EQ(code_of([&] { codec->max_encoded_bytes(std::numeric_limits<std::size_t>::max()); }),
+    EXPECT_EQ(testing::error_code_of([&] { codec->max_encoded_bytes(std::numeric_limits<std::size_t>::max()); }),
               ErrorCode::invalid_argument);
   }
 }
@@ -952,14 +941,14 @@ void expect_rejected(const Codec& codec, const std::vector<std::byte>& message, 
     testing::HostTensor output(out_dtype, std::vector<float>(count, 7.0f));
     const auto before = raw_bytes(output);
     std::string text;
-    EXPECT_EQ(code_of([&] { codec.decode(message, output.view()); }, &text),
+    EXPECT_EQ(testing::error_code_of([&] { codec.decode(message, output.view()); }, &text),
               ErrorCode::malformed_message);
     EXPECT_NE(text.find(codec_name + ".decode"), std::string::npos) << text;
     EXPECT_TRUE(raw_bytes(output) == before) << "decode wrote into a rejected output";
   }
   std::vector<float> acc(count, 7.0f);
   std::string text;
-  EXPECT_EQ(code_of([&] { codec.decode_add(message, acc.data(), count); }, &text),
+  EXPECT_EQ(testing::error_code_of([&] { codec.decode_add(message, acc.data(), count); }, &text),
             ErrorCode::malformed_message);
   EXPECT_NE(text.find(codec_name + ".decode_add"), std::string::npos) << text;
   EXPECT_EQ(acc, std::vector<float>(count, 7.0f)) << "decode_add wrote into a rejected acc";
@@ -1019,20 +1008,20 @@ TEST(CastCodec, RejectsBadEncodeArguments) {
     const auto codec = make_codec(tested.spec);
     const auto values = mixed_values(10, 2);
     std::vector<std::byte> small(codec->max_encoded_bytes(10) - 1, std::byte{0x5A});
-    EXPECT_EQ(code_of([&] { codec->encode(host_view(values.data(), 10), small, {}); }),
+    EXPECT_EQ(testing::error_code_of([&] { codec->encode(host_view(values.data(), 10), small, {}); }),
               ErrorCode::invalid_argument);
     EXPECT_TRUE(small == std::vector<std::byte>(small.size(), std::byte{0x5A}))
         << "encode wrote into a buffer it refused";
     std::vector<std::byte> out(codec->max_encoded_bytes(10));
-    EXPECT_EQ(code_of([&] { codec->encode(ConstTensorView(nullptr, 10, DType::f32), out, {}); }),
+    EXPECT_EQ(testing::error_code_of([&] { codec->encode(ConstTensorView(nullptr, 10, DType::f32), out, {}); }),
               ErrorCode::invalid_argument);
     const ConstTensorView on_gpu(values.data(), 10, DType::f32, Device{DeviceKind::cuda, 0});
-    EXPECT_EQ(code_of([&] { codec->encode(on_gpu, out, {}); }), ErrorCode::unsupported);
+    EXPECT_EQ(testing::error_code_of([&] { codec->encode(on_gpu, out, {}); }), ErrorCode::unsupported);
     const auto message = testing::encode_message(*codec, host_view(values.data(), 10));
     std::vector<float> decoded(10);
     const TensorView gpu_out{decoded.data(), 10, DType::f32, Device{DeviceKind::cuda, 0}};
-    EXPECT_EQ(code_of([&] { codec->decode(message, gpu_out); }), ErrorCode::unsupported);
-    EXPECT_EQ(code_of([&] { codec->decode_add(message, nullptr, 10); }),
+    EXPECT_EQ(testing::error_code_of([&] { codec->decode(message, gpu_out); }), ErrorCode::unsupported);
+    EXPECT_EQ(testing::error_code_of([&] { codec->decode_add(message, nullptr, 10); }),
               ErrorCode::invalid_argument);
   }
 }

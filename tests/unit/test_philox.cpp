@@ -12,30 +12,13 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qsgd_cpu.h"
 #include "kernels/philox_math.h"
+#include "tests/unit/test_support.h"
 
 namespace gradzip {
 namespace {
 
 using kernels::Philox4x32;
 using kernels::cpu::Isa;
-
-constexpr Isa kAllIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
-
-// Runs `body` once per ISA this CPU has, with that ISA forced; others are reported as skipped.
-template <typename Body>
-void for_each_available_isa(Body&& body) {
-  for (Isa isa : kAllIsas) {
-    if (isa > kernels::cpu::detected_isa()) {
-      std::printf("note: this CPU lacks %s; not tested here\n",
-                  std::string(kernels::cpu::isa_name(isa)).c_str());
-      continue;
-    }
-    kernels::cpu::set_isa_override(isa);
-    SCOPED_TRACE(kernels::cpu::isa_name(isa));
-    body(isa);
-  }
-  kernels::cpu::clear_isa_override();
-}
 
 void expect_words(const Philox4x32& got, std::uint32_t w0, std::uint32_t w1, std::uint32_t w2,
                   std::uint32_t w3) {
@@ -80,7 +63,7 @@ TEST(Philox, VectorisedWordsEqualScalarWords) {
                                   ~std::uint64_t{0} - 20};
   const std::uint64_t seed = 0x0123456789ABCDEFull;
   const std::uint32_t step = 77, tensor_id = 0xDEADBEEFu;
-  for_each_available_isa([&](Isa) {
+  testing::for_each_available_isa([&](Isa) {
     for (std::uint64_t first_block : starts) {
       for (std::size_t num_blocks = 0; num_blocks <= 70; ++num_blocks) {
         // One sentinel word past the end must stay untouched.
@@ -104,7 +87,7 @@ TEST(Philox, VectorisedWordsEqualScalarWordsOverManyCounters) {
   std::vector<std::uint32_t> reference(4 * kBlocks), words(4 * kBlocks);
   kernels::cpu::qsgd_kernels(Isa::scalar)
       .philox_words(42, 3, 9, 1000, kBlocks, reference.data());
-  for_each_available_isa([&](Isa) {
+  testing::for_each_available_isa([&](Isa) {
     kernels::cpu::philox_words(42, 3, 9, 1000, kBlocks, words.data());
     EXPECT_EQ(words, reference);
   });

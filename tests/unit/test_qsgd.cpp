@@ -135,32 +135,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
                     [](float x, float y) { return same_bits(x, y); });
 }
 
-ErrorCode code_of_error(const std::function<void()>& call, std::string* text = nullptr) {
-  try {
-    call();
-  } catch (const Error& error) {
-    if (text != nullptr) *text = error.what();
-    return error.code();
-  }
-  ADD_FAILURE() << "expected a gradzip::Error";
-  return ErrorCode::internal;
-}
-
-template <typename Body>
-void for_each_available_isa(Body&& body) {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-    if (isa > kernels::cpu::detected_isa()) {
-      std::printf("note: this CPU lacks %s; not tested here\n",
-                  std::string(kernels::cpu::isa_name(isa)).c_str());
-      continue;
-    }
-    kernels::cpu::set_isa_override(isa);
-    SCOPED_TRACE(kernels::cpu::isa_name(isa));
-    body(isa);
-  }
-  kernels::cpu::clear_isa_override();
-}
-
 // Gaussian data with a few exact zeros and repeated magnitudes mixed in.
 std::vector<float> test_values(std::size_t count, std::uint64_t seed) {
   std::vector<float> x = gaussian(count, seed);
@@ -181,11 +155,11 @@ TEST(Qsgd, RefusesBadSpecsAtConstruction) {
   for (int bits : {0, 9, -1}) {
     spec.bits = bits;
     spec.bucket = 512;
-    EXPECT_EQ(code_of_error([&] { make_codec(spec); }), ErrorCode::invalid_spec) << bits;
+    EXPECT_EQ(testing::error_code_of([&] { make_codec(spec); }), ErrorCode::invalid_spec) << bits;
   }
   spec.bits = 4;
   spec.bucket = 0;
-  EXPECT_EQ(code_of_error([&] { make_codec(spec); }), ErrorCode::invalid_spec);
+  EXPECT_EQ(testing::error_code_of([&] { make_codec(spec); }), ErrorCode::invalid_spec);
 }
 
 TEST(Qsgd, HeaderAndPayloadSizeAreTheDocumentedOnes) {
@@ -531,7 +505,7 @@ TEST(Qsgd, EveryIsaGivesTheSameBytes) {
     const EncodeContext ctx = context(21, c.offset);
     std::vector<std::byte> reference_message;
     std::vector<float> reference_decoded, reference_acc;
-    for_each_available_isa([&](Isa isa) {
+    testing::for_each_available_isa([&](Isa isa) {
       const auto message = encode_message(*codec, input.view(), ctx);
       const auto decoded = decode_to_f32(*codec, message, c.count);
       std::vector<float> acc = test_values(c.count, 99);
@@ -575,7 +549,7 @@ TEST(Qsgd, EncodeRefusesAShortOutputBuffer) {
   const std::vector<float> x = test_values(100, 1);
   const auto codec = qsgd_codec(4, 16);
   std::vector<std::byte> out(codec->max_encoded_bytes(100) - 1);
-  EXPECT_EQ(code_of_error([&] { codec->encode(host_view(x.data(), 100), out, context()); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->encode(host_view(x.data(), 100), out, context()); }),
             ErrorCode::invalid_argument);
 }
 
@@ -600,11 +574,11 @@ class QsgdMalformed : public ::testing::Test {
                        std::size_t count = kCount) {
     std::vector<float> out(count, 7.0f), acc(count, 7.0f);
     std::string text;
-    EXPECT_EQ(code_of_error([&] { codec_->decode(message, host_view(out.data(), count)); }, &text),
+    EXPECT_EQ(testing::error_code_of([&] { codec_->decode(message, host_view(out.data(), count)); }, &text),
               ErrorCode::malformed_message);
     EXPECT_NE(text.find("qsgd.decode"), std::string::npos) << text;
     EXPECT_NE(text.find(field), std::string::npos) << text;
-    EXPECT_EQ(code_of_error([&] { codec_->decode_add(message, acc.data(), count); }, &text),
+    EXPECT_EQ(testing::error_code_of([&] { codec_->decode_add(message, acc.data(), count); }, &text),
               ErrorCode::malformed_message);
     EXPECT_NE(text.find("qsgd.decode_add"), std::string::npos) << text;
     for (std::size_t i = 0; i < count; ++i) {

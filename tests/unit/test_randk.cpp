@@ -83,16 +83,6 @@ void write_at(std::vector<std::byte>& bytes, std::size_t offset, T value) {
 
 std::uint32_t bits_of(float value) { return kernels::float_bits(value); }
 
-// Runs `body` once per ISA this CPU has, with the override set; clears it afterwards.
-void for_each_isa(const std::function<void(Isa)>& body) {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-    if (static_cast<int>(isa) > static_cast<int>(kernels::cpu::detected_isa())) continue;
-    kernels::cpu::set_isa_override(isa);
-    body(isa);
-  }
-  kernels::cpu::clear_isa_override();
-}
-
 // Asserts that `call` throws malformed_message naming `op`.
 void expect_malformed(const std::function<void()>& call, const std::string& op,
                       const std::string& what) {
@@ -104,16 +94,6 @@ void expect_malformed(const std::function<void()>& call, const std::string& op,
     EXPECT_NE(std::string(error.what()).find(op), std::string::npos)
         << what << ": message does not name " << op << ": " << error.what();
   }
-}
-
-ErrorCode code_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.code();
-  }
-  ADD_FAILURE() << "expected a gradzip::Error";
-  return ErrorCode::internal;
 }
 
 // ---- the 128-bit helpers -------------------------------------------------------------------
@@ -553,7 +533,7 @@ TEST(RandkCodec, EveryIsaGivesTheSameBytes) {
     const auto data = testing::gaussian(c.n, 31);
     std::vector<std::byte> first_message;
     std::vector<float> first_decoded;
-    for_each_isa([&](Isa isa) {
+    testing::for_each_available_isa([&](Isa isa) {
       const auto message = testing::encode_message(*codec, host_view(data.data(), c.n), c.ctx);
       const auto decoded = testing::decode_to_f32(*codec, message, c.n);
       if (isa == Isa::scalar) {
@@ -682,13 +662,13 @@ TEST(RandkCodec, EncodeAndDecodeCheckTheirArguments) {
   const auto codec = make_codec("randk:ratio=0.5");
   const auto data = testing::gaussian(100, 1);
   std::vector<std::byte> small(codec->max_encoded_bytes(100) - 1);
-  EXPECT_EQ(code_of([&] { codec->encode(host_view(data.data(), 100), small, {}); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->encode(host_view(data.data(), 100), small, {}); }),
             ErrorCode::invalid_argument);
   const ConstTensorView on_gpu{data.data(), 100, DType::f32, Device{DeviceKind::cuda, 0}};
   std::vector<std::byte> out(codec->max_encoded_bytes(100));
-  EXPECT_EQ(code_of([&] { codec->encode(on_gpu, out, {}); }), ErrorCode::unsupported);
+  EXPECT_EQ(testing::error_code_of([&] { codec->encode(on_gpu, out, {}); }), ErrorCode::unsupported);
   const auto message = testing::encode_message(*codec, host_view(data.data(), 100), {});
-  EXPECT_EQ(code_of([&] { codec->decode_add(message, nullptr, 100); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->decode_add(message, nullptr, 100); }),
             ErrorCode::invalid_argument);
 }
 

@@ -36,15 +36,6 @@ using testing::kTestDTypes;
 
 constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
-// Forces an ISA for the scope's lifetime.
-class IsaOverride {
- public:
-  explicit IsaOverride(Isa isa) { kernels::cpu::set_isa_override(isa); }
-  ~IsaOverride() { kernels::cpu::clear_isa_override(); }
-  IsaOverride(const IsaOverride&) = delete;
-  IsaOverride& operator=(const IsaOverride&) = delete;
-};
-
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
 // The documented scale of x[0, len), written independently of kernels/sign_math.h: lane
@@ -195,7 +186,7 @@ TEST(SignCodec, AllZeroInputHasScaleZeroAndDecodesToPositiveZeros) {
   for (const float zero : {0.0f, -0.0f}) {
     const std::vector<float> values(1000, zero);
     for (const Isa isa : kIsas) {
-      IsaOverride forced(isa);
+      testing::ScopedIsa forced(isa);
       const auto codec = sign_codec(64);
       const auto message = encode_message(*codec, host_view(values.data(), values.size()));
       for (std::size_t b = 0; b < ceil_div(values.size(), 64); ++b) {
@@ -223,7 +214,7 @@ struct IsaResults {
 // Everything one ISA produces for `input` (which may start at any offset of its storage).
 IsaResults run_with_isa(Isa isa, const Codec& codec, ConstTensorView input,
                         std::size_t message_offset) {
-  IsaOverride forced(isa);
+  testing::ScopedIsa forced(isa);
   IsaResults results;
   results.message = encode_message(codec, input);
   // A receive buffer holding the message at an odd offset.
@@ -298,7 +289,7 @@ TEST(SignCodec, DecodeAddAddsTheDecodedValuesExactly) {
   const auto decoded = decode_to_f32(*codec, message, values.size());
   const std::vector<float> start = gaussian(values.size(), 9, 3.0f);
   for (const Isa isa : kIsas) {
-    IsaOverride forced(isa);
+    testing::ScopedIsa forced(isa);
     std::vector<float> acc = start;
     codec->decode_add(message, acc.data(), acc.size());
     for (std::size_t i = 0; i < acc.size(); ++i) {
@@ -319,7 +310,7 @@ TEST(SignKernels, EncoderGivesTheSameBytesForAnyBlocking) {
     for (const Isa isa : kIsas) {
       SCOPED_TRACE(::testing::Message()
                    << "bucket " << bucket << " isa " << kernels::cpu::isa_name(isa));
-      IsaOverride forced(isa);
+      testing::ScopedIsa forced(isa);
       std::vector<std::byte> payload(message.size() - kWireHeaderBytes, std::byte{0xEE});
       const std::size_t scale_bytes = 4 * ceil_div(values.size(), bucket);
       kernels::cpu::SignEncoder encoder(
@@ -348,7 +339,7 @@ TEST(SignKernels, DecodeOfAnyRangeMatchesTheWholeDecode) {
                                               4 * ceil_div(values.size(), bucket)),
         values.size(), bucket};
     for (const Isa isa : kIsas) {
-      IsaOverride forced(isa);
+      testing::ScopedIsa forced(isa);
       for (const std::size_t begin : {0, 1, 5, 13, 16, 333}) {
         for (const std::size_t n : {0, 1, 7, 16, 17, 50, 600}) {
           std::vector<float> part(n);
@@ -391,7 +382,7 @@ TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
       kMinusNan,     kNan};
   for (const Isa isa : kIsas) {
     SCOPED_TRACE(kernels::cpu::isa_name(isa));
-    IsaOverride forced(isa);
+    testing::ScopedIsa forced(isa);
     const auto codec = sign_codec(4);
     const auto message = encode_message(*codec, host_view(values.data(), values.size()));
     for (std::size_t b = 0; b < expected_scales.size(); ++b) {
@@ -414,7 +405,7 @@ TEST(SignCodec, NanAndInfRulesHoldOnEveryVectorPath) {
     for (const Isa isa : kIsas) {
       SCOPED_TRACE(::testing::Message()
                    << "bucket " << bucket << " isa " << kernels::cpu::isa_name(isa));
-      IsaOverride forced(isa);
+      testing::ScopedIsa forced(isa);
       const auto codec = sign_codec(bucket);
       const auto message = encode_message(*codec, host_view(values.data(), values.size()));
       for (std::size_t b = 0; b < 64; ++b) {

@@ -1,5 +1,8 @@
 #include "tests/unit/test_support.h"
 
+#include <gtest/gtest.h>
+
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -52,6 +55,31 @@ std::vector<float> HostTensor::to_f32() const {
   std::vector<float> values(count_);
   for (std::size_t i = 0; i < count_; ++i) values[i] = at(i);
   return values;
+}
+
+ErrorCode error_code_of(const std::function<void()>& call, std::string* message) {
+  try {
+    call();
+  } catch (const Error& error) {
+    if (message != nullptr) *message = error.what();
+    return error.code();
+  }
+  ADD_FAILURE() << "expected a gradzip::Error";
+  return ErrorCode::internal;
+}
+
+void for_each_available_isa(const std::function<void(kernels::cpu::Isa)>& body) {
+  using kernels::cpu::Isa;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (isa > kernels::cpu::detected_isa()) {
+      std::printf("note: this CPU lacks %s; not tested here\n",
+                  std::string(kernels::cpu::isa_name(isa)).c_str());
+      continue;
+    }
+    ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
+    body(isa);
+  }
 }
 
 std::vector<std::byte> encode_message(const Codec& codec, ConstTensorView in,

@@ -3,11 +3,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gradzip/codec.h"
+#include "gradzip/error.h"
 #include "gradzip/tensor_view.h"
+#include "kernels/cpu/cpu_features.h"
 
 namespace gradzip::testing {
 
@@ -41,6 +45,23 @@ class HostTensor {
 // Encodes `in` with `codec` into a message of exactly the returned size.
 std::vector<std::byte> encode_message(const Codec& codec, ConstTensorView in,
                                       const EncodeContext& ctx = {});
+
+// The code of the gradzip::Error that `call` throws (its text into *message when given);
+// records a test failure and returns ErrorCode::internal when it throws none.
+ErrorCode error_code_of(const std::function<void()>& call, std::string* message = nullptr);
+
+// Runs body(isa) once per ISA this CPU has (scalar, avx2, avx512), with that ISA forced and
+// named in failures; prints a note for the ones it lacks. Clears the override afterwards.
+void for_each_available_isa(const std::function<void(kernels::cpu::Isa)>& body);
+
+// Forces an ISA for the lifetime of the object.
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(kernels::cpu::Isa isa) { kernels::cpu::set_isa_override(isa); }
+  ~ScopedIsa() { kernels::cpu::clear_isa_override(); }
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+};
 
 // Decodes `message` into a fresh f32 vector of `count` elements.
 std::vector<float> decode_to_f32(const Codec& codec, std::span<const std::byte> message,

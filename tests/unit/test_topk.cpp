@@ -33,17 +33,6 @@ using kernels::cpu::TopkPath;
 
 constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
-ErrorCode code_of(const std::function<void()>& call, std::string* what = nullptr) {
-  try {
-    call();
-  } catch (const Error& error) {
-    if (what != nullptr) *what = error.what();
-    return error.code();
-  }
-  ADD_FAILURE() << "expected a gradzip::Error";
-  return ErrorCode::internal;
-}
-
 std::uint32_t bits_of(float value) {
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
@@ -679,7 +668,7 @@ TEST(TopkCodec, RefusesATooSmallOutputBuffer) {
   const auto codec = make_codec("topk:k=2");
   const std::vector<float> x = {1, 2, 3};
   std::vector<std::byte> small(codec->max_encoded_bytes(3) - 1);
-  EXPECT_EQ(code_of([&] { codec->encode(host_view(x.data(), 3), small, {}); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->encode(host_view(x.data(), 3), small, {}); }),
             ErrorCode::invalid_argument);
 }
 
@@ -727,10 +716,10 @@ void expect_refused(const std::vector<std::byte>& message, std::size_t count, co
   const auto codec = make_codec("topk");
   std::vector<float> out(count, 7.0f);
   std::string text;
-  EXPECT_EQ(code_of([&] { codec->decode(message, host_view(out.data(), count)); }, &text),
+  EXPECT_EQ(testing::error_code_of([&] { codec->decode(message, host_view(out.data(), count)); }, &text),
             ErrorCode::malformed_message);
   EXPECT_NE(text.find("topk.decode"), std::string::npos) << text;
-  EXPECT_EQ(code_of([&] { codec->decode_add(message, out.data(), count); }, &text),
+  EXPECT_EQ(testing::error_code_of([&] { codec->decode_add(message, out.data(), count); }, &text),
             ErrorCode::malformed_message);
   EXPECT_NE(text.find("topk.decode_add"), std::string::npos) << text;
   for (float value : out) ASSERT_EQ(value, 7.0f) << "output written before validation failed";
@@ -815,7 +804,7 @@ TEST(TopkDecoder, RefusesThirtyTwoBitIndicesAbove4G) {
   const auto codec = make_codec("topk");
   std::vector<float> acc(4, 0.0f);
   std::string text;
-  EXPECT_EQ(code_of([&] { codec->decode_add(message, acc.data(), count); }, &text),
+  EXPECT_EQ(testing::error_code_of([&] { codec->decode_add(message, acc.data(), count); }, &text),
             ErrorCode::malformed_message);
   EXPECT_NE(text.find("32-bit indices"), std::string::npos) << text;
   EXPECT_EQ(acc, std::vector<float>(4, 0.0f));

@@ -24,16 +24,6 @@ std::vector<std::byte> message_with(const WireHeader& header) {
   return message;
 }
 
-ErrorCode code_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.code();
-  }
-  ADD_FAILURE() << "expected a gradzip::Error";
-  return ErrorCode::internal;
-}
-
 TEST(WireHeader, RoundTripsEveryField) {
   const WireHeader header{WireCodec::topk, 0x5A, 7, (std::uint64_t{1} << 33) + 5, 24,
                           0x0123456789ABCDEFull};
@@ -57,22 +47,22 @@ TEST(WireHeader, LayoutIsTheDocumentedOne) {
 
 TEST(WireHeader, RejectsShortMessage) {
   std::vector<std::byte> message(kWireHeaderBytes - 1);
-  EXPECT_EQ(code_of([&] { read_header(message, "test"); }), ErrorCode::malformed_message);
-  EXPECT_EQ(code_of([&] { read_header({}, "test"); }), ErrorCode::malformed_message);
+  EXPECT_EQ(testing::error_code_of([&] { read_header(message, "test"); }), ErrorCode::malformed_message);
+  EXPECT_EQ(testing::error_code_of([&] { read_header({}, "test"); }), ErrorCode::malformed_message);
 }
 
 TEST(WireHeader, RejectsBadMagicVersionAndCodec) {
   const WireHeader header{WireCodec::none, 0, 0, 2, 8, 0};
   auto bad_magic = message_with(header);
   bad_magic[0] = std::byte{'X'};
-  EXPECT_EQ(code_of([&] { read_header(bad_magic, "test"); }), ErrorCode::malformed_message);
+  EXPECT_EQ(testing::error_code_of([&] { read_header(bad_magic, "test"); }), ErrorCode::malformed_message);
   auto bad_version = message_with(header);
   bad_version[4] = std::byte{2};
-  EXPECT_EQ(code_of([&] { read_header(bad_version, "test"); }), ErrorCode::malformed_message);
+  EXPECT_EQ(testing::error_code_of([&] { read_header(bad_version, "test"); }), ErrorCode::malformed_message);
   for (std::uint8_t codec : {0, 8, 255}) {
     auto bad_codec = message_with(header);
     bad_codec[5] = std::byte{codec};
-    EXPECT_EQ(code_of([&] { read_header(bad_codec, "test"); }), ErrorCode::malformed_message)
+    EXPECT_EQ(testing::error_code_of([&] { read_header(bad_codec, "test"); }), ErrorCode::malformed_message)
         << "codec id " << int{codec};
   }
 }
@@ -81,15 +71,15 @@ TEST(WireHeader, RejectsPayloadSizeDisagreeingWithTheMessage) {
   auto message = message_with(WireHeader{WireCodec::none, 0, 0, 4, 16, 0});
   auto shorter = message;
   shorter.resize(shorter.size() - 1);
-  EXPECT_EQ(code_of([&] { read_header(shorter, "test"); }), ErrorCode::malformed_message);
+  EXPECT_EQ(testing::error_code_of([&] { read_header(shorter, "test"); }), ErrorCode::malformed_message);
   auto longer = message;
   longer.push_back(std::byte{0});
-  EXPECT_EQ(code_of([&] { read_header(longer, "test"); }), ErrorCode::malformed_message);
+  EXPECT_EQ(testing::error_code_of([&] { read_header(longer, "test"); }), ErrorCode::malformed_message);
   // A payload size near 2^64 must not wrap the bounds check.
   auto huge = message_with(WireHeader{WireCodec::none, 0, 0, 4, 0, 0});
   const std::uint64_t wrapped = ~std::uint64_t{0} - 7;
   std::memcpy(huge.data() + 16, &wrapped, 8);
-  EXPECT_EQ(code_of([&] { read_header(huge, "test"); }), ErrorCode::malformed_message);
+  EXPECT_EQ(testing::error_code_of([&] { read_header(huge, "test"); }), ErrorCode::malformed_message);
 }
 
 TEST(WireHeader, ErrorNamesTheOperationAndTheField) {
@@ -133,12 +123,12 @@ TEST(NoneCodec, RejectsCountMismatchAndTooSmallOutput) {
   const std::vector<float> values = {1, 2, 3};
   const auto message = testing::encode_message(*codec, host_view(values.data(), 3));
   std::vector<float> two(2), four(4);
-  EXPECT_EQ(code_of([&] { codec->decode(message, host_view(two.data(), 2)); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->decode(message, host_view(two.data(), 2)); }),
             ErrorCode::malformed_message);
-  EXPECT_EQ(code_of([&] { codec->decode_add(message, four.data(), 4); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->decode_add(message, four.data(), 4); }),
             ErrorCode::malformed_message);
   std::vector<std::byte> small(codec->max_encoded_bytes(3) - 1);
-  EXPECT_EQ(code_of([&] { codec->encode(host_view(values.data(), 3), small, {}); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->encode(host_view(values.data(), 3), small, {}); }),
             ErrorCode::invalid_argument);
 }
 
@@ -157,7 +147,7 @@ TEST(NoneCodec, RefusesAnotherCodecsMessage) {
   const auto codec = make_codec("none");
   const auto message = message_with(WireHeader{WireCodec::fp16, 0, 0, 2, 4, 0});
   std::vector<float> out(2);
-  EXPECT_EQ(code_of([&] { codec->decode(message, host_view(out.data(), 2)); }),
+  EXPECT_EQ(testing::error_code_of([&] { codec->decode(message, host_view(out.data(), 2)); }),
             ErrorCode::malformed_message);
 }
 
