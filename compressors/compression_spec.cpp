@@ -34,8 +34,8 @@ const std::vector<CodecEntry>& codec_table() {
   return table;
 }
 
-constexpr std::array<std::string_view, 6> kSharedKeys = {"ef",     "ef_resize", "algo",
-                                                         "warmup", "min_bytes", "seed"};
+constexpr std::array<std::string_view, 7> kSharedKeys = {
+    "ef", "ef_resize", "algo", "warmup", "min_bytes", "seed", "ranks_per_node"};
 
 const CodecEntry& entry_for(CodecKind kind) {
   for (const CodecEntry& entry : codec_table())
@@ -203,6 +203,9 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
       result.min_bytes = parse_unsigned(spec, key, value, 0, UINT64_MAX);
     } else if (key == "seed") {
       result.seed = parse_unsigned(spec, key, value, 0, UINT64_MAX);
+    } else if (key == "ranks_per_node") {
+      result.ranks_per_node =
+          static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, 1u << 20));
     } else {
       GZ_THROW(ErrorCode::internal, "compression spec: key '", key, "' accepted but not handled");
     }
@@ -247,6 +250,7 @@ std::string CompressionSpec::to_string() const {
   options.push_back(detail::concat("warmup=", warmup));
   options.push_back(detail::concat("min_bytes=", min_bytes));
   options.push_back(detail::concat("seed=", seed));
+  options.push_back(detail::concat("ranks_per_node=", ranks_per_node));
   for (std::size_t i = 0; i < options.size(); ++i) out += (i == 0 ? ":" : ",") + options[i];
   return out;
 }

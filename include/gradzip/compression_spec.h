@@ -16,8 +16,11 @@
 //   ef_resize=error|reset what the residual store does when a tensor changes size [error]
 //   algo=auto|ring|sra|allgather|hier  collective algorithm [auto]
 //   warmup=STEPS         dense steps before compression starts [0]
-//   min_bytes=N          tensors smaller than this go uncompressed [0]
+//   min_bytes=N          with algo=auto, tensors smaller than this go uncompressed through the
+//                        transport's own all-reduce [65536]
 //   seed=N               seed of the counter-based generator [0]
+//   ranks_per_node=L     hierarchical all-reduce: L consecutive ranks form a node; 0 = detect
+//                        nodes from shared memory [0]
 //
 // Unknown codecs, unknown keys, repeated keys and bad values throw gradzip::Error
 // (ErrorCode::invalid_spec) naming what was wrong and listing what is accepted.
@@ -60,8 +63,9 @@ struct CompressionSpec {
   ResizePolicy ef_resize = ResizePolicy::error;
   Algorithm algo = Algorithm::auto_select;
   std::uint32_t warmup = 0;
-  std::size_t min_bytes = 0;
+  std::size_t min_bytes = 65536;
   std::uint64_t seed = 0;
+  std::uint32_t ranks_per_node = 0;
 
   // Parses a spec string (grammar above). Throws gradzip::Error on any bad input.
   static CompressionSpec parse(std::string_view text);

@@ -32,7 +32,8 @@ TEST(CompressionSpec, DefaultsPerCodec) {
   EXPECT_EQ(CompressionSpec::parse("powersgd").rank, 4);
   EXPECT_EQ(none.algo, Algorithm::auto_select);
   EXPECT_EQ(none.warmup, 0u);
-  EXPECT_EQ(none.min_bytes, 0u);
+  EXPECT_EQ(none.min_bytes, 65536u);
+  EXPECT_EQ(none.ranks_per_node, 0u);
   EXPECT_EQ(none.seed, 0u);
   EXPECT_EQ(none.ef_resize, ResizePolicy::error);
 }
@@ -60,6 +61,7 @@ TEST(CompressionSpec, EveryKeyParses) {
   EXPECT_EQ(shared.warmup, 100u);
   EXPECT_EQ(shared.min_bytes, 4096u);
   EXPECT_EQ(shared.seed, 18446744073709551615ull);
+  EXPECT_EQ(CompressionSpec::parse("sign:ranks_per_node=2").ranks_per_node, 2u);
   for (auto [text, algo] : {std::pair{"auto", Algorithm::auto_select}, {"ring", Algorithm::ring},
                             {"sra", Algorithm::sra}, {"allgather", Algorithm::allgather},
                             {"hier", Algorithm::hier}}) {
@@ -76,7 +78,8 @@ TEST(CompressionSpec, CanonicalStringRoundTrips) {
     EXPECT_EQ(CompressionSpec::parse(spec.to_string()), spec) << text << " -> " << spec.to_string();
   }
   EXPECT_EQ(CompressionSpec::parse("qsgd:bits=4").to_string(),
-            "qsgd:bits=4,bucket=512,ef=off,ef_resize=error,algo=auto,warmup=0,min_bytes=0,seed=0");
+            "qsgd:bits=4,bucket=512,ef=off,ef_resize=error,algo=auto,warmup=0,min_bytes=65536,"
+            "seed=0,ranks_per_node=0");
 }
 
 TEST(CompressionSpec, KForClampsToOneAndN) {
@@ -122,7 +125,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"topk:=0.1", "not key=value"},
         BadSpec{"topk:ratio=0.1,", "not key=value"},
         BadSpec{"topk:bits=4", "unknown key 'bits' for codec 'topk'; accepted keys: ratio, k, "
-                               "approx, values, ef, ef_resize, algo, warmup, min_bytes, seed"},
+                               "approx, values, ef, ef_resize, algo, warmup, min_bytes, seed, "
+                               "ranks_per_node"},
         BadSpec{"fp16:ratio=0.1", "unknown key 'ratio' for codec 'fp16'"},
         BadSpec{"qsgd:bits=0", "integer in [1, 8]"}, BadSpec{"qsgd:bits=9", "integer in [1, 8]"},
         BadSpec{"qsgd:bits=4.5", "bad value '4.5'"}, BadSpec{"qsgd:bits=-1", "bad value '-1'"},
@@ -137,6 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"none:ef_resize=grow", "one of: error, reset"},
         BadSpec{"none:warmup=-3", "warmup"}, BadSpec{"none:warmup=4294967296", "warmup"},
         BadSpec{"none:seed=18446744073709551616", "seed"},
+        BadSpec{"none:ranks_per_node=-1", "ranks_per_node"},
         BadSpec{"topk:ratio=0.1,ratio=0.2", "given twice"},
         BadSpec{"qsgd:bits=1,ef=on", "use 'sign' for 1-bit with error feedback"}));
 

@@ -1,0 +1,59 @@
+#include "collectives/collective_job.h"
+
+#include "compressors/wire_format.h"
+
+namespace gradzip::collectives {
+namespace {
+
+// SplitMix64 finaliser: a bijective mix, so distinct ranks give distinct seeds.
+std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::size_t shard_begin(std::size_t count, int ranks, int r) noexcept {
+  __extension__ typedef unsigned __int128 u128;  // count * r needs 128 bits for huge counts
+  if (ranks <= 0) return 0;
+  return static_cast<std::size_t>(static_cast<u128>(count) * static_cast<unsigned>(r) /
+                                  static_cast<unsigned>(ranks));
+}
+
+std::string server_residual_key(std::string_view name) {
+  return std::string("sra-server:") + std::string(name);
+}
+
+EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset, bool server) {
+  EncodeContext ctx = job.ctx;
+  ctx.element_offset = element_offset;
+  if (job.codec.spec().codec != CodecKind::randk) {
+    const std::uint64_t stream = (server ? (std::uint64_t{1} << 32) : 0) +
+                                 static_cast<std::uint64_t>(job.transport.rank());
+    ctx.seed = job.ctx.seed ^ mix64(stream);
+  }
+  return ctx;
+}
+
+void count_sent(CollectiveStats& stats, std::span<const std::byte> message) {
+  const compressors::WireHeader header = compressors::read_header(message, "count_sent");
+  std::uint64_t index_bytes = 0;
+  if (header.codec == compressors::WireCodec::topk)
+    index_bytes = header.large_param * ((header.flags & 1u) ? 8u : 4u);
+  stats.sent_header_bytes += compressors::kWireHeaderBytes;
+  stats.sent_index_bytes += index_bytes;
+  stats.sent_payload_bytes += header.payload_bytes - index_bytes;
+}
+
+void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size_t message_bytes) {
+  stats.encoded_input_bytes += input_elements * sizeof(float);
+  stats.encoded_message_bytes += message_bytes;
+  stats.compression_ratio = stats.encoded_message_bytes > 0
+                                ? static_cast<double>(stats.encoded_input_bytes) /
+                                      static_cast<double>(stats.encoded_message_bytes)
+                                : 1.0;
+}
+
+}  // namespace gradzip::collectives

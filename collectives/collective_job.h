@@ -1,0 +1,85 @@
+// What every algorithm in collectives/ receives, and the helpers they share: the shard
+// partition, per-rank random streams, byte accounting and stage timers.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "collectives/transport/transport.h"
+#include "error_feedback/residual_store.h"
+#include "gradzip/codec.h"
+#include "gradzip/communicator.h"
+
+namespace gradzip::collectives {
+
+// One collective call as an algorithm sees it. The Communicator has already converted the
+// tensor to f32, divided it by the number of ranks for ReduceOp::average, checked that all
+// ranks agree on the call, and made the codec.
+struct ReduceJob {
+  Transport& transport;
+  const Codec& codec;
+  // In: this rank's contribution. Out: the result, byte-identical on every rank (for
+  // reduce-scatter: this rank's shard only).
+  std::span<float> data;
+  // The tensor's name: keys the residuals ("<name>" on the worker side, server_residual_key()
+  // for SRA's owner side).
+  std::string name;
+  // Error feedback: null means off.
+  error_feedback::ResidualStore* residuals = nullptr;
+  // seed, step and tensor id of this call (element_offset is 0; algorithms set it per chunk).
+  EncodeContext ctx;
+  CollectiveStats& stats;
+};
+
+// Rank r's shard of `count` elements split over `ranks`: [shard_begin(r), shard_begin(r + 1)),
+// as even as possible (sizes differ by at most one), for any count and rank count.
+std::size_t shard_begin(std::size_t count, int ranks, int r) noexcept;
+
+// Key of SRA's owner-side (server) residual of a tensor, in the same store as the worker's.
+std::string server_residual_key(std::string_view name);
+
+// The encode context for a message encoded on `rank` of chunk [element_offset, ...).
+// Stochastic rounding draws independent numbers on every rank (the seed is mixed with the
+// rank, and with `server` for SRA's owner-side encode) so that rounding errors of different
+// ranks average out instead of adding up coherently. Random-k keeps the shared seed: every
+// rank must pick the same indices.
+EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset, bool server = false);
+
+// Adds one message this rank sent to the stats, split into header / index / payload bytes.
+void count_sent(CollectiveStats& stats, std::span<const std::byte> message);
+// Adds the input bytes (as f32) a set of messages encoded, for compression_ratio.
+void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size_t message_bytes);
+
+// Adds the time between construction and destruction to one of the stats' stage fields.
+class StageTimer {
+ public:
+  explicit StageTimer(double& seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~StageTimer() {
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  double& seconds_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// The algorithms, one per file. Each works for any count (0 included) and any rank count.
+void ring_allreduce(ReduceJob& job);                     // ring_allreduce.cpp
+void ring_reduce_scatter(ReduceJob& job);                // ring_allreduce.cpp (first half)
+void randk_allreduce(ReduceJob& job);                    // randk_allreduce.cpp
+void sra_allreduce(ReduceJob& job);                      // sra_allreduce.cpp
+void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (first half)
+void sparse_allgather_allreduce(ReduceJob& job);         // sparse_allgather.cpp
+void compressed_allgather(ReduceJob& job);               // allgather.cpp
+// Reduce-scatter inside the node (uncompressed), `inner` across nodes on each shard, all-gather
+// inside the node (uncompressed). `intra` / `inter` are the node and cross-node transports.
+void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter,
+                            Algorithm inner);             // hierarchical_allreduce.cpp
+
+}  // namespace gradzip::collectives

@@ -1,0 +1,70 @@
+// The transport: how ranks move raw bytes. Algorithms in collectives/ talk only to this
+// interface, so the same ring / SRA / sparse all-gather code runs over Open MPI (host memory),
+// later NCCL, and test transports that corrupt or drop messages.
+//
+// Contract for every implementation:
+// - Ranks are 0 .. size()-1. Calls that every rank must make (allgatherv, alltoallv,
+//   allgather_u64, allreduce_f32_sum, barrier, split) must be made by all ranks in the same
+//   order with consistent sizes, like MPI collectives.
+// - Point-to-point: post with isend / irecv, complete with wait. A receive matches the send of
+//   the same (peer, tag) pair in posting order. A message is at most kMaxMessageBytes.
+// - Failures throw gradzip::Error naming the operation, this rank, the peer and the sizes.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace gradzip::collectives {
+
+// One message (and one rank's block in a collective) may not exceed this: MPI counts are int.
+inline constexpr std::size_t kMaxMessageBytes = INT_MAX;
+
+class Transport {
+ public:
+  struct Request {
+    std::size_t id = SIZE_MAX;  // opaque to callers
+  };
+
+  virtual ~Transport() = default;
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  // e.g. "mpi rank 2 of 4": used in error messages.
+  virtual std::string describe() const = 0;
+
+  // Starts sending `data` (which must stay valid and unchanged until wait) to `peer`.
+  virtual Request isend(int peer, int tag, std::span<const std::byte> data) = 0;
+  // Starts receiving one message from `peer` into `buffer` (at most buffer.size() bytes).
+  virtual Request irecv(int peer, int tag, std::span<std::byte> buffer) = 0;
+  // Completes a request; returns the bytes sent or received. A message longer than the
+  // receive buffer is an error (ErrorCode::malformed_message).
+  virtual std::size_t wait(Request request) = 0;
+
+  // all = the blocks of every rank in rank order; block r has counts[r] bytes; `mine` has
+  // counts[rank()] bytes.
+  virtual void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
+                          std::span<const std::size_t> counts) = 0;
+  // `send` holds one block per destination rank in rank order (send_counts[d] bytes each);
+  // `recv` receives one block per source rank in rank order (recv_counts[s] bytes each).
+  virtual void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
+                         std::span<std::byte> recv, std::span<const std::size_t> recv_counts) = 0;
+  // Small fixed-size metadata (sizes, fingerprints): all[r * mine.size() + i] = rank r's mine[i].
+  virtual void allgather_u64(std::span<const std::uint64_t> mine,
+                             std::span<std::uint64_t> all) = 0;
+  // In-place f32 sum with the library's own all-reduce (MPI_Allreduce): the uncompressed
+  // baseline and the small-tensor path.
+  virtual void allreduce_f32_sum(std::span<float> data) = 0;
+  virtual void barrier() = 0;
+
+  // New transports over subsets of the ranks (MPI_Comm_split semantics: ranks with the same
+  // color form a group, ordered by key then by old rank).
+  virtual std::unique_ptr<Transport> split(int color, int key) = 0;
+  // The ranks that share this rank's node (shared memory), ordered by old rank.
+  virtual std::unique_ptr<Transport> split_by_node() = 0;
+};
+
+}  // namespace gradzip::collectives

@@ -1,0 +1,114 @@
+// The communicator: compressed collectives over a group of ranks.
+//
+// Every collective is called by all ranks of the communicator, in the same order, with the same
+// element count, dtype, spec and reduce op for the same tensor name (a mismatch is detected and
+// every rank throws gradzip::Error(size_mismatch) naming the ranks and what differed).
+// Buffers are host memory; every call is blocking and runs in place.
+// Results are byte-identical on every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "gradzip/compression_spec.h"
+#include "gradzip/tensor_view.h"
+
+namespace gradzip {
+
+enum class ReduceOp : std::uint8_t {
+  sum,      // like MPI_SUM
+  average,  // sum / ranks; each contribution is divided before it is encoded
+};
+
+// What one collective call did on this rank.
+struct CollectiveStats {
+  std::string algorithm;  // "ring", "sra", "allgather", "randk", "hier/<inner>", "mpi", "local"
+  std::string spec;       // canonical spec string
+  std::size_t count = 0;  // elements of the tensor
+  int ranks = 1;
+  // Bytes this rank sent and received, split by what they carry. `index` is top-k indices,
+  // `header` the 32-byte message headers, `payload` everything else (values, scales, codes).
+  std::uint64_t sent_header_bytes = 0;
+  std::uint64_t sent_index_bytes = 0;
+  std::uint64_t sent_payload_bytes = 0;
+  std::uint64_t received_bytes = 0;
+  // f32 input bytes of all messages this rank encoded over those messages' bytes: the codec's
+  // compression ratio as used by this call (1 for uncompressed paths).
+  double compression_ratio = 1.0;
+  std::uint64_t encoded_input_bytes = 0;
+  std::uint64_t encoded_message_bytes = 0;
+  double encode_seconds = 0;
+  double communicate_seconds = 0;
+  double decode_seconds = 0;
+  double total_seconds = 0;
+  // Why the algorithm was chosen or changed (e.g. sparse union too dense -> dense ring).
+  std::string note;
+
+  std::uint64_t sent_bytes() const noexcept {
+    return sent_header_bytes + sent_index_bytes + sent_payload_bytes;
+  }
+  // One line: algorithm, sizes, bytes by kind, ratio, times.
+  std::string to_string() const;
+};
+
+struct CommunicatorOptions {
+  // Spec used when a call passes none (GRADZIP_COMPRESSOR overrides this default).
+  std::string default_spec = "none";
+};
+
+namespace collectives {
+class CommunicatorState;  // internal
+}
+
+class Communicator {
+ public:
+  // A communicator over MPI_COMM_WORLD. Calls MPI_Init_thread first if the application has not
+  // initialised MPI. Throws ErrorCode::unsupported in a build without MPI.
+  static Communicator world(CommunicatorOptions options = {});
+  // A communicator over an application communicator, given as its Fortran handle so that this
+  // header needs no MPI header: Communicator::from_mpi(MPI_Comm_c2f(comm)). gradzip duplicates
+  // the communicator; its traffic never matches the application's.
+  static Communicator from_mpi(int fortran_comm_handle, CommunicatorOptions options = {});
+
+  explicit Communicator(std::unique_ptr<collectives::CommunicatorState> state);
+  ~Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+
+  int rank() const noexcept;
+  int size() const noexcept;
+
+  // In-place all-reduce of `tensor` (f32, f16 or bf16). `name` identifies the tensor across
+  // calls: it keys the error-feedback residuals (when the spec has ef=on) and the mismatch
+  // check. Returns what this rank did.
+  CollectiveStats allreduce(TensorView tensor, std::string_view name, const CompressionSpec& spec,
+                            ReduceOp op = ReduceOp::sum);
+  CollectiveStats allreduce(TensorView tensor, std::string_view name, std::string_view spec,
+                            ReduceOp op = ReduceOp::sum);
+
+  // Compressed reduce-scatter: `tensor` holds this rank's full contribution; on return, this
+  // rank's shard [shard_begin(rank), shard_begin(rank + 1)) of `tensor` holds the reduced shard
+  // (the rest of `tensor` is unspecified). Shards are as even as possible: shard r starts at
+  // floor(r * count / size).
+  CollectiveStats reduce_scatter(TensorView tensor, std::string_view name,
+                                 const CompressionSpec& spec, ReduceOp op = ReduceOp::sum);
+  // Compressed all-gather: on entry this rank's shard of `tensor` (same partition) holds its
+  // data; on return every shard holds its owner's data after compression (D(C(shard)), the
+  // same bytes on every rank, the owner's shard included).
+  CollectiveStats allgather(TensorView tensor, std::string_view name, const CompressionSpec& spec);
+
+  // First element of rank r's shard of a tensor of `count` elements (r in [0, size()]).
+  std::size_t shard_begin(std::size_t count, int r) const noexcept;
+
+  // Checkpoint the error-feedback residuals (worker and server side) of this rank.
+  void save_residuals(const std::string& path) const;
+  void load_residuals(const std::string& path);
+
+ private:
+  std::unique_ptr<collectives::CommunicatorState> state_;
+};
+
+}  // namespace gradzip

@@ -1,0 +1,62 @@
+#include "tests/multirank/multirank_support.h"
+
+#include <mpi.h>
+
+#include <random>
+
+namespace gradzip::testing {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+bool identical_on_all_ranks(std::span<const std::byte> bytes) {
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a 64
+  for (std::byte b : bytes) hash = (hash ^ static_cast<std::uint64_t>(b)) * 1099511628211ull;
+  const std::uint64_t mine[2] = {bytes.size(), hash};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world_size()));
+  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (std::size_t r = 0; r < all.size(); r += 2)
+    if (all[r] != mine[0] || all[r + 1] != mine[1]) return false;
+  return true;
+}
+
+bool identical_on_all_ranks(std::span<const float> values) {
+  return identical_on_all_ranks(std::as_bytes(values));
+}
+
+std::vector<float> integer_contribution(std::size_t count, int rank, std::uint64_t seed, int range) {
+  std::mt19937_64 engine(seed * 1000003u + static_cast<std::uint64_t>(rank));
+  std::uniform_int_distribution<int> pick(-range, range);
+  std::vector<float> values(count);
+  for (float& value : values) value = static_cast<float>(pick(engine));
+  return values;
+}
+
+std::vector<float> gaussian_contribution(std::size_t count, int rank, std::uint64_t seed) {
+  std::mt19937_64 engine(seed * 1000003u + static_cast<std::uint64_t>(rank) + 17u);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& value : values) value = normal(engine);
+  return values;
+}
+
+std::vector<double> exact_sum(std::size_t count, int ranks, std::uint64_t seed,
+                              std::vector<float> (*contribution)(std::size_t, int, std::uint64_t)) {
+  std::vector<double> sum(count, 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<float> values = contribution(count, r, seed);
+    for (std::size_t i = 0; i < count; ++i) sum[i] += values[i];
+  }
+  return sum;
+}
+
+}  // namespace gradzip::testing
