@@ -1,6 +1,7 @@
 #include "collectives/collective_job.h"
 
 #include "compressors/wire_format.h"
+#include "gradzip/error.h"
 
 namespace gradzip::collectives {
 namespace {
@@ -54,6 +55,35 @@ void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size
                                 ? static_cast<double>(stats.encoded_input_bytes) /
                                       static_cast<double>(stats.encoded_message_bytes)
                                 : 1.0;
+}
+
+Algorithm default_flat_algorithm(CodecKind codec) noexcept {
+  switch (codec) {
+    case CodecKind::qsgd:
+    case CodecKind::sign: return Algorithm::sra;
+    case CodecKind::topk: return Algorithm::allgather;
+    default: return Algorithm::ring;
+  }
+}
+
+void run_flat_allreduce(ReduceJob& job, Algorithm algo) {
+  if (algo == Algorithm::auto_select) {
+    if (job.codec.spec().codec == CodecKind::randk) {
+      job.stats.algorithm = "randk";
+      return randk_allreduce(job);
+    }
+    algo = default_flat_algorithm(job.codec.spec().codec);
+  }
+  switch (algo) {
+    case Algorithm::ring: job.stats.algorithm = "ring"; return ring_allreduce(job);
+    case Algorithm::sra: job.stats.algorithm = "sra"; return sra_allreduce(job);
+    case Algorithm::allgather:
+      job.stats.algorithm = "allgather";
+      return sparse_allgather_allreduce(job);
+    default:
+      GZ_THROW(ErrorCode::invalid_argument, "run_flat_allreduce of '", job.name, "': algorithm '",
+               algorithm_name(algo), "' is not a flat algorithm (ring, sra or allgather)");
+  }
 }
 
 }  // namespace gradzip::collectives

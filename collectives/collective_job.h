@@ -82,4 +82,13 @@ void compressed_allgather(ReduceJob& job);               // allgather.cpp
 void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter,
                             Algorithm inner);             // hierarchical_allreduce.cpp
 
+// The flat algorithm a codec is best served by when the spec says algo=auto: ring for dense
+// codecs (none, fp16, bf16), SRA for qsgd and sign, sparse all-gather for top-k, the shared-
+// index path for random-k. Never returns hier or auto.
+Algorithm default_flat_algorithm(CodecKind codec) noexcept;
+
+// Runs flat algorithm `algo` (ring, sra, allgather; auto = default_flat_algorithm) on the job
+// and records its name in job.stats.algorithm. Throws invalid_argument for hier.
+void run_flat_allreduce(ReduceJob& job, Algorithm algo);
+
 }  // namespace gradzip::collectives
