@@ -58,6 +58,9 @@ class ResidualStore {
   std::uint32_t world_size() const noexcept { return world_size_; }
   std::uint32_t rank() const noexcept { return rank_; }
   ResizePolicy resize_policy() const noexcept { return policy_; }
+  // Changes what later residual(name, count) calls do on a size change. The Communicator sets
+  // it from each call's spec (ef_resize=), so one store serves calls with different policies.
+  void set_resize_policy(ResizePolicy policy) noexcept { policy_ = policy; }
 
   // The residual of tensor `name` (non-empty), `count` elements. The first call for a name
   // creates a zero buffer. When `count` differs from the registered count:

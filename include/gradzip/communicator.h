@@ -5,6 +5,17 @@
 // every rank throws gradzip::Error(size_mismatch) naming the ranks and what differed).
 // Buffers are host memory; every call is blocking and runs in place.
 // Results are byte-identical on every rank.
+//
+// The mismatch check costs one extra all-gather of 64 bytes per rank on every call (with more
+// than one rank). A rank whose own arguments are bad (empty name, device memory, a spec that
+// does not parse) throws its error after that exchange, and the other ranks throw the same
+// error code naming that rank, so no rank is left waiting.
+// When a call throws, the tensor's contents are unspecified.
+//
+// A tensor's name keys its error-feedback residuals, its random streams and the check. The
+// random streams use (spec seed, the name's call number, a hash of the name); the call number
+// counts the calls of that name on this communicator (all collectives and specs together) and
+// starts at 0 in a new communicator (a residual checkpoint does not hold it).
 #pragma once
 
 #include <cstddef>
@@ -25,7 +36,10 @@ enum class ReduceOp : std::uint8_t {
 
 // What one collective call did on this rank.
 struct CollectiveStats {
-  std::string algorithm;  // "ring", "sra", "allgather", "randk", "hier/<inner>", "mpi", "local"
+  // "ring", "sra", "allgather", "randk", "hier/<inner>", or "mpi": the transport's own
+  // uncompressed all-reduce (small tensors, warm-up), whose bytes are MPI's business and are
+  // not counted below.
+  std::string algorithm;
   std::string spec;       // canonical spec string
   std::size_t count = 0;  // elements of the tensor
   int ranks = 1;
@@ -55,7 +69,8 @@ struct CollectiveStats {
 };
 
 struct CommunicatorOptions {
-  // Spec used when a call passes none (GRADZIP_COMPRESSOR overrides this default).
+  // Spec used when a call passes none. GRADZIP_COMPRESSOR, when set, overrides it. Parsed when
+  // the communicator is made (a bad spec throws invalid_spec there).
   std::string default_spec = "none";
 };
 
@@ -81,29 +96,47 @@ class Communicator {
   int rank() const noexcept;
   int size() const noexcept;
 
-  // In-place all-reduce of `tensor` (f32, f16 or bf16). `name` identifies the tensor across
-  // calls: it keys the error-feedback residuals (when the spec has ef=on) and the mismatch
-  // check. Returns what this rank did.
+  // In-place all-reduce of `tensor` (f32, f16 or bf16; f16 / bf16 are reduced in f32 and
+  // rounded to nearest even on the way back). `name` identifies the tensor across calls: it
+  // keys the error-feedback residuals (when the spec has ef=on), the random streams (with the
+  // name's call number as the step) and the mismatch check. The algorithm follows the spec:
+  //   algo=auto: tensors under min_bytes (count * 4 < min_bytes) go uncompressed through MPI's
+  //              all-reduce ("mpi", no error feedback); others run the ring (none, fp16, bf16),
+  //              SRA (qsgd, sign), the sparse all-gather (topk) or the shared-index path (randk);
+  //   algo=ring|sra|allgather: that algorithm at every size;
+  //   algo=hier: hierarchical (uncompressed inside nodes of ranks_per_node ranks, or of shared
+  //              memory when 0; the auto algorithm across nodes);
+  //   warmup=N:  the first N calls of a name run uncompressed ("mpi");
+  //   powersgd:  ErrorCode::unsupported (a Reducer-level compressor).
+  // stats.algorithm says which ran. Returns what this rank did.
   CollectiveStats allreduce(TensorView tensor, std::string_view name, const CompressionSpec& spec,
                             ReduceOp op = ReduceOp::sum);
   CollectiveStats allreduce(TensorView tensor, std::string_view name, std::string_view spec,
                             ReduceOp op = ReduceOp::sum);
+  // The same with default_spec().
+  CollectiveStats allreduce(TensorView tensor, std::string_view name, ReduceOp op = ReduceOp::sum);
 
   // Compressed reduce-scatter: `tensor` holds this rank's full contribution; on return, this
   // rank's shard [shard_begin(rank), shard_begin(rank + 1)) of `tensor` holds the reduced shard
   // (the rest of `tensor` is unspecified). Shards are as even as possible: shard r starts at
-  // floor(r * count / size).
+  // floor(r * count / size). SRA's first half for qsgd and sign (or algo=sra), the ring's
+  // first half otherwise; warm-up calls use the ring without compression.
   CollectiveStats reduce_scatter(TensorView tensor, std::string_view name,
                                  const CompressionSpec& spec, ReduceOp op = ReduceOp::sum);
   // Compressed all-gather: on entry this rank's shard of `tensor` (same partition) holds its
   // data; on return every shard holds its owner's data after compression (D(C(shard)), the
-  // same bytes on every rank, the owner's shard included).
+  // same bytes on every rank, the owner's shard included). With ef=on its residual is kept
+  // under "allgather:<name>", apart from the reductions of a tensor with the same name.
   CollectiveStats allgather(TensorView tensor, std::string_view name, const CompressionSpec& spec);
+
+  // The spec calls without one use: CommunicatorOptions::default_spec or GRADZIP_COMPRESSOR.
+  const CompressionSpec& default_spec() const noexcept;
 
   // First element of rank r's shard of a tensor of `count` elements (r in [0, size()]).
   std::size_t shard_begin(std::size_t count, int r) const noexcept;
 
-  // Checkpoint the error-feedback residuals (worker and server side) of this rank.
+  // Checkpoint the error-feedback residuals (worker and server side) of this rank
+  // (error_feedback/residual_store.h has the file format and the refusals of load).
   void save_residuals(const std::string& path) const;
   void load_residuals(const std::string& path);
 

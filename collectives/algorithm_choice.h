@@ -1,0 +1,66 @@
+// Which algorithm a Communicator call runs, decided from the spec, the element count and the
+// call's step alone. Every rank has checked that it agrees with the others on all three
+// (collectives/call_check.h) before it asks, so every rank makes the same choice.
+//
+// All-reduce (choose_allreduce):
+//   warm-up (step < spec.warmup)           -> uncompressed transport all-reduce ("mpi")
+//   algo=auto, count * 4 < spec.min_bytes  -> uncompressed transport all-reduce ("mpi"):
+//                                             below a few KiB latency dominates and compressing
+//                                             saves nothing; error feedback is not involved
+//   algo=auto                              -> run_flat_allreduce(auto): ring for none / fp16 /
+//                                             bf16, SRA for qsgd / sign, sparse all-gather for
+//                                             top-k, the shared-index path for random-k
+//   algo=ring | sra | allgather            -> that flat algorithm, at any size
+//   algo=hier                              -> hierarchical_allreduce with the codec's default
+//                                             flat algorithm across nodes (auto)
+//   codec powersgd                         -> ErrorCode::unsupported (a Reducer-level
+//                                             compressor: it needs whole matrices)
+// Reduce-scatter (choose_reduce_scatter): SRA's first half for qsgd and sign or algo=sra, the
+// ring's first half otherwise (there is no sparse or hierarchical reduce-scatter); during
+// warm-up the codec is `none`. All-gather always runs compressed_allgather (codec `none`
+// during warm-up).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "gradzip/compression_spec.h"
+
+namespace gradzip::collectives {
+
+enum class AllreducePath : std::uint8_t {
+  transport_sum,  // Transport::allreduce_f32_sum on the f32 data, no codec, no error feedback
+  flat,           // run_flat_allreduce(job, algorithm)
+  hierarchical,   // hierarchical_allreduce(job, intra, inter, algorithm)
+};
+
+struct AllreduceChoice {
+  AllreducePath path = AllreducePath::transport_sum;
+  // flat: what run_flat_allreduce gets (auto_select lets it pick, random-k included);
+  // hierarchical: the inner algorithm across nodes; transport_sum: unused (auto_select).
+  Algorithm algorithm = Algorithm::auto_select;
+  // The name the call reports in CollectiveStats::algorithm: "mpi", "ring", "sra",
+  // "allgather", "randk" or "hier/<inner>" (inner as the flat names).
+  std::string name;
+  // Why, when the reason is not obvious from the spec (warm-up, below min_bytes, auto).
+  std::string note;
+};
+
+// The all-reduce of `count` elements under `spec` at the name's call number `step`.
+// Throws ErrorCode::unsupported for powersgd.
+AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count, std::uint32_t step);
+
+struct ShardedChoice {
+  Algorithm algorithm = Algorithm::ring;  // reduce-scatter: ring or sra; all-gather: allgather
+  bool warmup = false;                    // true: run with codec none, without error feedback
+  std::string name;                       // CollectiveStats::algorithm
+  std::string note;
+};
+
+// The reduce-scatter / all-gather of `spec` at call number `step`. Throws unsupported for
+// powersgd.
+ShardedChoice choose_reduce_scatter(const CompressionSpec& spec, std::uint32_t step);
+ShardedChoice choose_allgather(const CompressionSpec& spec, std::uint32_t step);
+
+}  // namespace gradzip::collectives

@@ -1,0 +1,377 @@
+// The public Communicator: per call it checks the arguments, runs the call check
+// (collectives/call_check.h), makes the f32 working buffer (f16 / bf16 converted, divided by
+// the rank count for ReduceOp::average), picks the algorithm (collectives/algorithm_choice.h),
+// runs it with this communicator's residual store, writes the result back, and returns the
+// stats.
+#include "gradzip/communicator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+
+#include "collectives/algorithm_choice.h"
+#include "collectives/call_check.h"
+#include "collectives/collective_job.h"
+#include "collectives/communicator_state.h"
+#include "gradzip/error.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/tunables.h"
+
+namespace gradzip {
+namespace collectives {
+namespace {
+
+std::unique_ptr<Transport> require_transport(std::unique_ptr<Transport> transport) {
+  GZ_REQUIRE(transport != nullptr, ErrorCode::invalid_argument,
+             "Communicator: the transport is null");
+  return transport;
+}
+
+// GRADZIP_COMPRESSOR when it is set (to anything, its default "none" included, so that it can
+// switch compression off), else the options' default. Presence is asked of the environment
+// directly because kernels/tunables.h reports values only, not whether a variable is set.
+CompressionSpec resolve_default_spec(const CommunicatorOptions& options) {
+  const bool from_environment = std::getenv("GRADZIP_COMPRESSOR") != nullptr;
+  const std::string text = from_environment ? kernels::tunable_value("GRADZIP_COMPRESSOR")
+                                            : options.default_spec;
+  try {
+    return CompressionSpec::parse(text);
+  } catch (const Error& error) {
+    GZ_THROW(error.code(), "Communicator: the default spec '", text, "' from ",
+             from_environment ? "GRADZIP_COMPRESSOR" : "CommunicatorOptions::default_spec",
+             " does not parse: ", error.what());
+  }
+}
+
+}  // namespace
+
+CommunicatorState::CommunicatorState(std::unique_ptr<Transport> transport, CommunicatorOptions options)
+    : transport_(require_transport(std::move(transport))),
+      default_spec_(resolve_default_spec(options)),
+      residuals_(static_cast<std::uint32_t>(transport_->size()),
+                 static_cast<std::uint32_t>(transport_->rank()), ResizePolicy::error) {}
+
+std::uint32_t CommunicatorState::step_of(std::string_view name) const {
+  const auto found = steps_.find(name);
+  return found == steps_.end() ? 0 : found->second;
+}
+
+void CommunicatorState::count_call(std::string_view name) {
+  auto found = steps_.find(name);
+  if (found == steps_.end()) found = steps_.emplace(std::string(name), 0).first;
+  ++found->second;
+}
+
+const Codec& CommunicatorState::codec_for(const CompressionSpec& spec) {
+  const std::string key = spec.to_string();
+  if (const auto found = codecs_.find(key); found != codecs_.end()) return *found->second;
+  if (codecs_.size() >= kMaxCachedCodecs) codecs_.clear();
+  return *codecs_.emplace(key, make_codec(spec)).first->second;
+}
+
+CommunicatorState::NodeTransports& CommunicatorState::node_transports(std::uint32_t ranks_per_node) {
+  if (const auto found = nodes_.find(ranks_per_node); found != nodes_.end()) return found->second;
+  const int rank = transport_->rank();
+  // More ranks per node than ranks: one node (and no int overflow in the division).
+  const int per_node =
+      static_cast<int>(std::min<std::uint32_t>(ranks_per_node, static_cast<std::uint32_t>(transport_->size())));
+  NodeTransports node;
+  node.intra = ranks_per_node == 0 ? transport_->split_by_node()
+                                   : transport_->split(rank / per_node, rank);
+  node.inter = transport_->split(node.intra->rank(), rank);
+  return nodes_.emplace(ranks_per_node, std::move(node)).first->second;
+}
+
+Communicator make_communicator(std::unique_ptr<Transport> transport, CommunicatorOptions options) {
+  return Communicator(std::make_unique<CommunicatorState>(std::move(transport), std::move(options)));
+}
+
+std::uint32_t tensor_id_of(std::string_view name) noexcept {
+  const std::uint64_t hash = fingerprint64(name);
+  return static_cast<std::uint32_t>(hash >> 32) ^ static_cast<std::uint32_t>(hash);
+}
+
+std::string allgather_residual_key(std::string_view name) {
+  return std::string("allgather:") + std::string(name);
+}
+
+namespace {
+
+// One call as the user made it.
+struct Call {
+  CollectiveKind kind = CollectiveKind::allreduce;
+  TensorView tensor;
+  std::string_view name;
+  ReduceOp op = ReduceOp::sum;
+  std::optional<CompressionSpec> spec;  // empty when the spec text did not parse
+  std::string spec_text;                // canonical when it parsed, else as given
+  std::optional<Error> error;           // this rank's first argument error
+};
+
+Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
+                   const CompressionSpec& spec) {
+  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt};
+}
+
+Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
+                   std::string_view spec_text) {
+  Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt};
+  try {
+    call.spec = CompressionSpec::parse(spec_text);
+    call.spec_text = call.spec->to_string();
+  } catch (const Error& error) {
+    call.error = error;
+  }
+  return call;
+}
+
+void check_arguments(const Call& call) {
+  const std::string_view op = collective_kind_name(call.kind);
+  const TensorView& tensor = call.tensor;
+  GZ_REQUIRE(!call.name.empty(), ErrorCode::invalid_argument, op,
+             ": the tensor name is empty (it keys error feedback and the mismatch check)");
+  GZ_REQUIRE(tensor.device.kind == DeviceKind::cpu, ErrorCode::invalid_argument, op, " of '",
+             call.name, "': the tensor is in CUDA memory (device ", tensor.device.index,
+             "); this communicator takes host memory");
+  GZ_REQUIRE(tensor.dtype == DType::f32 || tensor.dtype == DType::f16 || tensor.dtype == DType::bf16,
+             ErrorCode::invalid_argument, op, " of '", call.name, "': dtype ",
+             static_cast<int>(tensor.dtype), " is not f32, f16 or bf16");
+  GZ_REQUIRE(tensor.data != nullptr || tensor.count == 0, ErrorCode::invalid_argument, op,
+             " of '", call.name, "': null data for ", tensor.count, " elements");
+}
+
+// Checks the arguments, runs the call check with every rank, and counts the call. Returns the
+// call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.
+std::uint32_t begin_call(CommunicatorState& state, Call& call) {
+  if (!call.error) {
+    try {
+      check_arguments(call);
+    } catch (const Error& error) {
+      call.error = error;
+    }
+  }
+  const std::uint32_t step = state.step_of(call.name);
+  check_call(state.transport(),
+             CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
+                             call.spec_text, step, call.error ? &*call.error : nullptr});
+  state.count_call(call.name);
+  return step;
+}
+
+CollectiveStats start_stats(const Call& call, const Transport& transport) {
+  CollectiveStats stats;
+  stats.spec = call.spec_text;
+  stats.count = call.tensor.count;
+  stats.ranks = transport.size();
+  return stats;
+}
+
+// The f32 values the algorithm works on: the tensor itself when it is f32; else the state's
+// scratch, with elements [begin, end) converted from the tensor (the rest is left for the
+// algorithm to overwrite).
+std::span<float> f32_view(CommunicatorState& state, TensorView tensor, std::size_t begin,
+                          std::size_t end) {
+  if (tensor.dtype == DType::f32) return {static_cast<float*>(tensor.data), tensor.count};
+  std::vector<float>& scratch = state.f32_scratch();
+  if (scratch.size() < tensor.count) scratch.resize(tensor.count);
+  if (end > begin) kernels::cpu::load_as_f32(tensor, begin, end - begin, scratch.data() + begin);
+  return {scratch.data(), tensor.count};
+}
+
+// Elements [begin, end) of the f32 result into the tensor (rounded to nearest even for f16 /
+// bf16; nothing to do for f32, which the algorithm wrote in place).
+void write_back(std::span<const float> data, TensorView tensor, std::size_t begin, std::size_t end) {
+  if (tensor.dtype == DType::f32 || end <= begin) return;
+  kernels::cpu::store_from_f32(data.data() + begin, end - begin, tensor, begin);
+}
+
+// ReduceOp::average: every contribution is divided by the rank count before it is encoded or
+// summed (reduced-precision sums of undivided gradients overflow at scale).
+void divide_for_average(std::span<float> data, ReduceOp op, int ranks) {
+  if (op != ReduceOp::average) return;
+  const float divisor = static_cast<float>(ranks);
+  for (float& value : data) value /= divisor;
+}
+
+// The job an algorithm receives: residuals keyed by `residual_key` (the algorithms register
+// them, each with the sizes it needs) under this call's ef_resize policy, random streams keyed
+// by (spec.seed, step, tensor_id_of(name)).
+ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, std::span<float> data,
+                   std::string residual_key, std::string_view name, std::uint32_t step,
+                   CollectiveStats& stats) {
+  error_feedback::ResidualStore* residuals = nullptr;
+  if (spec.error_feedback) {
+    residuals = &state.residuals();
+    residuals->set_resize_policy(spec.ef_resize);
+  }
+  const EncodeContext ctx{spec.seed, step, tensor_id_of(name), 0};
+  return ReduceJob{state.transport(), state.codec_for(spec), data, std::move(residual_key),
+                   residuals, ctx, stats};
+}
+
+// The spec of a warm-up call: no compression, no error feedback.
+CompressionSpec warmup_spec(const CompressionSpec& spec) {
+  CompressionSpec dense;
+  dense.codec = CodecKind::none;
+  dense.error_feedback = false;
+  dense.seed = spec.seed;
+  return dense;
+}
+
+// Runs one call: the stats header, the call check (which gives the step), then
+// body(step, stats), all timed as the call's total.
+template <typename Body>
+CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
+  CollectiveStats stats = start_stats(call, state.transport());
+  {
+    StageTimer total(stats.total_seconds);
+    const std::uint32_t step = begin_call(state, call);
+    body(step, stats);
+  }
+  return stats;
+}
+
+// The spec a reduce-scatter / all-gather runs with: the call's, or uncompressed in warm-up.
+CompressionSpec sharded_spec(const ShardedChoice& choice, const CompressionSpec& spec,
+                             CollectiveStats& stats) {
+  stats.algorithm = choice.name;
+  stats.note = choice.note;
+  return choice.warmup ? warmup_spec(spec) : spec;
+}
+
+CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
+  return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
+    Transport& transport = state.transport();
+    const CompressionSpec& spec = *call.spec;
+    const AllreduceChoice choice = choose_allreduce(spec, call.tensor.count, step);
+    stats.algorithm = choice.name;
+    stats.note = choice.note;
+
+    const std::span<float> data = f32_view(state, call.tensor, 0, call.tensor.count);
+    divide_for_average(data, call.op, transport.size());
+    if (choice.path == AllreducePath::transport_sum) {
+      StageTimer communicate(stats.communicate_seconds);
+      transport.allreduce_f32_sum(data);
+    } else {
+      ReduceJob job = make_job(state, spec, data, std::string(call.name), call.name, step, stats);
+      if (choice.path == AllreducePath::flat) {
+        run_flat_allreduce(job, choice.algorithm);
+      } else {
+        CommunicatorState::NodeTransports& node = state.node_transports(spec.ranks_per_node);
+        hierarchical_allreduce(job, *node.intra, *node.inter, choice.algorithm);
+      }
+    }
+    write_back(data, call.tensor, 0, call.tensor.count);
+  });
+}
+
+CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
+  return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
+    Transport& transport = state.transport();
+    const ShardedChoice choice = choose_reduce_scatter(*call.spec, step);
+    const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
+    const std::size_t count = call.tensor.count;
+    const std::span<float> data = f32_view(state, call.tensor, 0, count);
+    divide_for_average(data, call.op, transport.size());
+    ReduceJob job = make_job(state, spec, data, std::string(call.name), call.name, step, stats);
+    if (choice.algorithm == Algorithm::sra)
+      sra_reduce_scatter(job);
+    else
+      ring_reduce_scatter(job);
+    write_back(data, call.tensor, shard_begin(count, transport.size(), transport.rank()),
+               shard_begin(count, transport.size(), transport.rank() + 1));
+  });
+}
+
+CollectiveStats run_allgather(CommunicatorState& state, Call call) {
+  return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
+    Transport& transport = state.transport();
+    const ShardedChoice choice = choose_allgather(*call.spec, step);
+    const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
+    const std::size_t count = call.tensor.count;
+    // Only this rank's shard holds data on entry; the algorithm writes every other shard.
+    const std::span<float> data =
+        f32_view(state, call.tensor, shard_begin(count, transport.size(), transport.rank()),
+                 shard_begin(count, transport.size(), transport.rank() + 1));
+    ReduceJob job = make_job(state, spec, data, allgather_residual_key(call.name), call.name,
+                             step, stats);
+    compressed_allgather(job);
+    write_back(data, call.tensor, 0, count);
+  });
+}
+
+}  // namespace
+}  // namespace collectives
+
+std::string CollectiveStats::to_string() const {
+  char numbers[160];
+  std::snprintf(numbers, sizeof numbers,
+                "ratio=%.2f encode=%.3f ms communicate=%.3f ms decode=%.3f ms total=%.3f ms",
+                compression_ratio, encode_seconds * 1e3, communicate_seconds * 1e3,
+                decode_seconds * 1e3, total_seconds * 1e3);
+  std::string line = detail::concat(
+      algorithm.empty() ? "?" : algorithm, " '", spec, "' count=", count, " ranks=", ranks,
+      " sent=", sent_bytes(), " B (header ", sent_header_bytes, ", index ", sent_index_bytes,
+      ", payload ", sent_payload_bytes, ") received=", received_bytes, " B ", numbers);
+  if (!note.empty()) line += " (" + note + ")";
+  return line;
+}
+
+Communicator::Communicator(std::unique_ptr<collectives::CommunicatorState> state)
+    : state_(std::move(state)) {
+  GZ_REQUIRE(state_ != nullptr, ErrorCode::invalid_argument, "Communicator: null state");
+}
+Communicator::~Communicator() = default;
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+
+int Communicator::rank() const noexcept { return state_->transport().rank(); }
+int Communicator::size() const noexcept { return state_->transport().size(); }
+
+CollectiveStats Communicator::allreduce(TensorView tensor, std::string_view name,
+                                        const CompressionSpec& spec, ReduceOp op) {
+  return collectives::run_allreduce(
+      *state_, collectives::describe_call(collectives::CollectiveKind::allreduce, tensor, name, op, spec));
+}
+
+CollectiveStats Communicator::allreduce(TensorView tensor, std::string_view name,
+                                        std::string_view spec, ReduceOp op) {
+  return collectives::run_allreduce(
+      *state_, collectives::describe_call(collectives::CollectiveKind::allreduce, tensor, name, op, spec));
+}
+
+CollectiveStats Communicator::allreduce(TensorView tensor, std::string_view name, ReduceOp op) {
+  return allreduce(tensor, name, state_->default_spec(), op);
+}
+
+CollectiveStats Communicator::reduce_scatter(TensorView tensor, std::string_view name,
+                                             const CompressionSpec& spec, ReduceOp op) {
+  return collectives::run_reduce_scatter(
+      *state_,
+      collectives::describe_call(collectives::CollectiveKind::reduce_scatter, tensor, name, op, spec));
+}
+
+CollectiveStats Communicator::allgather(TensorView tensor, std::string_view name,
+                                        const CompressionSpec& spec) {
+  return collectives::run_allgather(
+      *state_, collectives::describe_call(collectives::CollectiveKind::allgather, tensor, name,
+                                          ReduceOp::sum, spec));
+}
+
+std::size_t Communicator::shard_begin(std::size_t count, int r) const noexcept {
+  return collectives::shard_begin(count, size(), r);
+}
+
+void Communicator::save_residuals(const std::string& path) const {
+  state_->residuals().save(path);
+}
+
+void Communicator::load_residuals(const std::string& path) { state_->residuals().load(path); }
+
+const CompressionSpec& Communicator::default_spec() const noexcept {
+  return state_->default_spec();
+}
+
+}  // namespace gradzip

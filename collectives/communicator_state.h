@@ -1,0 +1,77 @@
+// What a Communicator owns (internal): the transport, the error-feedback residuals, the
+// per-name call counters, cached codecs and the node / cross-node transports of the
+// hierarchical all-reduce. Tests and the MPI entry points build communicators over any
+// Transport with make_communicator().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "collectives/transport/transport.h"
+#include "error_feedback/residual_store.h"
+#include "gradzip/codec.h"
+#include "gradzip/communicator.h"
+
+namespace gradzip::collectives {
+
+class CommunicatorState {
+ public:
+  // Resolves the default spec (GRADZIP_COMPRESSOR when set, else options.default_spec) and
+  // parses it: a bad spec throws invalid_spec naming where it came from.
+  CommunicatorState(std::unique_ptr<Transport> transport, CommunicatorOptions options);
+
+  Transport& transport() noexcept { return *transport_; }
+  const CompressionSpec& default_spec() const noexcept { return default_spec_; }
+  error_feedback::ResidualStore& residuals() noexcept { return residuals_; }
+
+  // How many calls with this name passed the call check so far (the step of the next one).
+  // Counted per name across allreduce, reduce_scatter and allgather; wraps at 2^32.
+  std::uint32_t step_of(std::string_view name) const;
+  void count_call(std::string_view name);
+
+  // The codec of a spec, made once per canonical spec string and kept (at most
+  // kMaxCachedCodecs; the cache starts over when full).
+  const Codec& codec_for(const CompressionSpec& spec);
+
+  // The transports of the hierarchical all-reduce for `ranks_per_node` (0: nodes from shared
+  // memory; L: ranks [kL, (k+1)L) form node k), made on first use and kept. Collective: every
+  // rank must ask for the same value in the same call.
+  struct NodeTransports {
+    std::unique_ptr<Transport> intra;  // the ranks of this node, by world rank
+    std::unique_ptr<Transport> inter;  // the ranks with this rank's node-local rank, one per node
+  };
+  NodeTransports& node_transports(std::uint32_t ranks_per_node);
+
+  // f32 scratch for f16 / bf16 tensors, grown as needed and kept between calls.
+  std::vector<float>& f32_scratch() noexcept { return f32_scratch_; }
+
+ private:
+  static constexpr std::size_t kMaxCachedCodecs = 64;
+
+  std::unique_ptr<Transport> transport_;
+  CompressionSpec default_spec_;
+  error_feedback::ResidualStore residuals_;
+  std::map<std::string, std::uint32_t, std::less<>> steps_;
+  std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs_;
+  std::map<std::uint32_t, NodeTransports> nodes_;
+  std::vector<float> f32_scratch_;
+};
+
+// A communicator over `transport` (which it owns): what Communicator::world / from_mpi return,
+// and what tests use with transports that corrupt messages.
+Communicator make_communicator(std::unique_ptr<Transport> transport,
+                               CommunicatorOptions options = {});
+
+// The tensor id of a name in EncodeContext: FNV-1a 64 of the name folded to 32 bits (high
+// half XOR low half), the same on every rank and in every run.
+std::uint32_t tensor_id_of(std::string_view name) noexcept;
+
+// Key of an all-gather's residual in the store: all-gathers of parameters never share a
+// residual with reductions of the gradient that has the same name.
+std::string allgather_residual_key(std::string_view name);
+
+}  // namespace gradzip::collectives
