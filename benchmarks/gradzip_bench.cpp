@@ -1,5 +1,7 @@
 // gradzip-bench: one binary, one subcommand per benchmark family.
 //   gradzip-bench codecs [--size N] [--codec SPEC]... [--repeat R] [--json FILE]
+//   mpirun -np P gradzip-bench allreduce [--size BYTES]... [--codec SPEC]... [--iters N] [--check]
+//                                        [--json FILE]
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -9,6 +11,7 @@
 
 namespace gradzip::bench {
 int run_codecs(int argc, char** argv);
+int run_allreduce(int argc, char** argv);  // allreduce_bench.cpp; needs a build with MPI
 }
 
 namespace {
@@ -17,8 +20,11 @@ void print_usage(std::FILE* out) {
   std::fprintf(out,
                "usage: gradzip-bench SUBCOMMAND [options]\n"
                "subcommands:\n"
-               "  codecs   compression ratio, encode/decode throughput and error of each codec,\n"
-               "           next to memcpy of the same input measured in the same run\n"
+               "  codecs     compression ratio, encode/decode throughput and error of each codec,\n"
+               "             next to memcpy of the same input measured in the same run\n"
+               "  allreduce  compressed all-reduce against MPI_Allreduce of the same data,\n"
+               "             measured in the same run: time, algbw/busbw, bytes sent against\n"
+               "             theory, error (run under mpirun; needs a build with MPI)\n"
                "run 'gradzip-bench SUBCOMMAND --help' for its options\n");
 }
 
@@ -32,6 +38,7 @@ int main(int argc, char** argv) {
   const std::string_view command = argv[1];
   try {
     if (command == "codecs") return gradzip::bench::run_codecs(argc - 1, argv + 1);
+    if (command == "allreduce") return gradzip::bench::run_allreduce(argc - 1, argv + 1);
     if (command == "--help" || command == "-h") {
       print_usage(stdout);
       return 0;

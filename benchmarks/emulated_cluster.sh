@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# An emulated cluster on one host: each MPI rank runs in its own network namespace behind a
+# rate-limited veth link, so ranks talk over real TCP at cluster-like bandwidth instead of
+# shared memory (where compression cannot win). Runs `gradzip-bench allreduce` on it.
+#
+#   sudo benchmarks/emulated_cluster.sh [--ranks N] [--rate RATE] [--bench PATH] [-- BENCH ARGS...]
+#
+#   --ranks N     ranks, one namespace each (default 4)
+#   --rate RATE   tc rate of every link, both directions (default 1gbit; at 10gbit the 2 cores,
+#                 not the links, are the bottleneck here)
+#   --bench PATH  the gradzip-bench binary (default build/bin/gradzip-bench)
+#   BENCH ARGS    arguments of `gradzip-bench allreduce` (default: --size 67108864 and the
+#                 issue's codecs none, fp16, qsgd:bits=4, qsgd:bits=8, sign, topk:ratio=0.01,
+#                 randk:ratio=0.01)
+#
+# The recipe (docs: ../shared/ENVIRONMENT.md, "An emulated cluster with slow links"):
+# - one bridge gzbr0 in the root namespace at 198.18.0.254/24 (the benchmarking range; nothing
+#   else is addressed), namespaces gzns0 .. gzns{N-1}, rank i at 198.18.0.(i+1) on a veth pair
+#   (gzh<i> on the bridge, gzn<i> inside the namespace);
+# - `tc qdisc ... tbf rate RATE burst 512kb latency 20ms` on both ends of every pair;
+# - mpirun with the TCP BTL on 198.18.0.0/24, ORTE's out-of-band and PMIx on the bridge, and
+#   a wrapper that runs rank $OMPI_COMM_WORLD_RANK inside namespace gzns<rank>.
+# Everything created is deleted again on exit: success, failure or Ctrl-C.
+set -euo pipefail
+
+ranks=4
+rate=1gbit
+root_dir="$(cd "$(dirname "$0")/.." && pwd)"
+bench="$root_dir/build/bin/gradzip-bench"
+bench_args=()
+
+# The comment block above, without the '#'.
+usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+while (($#)); do
+  case "$1" in
+    --ranks) ranks="${2:?--ranks needs a value}"; shift 2 ;;
+    --rate) rate="${2:?--rate needs a value}"; shift 2 ;;
+    --bench) bench="${2:?--bench needs a value}"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; bench_args=("$@"); break ;;
+    *) bench_args=("$@"); break ;;
+  esac
+done
+if ((${#bench_args[@]} == 0)); then
+  bench_args=(--size 67108864)
+  for spec in none fp16 qsgd:bits=4 qsgd:bits=8 sign topk:ratio=0.01 randk:ratio=0.01; do
+    bench_args+=(--codec "$spec")
+  done
+fi
+
+if ! [[ "$ranks" =~ ^[0-9]+$ ]] || ((ranks < 1 || ranks > 253)); then
+  echo "emulated_cluster: --ranks must be 1..253 (one address each in 198.18.0.0/24)" >&2
+  exit 2
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "emulated_cluster: needs root (network namespaces, bridge, tc); run it with sudo" >&2
+  exit 2
+fi
+for tool in ip tc mpirun; do
+  command -v "$tool" >/dev/null || { echo "emulated_cluster: '$tool' not found" >&2; exit 2; }
+done
+if [[ ! -x "$bench" ]]; then
+  echo "emulated_cluster: $bench not found; build first (scripts/configure-and-build.sh)" >&2
+  exit 2
+fi
+
+bridge=gzbr0
+workdir="$(mktemp -d /tmp/gradzip-cluster.XXXXXX)"
+
+mpirun_pid=
+teardown() {
+  local status=$?
+  trap - EXIT INT TERM
+  if [[ -n "$mpirun_pid" ]] && kill -0 "$mpirun_pid" 2>/dev/null; then
+    kill -TERM "$mpirun_pid" 2>/dev/null || true  # mpirun takes its ranks down with it
+    wait "$mpirun_pid" 2>/dev/null || true
+  fi
+  for ((i = 0; i < ranks; ++i)); do
+    # Deleting the namespace deletes its veth end, and with it the peer on the bridge.
+    ip netns delete "gzns$i" 2>/dev/null || true
+    ip link delete "gzh$i" 2>/dev/null || true
+  done
+  ip link delete "$bridge" 2>/dev/null || true
+  rm -rf "$workdir"
+  echo "emulated_cluster: torn down (bridge $bridge, namespaces gzns0..gzns$((ranks - 1)))" >&2
+  exit "$status"
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Leftovers of a run that was killed hard (SIGKILL skips the trap) would make `ip` fail below.
+if ip link show "$bridge" >/dev/null 2>&1 || ip netns list | grep -q '^gzns'; then
+  echo "emulated_cluster: removing leftovers of an earlier run" >&2
+  for ns in $(ip netns list | awk '/^gzns/ {print $1}'); do ip netns delete "$ns"; done
+  ip link delete "$bridge" 2>/dev/null || true
+fi
+
+echo "emulated_cluster: bridge $bridge at 198.18.0.254/24, ranks at 198.18.0.1..$ranks in namespaces" \
+  "gzns0..gzns$((ranks - 1)), tbf $rate on both ends of every link" >&2
+ip link add "$bridge" type bridge
+ip addr add 198.18.0.254/24 dev "$bridge"
+ip link set "$bridge" up
+for ((i = 0; i < ranks; ++i)); do
+  ns="gzns$i"
+  ip netns add "$ns"
+  ip link add "gzh$i" type veth peer name "gzn$i"
+  ip link set "gzn$i" netns "$ns"
+  ip link set "gzh$i" master "$bridge"
+  ip link set "gzh$i" up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "198.18.0.$((i + 1))/24" dev "gzn$i"
+  ip -n "$ns" link set "gzn$i" up
+  tc qdisc add dev "gzh$i" root tbf rate "$rate" burst 512kb latency 20ms
+  ip netns exec "$ns" tc qdisc add dev "gzn$i" root tbf rate "$rate" burst 512kb latency 20ms
+done
+
+cat >"$workdir/in_namespace.sh" <<'EOF'
+#!/usr/bin/env bash
+# Runs one MPI rank inside its own namespace.
+exec ip netns exec "gzns$OMPI_COMM_WORLD_RANK" "$@"
+EOF
+chmod +x "$workdir/in_namespace.sh"
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Without this, ranks inside the namespaces fail in MPI_Init ("OPAL ERROR: Unreachable").
+export PMIX_MCA_ptl_tcp_if_include="$bridge"
+echo "emulated_cluster: $ranks ranks, $rate links, gradzip-bench allreduce ${bench_args[*]}" >&2
+# mpirun runs in the background and the script waits for it, so that INT / TERM reach the
+# traps at once (bash runs traps only between commands) and teardown can stop it first.
+mpirun -np "$ranks" --oversubscribe --bind-to none \
+  --mca btl tcp,self --mca btl_tcp_if_include 198.18.0.0/24 \
+  --mca oob_tcp_if_include "$bridge" -x PMIX_MCA_ptl_tcp_if_include \
+  "$workdir/in_namespace.sh" "$bench" allreduce "${bench_args[@]}" &
+mpirun_pid=$!
+wait "$mpirun_pid"
