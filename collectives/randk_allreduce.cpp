@@ -1,11 +1,119 @@
-// Placeholder until the algorithm lands: refuses with a clear error.
+// Shared-index random-k all-reduce. Every rank draws the same k indices (random-k keeps the
+// shared seed: encode_context() does not mix the rank into it), so the k kept values of all
+// ranks line up index by index and can be summed as a dense vector of k floats, without
+// sending any index:
+//   1. encode this rank's whole tensor once with the randk codec (through error feedback when
+//      job.residuals is set: key job.name, element_offset 0);
+//   2. read the k values out of the message payload as f32 (f16 values widen exactly);
+//   3. sum the k-vectors of all ranks with ring_allreduce, codec `none`, no error feedback
+//      (exact f32 sums in the ring's fixed chain order, the same bytes on every rank);
+//   4. write the sums back into the message payload in the message's own value type: f32 as
+//      they are; for values=fp16 messages rounded to f16, nearest even (so a sum beyond the
+//      f16 range, |sum| >= 65520, becomes +-Inf: choose values=fp32 when sums can be that
+//      large), and decode the message into job.data: zeros except at the k indices.
+// Every rank decodes the same bytes (same header and key, the same summed values), so the
+// result is identical on all ranks. At P == 1 the same steps give D(C(g + e)).
+//
+// Stats: the randk encode counts as this call's encode (its compression ratio is the codec's);
+// the bytes sent and received are the inner ring's, and its whole time (its `none` encode and
+// decode are copies that move the values) counts as communication.
+#include <cstring>
+#include <memory>
+#include <vector>
+
 #include "collectives/collective_job.h"
+#include "compressors/wire_format.h"
+#include "error_feedback/error_feedback_codec.h"
 #include "gradzip/error.h"
+#include "kernels/cast_math.h"
 
 namespace gradzip::collectives {
+namespace {
+
+// The randk payload starts with the 24-byte index key (seed u64, step u32, tensor id u32,
+// element offset u64) and then holds k values (compressors/randk.cpp, "Message").
+constexpr std::size_t kRandkKeyBytes = 24;
+
+std::size_t value_bytes(DType values) { return values == DType::f16 ? 2 : 4; }
+
+// Reads value j of the payload's value array as f32 (exact for f16).
+float read_value(const std::byte* values, DType value_dtype, std::size_t j) {
+  if (value_dtype == DType::f16) {
+    std::uint16_t half;
+    std::memcpy(&half, values + 2 * j, 2);
+    return kernels::f16_bits_to_f32(half);
+  }
+  float value;
+  std::memcpy(&value, values + 4 * j, 4);
+  return value;
+}
+
+// Writes `value` as value j of the payload's value array (f16: round to nearest even).
+void write_value(std::byte* values, DType value_dtype, std::size_t j, float value) {
+  if (value_dtype == DType::f16) {
+    const std::uint16_t half = kernels::f32_to_f16_bits(value);
+    std::memcpy(values + 2 * j, &half, 2);
+  } else {
+    std::memcpy(values + 4 * j, &value, 4);
+  }
+}
+
+}  // namespace
 
 void randk_allreduce(ReduceJob& job) {
-  GZ_THROW(ErrorCode::unsupported, "randk_allreduce of '", job.name, "': not built yet");
+  const CompressionSpec& spec = job.codec.spec();
+  GZ_REQUIRE(spec.codec == CodecKind::randk, ErrorCode::invalid_argument, "randk_allreduce of '",
+             job.name, "': the codec is '", job.codec.name(), "', not randk");
+  const std::size_t count = job.data.size();
+
+  // 1. This rank's message.
+  std::vector<std::byte> message(job.codec.max_encoded_bytes(count));
+  std::size_t message_bytes = 0;
+  {
+    StageTimer timer(job.stats.encode_seconds);
+    const ConstTensorView tensor(job.data.data(), count, DType::f32);
+    const EncodeContext ctx = encode_context(job, 0);
+    if (job.residuals != nullptr) {
+      // A non-owning handle: the job's codec outlives this call.
+      error_feedback::ErrorFeedbackCodec ef(
+          std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(), &job.codec), *job.residuals);
+      message_bytes = ef.encode_chunk(job.name, count, tensor, message, ctx);
+    } else {
+      message_bytes = job.codec.encode(tensor, message, ctx);
+    }
+    count_encoded(job.stats, count, message_bytes);
+  }
+  message.resize(message_bytes);
+
+  // 2. Its values, as f32. The codec wrote f16 values iff the spec says values=fp16.
+  const compressors::WireHeader header = compressors::read_header_for(
+      message, compressors::WireCodec::randk, count, "randk_allreduce");
+  const std::size_t k = header.large_param;
+  const DType value_dtype = spec.values;
+  GZ_REQUIRE(header.payload_bytes == kRandkKeyBytes + k * value_bytes(value_dtype),
+             ErrorCode::internal, "randk_allreduce of '", job.name, "': the randk message of ",
+             count, " elements holds ", header.payload_bytes, " payload bytes, expected ",
+             kRandkKeyBytes, " + ", k, " x ", value_bytes(value_dtype));
+  std::byte* const values = message.data() + compressors::kWireHeaderBytes + kRandkKeyBytes;
+  std::vector<float> sums(k);
+  for (std::size_t j = 0; j < k; ++j) sums[j] = read_value(values, value_dtype, j);
+
+  // 3. Sum the k-vectors over all ranks.
+  const std::unique_ptr<Codec> none = make_codec(CompressionSpec{});
+  CollectiveStats ring_stats;
+  ReduceJob ring_job{job.transport, *none, sums, job.name, nullptr, job.ctx, ring_stats};
+  ring_allreduce(ring_job);
+  job.stats.sent_header_bytes += ring_stats.sent_header_bytes;
+  job.stats.sent_index_bytes += ring_stats.sent_index_bytes;
+  job.stats.sent_payload_bytes += ring_stats.sent_payload_bytes;
+  job.stats.received_bytes += ring_stats.received_bytes;
+  job.stats.communicate_seconds +=
+      ring_stats.encode_seconds + ring_stats.communicate_seconds + ring_stats.decode_seconds;
+
+  // 4. The sums back into the message, then the message into the tensor.
+  for (std::size_t j = 0; j < k; ++j) write_value(values, value_dtype, j, sums[j]);
+  StageTimer timer(job.stats.decode_seconds);
+  job.codec.decode(message, TensorView{job.data.data(), count, DType::f32, Device{}});
 }
 
 }  // namespace gradzip::collectives
