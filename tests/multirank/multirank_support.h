@@ -3,8 +3,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
+
+#include "collectives/transport/transport.h"
 
 namespace gradzip::testing {
 
@@ -27,5 +31,52 @@ std::vector<float> gaussian_contribution(std::size_t count, int rank, std::uint6
 // computed locally on every rank.
 std::vector<double> exact_sum(std::size_t count, int ranks, std::uint64_t seed,
                               std::vector<float> (*contribution)(std::size_t, int, std::uint64_t));
+
+// A transport that forwards every call to an inner one. Tests that damage messages derive from
+// it and override only the calls they tamper with (always on every rank alike, so every rank
+// fails at the same step and none waits for another).
+class ForwardingTransport : public collectives::Transport {
+ public:
+  explicit ForwardingTransport(collectives::Transport& inner) : inner_(&inner) {}
+  explicit ForwardingTransport(std::unique_ptr<collectives::Transport> owned)
+      : owned_(std::move(owned)), inner_(owned_.get()) {}
+
+  int rank() const noexcept override { return inner_->rank(); }
+  int size() const noexcept override { return inner_->size(); }
+  std::string describe() const override { return inner_->describe(); }
+  Request isend(int peer, int tag, std::span<const std::byte> data) override {
+    return inner_->isend(peer, tag, data);
+  }
+  Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
+    return inner_->irecv(peer, tag, buffer);
+  }
+  std::size_t wait(Request request) override { return inner_->wait(request); }
+  void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
+                  std::span<const std::size_t> counts) override {
+    inner_->allgatherv(mine, all, counts);
+  }
+  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
+                 std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override {
+    inner_->alltoallv(send, send_counts, recv, recv_counts);
+  }
+  void allgather_u64(std::span<const std::uint64_t> mine, std::span<std::uint64_t> all) override {
+    inner_->allgather_u64(mine, all);
+  }
+  void allreduce_f32_sum(std::span<float> data) override { inner_->allreduce_f32_sum(data); }
+  void barrier() override { inner_->barrier(); }
+  std::unique_ptr<collectives::Transport> split(int color, int key) override {
+    return inner_->split(color, key);
+  }
+  std::unique_ptr<collectives::Transport> split_by_node() override {
+    return inner_->split_by_node();
+  }
+
+ protected:
+  collectives::Transport& inner() const { return *inner_; }
+
+ private:
+  std::unique_ptr<collectives::Transport> owned_;
+  collectives::Transport* inner_;
+};
 
 }  // namespace gradzip::testing

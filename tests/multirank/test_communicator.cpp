@@ -567,7 +567,7 @@ TEST(Communicator, ErrorFeedbackKeepsTheRunningSumOnTrack) {
 // A transport that damages every message it receives (point-to-point receives, and the first
 // non-empty block of every allgatherv / alltoallv), on every rank alike, so every rank meets a
 // bad message in the same step. Metadata (allgather_u64) and f32 sums pass unchanged.
-class CorruptingTransport final : public Transport {
+class CorruptingTransport final : public testing::ForwardingTransport {
  public:
   enum class Damage {
     header_count,  // flips the lowest bit of the header's element count (byte 8)
@@ -575,22 +575,17 @@ class CorruptingTransport final : public Transport {
   };
 
   CorruptingTransport(std::unique_ptr<Transport> inner, Damage damage)
-      : inner_(std::move(inner)), damage_(damage) {}
+      : ForwardingTransport(std::move(inner)), damage_(damage) {}
 
-  int rank() const noexcept override { return inner_->rank(); }
-  int size() const noexcept override { return inner_->size(); }
-  std::string describe() const override { return "corrupting " + inner_->describe(); }
+  std::string describe() const override { return "corrupting " + inner().describe(); }
 
-  Request isend(int peer, int tag, std::span<const std::byte> data) override {
-    return inner_->isend(peer, tag, data);
-  }
   Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
-    const Request request = inner_->irecv(peer, tag, buffer);
+    const Request request = inner().irecv(peer, tag, buffer);
     receives_[request.id] = buffer;
     return request;
   }
   std::size_t wait(Request request) override {
-    const std::size_t bytes = inner_->wait(request);
+    const std::size_t bytes = inner().wait(request);
     if (const auto found = receives_.find(request.id); found != receives_.end()) {
       damage(found->second.first(bytes));
       receives_.erase(found);
@@ -599,24 +594,19 @@ class CorruptingTransport final : public Transport {
   }
   void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
                   std::span<const std::size_t> counts) override {
-    inner_->allgatherv(mine, all, counts);
+    inner().allgatherv(mine, all, counts);
     damage_first_block(all, counts);
   }
   void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
                  std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override {
-    inner_->alltoallv(send, send_counts, recv, recv_counts);
+    inner().alltoallv(send, send_counts, recv, recv_counts);
     damage_first_block(recv, recv_counts);
   }
-  void allgather_u64(std::span<const std::uint64_t> mine, std::span<std::uint64_t> all) override {
-    inner_->allgather_u64(mine, all);
-  }
-  void allreduce_f32_sum(std::span<float> data) override { inner_->allreduce_f32_sum(data); }
-  void barrier() override { inner_->barrier(); }
   std::unique_ptr<Transport> split(int color, int key) override {
-    return std::make_unique<CorruptingTransport>(inner_->split(color, key), damage_);
+    return std::make_unique<CorruptingTransport>(inner().split(color, key), damage_);
   }
   std::unique_ptr<Transport> split_by_node() override {
-    return std::make_unique<CorruptingTransport>(inner_->split_by_node(), damage_);
+    return std::make_unique<CorruptingTransport>(inner().split_by_node(), damage_);
   }
 
   int damaged() const { return damaged_; }
@@ -640,7 +630,6 @@ class CorruptingTransport final : public Transport {
     }
   }
 
-  std::unique_ptr<Transport> inner_;
   Damage damage_;
   std::map<std::size_t, std::span<std::byte>> receives_;
   int damaged_ = 0;

@@ -387,19 +387,14 @@ TEST(RingAllreduce, SingleRankResultIsTheDecodedMessageOfItsOwnData) {
 
 // A transport that overwrites the first byte (the wire magic) of chosen received messages,
 // counted in the order this rank completes its receives.
-class CorruptingTransport final : public collectives::Transport {
+class CorruptingTransport final : public testing::ForwardingTransport {
  public:
   CorruptingTransport(collectives::Transport& inner, std::size_t first_corrupted)
-      : inner_(inner), first_corrupted_(first_corrupted) {}
+      : ForwardingTransport(inner), first_corrupted_(first_corrupted) {}
 
-  int rank() const noexcept override { return inner_.rank(); }
-  int size() const noexcept override { return inner_.size(); }
-  std::string describe() const override { return "corrupting " + inner_.describe(); }
-  Request isend(int peer, int tag, std::span<const std::byte> data) override {
-    return inner_.isend(peer, tag, data);
-  }
+  std::string describe() const override { return "corrupting " + inner().describe(); }
   Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
-    const Request request = inner_.irecv(peer, tag, buffer);
+    const Request request = inner().irecv(peer, tag, buffer);
     receive_buffers_[request.id] = buffer;
     return request;
   }
@@ -410,28 +405,12 @@ class CorruptingTransport final : public collectives::Transport {
       buffer = receive->second;
       receive_buffers_.erase(receive);
     }
-    const std::size_t bytes = inner_.wait(request);
+    const std::size_t bytes = inner().wait(request);
     if (!buffer.empty() && receives_++ >= first_corrupted_ && bytes > 0) buffer[0] = std::byte{0};
     return bytes;
   }
-  void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
-                  std::span<const std::size_t> counts) override {
-    inner_.allgatherv(mine, all, counts);
-  }
-  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
-                 std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override {
-    inner_.alltoallv(send, send_counts, recv, recv_counts);
-  }
-  void allgather_u64(std::span<const std::uint64_t> mine, std::span<std::uint64_t> all) override {
-    inner_.allgather_u64(mine, all);
-  }
-  void allreduce_f32_sum(std::span<float> data) override { inner_.allreduce_f32_sum(data); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<Transport> split(int color, int key) override { return inner_.split(color, key); }
-  std::unique_ptr<Transport> split_by_node() override { return inner_.split_by_node(); }
 
  private:
-  collectives::Transport& inner_;
   std::size_t first_corrupted_;
   std::size_t receives_ = 0;
   std::map<std::size_t, std::span<std::byte>> receive_buffers_;

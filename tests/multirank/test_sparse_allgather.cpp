@@ -354,38 +354,9 @@ TEST(SparseAllgatherAnyCodec, Fp16MessagesGiveTheExactSumOnBothPaths) {
 
 // Forwards everything to the MPI transport; tests override one call to damage what it returns
 // on every rank alike (so every rank must fail alike, and none may hang).
-class DamagingTransport : public Transport {
+class DamagingTransport : public testing::ForwardingTransport {
  public:
-  explicit DamagingTransport(Transport& inner) : inner_(inner) {}
-  int rank() const noexcept override { return inner_.rank(); }
-  int size() const noexcept override { return inner_.size(); }
-  std::string describe() const override { return inner_.describe(); }
-  Request isend(int peer, int tag, std::span<const std::byte> data) override {
-    return inner_.isend(peer, tag, data);
-  }
-  Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
-    return inner_.irecv(peer, tag, buffer);
-  }
-  std::size_t wait(Request request) override { return inner_.wait(request); }
-  void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
-                  std::span<const std::size_t> counts) override {
-    inner_.allgatherv(mine, all, counts);
-  }
-  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
-                 std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override {
-    inner_.alltoallv(send, send_counts, recv, recv_counts);
-  }
-  void allgather_u64(std::span<const std::uint64_t> mine,
-                     std::span<std::uint64_t> all) override {
-    inner_.allgather_u64(mine, all);
-  }
-  void allreduce_f32_sum(std::span<float> data) override { inner_.allreduce_f32_sum(data); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<Transport> split(int color, int key) override { return inner_.split(color, key); }
-  std::unique_ptr<Transport> split_by_node() override { return inner_.split_by_node(); }
-
- protected:
-  Transport& inner_;
+  explicit DamagingTransport(Transport& inner) : ForwardingTransport(inner) {}
 };
 
 // The last rank's message arrives with its first index set to 2^32 - 1 (>= n).
@@ -394,7 +365,7 @@ class BadIndexTransport final : public DamagingTransport {
   using DamagingTransport::DamagingTransport;
   void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
                   std::span<const std::size_t> counts) override {
-    inner_.allgatherv(mine, all, counts);
+    inner().allgatherv(mine, all, counts);
     std::size_t last = 0;
     for (std::size_t r = 0; r + 1 < counts.size(); ++r) last += counts[r];
     const std::uint32_t bad_index = 0xFFFFFFFFu;
@@ -409,7 +380,7 @@ class OversizeAnnouncementTransport final : public DamagingTransport {
       : DamagingTransport(inner), size_(size) {}
   void allgather_u64(std::span<const std::uint64_t> mine,
                      std::span<std::uint64_t> all) override {
-    inner_.allgather_u64(mine, all);
+    inner().allgather_u64(mine, all);
     all[0] = size_;
   }
 

@@ -519,28 +519,15 @@ TEST(SraAllreduce, ServerResidualIsCheckpointedWithTheStore) {
 // ---- malformed traffic: every rank throws, none waits -------------------------------------------
 
 // Forwards to MPI, tampering with what the last rank announces or what every rank receives.
-class TamperingTransport final : public collectives::Transport {
+class TamperingTransport final : public testing::ForwardingTransport {
  public:
   enum class Tamper { oversized_announcement, corrupt_received_magic };
-  TamperingTransport(MpiTransport& inner, Tamper tamper) : inner_(inner), tamper_(tamper) {}
+  TamperingTransport(MpiTransport& inner, Tamper tamper) : ForwardingTransport(inner), tamper_(tamper) {}
 
-  int rank() const noexcept override { return inner_.rank(); }
-  int size() const noexcept override { return inner_.size(); }
-  std::string describe() const override { return "tampering " + inner_.describe(); }
-  Request isend(int peer, int tag, std::span<const std::byte> data) override {
-    return inner_.isend(peer, tag, data);
-  }
-  Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
-    return inner_.irecv(peer, tag, buffer);
-  }
-  std::size_t wait(Request request) override { return inner_.wait(request); }
-  void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
-                  std::span<const std::size_t> counts) override {
-    inner_.allgatherv(mine, all, counts);
-  }
+  std::string describe() const override { return "tampering " + inner().describe(); }
   void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
                  std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override {
-    inner_.alltoallv(send, send_counts, recv, recv_counts);
+    inner().alltoallv(send, send_counts, recv, recv_counts);
     if (tamper_ != Tamper::corrupt_received_magic) return;
     std::size_t offset = 0;
     for (std::size_t bytes : recv_counts) {
@@ -552,15 +539,10 @@ class TamperingTransport final : public collectives::Transport {
     std::vector<std::uint64_t> announced(mine.begin(), mine.end());
     if (tamper_ == Tamper::oversized_announcement && rank() == size() - 1 && !announced.empty())
       announced[0] += 1u << 20;  // far above any bound for the test's chunk sizes
-    inner_.allgather_u64(announced, all);
+    inner().allgather_u64(announced, all);
   }
-  void allreduce_f32_sum(std::span<float> data) override { inner_.allreduce_f32_sum(data); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<Transport> split(int color, int key) override { return inner_.split(color, key); }
-  std::unique_ptr<Transport> split_by_node() override { return inner_.split_by_node(); }
 
  private:
-  MpiTransport& inner_;
   Tamper tamper_;
 };
 
