@@ -47,8 +47,7 @@ void compressed_allgather(ReduceJob& job) {
     const EncodeContext ctx = encode_context(job, shard_begin(count, ranks, rank));
     if (job.residuals != nullptr) {
       // A non-owning handle: the job's codec outlives this call.
-      error_feedback::ErrorFeedbackCodec ef(
-          std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(), &job.codec), *job.residuals);
+      error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
       message_bytes =
           ef.encode_chunk(job.name, count, shard, {message_memory.get(), capacity}, ctx);
     } else {

@@ -16,6 +16,16 @@ std::uint64_t mix64(std::uint64_t x) {
 
 }  // namespace
 
+error_feedback::ErrorFeedbackCodec feedback_codec(const ReduceJob& job) {
+  GZ_REQUIRE(job.residuals != nullptr, ErrorCode::internal, "feedback_codec for '", job.name,
+             "': the job has no residual store");
+  thread_local std::vector<float> scratch;
+  // Aliasing constructor: a shared_ptr that points at job.codec and owns nothing.
+  return error_feedback::ErrorFeedbackCodec(
+      std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(), &job.codec), *job.residuals,
+      &scratch);
+}
+
 std::size_t shard_begin(std::size_t count, int ranks, int r) noexcept {
   __extension__ typedef unsigned __int128 u128;  // count * r needs 128 bits for huge counts
   if (ranks <= 0) return 0;

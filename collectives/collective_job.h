@@ -10,6 +10,7 @@
 #include <string>
 
 #include "collectives/transport/transport.h"
+#include "error_feedback/error_feedback_codec.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/communicator.h"
@@ -34,6 +35,11 @@ struct ReduceJob {
   EncodeContext ctx;
   CollectiveStats& stats;
 };
+
+// The error-feedback decorator for this job's codec and residual store (job.residuals must not
+// be null). It does not own the codec, and its g' scratch is a per-thread buffer kept across
+// calls, so encoding a large tensor does not fault in fresh pages every call.
+error_feedback::ErrorFeedbackCodec feedback_codec(const ReduceJob& job);
 
 // Rank r's shard of `count` elements split over `ranks`: [shard_begin(r), shard_begin(r + 1)),
 // as even as possible (sizes differ by at most one), for any count and rank count.

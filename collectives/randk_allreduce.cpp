@@ -75,8 +75,7 @@ void randk_allreduce(ReduceJob& job) {
     const EncodeContext ctx = encode_context(job, 0);
     if (job.residuals != nullptr) {
       // A non-owning handle: the job's codec outlives this call.
-      error_feedback::ErrorFeedbackCodec ef(
-          std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(), &job.codec), *job.residuals);
+      error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
       message_bytes = ef.encode_chunk(job.name, count, tensor, message, ctx);
     } else {
       message_bytes = job.codec.encode(tensor, message, ctx);

@@ -166,8 +166,7 @@ class RingAllreduce {
                                    : std::max(slot_begin_.back(), 2 * largest_message_));
     if (job.residuals != nullptr) {
       // A non-owning handle: the job's codec outlives this call.
-      ef_.emplace(std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(), &job.codec),
-                  *job.residuals);
+      ef_.emplace(feedback_codec(job));
       // Registers (or checks the size of) the residual before any request is posted, so that
       // a size mismatch throws on every rank before anyone waits for anyone.
       job.residuals->residual(job.name, count_);

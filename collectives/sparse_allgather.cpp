@@ -112,9 +112,7 @@ std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out) {
     StageTimer timer(job.stats.encode_seconds);
     if (job.residuals != nullptr) {
       // A non-owning handle: the job's codec outlives this call.
-      error_feedback::ErrorFeedbackCodec ef(
-          std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(), &job.codec),
-          *job.residuals);
+      error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
       bytes = ef.encode_chunk(job.name, count, tensor, out, ctx);
     } else {
       bytes = job.codec.encode(tensor, out, ctx);

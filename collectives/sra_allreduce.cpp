@@ -75,9 +75,7 @@ class SraRound {
     if (job.residuals != nullptr) {
       // A non-owning handle on job.codec (the aliasing constructor with an empty owner): the
       // codec outlives this call, which is all the decorator needs.
-      error_feedback_.emplace(std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(),
-                                                           &job.codec),
-                              *job.residuals);
+      error_feedback_.emplace(feedback_codec(job));
     }
   }
 

@@ -9,8 +9,9 @@
 
 namespace gradzip::error_feedback {
 
-ErrorFeedbackCodec::ErrorFeedbackCodec(std::shared_ptr<const Codec> codec, ResidualStore& store)
-    : codec_(std::move(codec)), store_(&store) {
+ErrorFeedbackCodec::ErrorFeedbackCodec(std::shared_ptr<const Codec> codec, ResidualStore& store,
+                                       std::vector<float>* shared_scratch)
+    : codec_(std::move(codec)), store_(&store), shared_scratch_(shared_scratch) {
   GZ_REQUIRE(codec_ != nullptr, ErrorCode::invalid_argument,
              "ErrorFeedbackCodec: the wrapped codec is null");
 }
@@ -40,8 +41,9 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
 
   const std::span<float> residual =
       store_->residual(tensor_name, tensor_count).subspan(ctx.element_offset, count);
-  if (scratch_.size() < count) scratch_.resize(count);
-  float* const corrected = scratch_.data();  // g'
+  std::vector<float>& scratch_buffer = scratch();
+  if (scratch_buffer.size() < count) scratch_buffer.resize(count);
+  float* const corrected = scratch_buffer.data();  // g'
   float* const e = residual.data();
 
   // g' = g + e. Converted inputs go block by block so each block is still in L1 for the add.
@@ -72,8 +74,8 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
 }
 
 void ErrorFeedbackCodec::release_scratch() noexcept {
-  scratch_.clear();
-  scratch_.shrink_to_fit();
+  scratch().clear();
+  scratch().shrink_to_fit();
 }
 
 }  // namespace gradzip::error_feedback

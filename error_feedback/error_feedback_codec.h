@@ -30,7 +30,12 @@ namespace gradzip::error_feedback {
 class ErrorFeedbackCodec {
  public:
   // `codec` must not be null (invalid_argument). `store` must outlive this object.
-  ErrorFeedbackCodec(std::shared_ptr<const Codec> codec, ResidualStore& store);
+  // `shared_scratch`, when given, is used instead of a scratch buffer of this object's own, so
+  // that short-lived decorators (one per collective call) reuse memory that is already
+  // faulted in: fresh pages for a 64 MiB g' cost more than the error-feedback arithmetic.
+  // It must outlive this object and not be used by another thread meanwhile.
+  ErrorFeedbackCodec(std::shared_ptr<const Codec> codec, ResidualStore& store,
+                     std::vector<float>* shared_scratch = nullptr);
 
   const Codec& codec() const noexcept { return *codec_; }
   ResidualStore& store() const noexcept { return *store_; }
@@ -60,14 +65,19 @@ class ErrorFeedbackCodec {
 
   // Bytes of f32 scratch held (4 x the largest chunk encoded so far). The scratch is reused:
   // after the first call of a given size, encoding allocates nothing here.
-  std::size_t scratch_bytes() const noexcept { return scratch_.size() * sizeof(float); }
+  std::size_t scratch_bytes() const noexcept { return scratch().size() * sizeof(float); }
   void release_scratch() noexcept;
 
  private:
   std::shared_ptr<const Codec> codec_;
   ResidualStore* store_;
   // g' of the current chunk: the codec's input, kept until the residual update.
-  std::vector<float> scratch_;
+  std::vector<float> own_scratch_;
+  std::vector<float>* shared_scratch_ = nullptr;
+  std::vector<float>& scratch() noexcept { return shared_scratch_ ? *shared_scratch_ : own_scratch_; }
+  const std::vector<float>& scratch() const noexcept {
+    return shared_scratch_ ? *shared_scratch_ : own_scratch_;
+  }
 };
 
 }  // namespace gradzip::error_feedback
