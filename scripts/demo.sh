@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/configure-and-build.sh
+bash scripts/configure-and-build.sh --target gradzip-demo
 # Open MPI refuses to run as root without these, and 4 ranks on fewer cores without
 # --oversubscribe; --bind-to none lets the ranks share the cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
