@@ -28,18 +28,7 @@ constexpr std::size_t kSmallCounts[] = {0, 1, 7, 4097};
 constexpr std::size_t kLargeCount = (std::size_t{1} << 20) + 3;
 constexpr float kNotWritten = std::numeric_limits<float>::quiet_NaN();
 
-// The same bits element by element (so -0 differs from +0); names the first difference.
-::testing::AssertionResult same_bits(std::span<const float> actual,
-                                     std::span<const float> expected) {
-  if (actual.size() != expected.size())
-    return ::testing::AssertionFailure()
-           << actual.size() << " elements, expected " << expected.size();
-  for (std::size_t i = 0; i < actual.size(); ++i)
-    if (std::bit_cast<std::uint32_t>(actual[i]) != std::bit_cast<std::uint32_t>(expected[i]))
-      return ::testing::AssertionFailure() << "element " << i << " of " << actual.size() << ": "
-                                           << actual[i] << ", expected " << expected[i];
-  return ::testing::AssertionSuccess();
-}
+using testing::same_bits;
 
 // This rank's input: its shard of `full`, NaN elsewhere (so a shard left unwritten shows).
 std::vector<float> own_shard_of(const std::vector<float>& full, int rank, int ranks) {

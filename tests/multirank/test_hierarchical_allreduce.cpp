@@ -90,18 +90,7 @@ std::vector<std::vector<float>> node_partials(std::size_t count, int ranks, int 
   return partials;
 }
 
-// Bitwise equality of two f32 arrays; a failure names the first element that differs.
-::testing::AssertionResult same_bits(std::span<const float> actual,
-                                     std::span<const float> expected) {
-  if (actual.size() != expected.size())
-    return ::testing::AssertionFailure() << actual.size() << " elements, expected "
-                                         << expected.size();
-  for (std::size_t i = 0; i < actual.size(); ++i)
-    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0)
-      return ::testing::AssertionFailure() << "element " << i << ": " << actual[i]
-                                           << ", expected " << expected[i];
-  return ::testing::AssertionSuccess();
-}
+using testing::same_bits;
 
 struct Outcome {
   std::vector<float> data;

@@ -34,18 +34,7 @@ std::vector<float> integers(std::size_t count, int rank, std::uint64_t seed) {
   return testing::integer_contribution(count, rank, seed);
 }
 
-// The same bits element by element (so -0 differs from +0); names the first difference.
-::testing::AssertionResult same_bits(std::span<const float> actual,
-                                     std::span<const float> expected) {
-  if (actual.size() != expected.size())
-    return ::testing::AssertionFailure()
-           << actual.size() << " elements, expected " << expected.size();
-  for (std::size_t i = 0; i < actual.size(); ++i)
-    if (std::bit_cast<std::uint32_t>(actual[i]) != std::bit_cast<std::uint32_t>(expected[i]))
-      return ::testing::AssertionFailure() << "element " << i << " of " << actual.size() << ": "
-                                           << actual[i] << ", expected " << expected[i];
-  return ::testing::AssertionSuccess();
-}
+using testing::same_bits;
 
 // The context every rank passes; random-k keeps its seed (encode_context mixes no rank in).
 EncodeContext context(std::uint32_t step) { return EncodeContext{42, step, 7, 0}; }

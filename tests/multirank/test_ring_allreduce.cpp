@@ -34,18 +34,7 @@ constexpr std::size_t kSmallCounts[] = {0, 1, 7, 4097};
 constexpr std::size_t kLargeCount = (std::size_t{1} << 20) + 3;
 constexpr std::uint32_t kTensorId = 7;
 
-// The same bits element by element (so -0 differs from +0); names the first difference.
-::testing::AssertionResult same_bits(std::span<const float> actual,
-                                     std::span<const float> expected) {
-  if (actual.size() != expected.size())
-    return ::testing::AssertionFailure()
-           << actual.size() << " elements, expected " << expected.size();
-  for (std::size_t i = 0; i < actual.size(); ++i)
-    if (std::bit_cast<std::uint32_t>(actual[i]) != std::bit_cast<std::uint32_t>(expected[i]))
-      return ::testing::AssertionFailure() << "element " << i << " of " << actual.size() << ": "
-                                           << actual[i] << ", expected " << expected[i];
-  return ::testing::AssertionSuccess();
-}
+using testing::same_bits;
 
 // The small counts, plus 2^20 + 3 when `large` (kept to a few cases: 2 cores run 5 ranks).
 std::vector<std::size_t> test_counts(bool large) {

@@ -121,18 +121,7 @@ Reference reference_for(const Codec& codec, std::size_t count, int ranks, int me
   return reference;
 }
 
-// Bitwise equality of two f32 arrays; a failure names the first element that differs.
-::testing::AssertionResult same_bits(std::span<const float> actual,
-                                     std::span<const float> expected) {
-  if (actual.size() != expected.size())
-    return ::testing::AssertionFailure() << actual.size() << " elements, expected "
-                                         << expected.size();
-  for (std::size_t i = 0; i < actual.size(); ++i)
-    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0)
-      return ::testing::AssertionFailure() << "element " << i << ": " << actual[i]
-                                           << ", expected " << expected[i];
-  return ::testing::AssertionSuccess();
-}
+using testing::same_bits;
 
 // First index where `result` differs from `expected` (count when none).
 std::size_t first_mismatch(std::span<const float> result, const std::vector<double>& expected) {

@@ -68,6 +68,17 @@ ErrorCode error_code_of(const std::function<void()>& call, std::string* message)
   return ErrorCode::internal;
 }
 
+::testing::AssertionResult same_bits(std::span<const float> actual, std::span<const float> expected) {
+  if (actual.size() != expected.size())
+    return ::testing::AssertionFailure() << actual.size() << " elements, expected "
+                                         << expected.size();
+  for (std::size_t i = 0; i < actual.size(); ++i)
+    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << " of " << actual.size() << ": "
+                                           << actual[i] << ", expected " << expected[i];
+  return ::testing::AssertionSuccess();
+}
+
 void for_each_available_isa(const std::function<void(kernels::cpu::Isa)>& body) {
   using kernels::cpu::Isa;
   for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {

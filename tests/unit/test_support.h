@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+
+#include <gtest/gtest.h>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +51,10 @@ std::vector<std::byte> encode_message(const Codec& codec, ConstTensorView in,
 // The code of the gradzip::Error that `call` throws (its text into *message when given);
 // records a test failure and returns ErrorCode::internal when it throws none.
 ErrorCode error_code_of(const std::function<void()>& call, std::string* message = nullptr);
+
+// Bitwise equality of two f32 arrays (so -0 differs from +0 and NaNs compare by payload);
+// a failure names the first element that differs.
+::testing::AssertionResult same_bits(std::span<const float> actual, std::span<const float> expected);
 
 // Runs body(isa) once per ISA this CPU has (scalar, avx2, avx512), with that ISA forced and
 // named in failures; prints a note for the ones it lacks. Clears the override afterwards.
