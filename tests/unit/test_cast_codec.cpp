@@ -27,6 +27,7 @@
 #include "kernels/cpu/cast_cpu_simd.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 
 namespace gradzip {
@@ -39,17 +40,7 @@ using kernels::cpu::Isa;
 
 // ---- bits plumbing ---------------------------------------------------------------------------
 
-std::uint32_t bits_of(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
 
-float float_of(std::uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
 
 std::uint16_t load16(const std::byte* bytes, std::size_t i) {
   std::uint16_t bits;
@@ -76,7 +67,7 @@ constexpr Format16 kBfloat16{7, 127, "bf16"};
 // The format's bits for the f32 `value`, round to nearest, ties to even. NaN: the format's
 // quiet NaN of the same sign whose fraction is the f32 fraction's top bits (F16C's rule).
 std::uint16_t reference_round(const Format16& format, float value) {
-  const std::uint32_t f32 = bits_of(value);
+  const std::uint32_t f32 = kernels::float_bits(value);
   const auto sign = static_cast<std::uint16_t>((f32 >> 16) & 0x8000u);
   const int exponent_bits = 15 - format.fraction_bits;
   const std::uint16_t all_ones_exponent =
@@ -131,8 +122,8 @@ float reference_widen(const Format16& format, std::uint16_t bits) {
     }
     const std::uint32_t sign = negative ? 0x80000000u : 0u;
     const std::uint32_t fraction = fraction_field << (23 - format.fraction_bits);
-    if (format.fraction_bits == 10) return float_of(sign | 0x7FC00000u | fraction);
-    return float_of(sign | 0x7F800000u | fraction);
+    if (format.fraction_bits == 10) return kernels::bits_float(sign | 0x7FC00000u | fraction);
+    return kernels::bits_float(sign | 0x7F800000u | fraction);
   }
   const int scale = static_cast<int>(exponent_field) == 0
                         ? 1 - format.bias - format.fraction_bits
@@ -205,7 +196,7 @@ std::size_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
 
 std::vector<std::uint32_t> bit_patterns(const std::vector<float>& values) {
   std::vector<std::uint32_t> bits(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = bits_of(values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = kernels::float_bits(values[i]);
   return bits;
 }
 
@@ -218,7 +209,7 @@ void expect_narrowing_matches_reference(const Format16& format, const std::vecto
     const auto actual = narrow(format, values);
     const std::size_t at = first_difference(actual, expected);
     EXPECT_EQ(at, std::string::npos)
-        << format.name << ", " << isa_label(isa) << ": f32 0x" << std::hex << bits_of(values[at])
+        << format.name << ", " << isa_label(isa) << ": f32 0x" << std::hex << kernels::float_bits(values[at])
         << " gave 0x" << actual[at] << ", expected 0x" << expected[at];
   }
 }
@@ -230,8 +221,8 @@ std::vector<float> special_values() {
   const float inf = std::numeric_limits<float>::infinity();
   return {0.0f,
           -0.0f,
-          float_of(0x00000001u),  // smallest f32 denormal
-          float_of(0x807FFFFFu),  // largest negative f32 denormal
+          kernels::bits_float(0x00000001u),  // smallest f32 denormal
+          kernels::bits_float(0x807FFFFFu),  // largest negative f32 denormal
           std::ldexp(1.0f, -24),
           std::ldexp(1.0f, -25),
           -std::ldexp(3.0f, -25),
@@ -242,15 +233,15 @@ std::vector<float> special_values() {
           65519.99f,
           65520.0f,
           -65520.0f,
-          float_of(0x7F7F8000u),  // halfway from bf16's largest finite to inf
+          kernels::bits_float(0x7F7F8000u),  // halfway from bf16's largest finite to inf
           std::numeric_limits<float>::max(),
           inf,
           -inf,
-          float_of(0x7FC00000u),
-          float_of(0xFFC00001u),
-          float_of(0x7F800001u),  // signalling, low payload
-          float_of(0x7FA00000u),  // signalling, high payload
-          float_of(0xFFFFFFFFu)};
+          kernels::bits_float(0x7FC00000u),
+          kernels::bits_float(0xFFC00001u),
+          kernels::bits_float(0x7F800001u),  // signalling, low payload
+          kernels::bits_float(0x7FA00000u),  // signalling, high payload
+          kernels::bits_float(0xFFFFFFFFu)};
 }
 
 // ---- the reference itself --------------------------------------------------------------------
@@ -265,12 +256,12 @@ TEST(CastReference, AgreesWithHandDerivedBits) {
   EXPECT_EQ(reference_round(kBinary16, std::ldexp(1.0f, -14)), 0x0400);
   EXPECT_EQ(reference_round(kBfloat16, 1.0f), 0x3F80);
   EXPECT_EQ(reference_round(kBfloat16, -3.0f), 0xC040);
-  EXPECT_EQ(reference_round(kBfloat16, float_of(0x00010000u)), 0x0001);
+  EXPECT_EQ(reference_round(kBfloat16, kernels::bits_float(0x00010000u)), 0x0001);
   EXPECT_EQ(reference_round(kBfloat16, std::numeric_limits<float>::max()), 0x7F80);
-  EXPECT_EQ(bits_of(reference_widen(kBinary16, 0x3C00)), 0x3F800000u);
-  EXPECT_EQ(bits_of(reference_widen(kBinary16, 0x0001)), bits_of(std::ldexp(1.0f, -24)));
-  EXPECT_EQ(bits_of(reference_widen(kBinary16, 0x7BFF)), bits_of(65504.0f));
-  EXPECT_EQ(bits_of(reference_widen(kBfloat16, 0xC040)), bits_of(-3.0f));
+  EXPECT_EQ(kernels::float_bits(reference_widen(kBinary16, 0x3C00)), 0x3F800000u);
+  EXPECT_EQ(kernels::float_bits(reference_widen(kBinary16, 0x0001)), kernels::float_bits(std::ldexp(1.0f, -24)));
+  EXPECT_EQ(kernels::float_bits(reference_widen(kBinary16, 0x7BFF)), kernels::float_bits(65504.0f));
+  EXPECT_EQ(kernels::float_bits(reference_widen(kBfloat16, 0xC040)), kernels::float_bits(-3.0f));
 }
 
 // ---- widening: all 65536 patterns ------------------------------------------------------------
@@ -280,7 +271,7 @@ void expect_widening_exhaustive(const Format16& format) {
   for (std::uint32_t bits = 0; bits < 65536; ++bits) all[bits] = static_cast<std::uint16_t>(bits);
   std::vector<std::uint32_t> expected(65536);
   for (std::uint32_t bits = 0; bits < 65536; ++bits) {
-    expected[bits] = bits_of(reference_widen(format, static_cast<std::uint16_t>(bits)));
+    expected[bits] = kernels::float_bits(reference_widen(format, static_cast<std::uint16_t>(bits)));
   }
   for (Isa isa : runnable_isas()) {
     IsaScope scope(isa);
@@ -391,17 +382,17 @@ TEST(CastKernels, F32ToF16BoundaryValues) {
           {1.0f + std::ldexp(1.0f, -11), 0x3C00, "1 + half ulp ties to 1"},
           {1.0f + std::ldexp(3.0f, -11), 0x3C02, "1 + 1.5 ulp ties to even"},
           {std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f), 0x3C01, "just above a tie"},
-          {float_of(0x00000001u), 0x0000, "f32 denormal"},
-          {float_of(0x80000001u), 0x8000, "negative f32 denormal"},
+          {kernels::bits_float(0x00000001u), 0x0000, "f32 denormal"},
+          {kernels::bits_float(0x80000001u), 0x8000, "negative f32 denormal"},
           {0.0f, 0x0000, "+0"},
           {-0.0f, 0x8000, "-0"},
           {inf, 0x7C00, "+inf"},
           {-inf, 0xFC00, "-inf"},
-          {float_of(0x7FC00000u), 0x7E00, "quiet NaN"},
-          {float_of(0xFFC00000u), 0xFE00, "negative quiet NaN"},
-          {float_of(0x7F800001u), 0x7E00, "signalling NaN, payload below f16's bits: quiet"},
-          {float_of(0x7FA00000u), 0x7F00, "signalling NaN, payload kept, quiet bit set"},
-          {float_of(0xFFFFE000u), 0xFFFF, "NaN with every payload bit"},
+          {kernels::bits_float(0x7FC00000u), 0x7E00, "quiet NaN"},
+          {kernels::bits_float(0xFFC00000u), 0xFE00, "negative quiet NaN"},
+          {kernels::bits_float(0x7F800001u), 0x7E00, "signalling NaN, payload below f16's bits: quiet"},
+          {kernels::bits_float(0x7FA00000u), 0x7F00, "signalling NaN, payload kept, quiet bit set"},
+          {kernels::bits_float(0xFFFFE000u), 0xFFFF, "NaN with every payload bit"},
       });
 }
 
@@ -413,25 +404,25 @@ TEST(CastKernels, F32ToBf16BoundaryValues) {
           {1.0f + std::ldexp(1.0f, -8), 0x3F80, "1 + half ulp ties to 1"},
           {1.0f + std::ldexp(3.0f, -8), 0x3F82, "1 + 1.5 ulp ties to even"},
           {std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f), 0x3F81, "just above a tie"},
-          {float_of(0x7F7F0000u), 0x7F7F, "largest finite bf16"},
-          {float_of(0x7F7F7FFFu), 0x7F7F, "just below the overflow tie"},
-          {float_of(0x7F7F8000u), 0x7F80, "overflow tie rounds to inf (even)"},
+          {kernels::bits_float(0x7F7F0000u), 0x7F7F, "largest finite bf16"},
+          {kernels::bits_float(0x7F7F7FFFu), 0x7F7F, "just below the overflow tie"},
+          {kernels::bits_float(0x7F7F8000u), 0x7F80, "overflow tie rounds to inf (even)"},
           {std::numeric_limits<float>::max(), 0x7F80, "FLT_MAX"},
           {-std::numeric_limits<float>::max(), 0xFF80, "-FLT_MAX"},
-          {float_of(0x00000001u), 0x0000, "smallest f32 denormal"},
-          {float_of(0x00008000u), 0x0000, "denormal tie to 0 (even)"},
-          {float_of(0x00008001u), 0x0001, "denormal just above a tie"},
-          {float_of(0x00018000u), 0x0002, "denormal tie to even 2"},
-          {float_of(0x007FFFFFu), 0x0080, "largest denormal rounds up to the smallest normal"},
-          {float_of(0x80808000u), 0x8080, "negative normal tie to even"},
+          {kernels::bits_float(0x00000001u), 0x0000, "smallest f32 denormal"},
+          {kernels::bits_float(0x00008000u), 0x0000, "denormal tie to 0 (even)"},
+          {kernels::bits_float(0x00008001u), 0x0001, "denormal just above a tie"},
+          {kernels::bits_float(0x00018000u), 0x0002, "denormal tie to even 2"},
+          {kernels::bits_float(0x007FFFFFu), 0x0080, "largest denormal rounds up to the smallest normal"},
+          {kernels::bits_float(0x80808000u), 0x8080, "negative normal tie to even"},
           {0.0f, 0x0000, "+0"},
           {-0.0f, 0x8000, "-0"},
           {inf, 0x7F80, "+inf"},
           {-inf, 0xFF80, "-inf"},
-          {float_of(0x7FC00000u), 0x7FC0, "quiet NaN"},
-          {float_of(0x7F800001u), 0x7FC0, "signalling NaN, low payload: quiet"},
-          {float_of(0x7F810000u), 0x7FC1, "signalling NaN, payload kept, quiet bit set"},
-          {float_of(0xFFFFFFFFu), 0xFFFF, "NaN with every payload bit (no carry into the sign)"},
+          {kernels::bits_float(0x7FC00000u), 0x7FC0, "quiet NaN"},
+          {kernels::bits_float(0x7F800001u), 0x7FC0, "signalling NaN, low payload: quiet"},
+          {kernels::bits_float(0x7F810000u), 0x7FC1, "signalling NaN, payload kept, quiet bit set"},
+          {kernels::bits_float(0xFFFFFFFFu), 0xFFFF, "NaN with every payload bit (no carry into the sign)"},
       });
 }
 
@@ -466,7 +457,7 @@ TEST(CastKernels, EveryMidpointRoundsToEvenAndItsNeighboursToTheNearer) {
       const auto actual = narrow(*format, values);
       const std::size_t at = first_difference(actual, expected);
       EXPECT_EQ(at, std::string::npos)
-          << format->name << ", " << isa_label(isa) << ": f32 0x" << std::hex << bits_of(values[at])
+          << format->name << ", " << isa_label(isa) << ": f32 0x" << std::hex << kernels::float_bits(values[at])
           << " gave 0x" << actual[at] << ", expected 0x" << expected[at];
     }
   }
@@ -479,7 +470,7 @@ TEST(CastKernels, SweepOfF32BitPatternsMatchesTheReference) {
   std::vector<float> values;
   values.reserve((std::uint64_t{1} << 32) / kStride + 1);
   for (std::uint64_t bits = 0; bits < (std::uint64_t{1} << 32); bits += kStride) {
-    values.push_back(float_of(static_cast<std::uint32_t>(bits)));
+    values.push_back(kernels::bits_float(static_cast<std::uint32_t>(bits)));
   }
   const auto specials = special_values();
   values.insert(values.end(), specials.begin(), specials.end());
@@ -527,8 +518,8 @@ TEST(CastKernels, EveryIsaGivesIdenticalBitsForOddLengthsAndMisalignedBuffers) {
       std::vector<std::uint32_t> expected_sum(count);
       for (std::size_t i = 0; i < count; ++i) {
         const float widened = reference_widen(*format, expected_narrow[i]);
-        expected_widen[i] = bits_of(widened);
-        expected_sum[i] = bits_of(start_acc[i] + widened);  // the one IEEE add decode_add does
+        expected_widen[i] = kernels::float_bits(widened);
+        expected_sum[i] = kernels::float_bits(start_acc[i] + widened);  // the one IEEE add decode_add does
       }
       for (Isa isa : runnable_isas()) {
         SCOPED_TRACE(isa_label(isa));
@@ -547,7 +538,7 @@ TEST(CastKernels, EveryIsaGivesIdenticalBitsForOddLengthsAndMisalignedBuffers) {
         ASSERT_EQ(buffer[0], kGuard) << "narrow wrote before the start";
 
         // Widen from the misaligned bytes into a guarded f32 buffer.
-        std::vector<float> widened(count + kGuardElements, float_of(0x7FBADBADu));
+        std::vector<float> widened(count + kGuardElements, kernels::bits_float(0x7FBADBADu));
         widen_kernel (*format)(out16, widened.data(), count);
         auto widened_bits = bit_patterns(widened);
         for (std::size_t i = count; i < widened_bits.size(); ++i) {
@@ -558,7 +549,7 @@ TEST(CastKernels, EveryIsaGivesIdenticalBitsForOddLengthsAndMisalignedBuffers) {
 
         // Add into a guarded accumulator.
         std::vector<float> acc(start_acc);
-        acc.resize(count + kGuardElements, float_of(0x7FBADBADu));
+        acc.resize(count + kGuardElements, kernels::bits_float(0x7FBADBADu));
         add_kernel (*format)(out16, acc.data(), count);
         auto acc_bits = bit_patterns(acc);
         for (std::size_t i = count; i < acc_bits.size(); ++i) {
@@ -595,7 +586,7 @@ TEST(CastKernels, StreamingStoresGiveTheSameBitsForEveryHeadAndTailSplit) {
       std::vector<std::uint32_t> expected_widen(count);
       for (std::size_t i = 0; i < count; ++i) {
         expected_narrow[i] = reference_round(*format, values[i]);
-        expected_widen[i] = bits_of(reference_widen(*format, expected_narrow[i]));
+        expected_widen[i] = kernels::float_bits(reference_widen(*format, expected_narrow[i]));
       }
       for (Isa isa : runnable_isas()) {
         IsaScope scope(isa);
@@ -617,19 +608,19 @@ TEST(CastKernels, StreamingStoresGiveTheSameBitsForEveryHeadAndTailSplit) {
           }
           // Widen from there into f32 outputs at every float offset within a line.
           if (offset % 4 != 0) continue;
-          std::vector<float> widened_storage(count + 48, float_of(0x7FBADBADu));
+          std::vector<float> widened_storage(count + 48, kernels::bits_float(0x7FBADBADu));
           auto* widened = reinterpret_cast<float*>(
               (reinterpret_cast<std::uintptr_t>(widened_storage.data()) + 63) / 64 * 64 + offset);
           widen_kernel (*format)(out16, widened, count);
           std::vector<std::uint32_t> widened_bits(count);
-          for (std::size_t i = 0; i < count; ++i) widened_bits[i] = bits_of(widened[i]);
+          for (std::size_t i = 0; i < count; ++i) widened_bits[i] = kernels::float_bits(widened[i]);
           EXPECT_EQ(first_difference(widened_bits, expected_widen), std::string::npos) << "widen";
           for (const float* f = widened_storage.data(); f < widened; ++f) {
-            ASSERT_EQ(bits_of(*f), 0x7FBADBADu) << "widen wrote before the start";
+            ASSERT_EQ(kernels::float_bits(*f), 0x7FBADBADu) << "widen wrote before the start";
           }
           for (const float* f = widened + count;
                f < widened_storage.data() + widened_storage.size(); ++f) {
-            ASSERT_EQ(bits_of(*f), 0x7FBADBADu) << "widen wrote past the end";
+            ASSERT_EQ(kernels::float_bits(*f), 0x7FBADBADu) << "widen wrote past the end";
           }
         }
       }
@@ -651,7 +642,7 @@ TEST(CastKernels, ResultsDoNotDependOnMxcsrRoundingOrFlushModes) {
       expected_narrow[i] = reference_round(*format, values[i]);
     std::vector<std::uint32_t> expected_widen(65536);
     for (std::uint32_t bits = 0; bits < 65536; ++bits) {
-      expected_widen[bits] = bits_of(reference_widen(*format, static_cast<std::uint16_t>(bits)));
+      expected_widen[bits] = kernels::float_bits(reference_widen(*format, static_cast<std::uint16_t>(bits)));
     }
     for (Isa isa : runnable_isas()) {
       IsaScope scope(isa);
@@ -784,7 +775,7 @@ TEST(CastCodec, DecodeAddAddsTheExactDecodedValues) {
       std::vector<float> acc = testing::gaussian(count, 8 + count, 4.0f);
       std::vector<std::uint32_t> expected(count);
       for (std::size_t i = 0; i < count; ++i) {
-        expected[i] = bits_of(acc[i] + reference_widen(format, reference_round(format, values[i])));
+        expected[i] = kernels::float_bits(acc[i] + reference_widen(format, reference_round(format, values[i])));
       }
       codec->decode_add(message, acc.data(), count);
       EXPECT_EQ(first_difference(bit_patterns(acc), expected), std::string::npos);
@@ -878,7 +869,7 @@ TEST(CastCodec, EncodesAndDecodesAtAnyAlignment) {
       std::vector<float> acc(count, 0.5f);
       codec->decode_add(shifted, acc.data(), count);
       for (std::size_t i = 0; i < count; ++i) {
-        ASSERT_EQ(bits_of(acc[i]), bits_of(0.5f + expected[i])) << "element " << i;
+        ASSERT_EQ(kernels::float_bits(acc[i]), kernels::float_bits(0.5f + expected[i])) << "element " << i;
       }
     }
   }
@@ -896,13 +887,13 @@ TEST(CastCodec, SpecialValuesFollowTheDocumentedRules) {
     EXPECT_EQ(decoded[0], inf);
     EXPECT_EQ(decoded[1], -inf);
     EXPECT_TRUE(std::isnan(decoded[2]));
-    EXPECT_EQ(bits_of(decoded[3]), 0x80000000u);
+    EXPECT_EQ(kernels::float_bits(decoded[3]), 0x80000000u);
     if (tested.format == DType::f16) {  // beyond binary16's range
       EXPECT_EQ(decoded[4], inf);
       EXPECT_EQ(decoded[5], -inf);
     } else {  // 1e6 = 0x49742400 -> bf16 0x4974 (the dropped half 0x2400 < 0x8000)
-      EXPECT_EQ(bits_of(decoded[4]), 0x49740000u);
-      EXPECT_EQ(bits_of(decoded[5]), 0xC9740000u);
+      EXPECT_EQ(kernels::float_bits(decoded[4]), 0x49740000u);
+      EXPECT_EQ(kernels::float_bits(decoded[5]), 0xC9740000u);
     }
   }
 }

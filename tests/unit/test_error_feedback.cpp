@@ -25,6 +25,7 @@
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
+#include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 
 // Counts heap allocations while `g_count_allocations` is set, so a test can check that an
@@ -85,11 +86,6 @@ void expect_mentions(const CaughtError& error, const std::vector<std::string>& p
   }
 }
 
-std::uint32_t bits_of(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
 
 std::vector<float> copy_of(std::span<const float> values) {
   return std::vector<float>(values.begin(), values.end());
@@ -100,7 +96,7 @@ void expect_same_bits(std::span<const float> actual, std::span<const float> expe
                       const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   for (std::size_t i = 0; i < actual.size(); ++i) {
-    ASSERT_EQ(bits_of(actual[i]), bits_of(expected[i])) << what << ", element " << i;
+    ASSERT_EQ(kernels::float_bits(actual[i]), kernels::float_bits(expected[i])) << what << ", element " << i;
   }
 }
 
@@ -246,7 +242,7 @@ TEST(ResidualStore, CreatesZeroBuffersThatKeepTheirValuesAndAddress) {
   EXPECT_EQ(store.size(), 0u);
   const auto b = store.residual("layer2.bias", 3);
   ASSERT_EQ(b.size(), 3u);
-  for (float v : b) EXPECT_EQ(bits_of(v), 0u);
+  for (float v : b) EXPECT_EQ(kernels::float_bits(v), 0u);
   b[1] = 4.5f;
   const auto a = store.residual("layer1.weight", 5);
   const auto b_again = store.residual("layer2.bias", 3);
@@ -303,7 +299,7 @@ TEST(ResidualStore, ResizeUnderResetPolicyStartsAFreshZeroBuffer) {
   const auto head_before = copy_of(store.residual("head"));
   const auto resized = store.residual("encoder.proj", 11);
   ASSERT_EQ(resized.size(), 11u);
-  for (float v : resized) EXPECT_EQ(bits_of(v), 0u);
+  for (float v : resized) EXPECT_EQ(kernels::float_bits(v), 0u);
   expect_same_bits(store.residual("head"), head_before, "untouched tensor");
   EXPECT_EQ(store.total_bytes(), (11u + 4u) * sizeof(float));
 }
@@ -328,8 +324,8 @@ TEST(ResidualStoreCheckpoint, FileLayoutIsTheDocumentedOne) {
   append_le<std::uint32_t>(expected, 2);
   expected.insert(expected.end(), {'a', 'b'});
   append_le<std::uint64_t>(expected, 2);
-  append_le<std::uint32_t>(expected, bits_of(1.5f));
-  append_le<std::uint32_t>(expected, bits_of(-2.0f));
+  append_le<std::uint32_t>(expected, kernels::float_bits(1.5f));
+  append_le<std::uint32_t>(expected, kernels::float_bits(-2.0f));
   append_le<std::uint32_t>(expected, 1);
   expected.push_back('c');
   append_le<std::uint64_t>(expected, 0);
@@ -666,7 +662,7 @@ TEST(ErrorFeedback, NoneCodecSendsGPlusEAndLeavesAZeroResidual) {
   }();
   const auto sent = testing::decode_to_f32(ef.codec(), message, 1000);
   for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(sent[i], grad[i] + e0[i]) << i;
-  for (float e : store.residual("w")) ASSERT_EQ(bits_of(e), 0u);
+  for (float e : store.residual("w")) ASSERT_EQ(kernels::float_bits(e), 0u);
 }
 
 TEST(ErrorFeedback, NonFiniteGradientsPoisonOnlyTheirOwnResidualElements) {
@@ -686,7 +682,7 @@ TEST(ErrorFeedback, NonFiniteGradientsPoisonOnlyTheirOwnResidualElements) {
     if (i == 2 || i == 5) {
       EXPECT_TRUE(std::isnan(residual[i])) << i;
     } else {
-      EXPECT_EQ(bits_of(residual[i]), 0u) << i;
+      EXPECT_EQ(kernels::float_bits(residual[i]), 0u) << i;
     }
   }
 }
@@ -1041,11 +1037,11 @@ TEST_P(TopKFeedback, ResidualKeepsExactlyTheUnsentElements) {
       ASSERT_NE(corrected, 0.0f) << "the data must not hold zeros for the sent/kept split";
       corrected_sq += double{corrected} * corrected;
       residual_sq += double{residual[i]} * residual[i];
-      if (bits_of(residual[i]) == 0) {
+      if (kernels::float_bits(residual[i]) == 0) {
         ++sent;
         smallest_sent = std::min(smallest_sent, std::fabs(corrected));
       } else {
-        ASSERT_EQ(bits_of(residual[i]), bits_of(corrected)) << "step " << step << ", element " << i;
+        ASSERT_EQ(kernels::float_bits(residual[i]), kernels::float_bits(corrected)) << "step " << step << ", element " << i;
         largest_kept = std::max(largest_kept, std::fabs(corrected));
       }
     }

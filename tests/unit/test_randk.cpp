@@ -22,6 +22,7 @@
 #include "kernels/cpu/randk_cpu.h"
 #include "kernels/philox_math.h"
 #include "kernels/randk_math.h"
+#include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 
 namespace gradzip {
@@ -81,7 +82,6 @@ void write_at(std::vector<std::byte>& bytes, std::size_t offset, T value) {
   std::memcpy(bytes.data() + offset, &value, sizeof value);
 }
 
-std::uint32_t bits_of(float value) { return kernels::float_bits(value); }
 
 // Asserts that `call` throws malformed_message naming `op`.
 void expect_malformed(const std::function<void()>& call, const std::string& op,
@@ -283,12 +283,12 @@ TEST(RandkCodec, KeepsStratifiedIndicesWithExactValues) {
             const float value = input.at(indices[j]);
             const std::size_t offset = kWireHeaderBytes + kKeyBytes + j * value_bytes;
             if (f16_values) {
-              expected_bits[j] = bits_of(kernels::f16_bits_to_f32(kernels::f32_to_f16_bits(value)));
+              expected_bits[j] = kernels::float_bits(kernels::f16_bits_to_f32(kernels::f32_to_f16_bits(value)));
               ASSERT_EQ(read_at<std::uint16_t>(message, offset), kernels::f32_to_f16_bits(value))
                   << j;
             } else {
-              expected_bits[j] = bits_of(value);
-              ASSERT_EQ(read_at<std::uint32_t>(message, offset), bits_of(value)) << j;
+              expected_bits[j] = kernels::float_bits(value);
+              ASSERT_EQ(read_at<std::uint32_t>(message, offset), kernels::float_bits(value)) << j;
             }
           }
 
@@ -297,10 +297,10 @@ TEST(RandkCodec, KeepsStratifiedIndicesWithExactValues) {
           std::size_t next = 0;
           for (std::size_t i = 0; i < n; ++i) {
             if (next < k && indices[next] == i) {
-              ASSERT_EQ(bits_of(decoded[i]), expected_bits[next]) << i;
+              ASSERT_EQ(kernels::float_bits(decoded[i]), expected_bits[next]) << i;
               ++next;
             } else {
-              ASSERT_EQ(bits_of(decoded[i]), 0u) << i;
+              ASSERT_EQ(kernels::float_bits(decoded[i]), 0u) << i;
             }
           }
         }
@@ -339,7 +339,7 @@ TEST(RandkCodec, EqualKeysGiveEqualIndicesSoPayloadsAdd) {
     const auto decoded_b = testing::decode_to_f32(*codec, message_b, n);
     const auto decoded_sum = testing::decode_to_f32(*codec, summed, n);
     for (std::size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(bits_of(decoded_sum[i]), bits_of(decoded_a[i] + decoded_b[i])) << i;
+      ASSERT_EQ(kernels::float_bits(decoded_sum[i]), kernels::float_bits(decoded_a[i] + decoded_b[i])) << i;
     }
   }
 }
@@ -371,7 +371,7 @@ TEST(RandkCodec, RatioOneKeepsEveryElement) {
     const auto message = testing::encode_message(*codec, host_view(data.data(), n), {8, 1, 1, 0});
     const auto decoded = testing::decode_to_f32(*codec, message, n);
     for (std::size_t i = 0; i < n; ++i)
-      ASSERT_EQ(bits_of(decoded[i]), bits_of(data[i])) << n << " " << i;
+      ASSERT_EQ(kernels::float_bits(decoded[i]), kernels::float_bits(data[i])) << n << " " << i;
     const auto indices = kernels::cpu::randk_indices(n, n, EncodeContext{8, 1, 1, 0});
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(indices[i], i);
   }
@@ -441,10 +441,10 @@ TEST(RandkCodec, ChunksDrawFromTheirOwnCounters) {
   std::size_t next = 0;
   for (std::size_t i = 0; i < 777; ++i) {
     if (next < k_b && indices_b[next] == i) {
-      ASSERT_EQ(bits_of(decoded_b[i]), bits_of(tensor[1000 + i]));
+      ASSERT_EQ(kernels::float_bits(decoded_b[i]), kernels::float_bits(tensor[1000 + i]));
       ++next;
     } else {
-      ASSERT_EQ(bits_of(decoded_b[i]), 0u);
+      ASSERT_EQ(kernels::float_bits(decoded_b[i]), 0u);
     }
   }
   ASSERT_EQ(next, k_b);
@@ -468,7 +468,7 @@ TEST(RandkCodec, DecodeAddTouchesOnlyTheKeptElements) {
     for (std::size_t i = 0; i < n; ++i) {
       const bool kept = next < indices.size() && indices[next] == i;
       const float expected = kept ? before[i] + decoded[i] : before[i];
-      ASSERT_EQ(bits_of(acc[i]), bits_of(expected)) << i << (kept ? " kept" : " not kept");
+      ASSERT_EQ(kernels::float_bits(acc[i]), kernels::float_bits(expected)) << i << (kept ? " kept" : " not kept");
       if (kept) ++next;
     }
   }
@@ -487,7 +487,7 @@ TEST(RandkCodec, DecodesIntoHalfPrecisionOutputs) {
       const float expected = dtype == DType::f16
                                  ? kernels::f16_bits_to_f32(kernels::f32_to_f16_bits(decoded[i]))
                                  : kernels::bf16_bits_to_f32(kernels::f32_to_bf16_bits(decoded[i]));
-      ASSERT_EQ(bits_of(out.at(i)), bits_of(expected)) << dtype_name(dtype) << " " << i;
+      ASSERT_EQ(kernels::float_bits(out.at(i)), kernels::float_bits(expected)) << dtype_name(dtype) << " " << i;
     }
   }
 }
@@ -502,7 +502,7 @@ TEST(RandkCodec, NanAndInfAreCarriedAsValues) {
   const auto f32_codec = make_codec("randk:ratio=1.0");
   const auto f32_message = testing::encode_message(*f32_codec, host_view(data.data(), n), {});
   const auto f32_decoded = testing::decode_to_f32(*f32_codec, f32_message, n);
-  for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(bits_of(f32_decoded[i]), bits_of(data[i])) << i;
+  for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(kernels::float_bits(f32_decoded[i]), kernels::float_bits(data[i])) << i;
 
   const auto f16_codec = make_codec("randk:ratio=1.0,values=fp16");
   const auto f16_message = testing::encode_message(*f16_codec, host_view(data.data(), n), {});

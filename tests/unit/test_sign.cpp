@@ -20,6 +20,7 @@
 #include "gradzip/error.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/sign_cpu.h"
+#include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 
 namespace gradzip {
@@ -61,7 +62,6 @@ std::uint8_t byte_at(const std::vector<std::byte>& message, std::size_t offset) 
   return std::to_integer<std::uint8_t>(message.at(offset));
 }
 
-std::uint32_t bits_of(float value) { return std::bit_cast<std::uint32_t>(value); }
 
 // The value the codec must decode element i of `x` to in a bucket of `scale`.
 float expected_value(float x, float scale) { return x < 0.0f ? -scale : scale; }
@@ -100,7 +100,7 @@ TEST_P(SignRoundTrip, DecodesToPlusMinusTheReferenceScaleExactly) {
       const std::size_t begin = b * bucket;
       const std::size_t len = std::min(bucket, count - begin);
       const float scale = reference_scale(x.data() + begin, len);
-      ASSERT_EQ(bits_of(scale_in(message, b)), bits_of(scale)) << "scale of bucket " << b;
+      ASSERT_EQ(kernels::float_bits(scale_in(message, b)), kernels::float_bits(scale)) << "scale of bucket " << b;
 
       // The canonical sum puts each |x| through at most m = ceil(len / 16) - 1 + 4 rounded
       // additions (its lane, then the 4 tree levels), so |S - sum| <= gamma_m * sum with
@@ -114,7 +114,7 @@ TEST_P(SignRoundTrip, DecodesToPlusMinusTheReferenceScaleExactly) {
           << "bucket " << b;
 
       for (std::size_t i = begin; i < begin + len; ++i) {
-        if (bits_of(decoded[i]) != bits_of(expected_value(x[i], scale)) && ++mismatches <= 5) {
+        if (kernels::float_bits(decoded[i]) != kernels::float_bits(expected_value(x[i], scale)) && ++mismatches <= 5) {
           ADD_FAILURE() << "element " << i << ": x " << x[i] << " decoded " << decoded[i]
                         << " expected " << expected_value(x[i], scale);
         }
@@ -190,13 +190,13 @@ TEST(SignCodec, AllZeroInputHasScaleZeroAndDecodesToPositiveZeros) {
       const auto codec = sign_codec(64);
       const auto message = encode_message(*codec, host_view(values.data(), values.size()));
       for (std::size_t b = 0; b < ceil_div(values.size(), 64); ++b) {
-        EXPECT_EQ(bits_of(scale_in(message, b)), 0u);
+        EXPECT_EQ(kernels::float_bits(scale_in(message, b)), 0u);
       }
       for (std::size_t i = kWireHeaderBytes + 4 * 16; i < message.size(); ++i) {
         EXPECT_EQ(byte_at(message, i), 0) << "sign byte at " << i;
       }
       for (const float value : decode_to_f32(*codec, message, values.size())) {
-        ASSERT_EQ(bits_of(value), 0u) << "isa " << kernels::cpu::isa_name(isa);
+        ASSERT_EQ(kernels::float_bits(value), 0u) << "isa " << kernels::cpu::isa_name(isa);
       }
     }
   }
@@ -232,7 +232,7 @@ IsaResults run_with_isa(Isa isa, const Codec& codec, ConstTensorView input,
 
 std::vector<std::uint32_t> bit_patterns(const std::vector<float>& values) {
   std::vector<std::uint32_t> bits;
-  for (const float value : values) bits.push_back(bits_of(value));
+  for (const float value : values) bits.push_back(kernels::float_bits(value));
   return bits;
 }
 
@@ -293,7 +293,7 @@ TEST(SignCodec, DecodeAddAddsTheDecodedValuesExactly) {
     std::vector<float> acc = start;
     codec->decode_add(message, acc.data(), acc.size());
     for (std::size_t i = 0; i < acc.size(); ++i) {
-      ASSERT_EQ(bits_of(acc[i]), bits_of(start[i] + decoded[i]))
+      ASSERT_EQ(kernels::float_bits(acc[i]), kernels::float_bits(start[i] + decoded[i]))
           << "element " << i << " isa " << kernels::cpu::isa_name(isa);
     }
   }
@@ -373,12 +373,12 @@ TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
   const std::uint32_t kMinusNan = 0xFFC00000u;
   const std::uint32_t kInf = 0x7F800000u;
   const std::uint32_t kMinusInf = 0xFF800000u;
-  const std::vector<std::uint32_t> expected_scales = {kNan, kInf, kInf, bits_of(1.0f), kNan};
+  const std::vector<std::uint32_t> expected_scales = {kNan, kInf, kInf, kernels::float_bits(1.0f), kNan};
   const std::vector<std::uint32_t> expected = {
       kNan,          kNan,           kMinusNan,     kNan,
       kInf,          kMinusInf,      kInf,          kMinusInf,
       kInf,          kInf,           kMinusInf,     kInf,
-      bits_of(1.0f), bits_of(-1.0f), bits_of(1.0f), bits_of(-1.0f),
+      kernels::float_bits(1.0f), kernels::float_bits(-1.0f), kernels::float_bits(1.0f), kernels::float_bits(-1.0f),
       kMinusNan,     kNan};
   for (const Isa isa : kIsas) {
     SCOPED_TRACE(kernels::cpu::isa_name(isa));
@@ -386,7 +386,7 @@ TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
     const auto codec = sign_codec(4);
     const auto message = encode_message(*codec, host_view(values.data(), values.size()));
     for (std::size_t b = 0; b < expected_scales.size(); ++b) {
-      EXPECT_EQ(bits_of(scale_in(message, b)), expected_scales[b]) << "bucket " << b;
+      EXPECT_EQ(kernels::float_bits(scale_in(message, b)), expected_scales[b]) << "bucket " << b;
     }
     EXPECT_EQ(bit_patterns(decode_to_f32(*codec, message, values.size())), expected);
   }
@@ -412,8 +412,8 @@ TEST(SignCodec, NanAndInfRulesHoldOnEveryVectorPath) {
         const std::uint32_t expected =
             (b == 5 || b == 9)     ? 0x7FC00000u
             : (b == 20 || b == 33) ? 0x7F800000u
-                                   : bits_of(reference_scale(values.data() + b * bucket, bucket));
-        EXPECT_EQ(bits_of(scale_in(message, b)), expected) << "bucket " << b;
+                                   : kernels::float_bits(reference_scale(values.data() + b * bucket, bucket));
+        EXPECT_EQ(kernels::float_bits(scale_in(message, b)), expected) << "bucket " << b;
       }
     }
   }

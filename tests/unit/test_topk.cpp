@@ -18,6 +18,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/topk_cpu.h"
 #include "kernels/topk_math.h"
+#include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 
 namespace gradzip {
@@ -33,17 +34,7 @@ using kernels::cpu::TopkPath;
 
 constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
-std::uint32_t bits_of(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
 
-float float_of(std::uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
 
 // What a message holds, read by this test's own parser of the documented layout.
 struct Entries {
@@ -160,7 +151,7 @@ void expect_message_holds(const Codec& codec, std::span<const std::byte> message
       want_bits[j] = rounded;
       dense[expected[j]] = kernels::f16_bits_to_f32(rounded);
     } else {
-      want_bits[j] = bits_of(original);
+      want_bits[j] = kernels::float_bits(original);
       dense[expected[j]] = original;
     }
   }
@@ -344,8 +335,8 @@ TEST(TopkTies, MostlyZerosKeepEveryNonZeroThenTheLowestZeros) {
 // keys (+Inf, -Inf) by index. Value bits, NaN payloads included, are carried unchanged.
 TEST(TopkSpecialValues, NanAndInfOrderAndSurviveTheRoundTrip) {
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> x = {1.0f, float_of(0x7FC00000u), -inf, 3.0f,
-                                inf,  float_of(0xFFC00001u), 0.0f, -5.0f};
+  const std::vector<float> x = {1.0f, kernels::bits_float(0x7FC00000u), -inf, 3.0f,
+                                inf,  kernels::bits_float(0xFFC00001u), 0.0f, -5.0f};
   const testing::HostTensor input(DType::f32, x);
   // Keys: [5] 0x7FC00001 > [1] 0x7FC00000 > [2] = [4] 0x7F800000 > [7] 5 > [3] 3 > [0] 1 > [6] 0.
   const std::vector<std::pair<std::size_t, std::vector<std::uint64_t>>> cases = {
@@ -355,10 +346,10 @@ TEST(TopkSpecialValues, NanAndInfOrderAndSurviveTheRoundTrip) {
     const auto message = encode_all_isas(*codec, input.view());
     const Entries entries = parse(message);
     ASSERT_EQ(entries.indices, expected) << "k=" << k;
-    for (std::size_t j = 0; j < k; ++j) EXPECT_EQ(entries.value_bits[j], bits_of(x[expected[j]]));
+    for (std::size_t j = 0; j < k; ++j) EXPECT_EQ(entries.value_bits[j], kernels::float_bits(x[expected[j]]));
     const auto decoded = testing::decode_to_f32(*codec, message, x.size());
     for (std::size_t j = 0; j < k; ++j)
-      EXPECT_EQ(bits_of(decoded[expected[j]]), bits_of(x[expected[j]]));
+      EXPECT_EQ(kernels::float_bits(decoded[expected[j]]), kernels::float_bits(x[expected[j]]));
     std::vector<float> acc(x.size(), 1.0f);
     codec->decode_add(message, acc.data(), acc.size());
     if (k >= 2) {
@@ -578,9 +569,9 @@ TEST(TopkKernels, CandidatePassMatchesAPlainLoop) {
       std::vector<std::uint64_t> want_index;
       std::vector<std::uint32_t> want_bits;
       for (std::size_t i = 0; i < count; ++i) {
-        if ((bits_of(data[i]) & 0x7FFFFFFFu) >= threshold) {
+        if ((kernels::float_bits(data[i]) & 0x7FFFFFFFu) >= threshold) {
           want_index.push_back(1000 + i);
-          want_bits.push_back(bits_of(data[i]));
+          want_bits.push_back(kernels::float_bits(data[i]));
         }
       }
       const std::size_t want = want_index.size();
@@ -655,7 +646,7 @@ TEST(TopkKernels, SixtyFourBitSelectionEqualsThirtyTwoBit) {
         EXPECT_EQ(r32.path, r64.path);
         for (std::size_t j = 0; j < r32.count; ++j) {
           ASSERT_EQ(index32[j], index64[j]);
-          ASSERT_EQ(bits_of(values32[j]), bits_of(values64[j]));
+          ASSERT_EQ(kernels::float_bits(values32[j]), kernels::float_bits(values64[j]));
         }
       }
     }
