@@ -67,6 +67,11 @@ void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size
                                 : 1.0;
 }
 
+const Codec& uncompressed_codec() {
+  static const std::unique_ptr<Codec> codec = make_codec(CompressionSpec{});
+  return *codec;
+}
+
 Algorithm default_flat_algorithm(CodecKind codec) noexcept {
   switch (codec) {
     case CodecKind::qsgd:

@@ -88,6 +88,11 @@ void compressed_allgather(ReduceJob& job);               // allgather.cpp
 void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter,
                             Algorithm inner);             // hierarchical_allreduce.cpp
 
+// The `none` codec, for the uncompressed stages of composite algorithms (random-k's value ring,
+// the sparse all-gather's dense switch, the hierarchical node stages). Codecs are stateless, so
+// one process-wide instance serves every call.
+const Codec& uncompressed_codec();
+
 // The flat algorithm a codec is best served by when the spec says algo=auto: ring for dense
 // codecs (none, fp16, bf16), SRA for qsgd and sign, sparse all-gather for top-k, the shared-
 // index path for random-k. Never returns hier or auto.

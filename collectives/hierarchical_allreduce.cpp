@@ -121,12 +121,6 @@ NodeLayout agree_on_layout(const ReduceJob& job, Transport& intra, Transport& in
   return layout;
 }
 
-// The codec of the node-local stages: stateless, so one instance serves every call.
-const Codec& uncompressed_codec() {
-  static const std::unique_ptr<Codec> codec = make_codec(CompressionSpec{});
-  return *codec;
-}
-
 // [begin, end) of shard `index` of `count` elements cut into `shards`.
 struct Range {
   std::size_t begin = 0;

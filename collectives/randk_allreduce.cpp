@@ -30,10 +30,6 @@
 namespace gradzip::collectives {
 namespace {
 
-// The randk payload starts with the 24-byte index key (seed u64, step u32, tensor id u32,
-// element offset u64) and then holds k values (compressors/randk.cpp, "Message").
-constexpr std::size_t kRandkKeyBytes = 24;
-
 std::size_t value_bytes(DType values) { return values == DType::f16 ? 2 : 4; }
 
 // Reads value j of the payload's value array as f32 (exact for f16).
@@ -89,18 +85,18 @@ void randk_allreduce(ReduceJob& job) {
       message, compressors::WireCodec::randk, count, "randk_allreduce");
   const std::size_t k = header.large_param;
   const DType value_dtype = spec.values;
-  GZ_REQUIRE(header.payload_bytes == kRandkKeyBytes + k * value_bytes(value_dtype),
+  GZ_REQUIRE(header.payload_bytes == compressors::kRandkKeyBytes + k * value_bytes(value_dtype),
              ErrorCode::internal, "randk_allreduce of '", job.name, "': the randk message of ",
              count, " elements holds ", header.payload_bytes, " payload bytes, expected ",
-             kRandkKeyBytes, " + ", k, " x ", value_bytes(value_dtype));
-  std::byte* const values = message.data() + compressors::kWireHeaderBytes + kRandkKeyBytes;
+             compressors::kRandkKeyBytes, " + ", k, " x ", value_bytes(value_dtype));
+  std::byte* const values =
+      message.data() + compressors::kWireHeaderBytes + compressors::kRandkKeyBytes;
   std::vector<float> sums(k);
   for (std::size_t j = 0; j < k; ++j) sums[j] = read_value(values, value_dtype, j);
 
   // 3. Sum the k-vectors over all ranks.
-  const std::unique_ptr<Codec> none = make_codec(CompressionSpec{});
   CollectiveStats ring_stats;
-  ReduceJob ring_job{job.transport, *none, sums, job.name, nullptr, job.ctx, ring_stats};
+  ReduceJob ring_job{job.transport, uncompressed_codec(), sums, job.name, nullptr, job.ctx, ring_stats};
   ring_allreduce(ring_job);
   job.stats.sent_header_bytes += ring_stats.sent_header_bytes;
   job.stats.sent_index_bytes += ring_stats.sent_index_bytes;

@@ -96,12 +96,6 @@ std::string dense_switch_note(const Codec& codec, std::size_t count, int ranks,
   return text;
 }
 
-// The codec the dense switch rings with: stateless, so one instance serves every call.
-const Codec& uncompressed_codec() {
-  static const std::unique_ptr<Codec> codec = make_codec(CompressionSpec{});
-  return *codec;
-}
-
 // Encodes this rank's whole tensor once (step 1) into `out`; returns the message size.
 std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out) {
   const std::size_t count = job.data.size();

@@ -37,7 +37,6 @@ namespace gradzip::compressors {
 namespace {
 
 inline constexpr std::uint8_t kFlagF16Values = 1u << 1;
-inline constexpr std::size_t kKeyBytes = 24;
 
 void write_key(const kernels::RandkKey& key, std::byte* out) {
   std::memcpy(out + 0, &key.seed, 8);
@@ -73,14 +72,14 @@ class RandkCodec final : public Codec {
   const CompressionSpec& spec() const noexcept override { return spec_; }
 
   std::size_t max_encoded_bytes(std::size_t count) const override {
-    return kWireHeaderBytes + kKeyBytes + spec_.k_for(count) * dtype_size(spec_.values);
+    return kWireHeaderBytes + kRandkKeyBytes + spec_.k_for(count) * dtype_size(spec_.values);
   }
 
   std::size_t encode(ConstTensorView in, std::span<std::byte> out,
                      const EncodeContext& ctx) const override {
     require_host(in, "randk.encode");
     const std::size_t k = spec_.k_for(in.count);
-    const std::size_t payload = kKeyBytes + k * dtype_size(spec_.values);
+    const std::size_t payload = kRandkKeyBytes + k * dtype_size(spec_.values);
     const std::size_t total = kWireHeaderBytes + payload;
     require_capacity(out, total, "randk.encode");
     const std::uint8_t flags = spec_.values == DType::f16 ? kFlagF16Values : 0;
@@ -88,7 +87,7 @@ class RandkCodec final : public Codec {
     const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
     std::byte* key_bytes = out.data() + kWireHeaderBytes;
     write_key(key, key_bytes);
-    kernels::cpu::randk_gather(in, k, key, spec_.values, key_bytes + kKeyBytes);
+    kernels::cpu::randk_gather(in, k, key, spec_.values, key_bytes + kRandkKeyBytes);
     return total;
   }
 
@@ -131,14 +130,14 @@ class RandkCodec final : public Codec {
     const DType value_dtype = (header.flags & kFlagF16Values) != 0 ? DType::f16 : DType::f32;
     const std::uint64_t value_bytes = dtype_size(value_dtype);
     // k <= count keeps k * value_bytes in range for any real buffer; check anyway.
-    GZ_REQUIRE(k <= (std::numeric_limits<std::uint64_t>::max() - kKeyBytes) / value_bytes,
+    GZ_REQUIRE(k <= (std::numeric_limits<std::uint64_t>::max() - kRandkKeyBytes) / value_bytes,
                ErrorCode::malformed_message, op, ": k = ", k, " overflows the payload size");
-    const std::uint64_t expected = kKeyBytes + k * value_bytes;
+    const std::uint64_t expected = kRandkKeyBytes + k * value_bytes;
     GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
                header.payload_bytes, " bytes for k = ", k, " ", dtype_name(value_dtype),
-               " values (expected ", kKeyBytes, " + ", k, " * ", value_bytes, " = ", expected, ")");
+               " values (expected ", kRandkKeyBytes, " + ", k, " * ", value_bytes, " = ", expected, ")");
     const std::byte* payload = in.data() + kWireHeaderBytes;
-    return RandkMessage{k, value_dtype, read_key(payload), payload + kKeyBytes};
+    return RandkMessage{k, value_dtype, read_key(payload), payload + kRandkKeyBytes};
   }
 
   CompressionSpec spec_;

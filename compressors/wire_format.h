@@ -39,6 +39,10 @@ enum class WireCodec : std::uint8_t {
 
 std::string_view wire_codec_name(WireCodec codec) noexcept;
 
+// A randk payload starts with its 24-byte index key (u64 seed, u32 step, u32 tensor id,
+// u64 element offset); the k values follow (compressors/randk.cpp).
+inline constexpr std::size_t kRandkKeyBytes = 24;
+
 struct WireHeader {
   WireCodec codec = WireCodec::none;
   std::uint8_t flags = 0;
