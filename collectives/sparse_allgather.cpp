@@ -138,9 +138,10 @@ void sparse_allgather_allreduce(ReduceJob& job) {
   const std::size_t count = job.data.size();
   const std::size_t capacity = job.codec.max_encoded_bytes(count);
 
-  std::vector<std::byte> mine(capacity);
-  const std::size_t mine_bytes = encode_whole_tensor(job, mine);
-  const std::span<const std::byte> my_message(mine.data(), mine_bytes);
+  // Written by the encode before it is read: no zero fill.
+  const auto mine = std::make_unique_for_overwrite<std::byte[]>(capacity);
+  const std::size_t mine_bytes = encode_whole_tensor(job, {mine.get(), capacity});
+  const std::span<const std::byte> my_message(mine.get(), mine_bytes);
 
   const PathCosts costs = estimate_costs(job.codec, count, ranks);
   if (costs.dense_ring < costs.allgather)

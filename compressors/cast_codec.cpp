@@ -111,8 +111,7 @@ class CastCodec final : public Codec {
   }
 
   void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
-    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument, decode_add_op_,
-               ": null accumulator for ", count, " elements");
+    require_accumulator(acc, count, decode_add_op_);
     const std::byte* payload = validated_payload(in, count, decode_add_op_);
     format_.add_to_f32(payload, acc, count);
   }

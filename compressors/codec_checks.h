@@ -17,6 +17,11 @@ inline void require_host(const ConstTensorView& view, std::string_view op) {
              ": null data pointer for ", view.count, " elements");
 }
 
+inline void require_accumulator(const float* acc, std::size_t count, std::string_view op) {
+  GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument, op,
+             ": null accumulator for ", count, " elements");
+}
+
 inline void require_capacity(std::span<const std::byte> out, std::size_t needed,
                              std::string_view op) {
   GZ_REQUIRE(out.size() >= needed, ErrorCode::invalid_argument, op, ": output buffer holds ",

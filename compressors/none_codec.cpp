@@ -59,8 +59,7 @@ class NoneCodec final : public Codec {
   }
 
   void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
-    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
-               "none.decode_add: null accumulator for ", count, " elements");
+    require_accumulator(acc, count, "none.decode_add");
     const std::byte* payload = validated_payload(in, count, "none.decode_add");
     for (std::size_t i = 0; i < count; ++i) {
       float value;

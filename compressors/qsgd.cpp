@@ -75,8 +75,7 @@ class QsgdCodec final : public Codec {
   }
 
   void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
-    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
-               "qsgd.decode_add: null accumulator for ", count, " elements");
+    require_accumulator(acc, count, "qsgd.decode_add");
     const Validated message = validate(in, count, "qsgd.decode_add");
     kernels::cpu::qsgd_decode_add_payload(message.payload, count, message.bits, message.bucket,
                                           acc);

@@ -98,8 +98,7 @@ class RandkCodec final : public Codec {
   }
 
   void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
-    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
-               "randk.decode_add: null accumulator for ", count, " elements");
+    require_accumulator(acc, count, "randk.decode_add");
     const RandkMessage message = validated(in, count, "randk.decode_add");
     kernels::cpu::randk_scatter_add(message.values, message.value_dtype, message.k, message.key,
                                     acc, count);

@@ -107,8 +107,7 @@ class SignCodec final : public Codec {
   }
 
   void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
-    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
-               "sign.decode_add: null accumulator for ", count, " elements");
+    require_accumulator(acc, count, "sign.decode_add");
     kernels::cpu::sign_decode_add(validated_payload(in, count, "sign.decode_add"), acc);
   }
 

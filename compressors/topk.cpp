@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "compressors/codec_checks.h"
 #include "compressors/registry.h"
@@ -166,8 +167,7 @@ class TopkCodec final : public Codec {
   }
 
   void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
-    GZ_REQUIRE(acc != nullptr || count == 0, ErrorCode::invalid_argument,
-               "topk.decode_add: null accumulator for ", count, " elements");
+    require_accumulator(acc, count, "topk.decode_add");
     const TopkPayload payload = validated_payload(in, count, "topk.decode_add");
     for (std::size_t j = 0; j < payload.entries; ++j)
       acc[static_cast<std::size_t>(payload.index(j))] += payload.value(j);
@@ -183,11 +183,15 @@ class TopkCodec final : public Codec {
   std::size_t encode_with(ConstTensorView in, std::span<std::byte> out,
                           const EncodeContext& ctx) const {
     const std::size_t k = spec_.k_for(in.count);
-    auto indices = std::make_unique_for_overwrite<IndexT[]>(k);
-    auto values = std::make_unique_for_overwrite<float[]>(k);
+    // Selection results, kept per thread across calls: k entries of a large tensor are
+    // megabytes, and fresh pages every step cost more than copying them into the message.
+    thread_local std::vector<IndexT> indices;
+    thread_local std::vector<float> values;
+    if (indices.size() < k) indices.resize(k);
+    if (values.size() < k) values.resize(k);
     const kernels::cpu::TopkOptions options{spec_.approx, ctx.seed, ctx.step, ctx.tensor_id};
     const std::size_t entries =
-        kernels::cpu::topk_select<IndexT>(in, k, options, indices.get(), values.get()).count;
+        kernels::cpu::topk_select<IndexT>(in, k, options, indices.data(), values.data()).count;
 
     const std::size_t payload_bytes = entries * (sizeof(IndexT) + value_bytes());
     std::uint8_t flags = sizeof(IndexT) == 8 ? kFlagWideIndices : 0;
@@ -197,17 +201,17 @@ class TopkCodec final : public Codec {
                  out);
     std::byte* const index_area = out.data() + kWireHeaderBytes;
     std::byte* const value_area = index_area + entries * sizeof(IndexT);
-    if (entries > 0) std::memcpy(index_area, indices.get(), entries * sizeof(IndexT));
+    if (entries > 0) std::memcpy(index_area, indices.data(), entries * sizeof(IndexT));
     if (spec_.values == DType::f16) {
       // `out` may sit at any alignment: convert through an aligned block.
       std::uint16_t block[kernels::cpu::kConvertBlock];
       for (std::size_t begin = 0; begin < entries; begin += kernels::cpu::kConvertBlock) {
         const std::size_t count = std::min(kernels::cpu::kConvertBlock, entries - begin);
-        kernels::cpu::f32_to_f16(values.get() + begin, block, count);
+        kernels::cpu::f32_to_f16(values.data() + begin, block, count);
         std::memcpy(value_area + begin * sizeof(std::uint16_t), block, count * sizeof(std::uint16_t));
       }
     } else if (entries > 0) {
-      std::memcpy(value_area, values.get(), entries * sizeof(float));
+      std::memcpy(value_area, values.data(), entries * sizeof(float));
     }
     return kWireHeaderBytes + payload_bytes;
   }
