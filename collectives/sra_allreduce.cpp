@@ -40,6 +40,7 @@
 // be between a bare header and codec.max_encoded_bytes(chunk count)) before any buffer is sized
 // from it, so a bad size makes every rank throw malformed_message together instead of some
 // ranks waiting in the next exchange. Message contents are validated by the decoders.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -81,7 +82,8 @@ class SraRound {
 
   // Step 1: encodes this rank's P chunk messages, delivers chunk c's messages to owner c and
   // returns the owner's f32 sum of the P decoded contributions (rank order 0 .. P-1).
-  std::vector<float> scatter_reduce() {
+  // Returns this rank's owned slice of job.data, now holding the sum.
+  std::span<float> scatter_reduce() {
     encode_contributions();
     exchange_contributions();
     return sum_contributions();
@@ -179,10 +181,13 @@ class SraRound {
     received_sizes_ = std::move(recv_counts);
   }
 
-  std::vector<float> sum_contributions() {
+  // Sums into the owned slice of job.data: its contribution is already encoded in own_message_,
+  // so the slice is free, and reduce-scatter's result lands in place without a copy.
+  std::span<float> sum_contributions() {
     StageTimer timer(job_.stats.decode_seconds);
     const std::size_t owned = chunk_count(rank_);
-    std::vector<float> sum(owned, 0.0f);
+    const std::span<float> sum = job_.data.subspan(owned_begin(), owned);
+    std::fill(sum.begin(), sum.end(), 0.0f);
     std::size_t offset = 0;
     for (int s = 0; s < ranks_; ++s) {
       if (s == rank_) {
@@ -271,16 +276,13 @@ class SraRound {
 
 void sra_allreduce(ReduceJob& job) {
   SraRound round(job, "sra_allreduce");
-  const std::vector<float> owned_sum = round.scatter_reduce();
+  const std::span<const float> owned_sum = round.scatter_reduce();
   round.allgather(owned_sum);
 }
 
 void sra_reduce_scatter(ReduceJob& job) {
   SraRound round(job, "sra_reduce_scatter");
-  const std::vector<float> owned_sum = round.scatter_reduce();
-  if (!owned_sum.empty())
-    std::memcpy(job.data.data() + round.owned_begin(), owned_sum.data(),
-                owned_sum.size() * sizeof(float));
+  round.scatter_reduce();  // leaves the sum in this rank's shard of job.data
 }
 
 }  // namespace gradzip::collectives
