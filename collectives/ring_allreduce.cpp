@@ -221,10 +221,11 @@ class RingAllreduce {
       send_requests.push_back(pending.add(transport_.isend(right_, kAllgatherTag, message)));
       sent_chunks.push_back(c);
     };
-    // The owner's message leaves before the owner decodes it.
-    message_bytes[rank_] = encode_chunk(rank_, slot(rank_));
+    // The owner keeps D(message): error feedback decodes it while updating the residual;
+    // without it the owner decodes after its message has left.
+    message_bytes[rank_] = encode_chunk(rank_, slot(rank_), /*keep_decoded=*/true);
     if (ranks_ > 1) forward(rank_);
-    decode_chunk(rank_, slot(rank_).first(message_bytes[rank_]));
+    if (!ef_) decode_chunk(rank_, slot(rank_).first(message_bytes[rank_]));
 
     // A bad message is still forwarded (its bytes are what the owner sent) and the ring runs
     // to the end; the first decode error is thrown once every request has completed. Nothing
@@ -255,14 +256,17 @@ class RingAllreduce {
   }
 
   // Encodes this rank's f32 data of chunk c (through error feedback when on) into `out`;
-  // returns the message size.
-  std::size_t encode_chunk(int c, std::span<std::byte> out) {
+  // returns the message size. With `keep_decoded` and error feedback on, the chunk's data
+  // also becomes D(message), from the decode the residual update makes anyway.
+  std::size_t encode_chunk(int c, std::span<std::byte> out, bool keep_decoded = false) {
     StageTimer timer(job_.stats.encode_seconds);
     const std::span<float> chunk = chunk_data(c);
     const ConstTensorView view(chunk.data(), chunk.size(), DType::f32);
     const EncodeContext ctx = encode_context(job_, chunk_begin(c));
-    const std::size_t bytes = ef_ ? ef_->encode_chunk(job_.name, count_, view, out, ctx)
-                                  : job_.codec.encode(view, out, ctx);
+    const std::size_t bytes =
+        ef_ ? ef_->encode_chunk(job_.name, count_, view, out, ctx,
+                                keep_decoded ? chunk : std::span<float>{})
+            : job_.codec.encode(view, out, ctx);
     count_encoded(job_.stats, chunk.size(), bytes);
     return bytes;
   }

@@ -96,8 +96,10 @@ std::string dense_switch_note(const Codec& codec, std::size_t count, int ranks,
   return text;
 }
 
-// Encodes this rank's whole tensor once (step 1) into `out`; returns the message size.
-std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out) {
+// Encodes this rank's whole tensor once (step 1) into `out`; returns the message size. With
+// `keep_decoded`, job.data becomes D(message) — from the decode the error-feedback update
+// makes anyway when it is on — for the paths that need this rank's decoded message alone.
+std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out, bool keep_decoded) {
   const std::size_t count = job.data.size();
   const ConstTensorView tensor = host_view(job.data.data(), count);
   const EncodeContext ctx = encode_context(job, 0);
@@ -107,22 +109,23 @@ std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out) {
     if (job.residuals != nullptr) {
       // A non-owning handle: the job's codec outlives this call.
       error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
-      bytes = ef.encode_chunk(job.name, count, tensor, out, ctx);
+      bytes = ef.encode_chunk(job.name, count, tensor, out, ctx,
+                              keep_decoded ? job.data : std::span<float>{});
     } else {
       bytes = job.codec.encode(tensor, out, ctx);
     }
   }
   count_encoded(job.stats, count, bytes);
+  if (keep_decoded && job.residuals == nullptr) {
+    StageTimer timer(job.stats.decode_seconds);
+    job.codec.decode(out.first(bytes), host_view(job.data.data(), count));
+  }
   return bytes;
 }
 
-// The dense switch: data = D(own message), then an uncompressed ring sums those vectors.
-void ring_sum_of_decoded_messages(ReduceJob& job, std::span<const std::byte> message,
-                                  std::string note) {
-  {
-    StageTimer timer(job.stats.decode_seconds);
-    job.codec.decode(message, host_view(job.data.data(), job.data.size()));
-  }
+// The dense switch: job.data already holds D(own message); an uncompressed ring sums those
+// vectors.
+void ring_sum_of_decoded_messages(ReduceJob& job, std::string note) {
   ReduceJob dense{job.transport, uncompressed_codec(), job.data, job.name,
                   /*residuals=*/nullptr, job.ctx, job.stats};
   ring_allreduce(dense);
@@ -138,21 +141,20 @@ void sparse_allgather_allreduce(ReduceJob& job) {
   const std::size_t count = job.data.size();
   const std::size_t capacity = job.codec.max_encoded_bytes(count);
 
+  // The path is known before encoding (it depends on the spec, n and P only), so the paths
+  // that need this rank's decoded message get it from the encode step.
+  const PathCosts costs = estimate_costs(job.codec, count, ranks);
+  const bool dense_switch = costs.dense_ring < costs.allgather;
+
   // Written by the encode before it is read: no zero fill.
   const auto mine = std::make_unique_for_overwrite<std::byte[]>(capacity);
-  const std::size_t mine_bytes = encode_whole_tensor(job, {mine.get(), capacity});
+  const std::size_t mine_bytes =
+      encode_whole_tensor(job, {mine.get(), capacity}, /*keep_decoded=*/dense_switch || ranks == 1);
   const std::span<const std::byte> my_message(mine.get(), mine_bytes);
 
-  const PathCosts costs = estimate_costs(job.codec, count, ranks);
-  if (costs.dense_ring < costs.allgather)
-    return ring_sum_of_decoded_messages(job, my_message,
-                                        dense_switch_note(job.codec, count, ranks, costs));
-
-  if (ranks == 1) {
-    StageTimer timer(job.stats.decode_seconds);
-    job.codec.decode(my_message, host_view(job.data.data(), count));
-    return;
-  }
+  if (dense_switch)
+    return ring_sum_of_decoded_messages(job, dense_switch_note(job.codec, count, ranks, costs));
+  if (ranks == 1) return;  // job.data = D(own message)
 
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks));
   {

@@ -28,7 +28,8 @@ std::size_t ErrorFeedbackCodec::encode(std::string_view tensor_name, ConstTensor
 std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
                                              std::size_t tensor_count, ConstTensorView chunk,
                                              std::span<std::byte> out,
-                                             const EncodeContext& ctx) {
+                                             const EncodeContext& ctx,
+                                             std::span<float> decoded) {
   // Argument checks run before the store or the residual change.
   compressors::require_host(chunk, "ef.encode");
   GZ_REQUIRE(ctx.element_offset <= tensor_count &&
@@ -38,6 +39,9 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
              tensor_name, "' of ", tensor_count, " elements");
   const std::size_t count = chunk.count;
   compressors::require_capacity(out, codec_->max_encoded_bytes(count), "ef.encode");
+  GZ_REQUIRE(decoded.empty() || decoded.size() == count, ErrorCode::invalid_argument,
+             "ef.encode (rank ", store_->rank(), "): decoded output of ", decoded.size(),
+             " elements for a chunk of ", count);
 
   const std::span<float> residual =
       store_->residual(tensor_name, tensor_count).subspan(ctx.element_offset, count);
@@ -66,10 +70,16 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
   // (stochastic rounding, ties, f16 value widths and any codec detail included), so
   // sum_t D(message_t) + e_T = sum_t g_t holds for every codec. The decode goes straight into
   // the residual's memory (its old value is already folded into g'), which saves a second
-  // scratch buffer; decoders validate before writing, so a throwing decode leaves e as it was.
-  codec_->decode(std::span<const std::byte>(out.data(), message_bytes),
-                 TensorView{e, count, DType::f32, Device{}});
-  for (std::size_t i = 0; i < count; ++i) e[i] = corrected[i] - e[i];
+  // scratch buffer, unless the caller wants D(message) itself; decoders validate before
+  // writing, so a throwing decode leaves e (and `decoded`) as they were.
+  const std::span<const std::byte> message(out.data(), message_bytes);
+  if (decoded.empty()) {
+    codec_->decode(message, TensorView{e, count, DType::f32, Device{}});
+    for (std::size_t i = 0; i < count; ++i) e[i] = corrected[i] - e[i];
+  } else {
+    codec_->decode(message, TensorView{decoded.data(), count, DType::f32, Device{}});
+    for (std::size_t i = 0; i < count; ++i) e[i] = corrected[i] - decoded[i];
+  }
   return message_bytes;
 }
 

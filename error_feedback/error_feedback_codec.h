@@ -59,9 +59,13 @@ class ErrorFeedbackCodec {
   // serves all chunks of the tensor. The range must lie inside the tensor (invalid_argument).
   // Chunks may come in any order and with any boundaries from step to step; each element's
   // residual is updated by the chunk that contains it.
+  // `decoded`, when not empty (it must then hold chunk.count floats), also receives
+  // D(message): the decode the residual update needs anyway, so a caller that keeps the
+  // decoded values (a ring owner, a rank decoding its own message) does not decode twice. It
+  // may be the chunk's own memory: g + e is formed before anything is written.
   std::size_t encode_chunk(std::string_view tensor_name, std::size_t tensor_count,
                            ConstTensorView chunk, std::span<std::byte> out,
-                           const EncodeContext& ctx);
+                           const EncodeContext& ctx, std::span<float> decoded = {});
 
   // Bytes of f32 scratch held (4 x the largest chunk encoded so far). The scratch is reused:
   // after the first call of a given size, encoding allocates nothing here.

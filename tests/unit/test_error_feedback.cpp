@@ -1060,5 +1060,39 @@ INSTANTIATE_TEST_SUITE_P(Codecs, TopKFeedback,
                          spec_test_name);
 
 
+// The optional `decoded` output is exactly D(message), the residual is the one the plain call
+// leaves, and it may be the chunk's own memory (the ring owner's and the sparse paths' use).
+TEST(ErrorFeedback, DecodedOutputEqualsTheDecodeAndLeavesTheSameResidual) {
+  for (const std::string spec : {"qsgd:bits=4", "topk:ratio=0.05", "sign"}) {
+    SCOPED_TRACE(spec);
+    const auto codec = built_codec(spec);
+    ResidualStore plain_store(1, 0, ResizePolicy::error), decoded_store(1, 0, ResizePolicy::error);
+    ErrorFeedbackCodec plain(codec, plain_store), with_decoded(codec, decoded_store);
+    std::vector<std::byte> plain_out(codec->max_encoded_bytes(3000)),
+        decoded_out(codec->max_encoded_bytes(3000));
+    for (std::uint32_t step = 0; step < 3; ++step) {
+      std::vector<float> grad = testing::gaussian(3000, 70 + step);
+      const std::size_t plain_bytes =
+          plain.encode("w", host_view(grad.data(), 3000), plain_out, step_context(step, 0));
+      // In place: the gradient's own memory receives D(message).
+      const std::size_t decoded_bytes = with_decoded.encode_chunk(
+          "w", 3000, host_view(grad.data(), 3000), decoded_out, step_context(step, 0), grad);
+      ASSERT_EQ(decoded_bytes, plain_bytes);
+      ASSERT_EQ(std::memcmp(decoded_out.data(), plain_out.data(), plain_bytes), 0);
+      const auto reference = testing::decode_to_f32(
+          *codec, std::span<const std::byte>(plain_out.data(), plain_bytes), 3000);
+      EXPECT_TRUE(testing::same_bits(grad, reference));
+      EXPECT_TRUE(testing::same_bits(decoded_store.residual("w"), plain_store.residual("w")));
+    }
+    std::vector<float> wrong_size(10);
+    std::vector<float> grad(3000, 1.0f);
+    EXPECT_EQ(testing::error_code_of([&] {
+                with_decoded.encode_chunk("w", 3000, host_view(grad.data(), 3000), decoded_out,
+                                          step_context(9, 0), wrong_size);
+              }),
+              ErrorCode::invalid_argument);
+  }
+}
+
 }  // namespace
 }  // namespace gradzip
