@@ -108,16 +108,18 @@ struct Call {
   std::optional<CompressionSpec> spec;  // empty when the spec text did not parse
   std::string spec_text;                // canonical when it parsed, else as given
   std::optional<Error> error;           // this rank's first argument error
+  // The step given by the caller (allreduce_at_step); empty: the name's call number.
+  std::optional<std::uint32_t> explicit_step;
 };
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    const CompressionSpec& spec) {
-  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt};
+  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt};
 }
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    std::string_view spec_text) {
-  Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt};
+  Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt, std::nullopt};
   try {
     call.spec = CompressionSpec::parse(spec_text);
     call.spec_text = call.spec->to_string();
@@ -152,11 +154,11 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
       call.error = error;
     }
   }
-  const std::uint32_t step = state.step_of(call.name);
+  const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.step_of(call.name);
   check_call(state.transport(),
              CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
                              call.spec_text, step, call.error ? &*call.error : nullptr});
-  state.count_call(call.name);
+  if (!call.explicit_step) state.count_call(call.name);
   return step;
 }
 
@@ -303,6 +305,20 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
 }
 
 }  // namespace
+
+CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, std::string_view name,
+                                  const CompressionSpec& spec, ReduceOp op, std::uint32_t step,
+                                  const Error* preset_error) {
+  CompressionSpec without_warmup = spec;
+  without_warmup.warmup = 0;
+  Call call = describe_call(CollectiveKind::allreduce, tensor, name, op, without_warmup);
+  call.explicit_step = step;
+  if (preset_error != nullptr) call.error = *preset_error;
+  return run_allreduce(state, std::move(call));
+}
+
+CommunicatorState& state_of(Communicator& communicator) noexcept { return *communicator.state_; }
+
 }  // namespace collectives
 
 std::string CollectiveStats::to_string() const {

@@ -15,6 +15,7 @@
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/communicator.h"
+#include "gradzip/error.h"
 
 namespace gradzip::collectives {
 
@@ -65,6 +66,17 @@ class CommunicatorState {
 // and what tests use with transports that corrupt messages.
 Communicator make_communicator(std::unique_ptr<Transport> transport,
                                CommunicatorOptions options = {});
+
+// What the Reducer (pipeline/) calls: an in-place all-reduce like Communicator::allreduce
+// but with the step given by the caller instead of the name's call number (the Reducer's step
+// counter seeds the random streams; every rank must pass the same step, which the call check
+// verifies), and with `preset_error` (may be null) reported as this rank's argument error: the
+// call check then makes every rank throw, which is how a rank that cannot take part in a call
+// (a tensor never marked ready) fails the call everywhere instead of leaving the others waiting.
+// Warm-up is the caller's business: spec.warmup is ignored.
+CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, std::string_view name,
+                                  const CompressionSpec& spec, ReduceOp op, std::uint32_t step,
+                                  const Error* preset_error);
 
 // The tensor id of a name in EncodeContext: FNV-1a 64 of the name folded to 32 bits (high
 // half XOR low half), the same on every rank and in every run.

@@ -27,8 +27,8 @@ const std::vector<CodecEntry>& codec_table() {
       {CodecKind::bf16, "bf16", {}, false},
       {CodecKind::qsgd, "qsgd", {"bits", "bucket"}, false},
       {CodecKind::sign, "sign", {"bucket"}, true},
-      {CodecKind::topk, "topk", {"ratio", "k", "approx", "values"}, true},
-      {CodecKind::randk, "randk", {"ratio", "k", "values"}, true},
+      {CodecKind::topk, "topk", {"ratio", "k", "approx", "values", "ramp"}, true},
+      {CodecKind::randk, "randk", {"ratio", "k", "values", "ramp"}, true},
       {CodecKind::powersgd, "powersgd", {"rank"}, true},
   };
   return table;
@@ -183,6 +183,8 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
       result.approx = parse_choice<bool>(spec, key, value, {{"on", true}, {"off", false}});
     } else if (key == "values") {
       result.values = parse_choice<DType>(spec, key, value, {{"fp32", DType::f32}, {"fp16", DType::f16}});
+    } else if (key == "ramp") {
+      result.ramp = static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, UINT32_MAX));
     } else if (key == "rank") {
       result.rank = static_cast<int>(parse_unsigned(spec, key, value, 1, 1024));
     } else if (key == "ef") {
@@ -242,6 +244,7 @@ std::string CompressionSpec::to_string() const {
     if (key == "k" && k != 0) options.push_back(detail::concat("k=", k));
     if (key == "approx") options.push_back(approx ? "approx=on" : "approx=off");
     if (key == "values") options.push_back(values == DType::f16 ? "values=fp16" : "values=fp32");
+    if (key == "ramp") options.push_back(detail::concat("ramp=", ramp));
     if (key == "rank") options.push_back(detail::concat("rank=", rank));
   }
   options.push_back(error_feedback ? "ef=on" : "ef=off");

@@ -8,6 +8,7 @@ packages=(
   build-essential cmake             # compiler and build system
   libgtest-dev libgmock-dev         # GoogleTest (CMake package GTest)
   libopenmpi-dev openmpi-bin        # Open MPI transport and mpirun
+  libeigen3-dev                     # Eigen: PowerSGD's dense products (pipeline/)
   python3                           # helper scripts
 )
 

@@ -65,6 +65,15 @@ class Transport {
   virtual std::unique_ptr<Transport> split(int color, int key) = 0;
   // The ranks that share this rank's node (shared memory), ordered by old rank.
   virtual std::unique_ptr<Transport> split_by_node() = 0;
+
+  // Waiting policy. false (the default): waits may spin (lowest latency). true: waits poll
+  // with short sleeps between polls, so a thread waiting for the wire leaves the CPU to other
+  // threads (the Reducer's lanes, which wait while backward computes); collectives then run as
+  // their non-blocking forms. Either way the results are the same.
+  virtual void set_idle_waits(bool idle_waits) { (void)idle_waits; }
+  // Whether different Transport objects (duplicates, splits) may be used from different
+  // threads at the same time. MPI: only under MPI_THREAD_MULTIPLE.
+  virtual bool concurrent_use_supported() const { return true; }
 };
 
 }  // namespace gradzip::collectives

@@ -74,9 +74,11 @@ struct CommunicatorOptions {
   std::string default_spec = "none";
 };
 
+class Communicator;
 namespace collectives {
 class CommunicatorState;  // internal
-}
+CommunicatorState& state_of(Communicator& communicator) noexcept;
+}  // namespace collectives
 
 class Communicator {
  public:
@@ -141,6 +143,7 @@ class Communicator {
   void load_residuals(const std::string& path);
 
  private:
+  friend collectives::CommunicatorState& collectives::state_of(Communicator&) noexcept;
   std::unique_ptr<collectives::CommunicatorState> state_;
 };
 

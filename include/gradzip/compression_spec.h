@@ -8,8 +8,11 @@
 // Codec keys (defaults in brackets):
 //   qsgd      bits=1..8 [8], bucket=N [512]
 //   sign      bucket=N [512]
-//   topk      ratio=(0,1] [0.01] | k=N, approx=on|off [off], values=fp32|fp16 [fp32]
-//   randk     ratio=(0,1] [0.01] | k=N, values=fp32|fp16 [fp32]
+//   topk      ratio=(0,1] [0.01] | k=N, approx=on|off [off], values=fp32|fp16 [fp32],
+//             ramp=STEPS [0]
+//   randk     ratio=(0,1] [0.01] | k=N, values=fp32|fp16 [fp32], ramp=STEPS [0]
+// ramp (Reducer only): after warm-up the ratio falls geometrically from 0.25 to `ratio` over
+// STEPS steps (DGC's exponential sparsity warm-up); 0 = the target ratio from the start.
 //   powersgd  rank=N [4]
 // Shared keys, accepted after every codec:
 //   ef=on|off            error feedback [on for sign, topk, randk, powersgd; off otherwise]
@@ -54,6 +57,7 @@ struct CompressionSpec {
   std::size_t k = 0;
   bool approx = false;
   DType values = DType::f32;  // value precision on the wire: f32 or f16
+  std::uint32_t ramp = 0;     // Reducer: steps of the geometric ratio ramp after warm-up
 
   // powersgd
   int rank = 4;

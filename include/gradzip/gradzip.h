@@ -5,5 +5,6 @@
 #include "gradzip/compression_spec.h"
 #include "gradzip/dtype.h"
 #include "gradzip/error.h"
+#include "gradzip/reducer.h"
 #include "gradzip/tensor_view.h"
 #include "gradzip/version.h"

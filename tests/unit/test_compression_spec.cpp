@@ -73,6 +73,7 @@ TEST(CompressionSpec, EveryKeyParses) {
 TEST(CompressionSpec, CanonicalStringRoundTrips) {
   for (const char* text : {"none", "fp16", "bf16:ef=on", "qsgd:bits=2,bucket=64", "sign:ef=off",
                            "topk:ratio=0.001", "topk:k=3,approx=on,values=fp16", "randk:ratio=0.5",
+                           "topk:ratio=0.01,ramp=50", "randk:ramp=7",
                            "powersgd:rank=8,warmup=10", "none:algo=hier,min_bytes=1,seed=9"}) {
     const auto spec = CompressionSpec::parse(text);
     EXPECT_EQ(CompressionSpec::parse(spec.to_string()), spec) << text << " -> " << spec.to_string();
@@ -125,7 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"topk:=0.1", "not key=value"},
         BadSpec{"topk:ratio=0.1,", "not key=value"},
         BadSpec{"topk:bits=4", "unknown key 'bits' for codec 'topk'; accepted keys: ratio, k, "
-                               "approx, values, ef, ef_resize, algo, warmup, min_bytes, seed, "
+                               "approx, values, ramp, ef, ef_resize, algo, warmup, min_bytes, seed, "
                                "ranks_per_node"},
         BadSpec{"fp16:ratio=0.1", "unknown key 'ratio' for codec 'fp16'"},
         BadSpec{"qsgd:bits=0", "integer in [1, 8]"}, BadSpec{"qsgd:bits=9", "integer in [1, 8]"},

@@ -1,7 +1,10 @@
 #include "collectives/transport/mpi/mpi_transport.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <numeric>
 
 #include "gradzip/error.h"
@@ -132,13 +135,49 @@ Transport::Request MpiTransport::irecv(int peer, int tag, std::span<std::byte> b
   return Request{slot};
 }
 
+bool MpiTransport::concurrent_use_supported() const {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
+}
+
+int MpiTransport::complete(MPI_Request& request, MPI_Status& status) const {
+  if (!idle_waits_) return MPI_Wait(&request, &status);
+  // Poll: a few immediate retries (a message already on its way completes in microseconds),
+  // then sleeps that double from 2 us up to 100 us. 100 us is under 1% of a 4 MiB chunk's time
+  // on a 10 Gbit/s link, and the CPU stays free for backward meanwhile.
+  constexpr int kSpinPolls = 64;
+  constexpr auto kLongestSleep = std::chrono::microseconds(100);
+  auto sleep = std::chrono::microseconds(2);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    const int result = MPI_Test(&request, &done, &status);
+    if (result != MPI_SUCCESS || done) return result;
+    if (polls < kSpinPolls) continue;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kLongestSleep);
+  }
+}
+
+template <typename Start, typename Blocking>
+void MpiTransport::run_collective(const char* op, Start&& start, Blocking&& blocking) {
+  if (!idle_waits_) {
+    check(blocking(), op);
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(start(&request), op);
+  MPI_Status status;
+  check(complete(request, status), op);
+}
+
 std::size_t MpiTransport::wait(Request request) {
   GZ_REQUIRE(request.id < pending_.size() && pending_[request.id].active,
              ErrorCode::invalid_argument, "wait (", describe(), "): request ", request.id,
              " is not pending");
   Pending& pending = pending_[request.id];
   MPI_Status status;
-  const int result = MPI_Wait(&pending.request, &status);
+  const int result = complete(pending.request, status);
   pending.active = false;
   if (result == MPI_ERR_TRUNCATE || (result == MPI_ERR_IN_STATUS && status.MPI_ERROR == MPI_ERR_TRUNCATE)) {
     GZ_THROW(ErrorCode::malformed_message, "receive from rank ", pending.peer, " (tag ",
@@ -162,9 +201,17 @@ void MpiTransport::allgatherv(std::span<const std::byte> mine, std::span<std::by
              all.size(), " bytes for ", total(counts));
   std::vector<int> int_counts, displacements;
   to_counts_and_displacements(counts, int_counts, displacements, "allgatherv", describe());
-  check(MPI_Allgatherv(mine.data(), int_counts[static_cast<std::size_t>(rank_)], MPI_BYTE,
-                       all.data(), int_counts.data(), displacements.data(), MPI_BYTE, comm_),
-        "MPI_Allgatherv");
+  const int my_count = int_counts[static_cast<std::size_t>(rank_)];
+  run_collective(
+      "MPI_Allgatherv",
+      [&](MPI_Request* request) {
+        return MPI_Iallgatherv(mine.data(), my_count, MPI_BYTE, all.data(), int_counts.data(),
+                               displacements.data(), MPI_BYTE, comm_, request);
+      },
+      [&] {
+        return MPI_Allgatherv(mine.data(), my_count, MPI_BYTE, all.data(), int_counts.data(),
+                              displacements.data(), MPI_BYTE, comm_);
+      });
 }
 
 void MpiTransport::alltoallv(std::span<const std::byte> send,
@@ -178,9 +225,16 @@ void MpiTransport::alltoallv(std::span<const std::byte> send,
   std::vector<int> sc, sd, rc, rd;
   to_counts_and_displacements(send_counts, sc, sd, "alltoallv", describe());
   to_counts_and_displacements(recv_counts, rc, rd, "alltoallv", describe());
-  check(MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(),
-                      rd.data(), MPI_BYTE, comm_),
-        "MPI_Alltoallv");
+  run_collective(
+      "MPI_Alltoallv",
+      [&](MPI_Request* request) {
+        return MPI_Ialltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, recv.data(),
+                              rc.data(), rd.data(), MPI_BYTE, comm_, request);
+      },
+      [&] {
+        return MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(),
+                             rd.data(), MPI_BYTE, comm_);
+      });
 }
 
 void MpiTransport::allgather_u64(std::span<const std::uint64_t> mine,
@@ -189,18 +243,37 @@ void MpiTransport::allgather_u64(std::span<const std::uint64_t> mine,
              ErrorCode::invalid_argument, "allgather_u64 (", describe(), "): output holds ",
              all.size(), " values for ", mine.size(), " per rank x ", size_, " ranks");
   const int count = as_count(mine.size(), "allgather_u64", describe());
-  check(MPI_Allgather(mine.data(), count, MPI_UINT64_T, all.data(), count, MPI_UINT64_T, comm_),
-        "MPI_Allgather");
+  run_collective(
+      "MPI_Allgather",
+      [&](MPI_Request* request) {
+        return MPI_Iallgather(mine.data(), count, MPI_UINT64_T, all.data(), count, MPI_UINT64_T,
+                              comm_, request);
+      },
+      [&] {
+        return MPI_Allgather(mine.data(), count, MPI_UINT64_T, all.data(), count, MPI_UINT64_T,
+                             comm_);
+      });
 }
 
 void MpiTransport::allreduce_f32_sum(std::span<float> data) {
   if (data.empty()) return;
   const int count = as_count(data.size(), "allreduce_f32_sum", describe());
-  check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, comm_),
-        "MPI_Allreduce");
+  run_collective(
+      "MPI_Allreduce",
+      [&](MPI_Request* request) {
+        return MPI_Iallreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, comm_,
+                              request);
+      },
+      [&] {
+        return MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, comm_);
+      });
 }
 
-void MpiTransport::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiTransport::barrier() {
+  run_collective(
+      "MPI_Barrier", [&](MPI_Request* request) { return MPI_Ibarrier(comm_, request); },
+      [&] { return MPI_Barrier(comm_); });
+}
 
 std::unique_ptr<Transport> MpiTransport::split(int color, int key) {
   MPI_Comm sub = MPI_COMM_NULL;

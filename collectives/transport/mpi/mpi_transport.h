@@ -2,7 +2,8 @@
 // application's communicator (MPI_Comm_dup), so its messages never match the application's.
 //
 // Threading: MPI is initialised with MPI_THREAD_MULTIPLE requested when gradzip initialises it;
-// a transport object itself must be used by one thread at a time.
+// a transport object itself must be used by one thread at a time, and different transport
+// objects from different threads at once only under MPI_THREAD_MULTIPLE.
 #pragma once
 
 #include <mpi.h>
@@ -41,6 +42,9 @@ class MpiTransport final : public Transport {
   std::unique_ptr<Transport> split(int color, int key) override;
   std::unique_ptr<Transport> split_by_node() override;
 
+  void set_idle_waits(bool idle_waits) override { idle_waits_ = idle_waits; }
+  bool concurrent_use_supported() const override;
+
   MPI_Comm comm() const noexcept { return comm_; }
 
  private:
@@ -58,11 +62,18 @@ class MpiTransport final : public Transport {
 
   std::size_t slot_for_new_request();
   void check(int status, const char* op) const;
+  // Completes `request` (MPI_Wait, or MPI_Test polls with sleeps under idle waits).
+  int complete(MPI_Request& request, MPI_Status& status) const;
+  // Completes a non-blocking collective started by `start` (which posts it into the request it
+  // is given), or runs `blocking` when idle waits are off.
+  template <typename Start, typename Blocking>
+  void run_collective(const char* op, Start&& start, Blocking&& blocking);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   std::vector<Pending> pending_;
+  bool idle_waits_ = false;
 };
 
 // Calls MPI_Init_thread (MPI_THREAD_MULTIPLE requested) unless MPI is already initialised,

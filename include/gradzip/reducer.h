@@ -1,0 +1,187 @@
+// The Reducer: what a training loop talks to. Gradients are registered once, marked ready as
+// backward produces them, and come back averaged (in place) after wait(); compression and
+// communication run on background threads while backward goes on.
+//
+//   gradzip::Reducer reducer(communicator, {.spec = "topk:ratio=0.01;dims<=1->none"});
+//   for (auto& p : params) reducer.add(p.name, p.grad_view, p.shape);   // forward order
+//   for (each step) {
+//     backward: after each layer's gradient exists -> reducer.mark_ready(name);
+//     reducer.wait();          // every gradient is now the average over ranks
+//     optimizer step; reducer.step();
+//   }
+//
+// Buckets. At the first mark_ready the registered tensors are frozen into buckets: walking the
+// registrations in reverse order (the order backward produces gradients), tensors are packed
+// into bucket 0 until it would exceed first_bucket_bytes, then into buckets of at most
+// bucket_bytes (a tensor larger than a bucket gets a bucket of its own). Sizes count f32 bytes.
+// Every rank must register the same names, counts and shapes in the same order; the first
+// mark_ready checks this with every rank and throws ErrorCode::size_mismatch naming the ranks
+// that differ.
+//
+// Groups and rules. Inside a bucket, tensors are grouped by the spec their rule gives them
+// (ReducerOptions::spec, below); each group is packed into one f32 buffer, which is reduced in
+// chunks of about chunk_bytes (the group is cut into equal chunks of at most chunk_bytes).
+// Each chunk is one compressed all-reduce of the Communicator with ReduceOp::average, so
+// compression acts on the chunk: a top-k of a chunk selects across the tensors in it, and
+// error-feedback residuals are kept per chunk. PowerSGD groups are reduced per matrix (two
+// batched all-reduces per group, see below) and are not chunked.
+//
+// Launch order and threads. A bucket is launched when all its tensors are ready and every
+// bucket before it has been launched, so every rank launches the same buckets in the same
+// order whatever order its tensors became ready in. Chunks are numbered in launch order within
+// a step and chunk n runs on communication lane n % lanes. Each lane is a thread with its own
+// duplicate of the communicator's transport, so while one lane's chunk is on the wire the next
+// lane encodes its chunk and a third decodes (lanes >= 2 pipelines chunks; lanes = 1 runs them
+// one after the other). MPI is driven by the lane threads only, concurrently: the Reducer needs
+// MPI_THREAD_MULTIPLE (what gradzip asks for when it initialises MPI) and throws
+// ErrorCode::unsupported at construction when lanes > 1 and the application initialised MPI
+// with less. The lanes wait for messages by polling with short sleeps, so an idle lane leaves
+// the CPU to backward. Buckets finish in launch order.
+//
+// Steps. step() advances the step counter (starting at 0). The step seeds stochastic rounding
+// and random-k, decides warm-up (steps < warmup run uncompressed: `none`, no error feedback)
+// and the top-k / random-k ratio ramp (ramp=STEPS: after warm-up the ratio falls geometrically
+// from 0.25 to the target over STEPS steps).
+//
+// Errors. mark_ready of an unknown name, or of a name already marked in this step, throws
+// ErrorCode::invalid_argument at once. Errors on a lane (any rank's bad call, a malformed
+// message...) are kept and rethrown by wait() with the bucket, chunk and tensor names; wait()
+// also throws, naming them, when some tensors were never marked ready: their buckets are still
+// run with every rank (as failed calls that every rank sees), so no rank waits forever. After
+// a failed step the tensors of unfinished buckets are unspecified; the next step starts clean.
+//
+// Thread safety: add, mark_ready, wait, step, stats and the checkpoint calls are for one thread
+// (the training loop's). The tensors handed to add() must stay valid, and must not be written
+// by the caller between their mark_ready and the end of wait().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradzip/communicator.h"
+#include "gradzip/tensor_view.h"
+
+namespace gradzip {
+
+struct ReducerOptions {
+  // The model spec: a compression spec for the whole model, then rules by name and size, each
+  // after a ';':
+  //
+  //   model_spec := spec { ';' rule }
+  //   rule       := condition '->' spec
+  //   condition  := 'dims<=1'       tensors registered with a shape of at most one dimension
+  //               | 'bytes<' N      tensors of fewer than N f32 bytes (count * 4 < N)
+  //               | 'name=' GLOB    tensor names matching GLOB ('*' any run, '?' one char)
+  //               | '*'             every tensor
+  //
+  // e.g. "topk:ratio=0.01,warmup=100; name=*.bias->none; dims<=1->fp16". Spaces around the
+  // parts are ignored. The first rule whose condition holds gives a tensor its spec; with
+  // default_rules the rules "dims<=1->none" and "bytes<MIN->none" (MIN: the model spec's
+  // min_bytes) follow the given ones; a tensor no rule takes gets the model spec. Empty: the
+  // communicator's default spec. Parsed at construction (ErrorCode::invalid_spec naming the
+  // rule and what is accepted). powersgd applies to tensors with a shape of two or more
+  // dimensions (rows = shape[0]); others in a powersgd rule are reduced uncompressed.
+  std::string spec;
+  bool default_rules = true;
+
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  // 1 MiB
+  std::size_t bucket_bytes = std::size_t{25} << 20;       // 25 MiB
+  std::size_t chunk_bytes = std::size_t{4} << 20;         // 4 MiB
+  int lanes = 2;                                          // communication threads, >= 1
+};
+
+// One group of one bucket as run in a step.
+struct ReducerGroupStats {
+  std::string spec;                // effective spec of the step (warm-up and ramp applied)
+  std::string rule;                // the rule that chose it, e.g. "dims<=1->none" or "model"
+  std::vector<std::string> tensors;
+  std::size_t count = 0;           // elements
+  std::size_t chunks = 0;
+  std::vector<std::string> algorithms;  // distinct CollectiveStats::algorithm of its calls
+  std::uint64_t sent_bytes = 0;
+  std::uint64_t encoded_input_bytes = 0;
+  std::uint64_t encoded_message_bytes = 0;
+};
+
+struct ReducerBucketStats {
+  std::size_t index = 0;
+  std::size_t bytes = 0;  // f32 bytes of its tensors
+  std::vector<ReducerGroupStats> groups;
+  double launch_seconds = 0;  // since the step's first mark_ready
+  double done_seconds = 0;    // since the step's first mark_ready
+  std::uint64_t sent_bytes = 0;
+};
+
+// The last completed step.
+struct ReducerStats {
+  std::uint64_t step = 0;
+  std::uint64_t sent_bytes = 0;     // all lanes, all buckets (MPI's own all-reduce of
+                                    // uncompressed chunks counted as 2(P-1)/P of their bytes)
+  std::uint64_t gradient_bytes = 0; // f32 bytes of all registered tensors
+  // f32 bytes encoded over message bytes, over all compressed chunks (1 when none were).
+  double compression_ratio = 1.0;
+  // Wall time from the first bucket's launch to the last bucket's completion.
+  double communication_seconds = 0;
+  // Time the caller spent blocked in wait(): communication that backward did not hide.
+  double exposed_seconds = 0;
+  // communication_seconds - exposed_seconds (never negative).
+  double hidden_seconds = 0;
+  std::vector<ReducerBucketStats> buckets;
+
+  // One JSON object: the fields above, buckets and groups included.
+  std::string to_json() const;
+};
+
+namespace pipeline {
+class ReducerState;  // internal
+}
+
+class Reducer {
+ public:
+  // The Reducer runs on duplicates of `communicator`'s transport, one per lane (made here: a
+  // collective call, every rank constructs its Reducer together). `communicator` must outlive
+  // the Reducer; its own calls do not share state with the Reducer's.
+  Reducer(Communicator& communicator, ReducerOptions options = {});
+  ~Reducer();  // waits for running buckets (errors are dropped), then stops the lanes
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Registers a gradient (f32, f16 or bf16 host memory). `shape` (optional) must multiply to
+  // tensor.count; rules and PowerSGD use it. Names are unique and non-empty. Only before the
+  // first mark_ready.
+  void add(std::string name, TensorView tensor, std::vector<std::size_t> shape = {});
+
+  // The gradient `name` holds this step's value: its bucket is launched when complete.
+  void mark_ready(std::string_view name);
+  // Marks every registered tensor not marked yet (for loops that do not track readiness).
+  void mark_all_ready();
+
+  // Returns when every bucket of the step is reduced and written back; rethrows lane errors
+  // (see above). The next step's mark_ready may follow.
+  void wait();
+
+  // Advances the step counter (after wait()). set_step restores it, e.g. from a checkpoint
+  // (save_state does not hold it). Every rank must be at the same step.
+  void step();
+  void set_step(std::uint64_t step);
+  std::uint64_t current_step() const noexcept;
+
+  // The buckets as frozen: bucket b holds names()[b] in launch order. Empty before freezing.
+  std::vector<std::vector<std::string>> buckets() const;
+
+  const ReducerStats& stats() const noexcept;
+
+  // Checkpoint of every lane's error-feedback state (residuals and PowerSGD's Q), one file per
+  // rank in the residual store's format. Valid for the same registrations and options.
+  void save_state(const std::string& path) const;
+  void load_state(const std::string& path);
+
+ private:
+  std::unique_ptr<pipeline::ReducerState> state_;
+};
+
+}  // namespace gradzip

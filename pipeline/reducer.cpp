@@ -1,0 +1,705 @@
+// The Reducer (contract in include/gradzip/reducer.h).
+//
+// Structure: the training-loop thread registers tensors, freezes the layout
+// (pipeline/bucket_layout.h) at the first mark_ready, and launches buckets in order by pushing
+// one task per chunk (or per PowerSGD group) onto the queue of the chunk's lane. Each lane is a
+// thread with its own Communicator over a duplicate of the user's transport; it packs its
+// chunk's tensor slices into the group's f32 buffer, runs the compressed all-reduce
+// (collectives::allreduce_at_step, with the Reducer's step) and writes the average back. The
+// training-loop thread learns about completions through one mutex and condition variable.
+#include "gradzip/reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "collectives/communicator_state.h"
+#include "gradzip/error.h"
+#include "kernels/cpu/convert.h"
+#include "pipeline/bucket_layout.h"
+#include "pipeline/model_spec.h"
+#include "pipeline/powersgd.h"
+
+namespace gradzip {
+namespace pipeline {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// Top-k / random-k ratio after warm-up: geometric from kRampStartRatio to the target over
+// spec.ramp steps (DGC's exponential sparsity warm-up).
+constexpr double kRampStartRatio = 0.25;
+
+// The spec a group runs with at `step`: warm-up makes it `none` (no error feedback); the ramp
+// raises the ratio of top-k / random-k.
+CompressionSpec spec_at_step(const CompressionSpec& spec, std::uint64_t step) {
+  if (spec.codec == CodecKind::none) return spec;
+  if (step < spec.warmup) {
+    CompressionSpec dense;
+    dense.seed = spec.seed;
+    dense.min_bytes = spec.min_bytes;
+    return dense;
+  }
+  CompressionSpec result = spec;
+  const std::uint64_t since = step - spec.warmup;
+  const bool ramps = (spec.codec == CodecKind::topk || spec.codec == CodecKind::randk) &&
+                     spec.k == 0 && spec.ramp > 0 && since < spec.ramp &&
+                     spec.ratio < kRampStartRatio;
+  if (ramps) {
+    const double progress = static_cast<double>(since + 1) / static_cast<double>(spec.ramp);
+    result.ratio = std::pow(kRampStartRatio, 1.0 - progress) * std::pow(spec.ratio, progress);
+    result.ratio = std::clamp(result.ratio, spec.ratio, kRampStartRatio);
+  }
+  return result;
+}
+
+}  // namespace
+
+// One unit of lane work: a chunk of a dense group, or a whole PowerSGD group.
+struct Task {
+  std::size_t bucket = 0;
+  std::size_t group = 0;
+  std::optional<std::size_t> chunk;  // empty: the PowerSGD step of the whole group
+  CompressionSpec spec;              // effective at this step
+  std::uint32_t step = 0;
+  std::optional<Error> preset_error;  // this rank cannot take part (see allreduce_at_step)
+};
+
+class ReducerState {
+ public:
+  ReducerState(Communicator& communicator, ReducerOptions options);
+  ~ReducerState();
+
+  void add(std::string name, TensorView tensor, std::vector<std::size_t> shape);
+  void mark_ready(std::string_view name);
+  void mark_all_ready();
+  void wait();
+  void set_step(std::uint64_t step) noexcept { step_ = step; }
+  std::uint64_t step() const noexcept { return step_; }
+  std::vector<std::vector<std::string>> bucket_names() const;
+  const ReducerStats& stats() const noexcept { return stats_; }
+  void save(const std::string& path) const;
+  void load(const std::string& path);
+
+ private:
+  struct Lane {
+    Communicator communicator;
+    std::thread thread;
+    std::deque<Task> queue;  // guarded by ReducerState::mutex_
+  };
+  // Per step, per group: what its tasks did (guarded by mutex_).
+  struct GroupProgress {
+    CollectiveStats total;
+    std::set<std::string> algorithms;
+    std::string spec;
+  };
+
+  void freeze();
+  void launch_ready_buckets();
+  void launch(std::size_t bucket, const std::optional<Error>& preset_error);
+  void lane_loop(std::size_t lane_index);
+  void run(Lane& lane, const Task& task);
+  void run_chunk(Lane& lane, const Task& task, const GroupLayout& group, const ChunkLayout& chunk);
+  void run_powersgd(Lane& lane, const Task& task, const GroupLayout& group);
+  // Elements [begin, begin + count) of a group's buffer from (pack) or to (unpack) its tensors.
+  void pack(const GroupLayout& group, std::size_t begin, std::size_t count, float* buffer) const;
+  void unpack(const GroupLayout& group, std::size_t begin, std::size_t count, const float* buffer) const;
+  // When a chunk lies inside one f32 tensor, that tensor's memory (reduced in place, no copy).
+  float* in_place_span(const GroupLayout& group, std::size_t begin, std::size_t count) const;
+  std::string describe_task(const Task& task) const;
+  void finish_step_stats(Clock::time_point wait_begin, Clock::time_point wait_end);
+  void require_idle(const char* op) const;
+
+  Communicator& user_communicator_;
+  ReducerOptions options_;
+  ModelSpec model_;
+  LayoutOptions layout_options_;
+  std::vector<RegisteredTensor> tensors_;
+  std::unordered_map<std::string, std::size_t> index_of_;
+  std::vector<BucketLayout> layout_;       // empty until frozen
+  std::vector<std::size_t> bucket_of_;     // tensor -> bucket
+  std::vector<std::vector<std::vector<float>>> group_buffers_;  // [bucket][group]
+  bool frozen_ = false;
+
+  // Step state (training-loop thread only).
+  std::uint64_t step_ = 0;
+  std::vector<bool> ready_;
+  std::vector<std::size_t> ready_in_bucket_;
+  std::size_t next_launch_ = 0;
+  bool step_started_ = false;
+  Clock::time_point first_launch_{};
+  bool launched_any_ = false;
+  std::vector<Clock::time_point> launch_time_;
+
+  // Shared with the lanes.
+  mutable std::mutex mutex_;
+  std::condition_variable lane_wakeup_;
+  std::condition_variable task_done_;
+  bool stopping_ = false;
+  std::size_t tasks_pending_ = 0;
+  std::vector<std::size_t> tasks_left_in_bucket_;
+  std::vector<Clock::time_point> bucket_done_time_;
+  std::vector<std::vector<GroupProgress>> progress_;  // [bucket][group]
+  std::vector<std::string> errors_;
+  std::optional<ErrorCode> first_error_code_;
+
+  std::vector<Lane> lanes_;
+  ReducerStats stats_;
+};
+
+ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
+    : user_communicator_(communicator), options_(std::move(options)) {
+  GZ_REQUIRE(options_.lanes >= 1 && options_.lanes <= 64, ErrorCode::invalid_argument,
+             "Reducer: lanes = ", options_.lanes, " (accepted: 1 to 64)");
+  GZ_REQUIRE(options_.chunk_bytes >= 4, ErrorCode::invalid_argument, "Reducer: chunk_bytes = ",
+             options_.chunk_bytes, " (at least one f32 element, 4 bytes)");
+  GZ_REQUIRE(options_.first_bucket_bytes > 0 && options_.bucket_bytes > 0,
+             ErrorCode::invalid_argument, "Reducer: first_bucket_bytes = ",
+             options_.first_bucket_bytes, " and bucket_bytes = ", options_.bucket_bytes,
+             " (both must be positive)");
+  model_ = ModelSpec::parse(options_.spec, options_.default_rules, communicator.default_spec());
+  layout_options_ = LayoutOptions{options_.first_bucket_bytes, options_.bucket_bytes,
+                                  options_.chunk_bytes, options_.lanes};
+
+  collectives::Transport& transport = collectives::state_of(communicator).transport();
+  GZ_REQUIRE(options_.lanes == 1 || transport.concurrent_use_supported(), ErrorCode::unsupported,
+             "Reducer: ", options_.lanes, " lanes drive MPI from ", options_.lanes,
+             " threads at once, which needs MPI_THREAD_MULTIPLE; MPI was initialised with less "
+             "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or use lanes = 1)");
+  lanes_.reserve(static_cast<std::size_t>(options_.lanes));
+  for (int l = 0; l < options_.lanes; ++l) {
+    // A duplicate per lane (collective: every rank makes its lanes in the same order).
+    std::unique_ptr<collectives::Transport> duplicate = transport.split(0, transport.rank());
+    duplicate->set_idle_waits(true);
+    lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate)), {}, {}});
+  }
+  for (std::size_t l = 0; l < lanes_.size(); ++l)
+    lanes_[l].thread = std::thread([this, l] { lane_loop(l); });
+}
+
+ReducerState::~ReducerState() {
+  {
+    std::unique_lock lock(mutex_);
+    task_done_.wait(lock, [&] { return tasks_pending_ == 0; });
+    stopping_ = true;
+  }
+  lane_wakeup_.notify_all();
+  for (Lane& lane : lanes_) lane.thread.join();
+}
+
+void ReducerState::require_idle(const char* op) const {
+  std::lock_guard lock(mutex_);
+  GZ_REQUIRE(tasks_pending_ == 0 && !step_started_, ErrorCode::invalid_argument, "Reducer::", op,
+             ": a step is in flight (call wait() first)");
+}
+
+void ReducerState::add(std::string name, TensorView tensor, std::vector<std::size_t> shape) {
+  GZ_REQUIRE(!frozen_, ErrorCode::invalid_argument, "Reducer::add('", name,
+             "'): tensors are registered before the first mark_ready; the buckets are frozen");
+  GZ_REQUIRE(!name.empty(), ErrorCode::invalid_argument, "Reducer::add: empty tensor name");
+  GZ_REQUIRE(!index_of_.contains(name), ErrorCode::invalid_argument, "Reducer::add('", name,
+             "'): a tensor with this name is already registered");
+  GZ_REQUIRE(tensor.device.kind == DeviceKind::cpu, ErrorCode::invalid_argument,
+             "Reducer::add('", name, "'): the tensor is in CUDA memory; this Reducer takes host memory");
+  GZ_REQUIRE(tensor.dtype == DType::f32 || tensor.dtype == DType::f16 || tensor.dtype == DType::bf16,
+             ErrorCode::invalid_argument, "Reducer::add('", name, "'): dtype ",
+             static_cast<int>(tensor.dtype), " is not f32, f16 or bf16");
+  GZ_REQUIRE(tensor.data != nullptr || tensor.count == 0, ErrorCode::invalid_argument,
+             "Reducer::add('", name, "'): null data for ", tensor.count, " elements");
+  const bool has_shape = !shape.empty();
+  if (has_shape) {
+    std::size_t product = 1;
+    std::string text;
+    for (const std::size_t extent : shape) {
+      product *= extent;
+      text += (text.empty() ? "" : "x") + std::to_string(extent);
+    }
+    GZ_REQUIRE(product == tensor.count, ErrorCode::size_mismatch, "Reducer::add('", name,
+               "'): shape ", text, " holds ", product, " elements, the tensor ", tensor.count);
+  }
+  index_of_.emplace(name, tensors_.size());
+  tensors_.push_back(RegisteredTensor{std::move(name), tensor, has_shape, std::move(shape)});
+}
+
+void ReducerState::freeze() {
+  // Every rank must have the same layout, or their chunk calls would not pair up: check it
+  // with one all-gather on lane 0's transport (its thread is idle until the first launch).
+  collectives::Transport& transport = collectives::state_of(lanes_[0].communicator).transport();
+  const std::uint64_t mine[2] = {layout_fingerprint(tensors_, model_, layout_options_),
+                                 static_cast<std::uint64_t>(tensors_.size())};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(transport.size()));
+  transport.allgather_u64(mine, all);
+  std::string differing;
+  for (int r = 0; r < transport.size(); ++r) {
+    if (all[2 * static_cast<std::size_t>(r)] != all[0])
+      differing += detail::concat(differing.empty() ? "" : ", ", "rank ", r, " (",
+                                  all[2 * static_cast<std::size_t>(r) + 1], " tensors)");
+  }
+  GZ_REQUIRE(differing.empty(), ErrorCode::size_mismatch, "Reducer (rank ", transport.rank(),
+             "): the registrations or options differ from rank 0's (", all[1],
+             " tensors): ", differing,
+             "; every rank must add the same names, counts, dtypes and shapes in the same order "
+             "with the same options");
+
+  layout_ = make_layout(tensors_, model_, layout_options_);
+  bucket_of_.assign(tensors_.size(), 0);
+  group_buffers_.resize(layout_.size());
+  for (std::size_t b = 0; b < layout_.size(); ++b) {
+    for (const std::size_t t : layout_[b].tensors) bucket_of_[t] = b;
+    for (const GroupLayout& group : layout_[b].groups)
+      group_buffers_[b].emplace_back(group.count);
+  }
+  ready_.assign(tensors_.size(), false);
+  ready_in_bucket_.assign(layout_.size(), 0);
+  launch_time_.assign(layout_.size(), Clock::time_point{});
+  std::lock_guard lock(mutex_);
+  tasks_left_in_bucket_.assign(layout_.size(), 0);
+  bucket_done_time_.assign(layout_.size(), Clock::time_point{});
+  progress_.resize(layout_.size());
+  for (std::size_t b = 0; b < layout_.size(); ++b) progress_[b].resize(layout_[b].groups.size());
+  frozen_ = true;
+}
+
+void ReducerState::mark_ready(std::string_view name) {
+  const auto found = index_of_.find(std::string(name));
+  GZ_REQUIRE(found != index_of_.end(), ErrorCode::invalid_argument, "Reducer::mark_ready('",
+             name, "'): no tensor with this name was added");
+  if (!frozen_) freeze();
+  const std::size_t index = found->second;
+  GZ_REQUIRE(!ready_[index], ErrorCode::invalid_argument, "Reducer::mark_ready('", name,
+             "'): already marked ready in step ", step_);
+  ready_[index] = true;
+  step_started_ = true;
+  ++ready_in_bucket_[bucket_of_[index]];
+  launch_ready_buckets();
+}
+
+void ReducerState::mark_all_ready() {
+  if (!frozen_) freeze();
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    if (ready_[t]) continue;
+    ready_[t] = true;
+    ++ready_in_bucket_[bucket_of_[t]];
+  }
+  step_started_ = true;
+  launch_ready_buckets();
+}
+
+void ReducerState::launch_ready_buckets() {
+  while (next_launch_ < layout_.size() &&
+         ready_in_bucket_[next_launch_] == layout_[next_launch_].tensors.size()) {
+    launch(next_launch_, std::nullopt);
+    ++next_launch_;
+  }
+}
+
+void ReducerState::launch(std::size_t bucket, const std::optional<Error>& preset_error) {
+  const Clock::time_point now = Clock::now();
+  if (!launched_any_) {
+    first_launch_ = now;
+    launched_any_ = true;
+  }
+  launch_time_[bucket] = now;
+  const BucketLayout& layout = layout_[bucket];
+  std::vector<std::pair<int, Task>> tasks;
+  for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+    const GroupLayout& group = layout.groups[g];
+    const CompressionSpec spec = spec_at_step(group.spec, step_);
+    Task base{bucket, g, std::nullopt, spec, static_cast<std::uint32_t>(step_), preset_error};
+    if (group.chunks.empty()) continue;
+    if (spec.codec == CodecKind::powersgd) {
+      tasks.emplace_back(group.chunks.front().lane, base);
+      continue;
+    }
+    for (std::size_t c = 0; c < group.chunks.size(); ++c) {
+      Task task = base;
+      task.chunk = c;
+      tasks.emplace_back(group.chunks[c].lane, std::move(task));
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    tasks_left_in_bucket_[bucket] = tasks.size();
+    tasks_pending_ += tasks.size();
+    for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+      progress_[bucket][g] = GroupProgress{};
+      progress_[bucket][g].spec = spec_at_step(layout.groups[g].spec, step_).to_string();
+    }
+    if (tasks.empty()) bucket_done_time_[bucket] = now;
+    for (auto& [lane, task] : tasks) lanes_[static_cast<std::size_t>(lane)].queue.push_back(std::move(task));
+  }
+  lane_wakeup_.notify_all();
+}
+
+void ReducerState::lane_loop(std::size_t lane_index) {
+  Lane& lane = lanes_[lane_index];
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock lock(mutex_);
+      lane_wakeup_.wait(lock, [&] { return stopping_ || !lane.queue.empty(); });
+      if (lane.queue.empty()) return;  // stopping, nothing left
+      task = std::move(lane.queue.front());
+      lane.queue.pop_front();
+    }
+    std::optional<std::string> failure;
+    std::optional<ErrorCode> code;
+    try {
+      run(lane, task);
+    } catch (const Error& error) {
+      failure = error.what();
+      code = error.code();
+    } catch (const std::exception& error) {
+      failure = error.what();
+      code = ErrorCode::internal;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (failure) {
+        errors_.push_back(describe_task(task) + ": " + *failure);
+        if (!first_error_code_) first_error_code_ = code;
+      }
+      if (--tasks_left_in_bucket_[task.bucket] == 0) bucket_done_time_[task.bucket] = Clock::now();
+      --tasks_pending_;
+    }
+    task_done_.notify_all();
+  }
+}
+
+std::string ReducerState::describe_task(const Task& task) const {
+  const GroupLayout& group = layout_[task.bucket].groups[task.group];
+  std::string text = task.chunk ? group.chunks[*task.chunk].name : group.name + " (powersgd)";
+  text += " [";
+  for (std::size_t i = 0; i < group.tensors.size(); ++i)
+    text += (i == 0 ? "" : ", ") + tensors_[group.tensors[i]].name;
+  return text + "]";
+}
+
+void ReducerState::run(Lane& lane, const Task& task) {
+  const GroupLayout& group = layout_[task.bucket].groups[task.group];
+  if (task.chunk)
+    run_chunk(lane, task, group, group.chunks[*task.chunk]);
+  else
+    run_powersgd(lane, task, group);
+}
+
+float* ReducerState::in_place_span(const GroupLayout& group, std::size_t begin,
+                                   std::size_t count) const {
+  const auto after = std::upper_bound(group.tensor_offsets.begin(), group.tensor_offsets.end(), begin);
+  const std::size_t i = static_cast<std::size_t>(after - group.tensor_offsets.begin()) - 1;
+  const TensorView& view = tensors_[group.tensors[i]].view;
+  const std::size_t offset = begin - group.tensor_offsets[i];
+  if (view.dtype != DType::f32 || offset + count > view.count) return nullptr;
+  return static_cast<float*>(view.data) + offset;
+}
+
+void ReducerState::pack(const GroupLayout& group, std::size_t begin, std::size_t count,
+                        float* buffer) const {
+  for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+    const TensorView& view = tensors_[group.tensors[i]].view;
+    const std::size_t lo = std::max(begin, group.tensor_offsets[i]);
+    const std::size_t hi = std::min(begin + count, group.tensor_offsets[i] + view.count);
+    if (lo >= hi) continue;
+    kernels::cpu::load_as_f32(view, lo - group.tensor_offsets[i], hi - lo, buffer + (lo - begin));
+  }
+}
+
+void ReducerState::unpack(const GroupLayout& group, std::size_t begin, std::size_t count,
+                          const float* buffer) const {
+  for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+    const TensorView& view = tensors_[group.tensors[i]].view;
+    const std::size_t lo = std::max(begin, group.tensor_offsets[i]);
+    const std::size_t hi = std::min(begin + count, group.tensor_offsets[i] + view.count);
+    if (lo >= hi) continue;
+    kernels::cpu::store_from_f32(buffer + (lo - begin), hi - lo, view, lo - group.tensor_offsets[i]);
+  }
+}
+
+void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& group,
+                             const ChunkLayout& chunk) {
+  float* data = in_place_span(group, chunk.group_begin, chunk.count);
+  const bool packed = data == nullptr;
+  if (packed) {
+    data = group_buffers_[task.bucket][task.group].data() + chunk.group_begin;
+    pack(group, chunk.group_begin, chunk.count, data);
+  }
+  const CollectiveStats stats = collectives::allreduce_at_step(
+      collectives::state_of(lane.communicator), host_view(data, chunk.count), chunk.name,
+      task.spec, ReduceOp::average, task.step, task.preset_error ? &*task.preset_error : nullptr);
+  if (packed) unpack(group, chunk.group_begin, chunk.count, data);
+
+  std::lock_guard lock(mutex_);
+  GroupProgress& progress = progress_[task.bucket][task.group];
+  progress.algorithms.insert(stats.algorithm);
+  std::uint64_t sent = stats.sent_bytes();
+  if (stats.algorithm == "mpi" && stats.ranks > 1) {
+    // MPI's own all-reduce does not report its bytes: count what a ring would send.
+    sent = 2 * static_cast<std::uint64_t>(stats.ranks - 1) * chunk.count * 4 /
+           static_cast<std::uint64_t>(stats.ranks);
+  }
+  progress.total.sent_payload_bytes += sent;
+  progress.total.encoded_input_bytes += stats.encoded_input_bytes;
+  progress.total.encoded_message_bytes += stats.encoded_message_bytes;
+}
+
+void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout& group) {
+  std::vector<float>& buffer = group_buffers_[task.bucket][task.group];
+  pack(group, 0, group.count, buffer.data());
+  std::vector<PowerSgdMatrix> matrices;
+  for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+    const RegisteredTensor& tensor = tensors_[group.tensors[i]];
+    const std::size_t rows = tensor.shape.front();
+    matrices.push_back(PowerSgdMatrix{tensor.name,
+                                      {buffer.data() + group.tensor_offsets[i], tensor.view.count},
+                                      rows, rows == 0 ? 0 : tensor.view.count / rows});
+  }
+  const CollectiveStats stats =
+      powersgd_allreduce(collectives::state_of(lane.communicator), matrices, task.spec, group.name,
+                         task.step, task.preset_error ? &*task.preset_error : nullptr);
+  unpack(group, 0, group.count, buffer.data());
+
+  std::lock_guard lock(mutex_);
+  GroupProgress& progress = progress_[task.bucket][task.group];
+  progress.algorithms.insert(stats.algorithm);
+  progress.total.sent_payload_bytes += stats.sent_bytes();
+  progress.total.encoded_input_bytes += stats.encoded_input_bytes;
+  progress.total.encoded_message_bytes += stats.encoded_message_bytes;
+}
+
+void ReducerState::wait() {
+  const Clock::time_point wait_begin = Clock::now();
+  if (!frozen_) freeze();
+  // Tensors never marked: their buckets still run, as calls this rank fails on purpose, so that
+  // every rank's calls pair up and every rank hears about it (no rank waits forever).
+  std::vector<std::string> missing;
+  for (std::size_t t = 0; t < tensors_.size(); ++t)
+    if (!ready_[t]) missing.push_back(tensors_[t].name);
+  std::optional<Error> missing_error;
+  if (!missing.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < missing.size(); ++i) names += (i == 0 ? "'" : ", '") + missing[i] + "'";
+    missing_error = Error(ErrorCode::invalid_argument,
+                          detail::concat("Reducer::wait (step ", step_, "): ", missing.size(),
+                                         " tensor(s) never marked ready: ", names));
+    for (; next_launch_ < layout_.size(); ++next_launch_) {
+      const bool complete = ready_in_bucket_[next_launch_] == layout_[next_launch_].tensors.size();
+      launch(next_launch_, complete ? std::nullopt : missing_error);
+    }
+  }
+  std::vector<std::string> errors;
+  std::optional<ErrorCode> code;
+  {
+    std::unique_lock lock(mutex_);
+    task_done_.wait(lock, [&] { return tasks_pending_ == 0; });
+    errors.swap(errors_);
+    code = first_error_code_;
+    first_error_code_.reset();
+  }
+  finish_step_stats(wait_begin, Clock::now());
+  // The next step starts clean whatever happened in this one.
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(ready_in_bucket_.begin(), ready_in_bucket_.end(), 0);
+  next_launch_ = 0;
+  step_started_ = false;
+  launched_any_ = false;
+
+  if (missing_error) throw *missing_error;
+  if (!errors.empty()) {
+    std::string message = detail::concat("Reducer step ", step_, ": ", errors.front());
+    if (errors.size() > 1)
+      message += detail::concat(" (and ", errors.size() - 1, " more failed call(s) in this step)");
+    throw Error(*code, message);
+  }
+}
+
+void ReducerState::finish_step_stats(Clock::time_point wait_begin, Clock::time_point wait_end) {
+  ReducerStats stats;
+  stats.step = step_;
+  std::uint64_t encoded_input = 0, encoded_message = 0;
+  Clock::time_point last_done = first_launch_;
+  for (std::size_t b = 0; b < layout_.size(); ++b) {
+    const BucketLayout& layout = layout_[b];
+    ReducerBucketStats bucket;
+    bucket.index = b;
+    bucket.bytes = layout.bytes;
+    // Buckets finish in launch order: a bucket counts as done when it and every earlier one is.
+    last_done = std::max(last_done, bucket_done_time_[b]);
+    bucket.launch_seconds = launched_any_ ? seconds_between(first_launch_, launch_time_[b]) : 0.0;
+    bucket.done_seconds = launched_any_ ? seconds_between(first_launch_, last_done) : 0.0;
+    for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+      const GroupLayout& group = layout.groups[g];
+      const GroupProgress& progress = progress_[b][g];
+      ReducerGroupStats out;
+      out.spec = progress.spec;
+      out.rule = group.rule;
+      for (const std::size_t t : group.tensors) out.tensors.push_back(tensors_[t].name);
+      out.count = group.count;
+      out.chunks = group.chunks.size();
+      out.algorithms.assign(progress.algorithms.begin(), progress.algorithms.end());
+      out.sent_bytes = progress.total.sent_payload_bytes;
+      out.encoded_input_bytes = progress.total.encoded_input_bytes;
+      out.encoded_message_bytes = progress.total.encoded_message_bytes;
+      bucket.sent_bytes += out.sent_bytes;
+      encoded_input += out.encoded_input_bytes;
+      encoded_message += out.encoded_message_bytes;
+      bucket.groups.push_back(std::move(out));
+    }
+    stats.sent_bytes += bucket.sent_bytes;
+    stats.gradient_bytes += bucket.bytes;
+    stats.buckets.push_back(std::move(bucket));
+  }
+  stats.compression_ratio =
+      encoded_message > 0 ? static_cast<double>(encoded_input) / static_cast<double>(encoded_message) : 1.0;
+  stats.communication_seconds = launched_any_ ? seconds_between(first_launch_, last_done) : 0.0;
+  stats.exposed_seconds = std::min(seconds_between(wait_begin, wait_end), stats.communication_seconds);
+  stats.hidden_seconds = stats.communication_seconds - stats.exposed_seconds;
+  stats_ = std::move(stats);
+}
+
+std::vector<std::vector<std::string>> ReducerState::bucket_names() const {
+  std::vector<std::vector<std::string>> names;
+  for (const BucketLayout& bucket : layout_) {
+    names.emplace_back();
+    for (const std::size_t t : bucket.tensors) names.back().push_back(tensors_[t].name);
+  }
+  return names;
+}
+
+// Lane l's residual "key" is saved as "lane<l>|key": the keys of different lanes never collide
+// and load() knows where each belongs.
+void ReducerState::save(const std::string& path) const {
+  require_idle("save_state");
+  const Communicator& first = lanes_.front().communicator;
+  error_feedback::ResidualStore merged(static_cast<std::uint32_t>(first.size()),
+                                       static_cast<std::uint32_t>(first.rank()), ResizePolicy::error);
+  for (std::size_t l = 0; l < lanes_.size(); ++l) {
+    auto& store = collectives::state_of(const_cast<Communicator&>(lanes_[l].communicator)).residuals();
+    for (const std::string& key : store.names()) {
+      const std::span<const float> values = store.residual(key);
+      const std::span<float> copy = merged.residual(detail::concat("lane", l, "|", key), values.size());
+      std::copy(values.begin(), values.end(), copy.begin());
+    }
+  }
+  merged.save(path);
+}
+
+void ReducerState::load(const std::string& path) {
+  require_idle("load_state");
+  const Communicator& first = lanes_.front().communicator;
+  error_feedback::ResidualStore loaded(static_cast<std::uint32_t>(first.size()),
+                                       static_cast<std::uint32_t>(first.rank()), ResizePolicy::error);
+  loaded.load(path);
+  // Check every key before changing any lane.
+  std::vector<std::pair<std::size_t, std::string>> targets;
+  for (const std::string& key : loaded.names()) {
+    std::size_t lane = 0;
+    const auto bar = key.find('|');
+    const bool well_formed = key.starts_with("lane") && bar != std::string::npos && bar > 4 &&
+                             std::sscanf(key.c_str() + 4, "%zu", &lane) == 1 && lane < lanes_.size();
+    GZ_REQUIRE(well_formed, ErrorCode::invalid_argument, "Reducer::load_state('", path,
+               "'): entry '", key, "' is not 'lane<L>|<key>' with L below this Reducer's ",
+               lanes_.size(), " lanes (saved by another Reducer or with other options?)");
+    targets.emplace_back(lane, key.substr(bar + 1));
+  }
+  for (Lane& lane : lanes_) collectives::state_of(lane.communicator).residuals().clear();
+  const std::vector<std::string> keys = loaded.names();
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const std::span<const float> values = loaded.residual(keys[i]);
+    auto& store = collectives::state_of(lanes_[targets[i].first].communicator).residuals();
+    const std::span<float> destination = store.residual(targets[i].second, values.size());
+    std::copy(values.begin(), values.end(), destination.begin());
+  }
+}
+
+}  // namespace pipeline
+
+// ---- the public face ------------------------------------------------------------------------
+
+Reducer::Reducer(Communicator& communicator, ReducerOptions options)
+    : state_(std::make_unique<pipeline::ReducerState>(communicator, std::move(options))) {}
+Reducer::~Reducer() = default;
+
+void Reducer::add(std::string name, TensorView tensor, std::vector<std::size_t> shape) {
+  state_->add(std::move(name), tensor, std::move(shape));
+}
+void Reducer::mark_ready(std::string_view name) { state_->mark_ready(name); }
+void Reducer::mark_all_ready() { state_->mark_all_ready(); }
+void Reducer::wait() { state_->wait(); }
+void Reducer::step() { state_->set_step(state_->step() + 1); }
+void Reducer::set_step(std::uint64_t step) { state_->set_step(step); }
+std::uint64_t Reducer::current_step() const noexcept { return state_->step(); }
+std::vector<std::vector<std::string>> Reducer::buckets() const { return state_->bucket_names(); }
+const ReducerStats& Reducer::stats() const noexcept { return state_->stats(); }
+void Reducer::save_state(const std::string& path) const { state_->save(path); }
+void Reducer::load_state(const std::string& path) { state_->load(path); }
+
+std::string ReducerStats::to_json() const {
+  const auto quoted = [](const std::string& text) {
+    std::string out = "\"";
+    for (const char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) {
+        char escaped[8];
+        std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+        out += escaped;
+        continue;
+      }
+      out += c;
+    }
+    return out + "\"";
+  };
+  const auto number = [](double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", std::isfinite(value) ? value : 0.0);
+    return std::string(text);
+  };
+  std::string out = detail::concat(
+      "{\"step\":", step, ",\"sent_bytes\":", sent_bytes, ",\"gradient_bytes\":", gradient_bytes,
+      ",\"compression_ratio\":", number(compression_ratio),
+      ",\"communication_seconds\":", number(communication_seconds),
+      ",\"exposed_seconds\":", number(exposed_seconds), ",\"hidden_seconds\":",
+      number(hidden_seconds), ",\"buckets\":[");
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const ReducerBucketStats& bucket = buckets[b];
+    out += detail::concat(b == 0 ? "" : ",", "{\"index\":", bucket.index, ",\"bytes\":", bucket.bytes,
+                          ",\"launch_seconds\":", number(bucket.launch_seconds),
+                          ",\"done_seconds\":", number(bucket.done_seconds),
+                          ",\"sent_bytes\":", bucket.sent_bytes, ",\"groups\":[");
+    for (std::size_t g = 0; g < bucket.groups.size(); ++g) {
+      const ReducerGroupStats& group = bucket.groups[g];
+      out += detail::concat(g == 0 ? "" : ",", "{\"spec\":", quoted(group.spec),
+                            ",\"rule\":", quoted(group.rule), ",\"count\":", group.count,
+                            ",\"chunks\":", group.chunks, ",\"sent_bytes\":", group.sent_bytes,
+                            ",\"encoded_input_bytes\":", group.encoded_input_bytes,
+                            ",\"encoded_message_bytes\":", group.encoded_message_bytes,
+                            ",\"algorithms\":[");
+      const auto append_list = [&](const std::vector<std::string>& items) {
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          if (i > 0) out += ',';
+          out += quoted(items[i]);
+        }
+      };
+      append_list(group.algorithms);
+      out += "],\"tensors\":[";
+      append_list(group.tensors);
+      out += "]}";
+    }
+    out += "]}";
+  }
+  return out + "]}";
+}
+
+}  // namespace gradzip
