@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # An emulated cluster on one host: each MPI rank runs in its own network namespace behind a
 # rate-limited veth link, so ranks talk over real TCP at cluster-like bandwidth instead of
-# shared memory (where compression cannot win). Runs `gradzip-bench allreduce` on it.
+# shared memory (where compression cannot win). Runs `gradzip-bench allreduce` (or another
+# gradzip-bench command, e.g. `overlap`) on it.
 #
-#   sudo benchmarks/emulated_cluster.sh [--ranks N] [--rate RATE] [--bench PATH] [-- BENCH ARGS...]
+#   sudo benchmarks/emulated_cluster.sh [--ranks N] [--rate RATE] [--bench PATH]
+#                                       [--command CMD] [-- BENCH ARGS...]
 #
 #   --ranks N     ranks, one namespace each (default 4)
 #   --rate RATE   tc rate of every link, both directions (default 1gbit; at 10gbit the 2 cores,
 #                 not the links, are the bottleneck here)
 #   --bench PATH  the gradzip-bench binary (default build/bin/gradzip-bench)
+#   --command CMD the gradzip-bench command to run: allreduce (default) or overlap
 #   BENCH ARGS    arguments of `gradzip-bench allreduce` (default: --size 67108864 and the
 #                 issue's codecs none, fp16, qsgd:bits=4, qsgd:bits=8, sign, topk:ratio=0.01,
 #                 randk:ratio=0.01)
@@ -28,6 +31,7 @@ rate=1gbit
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 bench="$root_dir/build/bin/gradzip-bench"
 bench_args=()
+command=allreduce
 
 # The comment block above, without the '#'.
 usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -37,12 +41,13 @@ while (($#)); do
     --ranks) ranks="${2:?--ranks needs a value}"; shift 2 ;;
     --rate) rate="${2:?--rate needs a value}"; shift 2 ;;
     --bench) bench="${2:?--bench needs a value}"; shift 2 ;;
+    --command) command="${2:?--command needs a value}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; bench_args=("$@"); break ;;
     *) bench_args=("$@"); break ;;
   esac
 done
-if ((${#bench_args[@]} == 0)); then
+if ((${#bench_args[@]} == 0)) && [[ "$command" == allreduce ]]; then
   bench_args=(--size 67108864)
   for spec in none fp16 qsgd:bits=4 qsgd:bits=8 sign topk:ratio=0.01 randk:ratio=0.01; do
     bench_args+=(--codec "$spec")
@@ -132,6 +137,6 @@ echo "emulated_cluster: $ranks ranks, $rate links, gradzip-bench allreduce ${ben
 mpirun -np "$ranks" --oversubscribe --bind-to none \
   --mca btl tcp,self --mca btl_tcp_if_include 198.18.0.0/24 \
   --mca oob_tcp_if_include "$bridge" -x PMIX_MCA_ptl_tcp_if_include \
-  "$workdir/in_namespace.sh" "$bench" allreduce "${bench_args[@]}" &
+  "$workdir/in_namespace.sh" "$bench" "$command" "${bench_args[@]}" &
 mpirun_pid=$!
 wait "$mpirun_pid"
