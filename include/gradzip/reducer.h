@@ -31,8 +31,8 @@
 // order whatever order its tensors became ready in. Chunks are numbered in launch order within
 // a step and chunk n runs on communication lane n % lanes. Each lane is a thread with its own
 // duplicate of the communicator's transport, so while one lane's chunk is on the wire the next
-// lane encodes its chunk and a third decodes (lanes >= 2 pipelines chunks; lanes = 1 runs them
-// one after the other). MPI is driven by the lane threads only, concurrently: the Reducer needs
+// lane encodes (or decodes) its own: with L lanes up to L consecutive chunks are in flight, each
+// in its own stage (lanes = 1 runs them one after the other). MPI is driven by the lane threads only, concurrently: the Reducer needs
 // MPI_THREAD_MULTIPLE (what gradzip asks for when it initialises MPI) and throws
 // ErrorCode::unsupported at construction when lanes > 1 and the application initialised MPI
 // with less. The lanes wait for messages by polling with short sleeps, so an idle lane leaves
