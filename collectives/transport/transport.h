@@ -68,8 +68,10 @@ class Transport {
 
   // Waiting policy. false (the default): waits may spin (lowest latency). true: waits poll
   // with short sleeps between polls, so a thread waiting for the wire leaves the CPU to other
-  // threads (the Reducer's lanes, which wait while backward computes); collectives then run as
-  // their non-blocking forms. Either way the results are the same.
+  // threads (the Reducer's lanes, which wait while backward computes); the collectives that
+  // only move bytes then run as their non-blocking forms. Either way the results are the same
+  // bits (allreduce_f32_sum keeps the blocking form, whose summation order MPI may choose
+  // differently from the non-blocking one).
   virtual void set_idle_waits(bool idle_waits) { (void)idle_waits; }
   // Whether different Transport objects (duplicates, splits) may be used from different
   // threads at the same time. MPI: only under MPI_THREAD_MULTIPLE.

@@ -18,8 +18,8 @@
 // mark_ready checks this with every rank and throws ErrorCode::size_mismatch naming the ranks
 // that differ.
 //
-// Groups and rules. Inside a bucket, tensors are grouped by the spec their rule gives them
-// (ReducerOptions::spec, below); each group is packed into one f32 buffer, which is reduced in
+// Groups and rules. Inside a bucket, tensors are grouped by the spec their rule gives them and
+// that rule (ReducerOptions::spec, below); each group is packed into one f32 buffer, which is reduced in
 // chunks of about chunk_bytes (the group is cut into equal chunks of at most chunk_bytes).
 // Each chunk is one compressed all-reduce of the Communicator with ReduceOp::average, so
 // compression acts on the chunk: a top-k of a chunk selects across the tensors in it, and
@@ -151,7 +151,8 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Registers a gradient (f32, f16 or bf16 host memory). `shape` (optional) must multiply to
-  // tensor.count; rules and PowerSGD use it. Names are unique and non-empty. Only before the
+  // tensor.count (else ErrorCode::size_mismatch); rules and PowerSGD use it. Other bad
+  // arguments throw ErrorCode::invalid_argument. Names are unique and non-empty. Only before the
   // first mark_ready.
   void add(std::string name, TensorView tensor, std::vector<std::size_t> shape = {});
 

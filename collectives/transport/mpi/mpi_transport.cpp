@@ -258,15 +258,10 @@ void MpiTransport::allgather_u64(std::span<const std::uint64_t> mine,
 void MpiTransport::allreduce_f32_sum(std::span<float> data) {
   if (data.empty()) return;
   const int count = as_count(data.size(), "allreduce_f32_sum", describe());
-  run_collective(
-      "MPI_Allreduce",
-      [&](MPI_Request* request) {
-        return MPI_Iallreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, comm_,
-                              request);
-      },
-      [&] {
-        return MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, comm_);
-      });
+  // Always the blocking form: MPI_Iallreduce may add in another order than MPI_Allreduce
+  // (Open MPI does at 5 ranks), and the result must not depend on the wait policy. Only small
+  // tensors (under min_bytes) take this path, so spinning here is brief.
+  check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
 }
 
 void MpiTransport::barrier() {
