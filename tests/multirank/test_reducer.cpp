@@ -730,6 +730,39 @@ TEST(Reducer, WarmUpStepsAreExactlyNoneThenTheCodecRuns) {
 }
 
 // Braces and brackets outside strings balance and the text is one object.
+TEST(Reducer, RatioRampFallsGeometricallyFromAQuarterToTheTargetAfterWarmUp) {
+  // warmup=1, ramp=4, target 0.01: step 0 is none; steps 1..4 use 0.25^(1-t) * 0.01^t with
+  // t = (step - warmup + 1) / 4, so step 4 reaches the target, which then stays.
+  Communicator comm = Communicator::world();
+  ReducerOptions options;
+  options.spec = "topk:ratio=0.01,warmup=1,ramp=4";
+  Gradients gradients({{"w", DType::f32, {100, 200}}});
+  Reducer reducer(comm, options);
+  gradients.register_with(reducer);
+  for (std::uint64_t step = 0; step < 7; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    fill_with_gaussians(gradients, 300 + step);
+    run_step(reducer, gradients, backward_order(gradients));
+    const ReducerGroupStats* group = group_of(reducer.stats(), "w");
+    EXPECT_NE(group, nullptr);
+    // No early return here: every rank must reach the next step's collectives.
+    const CompressionSpec used = CompressionSpec::parse(group != nullptr ? group->spec : "sign");
+    if (step == 0) {
+      EXPECT_EQ(used.codec, CodecKind::none);
+    } else {
+      EXPECT_EQ(used.codec, CodecKind::topk);
+      const double t = std::min(1.0, static_cast<double>(step) / 4.0);
+      const double expected = std::pow(0.25, 1.0 - t) * std::pow(0.01, t);
+      // The ratio travels through the canonical spec text (shortest round-trip digits).
+      EXPECT_NEAR(used.ratio, expected, 1e-12 * expected);
+      if (step >= 4) {
+        EXPECT_EQ(used.ratio, 0.01);
+      }
+    }
+    reducer.step();
+  }
+}
+
 bool looks_like_one_json_object(const std::string& json) {
   int depth = 0;
   bool in_string = false;
