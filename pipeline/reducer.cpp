@@ -66,6 +66,14 @@ CompressionSpec spec_at_step(const CompressionSpec& spec, std::uint64_t step) {
   return result;
 }
 
+// Bytes one rank sends in a ring all-reduce of `bytes` over `ranks` ranks: 2 (P - 1) / P of
+// them. Stands in for MPI's own all-reduce, which does not say what it sent.
+std::uint64_t ring_bytes_estimate(std::uint64_t bytes, int ranks) {
+  if (ranks <= 1) return 0;
+  const auto p = static_cast<std::uint64_t>(ranks);
+  return 2 * (p - 1) * bytes / p;
+}
+
 }  // namespace
 
 // One unit of lane work: a chunk of a dense group, or a whole PowerSGD group.
@@ -445,11 +453,8 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
   GroupProgress& progress = progress_[task.bucket][task.group];
   progress.algorithms.insert(stats.algorithm);
   std::uint64_t sent = stats.sent_bytes();
-  if (stats.algorithm == "mpi" && stats.ranks > 1) {
-    // MPI's own all-reduce does not report its bytes: count what a ring would send.
-    sent = 2 * static_cast<std::uint64_t>(stats.ranks - 1) * chunk.count * 4 /
-           static_cast<std::uint64_t>(stats.ranks);
-  }
+  // MPI's own all-reduce does not report its bytes: count what a ring would send.
+  if (stats.algorithm == "mpi") sent = ring_bytes_estimate(chunk.count * 4, stats.ranks);
   progress.total.sent_payload_bytes += sent;
   progress.total.encoded_input_bytes += stats.encoded_input_bytes;
   progress.total.encoded_message_bytes += stats.encoded_message_bytes;
@@ -471,10 +476,15 @@ void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout&
                          task.step, task.preset_error ? &*task.preset_error : nullptr);
   unpack(group, 0, group.count, buffer.data());
 
+  // Small P and Q go through MPI's own all-reduce, which reports no bytes: count what a ring
+  // would send for both (an undercount when only one of the two took that path).
+  std::uint64_t sent = stats.sent_bytes();
+  if (sent == 0) sent = ring_bytes_estimate(stats.encoded_message_bytes, stats.ranks);
+
   std::lock_guard lock(mutex_);
   GroupProgress& progress = progress_[task.bucket][task.group];
   progress.algorithms.insert(stats.algorithm);
-  progress.total.sent_payload_bytes += stats.sent_bytes();
+  progress.total.sent_payload_bytes += sent;
   progress.total.encoded_input_bytes += stats.encoded_input_bytes;
   progress.total.encoded_message_bytes += stats.encoded_message_bytes;
 }

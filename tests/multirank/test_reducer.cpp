@@ -763,6 +763,67 @@ TEST(Reducer, RatioRampFallsGeometricallyFromAQuarterToTheTargetAfterWarmUp) {
   }
 }
 
+TEST(Reducer, PowersgdCompressesMatricesAndSendsBiasesAsTheyAre) {
+  // Rank r's matrix is U * V_r^T with U (rows x 2) the same on every rank, so the average
+  // U * mean(V_r)^T has rank 2 and rank-2 PowerSGD recovers it: P = A Q spans U's columns
+  // whatever Q is (tests/multirank/test_powersgd.cpp derives the f32 bound; here the loose
+  // 1e-3 relative Frobenius error only separates "reconstructed" from "not"). The bias goes
+  // uncompressed by the default dims<=1 rule and must be exact. warmup=1: step 0 is exact too.
+  constexpr std::size_t rows = 160, cols = 128, rank = 2;
+  Communicator comm = Communicator::world();
+  ReducerOptions options;
+  options.spec = "powersgd:rank=2,warmup=1,ef=off";
+  Gradients gradients({{"w", DType::f32, {rows, cols}}, {"b", DType::f32, {rows}}});
+  Reducer reducer(comm, options);
+  gradients.register_with(reducer);
+  const int ranks = world_size();
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const std::vector<float> u = testing::gaussian(rows * rank, 500 + step);
+    std::vector<double> average(rows * cols, 0.0);
+    std::vector<float> mine;
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<float> v = testing::gaussian(cols * rank, 600 + 10 * step + r);
+      std::vector<float> m(rows * cols);
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j)
+          m[i * cols + j] = u[i * rank] * v[j * rank] + u[i * rank + 1] * v[j * rank + 1];
+      for (std::size_t e = 0; e < m.size(); ++e) average[e] += static_cast<double>(m[e]) / ranks;
+      if (r == world_rank()) mine = m;
+    }
+    gradients.fill(0, mine);
+    // Bias: rank r contributes ranks * (r + i % 5), whose average is exact in f32.
+    std::vector<float> bias(rows), bias_average(rows);
+    for (std::size_t i = 0; i < rows; ++i) {
+      bias[i] = static_cast<float>(ranks * (world_rank() + static_cast<int>(i % 5)));
+      bias_average[i] = static_cast<float>((ranks - 1) * ranks / 2 + ranks * static_cast<int>(i % 5));
+    }
+    gradients.fill(1, bias);
+    run_step(reducer, gradients, backward_order(gradients));
+
+    const std::vector<float> result = gradients.values(0);
+    double error = 0.0, norm = 0.0;
+    for (std::size_t e = 0; e < result.size(); ++e) {
+      error += (result[e] - average[e]) * (result[e] - average[e]);
+      norm += average[e] * average[e];
+    }
+    EXPECT_LT(std::sqrt(error / norm), step == 0 ? 1e-6 : 1e-3);
+    EXPECT_TRUE(testing::same_bits(gradients.values(1), bias_average));
+    expect_identical_on_all_ranks(gradients);
+    const ReducerGroupStats* group = group_of(reducer.stats(), "w");
+    EXPECT_NE(group, nullptr);
+    if (group != nullptr && step > 0) {
+      EXPECT_TRUE(starts_with(group->spec, "powersgd")) << group->spec;
+      EXPECT_EQ(group->algorithms, std::vector<std::string>{"powersgd"});
+      // (rows x cols) / ((rows + cols) x rank) f32 values.
+      EXPECT_DOUBLE_EQ(static_cast<double>(group->encoded_input_bytes) /
+                           static_cast<double>(group->encoded_message_bytes),
+                       static_cast<double>(rows * cols) / static_cast<double>((rows + cols) * rank));
+    }
+    reducer.step();
+  }
+}
+
 bool looks_like_one_json_object(const std::string& json) {
   int depth = 0;
   bool in_string = false;
