@@ -2,6 +2,8 @@
 //   gradzip-bench codecs [--size N] [--codec SPEC]... [--repeat R] [--json FILE]
 //   mpirun -np P gradzip-bench allreduce [--size BYTES]... [--codec SPEC]... [--iters N] [--check]
 //                                        [--json FILE]
+//   mpirun -np P gradzip-bench overlap [--model small|25m] [--batch N] [--codec SPEC]... [--iters N]
+//                                      [--json FILE]  (and Reducer options; see --help)
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -12,6 +14,7 @@
 namespace gradzip::bench {
 int run_codecs(int argc, char** argv);
 int run_allreduce(int argc, char** argv);  // allreduce_bench.cpp; needs a build with MPI
+int run_overlap(int argc, char** argv);    // overlap_bench.cpp; needs a build with MPI
 }
 
 namespace {
@@ -25,6 +28,10 @@ void print_usage(std::FILE* out) {
                "  allreduce  compressed all-reduce against MPI_Allreduce of the same data,\n"
                "             measured in the same run: time, algbw/busbw, bytes sent against\n"
                "             theory, error (run under mpirun; needs a build with MPI)\n"
+               "  overlap    the Reducer during an emulated backward (a GEMM per layer of a\n"
+               "             25M-parameter model): compute-only, communication-only, sequential\n"
+               "             and overlapped step times, measured in the same run (run under\n"
+               "             mpirun; needs a build with MPI)\n"
                "run 'gradzip-bench SUBCOMMAND --help' for its options\n");
 }
 
@@ -39,6 +46,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "codecs") return gradzip::bench::run_codecs(argc - 1, argv + 1);
     if (command == "allreduce") return gradzip::bench::run_allreduce(argc - 1, argv + 1);
+    if (command == "overlap") return gradzip::bench::run_overlap(argc - 1, argv + 1);
     if (command == "--help" || command == "-h") {
       print_usage(stdout);
       return 0;

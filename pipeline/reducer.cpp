@@ -99,7 +99,8 @@ class ReducerState {
   std::uint64_t step() const noexcept { return step_; }
   std::vector<std::vector<std::string>> bucket_names() const;
   const ReducerStats& stats() const noexcept { return stats_; }
-  void save(const std::string& path) const;
+  // Not const: it reads the lanes' stores through their (non-const) communicator states.
+  void save(const std::string& path);
   void load(const std::string& path);
 
  private:
@@ -590,13 +591,13 @@ std::vector<std::vector<std::string>> ReducerState::bucket_names() const {
 
 // Lane l's residual "key" is saved as "lane<l>|key": the keys of different lanes never collide
 // and load() knows where each belongs.
-void ReducerState::save(const std::string& path) const {
+void ReducerState::save(const std::string& path) {
   require_idle("save_state");
   const Communicator& first = lanes_.front().communicator;
   error_feedback::ResidualStore merged(static_cast<std::uint32_t>(first.size()),
                                        static_cast<std::uint32_t>(first.rank()), ResizePolicy::error);
   for (std::size_t l = 0; l < lanes_.size(); ++l) {
-    auto& store = collectives::state_of(const_cast<Communicator&>(lanes_[l].communicator)).residuals();
+    const auto& store = collectives::state_of(lanes_[l].communicator).residuals();
     for (const std::string& key : store.names()) {
       const std::span<const float> values = store.residual(key);
       const std::span<float> copy = merged.residual(detail::concat("lane", l, "|", key), values.size());
