@@ -2,8 +2,8 @@
 //   gradzip-bench codecs [--size N] [--codec SPEC]... [--repeat R] [--json FILE]
 //   mpirun -np P gradzip-bench allreduce [--size BYTES]... [--codec SPEC]... [--iters N] [--check]
 //                                        [--json FILE]
-//   mpirun -np P gradzip-bench overlap [--model small|25m] [--batch N] [--codec SPEC]... [--iters N]
-//                                      [--json FILE]  (and Reducer options; see --help)
+//   mpirun -np P gradzip-bench overlap [--model small|25m] [--batch N] [--codec SPEC]...
+//                                      [--iters N] [--json FILE]  (Reducer options: --help)
 #include <cstdio>
 #include <cstring>
 #include <exception>

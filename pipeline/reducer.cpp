@@ -457,8 +457,11 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
   // MPI's own all-reduce does not report its bytes: count what a ring would send.
   if (stats.algorithm == "mpi") sent = ring_bytes_estimate(chunk.count * 4, stats.ranks);
   progress.total.sent_payload_bytes += sent;
-  progress.total.encoded_input_bytes += stats.encoded_input_bytes;
-  progress.total.encoded_message_bytes += stats.encoded_message_bytes;
+  // The ring's `none` messages carry headers too; they are not compression.
+  if (task.spec.codec != CodecKind::none) {
+    progress.total.encoded_input_bytes += stats.encoded_input_bytes;
+    progress.total.encoded_message_bytes += stats.encoded_message_bytes;
+  }
 }
 
 void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout& group) {

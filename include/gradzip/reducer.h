@@ -111,8 +111,8 @@ struct ReducerBucketStats {
   std::size_t index = 0;
   std::size_t bytes = 0;  // f32 bytes of its tensors
   std::vector<ReducerGroupStats> groups;
-  double launch_seconds = 0;  // since the step's first mark_ready
-  double done_seconds = 0;    // since the step's first mark_ready
+  double launch_seconds = 0;  // since the step's first bucket launch
+  double done_seconds = 0;    // since the step's first bucket launch
   std::uint64_t sent_bytes = 0;
 };
 
@@ -122,7 +122,8 @@ struct ReducerStats {
   std::uint64_t sent_bytes = 0;     // all lanes, all buckets (MPI's own all-reduce of
                                     // uncompressed chunks counted as 2(P-1)/P of their bytes)
   std::uint64_t gradient_bytes = 0; // f32 bytes of all registered tensors
-  // f32 bytes encoded over message bytes, over all compressed chunks (1 when none were).
+  // f32 bytes encoded over message bytes, over all chunks whose codec is not `none` (1 when
+  // there were none: uncompressed steps, warm-up).
   double compression_ratio = 1.0;
   // Wall time from the first bucket's launch to the last bucket's completion.
   double communication_seconds = 0;

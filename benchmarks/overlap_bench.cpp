@@ -1,0 +1,629 @@
+// gradzip-bench overlap: how much of the Reducer's communication backward hides. Run it under
+// mpirun (one rank works too):
+//
+//   mpirun -np 4 --oversubscribe --bind-to none build/bin/gradzip-bench overlap [options]
+//
+// Overlap needs something idle to overlap with. Over shared memory on a host whose cores all
+// run backward, communication is CPU work that competes with backward, and overlapped ~=
+// sequential; on slow links (benchmarks/emulated_cluster.sh) the ranks mostly wait for the wire,
+// which backward can fill. With bucket_bytes B, the last bucket holds the first layers and
+// starts when backward ends, so about B / (model bytes) of the communication cannot be hidden.
+//
+// The model. The layer shapes of a transformer's blocks, GPT-2 style, without the embeddings:
+// per block, in forward (registration) order,
+//   ln1 (norm, width d)  attn.qkv (linear d -> 3d)  attn.proj (linear d -> d)
+//   ln2 (norm, width d)  mlp.fc1 (linear d -> 4d)   mlp.fc2 (linear 4d -> d)
+// then a final norm ln_f. A linear layer d_in -> d_out has a weight of shape [d_out, d_in] and a
+// bias [d_out]; a norm of width d a weight [d] and a bias [d]. Parameters:
+//   blocks * (12 d^2 + 13 d) + 2 d
+//   --model 25m:   d = 512, 8 blocks: 25,220,096 parameters (100.9 MB of f32 gradients)
+//   --model small: d = 128, 2 blocks:    396,800 parameters (1.6 MB; for tests)
+// (small's weight matrices are 64 KiB and more, so the default bytes<65536 rule leaves them to
+// the codec.)
+//
+// Backward. Layers run in reverse order; each computes its gradients with real arithmetic from
+// a saved input X (batch x d_in) and an output gradient dY (batch x d_out), both filled once
+// with values in [-1, 1) seeded by (rank, layer), so every rank's gradients differ:
+//   linear: dW = dY^T X (an Eigen f32 GEMM, 2 * batch * d_in * d_out flops), db = column sums of dY
+//   norm:   dgamma = column sums of X .* dY, dbeta = column sums of dY
+// (The input gradient dX = dY W^T, which a real backward also computes, is skipped: it is no
+// parameter gradient. --batch scales the work instead.) The gradients land in the buffers
+// registered with the Reducer, which reads them: the work cannot be optimised away.
+//
+// The measurement. For each --codec spec a Reducer is made with the options given (--lanes,
+// --first-bucket-bytes, --bucket-bytes, --chunk-bytes) and the model's parameters registered
+// in forward order. Each iteration runs the four phases below one after the other, each after
+// an MPI_Barrier; --warmup iterations run first untimed, then --iters timed ones. A phase's
+// time in one iteration is the slowest rank's (max over ranks of each rank's wall time); the
+// figure reported is the median over the timed iterations. reducer.step() follows every phase
+// that uses the Reducer (outside the timed region), so the spec's step counter advances by 3
+// per iteration.
+//   compute_s     backward only, no Reducer calls
+//   comm_s        the Reducer alone: mark_all_ready() then wait(), on gradients written by an
+//                 untimed backward just before the barrier
+//   sequential_s  backward, then mark_all_ready() and wait(): no overlap
+//   overlapped_s  backward with mark_ready() of each gradient as soon as its layer has
+//                 produced it, then wait()
+//   exposed_comm_s     overlapped_s - compute_s (negative when noise makes it so)
+//   reducer_exposed_s  median over the overlapped steps of ReducerStats::exposed_seconds (the
+//                      time blocked in wait(), slowest rank)
+//   overlap_vs_max     overlapped_s / max(compute_s, comm_s)   (1: perfect overlap)
+//   overlap_vs_compute overlapped_s / compute_s
+//   hidden_fraction    (sequential_s - overlapped_s) / min(compute_s, comm_s): the share of the
+//                      hideable time that was hidden
+// sent_bytes, compression_ratio, buckets and algorithms come from the Reducer's stats of the last
+// overlapped step (sent_bytes: max over ranks; the others: rank 0's). The JSON keeps the raw
+// per-iteration samples of every phase, the Reducer's own communication_seconds of every
+// comm-only step and exposed_seconds of every overlapped step, and rank 0's whole ReducerStats
+// of the last overlapped step (bucket launch and done times: where the overlap went).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradzip/error.h"
+
+#if GRADZIP_HAVE_MPI
+#include <mpi.h>
+
+#include <Eigen/Dense>
+
+#include "gradzip/communicator.h"
+#include "gradzip/compression_spec.h"
+#include "gradzip/reducer.h"
+#include "pipeline/model_spec.h"
+#endif
+
+namespace gradzip::bench {
+
+#if !GRADZIP_HAVE_MPI
+
+int run_overlap(int /*argc*/, char** /*argv*/) {
+  std::fprintf(stderr,
+               "gradzip-bench overlap: unavailable: this gradzip was built without MPI "
+               "(GRADZIP_WITH_MPI=OFF, or no MPI was found at configure time)\n");
+  return 1;
+}
+
+#else
+
+namespace {
+
+// The layer shapes of the model (see the top of this file).
+struct ModelShape {
+  std::string name;
+  std::size_t width = 0;   // d
+  std::size_t blocks = 0;
+};
+
+const std::vector<ModelShape> kModels = {{"small", 128, 2}, {"25m", 512, 8}};
+
+struct Options {
+  ModelShape model = kModels[1];
+  std::size_t batch = 32;
+  std::vector<std::string> specs;
+  int iters = 10;
+  int warmup = 2;
+  ReducerOptions reducer;  // spec is set per --codec
+  std::string json_path;
+  bool help = false;
+};
+
+const std::vector<std::string> kDefaultSpecs = {"none", "fp16", "topk:ratio=0.01"};
+
+void print_help() {
+  const ReducerOptions defaults;
+  std::printf(
+      "usage: mpirun -np P gradzip-bench overlap [--model small|25m] [--batch N]\n"
+      "                                      [--codec SPEC]... [--iters N] [--warmup N] [--lanes N]\n"
+      "                                      [--first-bucket-bytes B] [--bucket-bytes B]\n"
+      "                                      [--chunk-bytes B] [--json FILE]\n"
+      "  --model M     layer shapes of a transformer's blocks: 25m (d=512, 8 blocks, 25.2M\n"
+      "                parameters; default) or small (d=128, 2 blocks, 0.4M)\n"
+      "  --batch N     rows of the emulated activations; backward costs 2*N flops per weight\n"
+      "                (default 32)\n"
+      "  --codec SPEC  a Reducer model spec (ReducerOptions::spec, rules allowed); repeat for\n"
+      "                several (default none, fp16, topk:ratio=0.01)\n"
+      "  --iters N     timed iterations; medians are reported (default 10)\n"
+      "  --warmup N    untimed iterations first (default 2)\n"
+      "  --lanes N, --first-bucket-bytes B, --bucket-bytes B, --chunk-bytes B\n"
+      "                ReducerOptions (defaults %d, %zu, %zu, %zu)\n"
+      "  --json FILE   also write one JSON object per spec to FILE (rank 0)\n"
+      "Each iteration times, after a barrier each: backward alone (compute), the Reducer alone\n"
+      "(comm), backward then the Reducer (sequential), backward marking gradients ready as they\n"
+      "appear (overlapped). A time is the slowest rank's; the median over iterations is shown.\n",
+      defaults.lanes, defaults.first_bucket_bytes, defaults.bucket_bytes, defaults.chunk_bytes);
+}
+
+std::size_t parse_count(const char* text, const std::string& flag) {
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  GZ_REQUIRE(end != text && *end == '\0' && text[0] != '-', ErrorCode::invalid_argument,
+             "overlap: ", flag, " expects a non-negative integer, got '", text, "'");
+  return static_cast<std::size_t>(value);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> const char* {
+      GZ_REQUIRE(i + 1 < argc, ErrorCode::invalid_argument, "overlap: ", arg, " needs a value");
+      return argv[++i];
+    };
+    const auto positive = [&](const char* text) {
+      const std::size_t count = parse_count(text, arg);
+      GZ_REQUIRE(count >= 1, ErrorCode::invalid_argument, "overlap: ", arg, " must be >= 1");
+      return count;
+    };
+    if (arg == "--model") {
+      const std::string name = value();
+      const auto found = std::find_if(kModels.begin(), kModels.end(),
+                                      [&](const ModelShape& model) { return model.name == name; });
+      GZ_REQUIRE(found != kModels.end(), ErrorCode::invalid_argument, "overlap: --model '", name,
+                 "' is not one of small, 25m");
+      options.model = *found;
+    } else if (arg == "--batch") {
+      options.batch = positive(value());
+    } else if (arg == "--codec") {
+      options.specs.emplace_back(value());
+      // Bad specs fail here, before MPI starts, with the parser's message.
+      pipeline::ModelSpec::parse(options.specs.back(), options.reducer.default_rules,
+                                 CompressionSpec{});
+    } else if (arg == "--iters") {
+      options.iters = static_cast<int>(positive(value()));
+    } else if (arg == "--warmup") {
+      options.warmup = static_cast<int>(parse_count(value(), arg));
+    } else if (arg == "--lanes") {
+      options.reducer.lanes = static_cast<int>(positive(value()));
+    } else if (arg == "--first-bucket-bytes") {
+      options.reducer.first_bucket_bytes = positive(value());
+    } else if (arg == "--bucket-bytes") {
+      options.reducer.bucket_bytes = positive(value());
+    } else if (arg == "--chunk-bytes") {
+      options.reducer.chunk_bytes = positive(value());
+    } else if (arg == "--json") {
+      options.json_path = value();
+    } else if (arg == "--help" || arg == "-h") {
+      options.help = true;
+    } else {
+      GZ_THROW(ErrorCode::invalid_argument, "overlap: unknown option '", arg,
+               "' (see gradzip-bench overlap --help)");
+    }
+  }
+  if (options.specs.empty()) options.specs = kDefaultSpecs;
+  return options;
+}
+
+// ---- the emulated model --------------------------------------------------------------------
+
+using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+struct Parameter {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::vector<float> gradient;
+};
+
+// One layer's backward: its saved input and the gradient arriving at its output, and the two
+// parameters (weight, bias) whose gradients it produces.
+struct Layer {
+  enum class Kind { linear, norm };
+  Kind kind = Kind::linear;
+  std::size_t weight = 0;  // index into EmulatedModel::parameters()
+  std::size_t bias = 0;
+  Eigen::MatrixXf input;        // batch x d_in (norm: batch x d)
+  Eigen::MatrixXf output_grad;  // batch x d_out (norm: batch x d)
+};
+
+class EmulatedModel {
+ public:
+  EmulatedModel(const ModelShape& shape, std::size_t batch, int rank) : batch_(batch) {
+    const std::size_t d = shape.width;
+    for (std::size_t b = 0; b < shape.blocks; ++b) {
+      const std::string block = "blocks." + std::to_string(b) + ".";
+      add_norm(block + "ln1", d, rank);
+      add_linear(block + "attn.qkv", d, 3 * d, rank);
+      add_linear(block + "attn.proj", d, d, rank);
+      add_norm(block + "ln2", d, rank);
+      add_linear(block + "mlp.fc1", d, 4 * d, rank);
+      add_linear(block + "mlp.fc2", 4 * d, d, rank);
+    }
+    add_norm("ln_f", d, rank);
+  }
+
+  // In forward order (the order the Reducer wants them registered).
+  const std::vector<Parameter>& parameters() const { return parameters_; }
+
+  std::size_t parameter_count() const {
+    std::size_t count = 0;
+    for (const Parameter& parameter : parameters_) count += parameter.gradient.size();
+    return count;
+  }
+
+  // The GEMM flops of one backward: 2 * batch * d_in * d_out per linear layer (the column
+  // sums, O(batch * d), are not counted).
+  std::uint64_t gemm_flops() const { return gemm_flops_; }
+
+  // Registers every gradient buffer with `reducer`, in forward order.
+  void register_with(Reducer& reducer) {
+    for (Parameter& parameter : parameters_)
+      reducer.add(parameter.name, host_view(parameter.gradient.data(), parameter.gradient.size()),
+                  parameter.shape);
+  }
+
+  // Runs backward, layers in reverse order; after each layer has written its gradients,
+  // calls on_layer_done(weight name, bias name).
+  template <typename OnLayerDone>
+  void backward(OnLayerDone&& on_layer_done) {
+    for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) {
+      Parameter& weight = parameters_[layer->weight];
+      Parameter& bias = parameters_[layer->bias];
+      Eigen::Map<Eigen::RowVectorXf> bias_grad(bias.gradient.data(),
+                                               static_cast<Eigen::Index>(bias.gradient.size()));
+      if (layer->kind == Layer::Kind::linear) {
+        Eigen::Map<RowMajorMatrix> weight_grad(weight.gradient.data(), layer->output_grad.cols(),
+                                               layer->input.cols());
+        weight_grad.noalias() = layer->output_grad.transpose() * layer->input;
+      } else {
+        Eigen::Map<Eigen::RowVectorXf> weight_grad(
+            weight.gradient.data(), static_cast<Eigen::Index>(weight.gradient.size()));
+        weight_grad = layer->input.cwiseProduct(layer->output_grad).colwise().sum();
+      }
+      bias_grad = layer->output_grad.colwise().sum();
+      on_layer_done(weight.name, bias.name);
+    }
+  }
+
+ private:
+  void add_linear(const std::string& name, std::size_t in, std::size_t out, int rank) {
+    add_layer(Layer::Kind::linear, name, {out, in}, in, out, rank);
+    gemm_flops_ += 2ull * batch_ * in * out;
+  }
+  void add_norm(const std::string& name, std::size_t width, int rank) {
+    add_layer(Layer::Kind::norm, name, {width}, width, width, rank);
+  }
+
+  void add_layer(Layer::Kind kind, const std::string& name, std::vector<std::size_t> weight_shape,
+                 std::size_t in, std::size_t out, int rank) {
+    std::size_t weight_count = 1;
+    for (const std::size_t extent : weight_shape) weight_count *= extent;
+    Layer layer;
+    layer.kind = kind;
+    layer.weight = parameters_.size();
+    parameters_.push_back(
+        {name + ".weight", std::move(weight_shape), std::vector<float>(weight_count)});
+    layer.bias = parameters_.size();
+    parameters_.push_back({name + ".bias", {out}, std::vector<float>(out)});
+    // Values in [-1, 1), different for every (rank, layer).
+    std::mt19937 engine(static_cast<std::uint32_t>(1000003u * static_cast<unsigned>(rank) +
+                                                   static_cast<unsigned>(layers_.size())));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    const auto rows = static_cast<Eigen::Index>(batch_);
+    layer.input = Eigen::MatrixXf::NullaryExpr(rows, static_cast<Eigen::Index>(in),
+                                               [&] { return uniform(engine); });
+    layer.output_grad = Eigen::MatrixXf::NullaryExpr(rows, static_cast<Eigen::Index>(out),
+                                                     [&] { return uniform(engine); });
+    layers_.push_back(std::move(layer));
+  }
+
+  std::size_t batch_;
+  std::vector<Parameter> parameters_;
+  std::vector<Layer> layers_;  // forward order
+  std::uint64_t gemm_flops_ = 0;
+};
+
+// ---- measurement ---------------------------------------------------------------------------
+
+enum class Phase { compute, comm, sequential, overlapped };
+constexpr Phase kPhases[] = {Phase::compute, Phase::comm, Phase::sequential, Phase::overlapped};
+
+// What one rank saw in one step of a phase; max_over_ranks() turns it into the slowest rank's.
+struct StepSample {
+  double step_seconds = 0;             // the timed region
+  double reducer_comm_seconds = 0;     // ReducerStats::communication_seconds (0 for compute)
+  double reducer_exposed_seconds = 0;  // ReducerStats::exposed_seconds (0 for compute)
+};
+
+StepSample max_over_ranks(StepSample mine) {
+  double values[3] = {mine.step_seconds, mine.reducer_comm_seconds, mine.reducer_exposed_seconds};
+  MPI_Allreduce(MPI_IN_PLACE, values, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return {values[0], values[1], values[2]};
+}
+
+std::uint64_t max_over_ranks(std::uint64_t value) {
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return value;
+}
+
+// This rank's sample of one step of `phase`. Every rank starts the timed region right after a
+// barrier; reducer.step() and reading the stats happen after it.
+StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
+  const auto no_reducer = [](const std::string&, const std::string&) {};
+  // The comm-only phase reduces fresh gradients, as the other phases do.
+  if (phase == Phase::comm) model.backward(no_reducer);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto start = std::chrono::steady_clock::now();
+  switch (phase) {
+    case Phase::compute:
+      model.backward(no_reducer);
+      break;
+    case Phase::comm:
+      reducer.mark_all_ready();
+      reducer.wait();
+      break;
+    case Phase::sequential:
+      model.backward(no_reducer);
+      reducer.mark_all_ready();
+      reducer.wait();
+      break;
+    case Phase::overlapped:
+      model.backward([&](const std::string& weight, const std::string& bias) {
+        reducer.mark_ready(weight);
+        reducer.mark_ready(bias);
+      });
+      reducer.wait();
+      break;
+  }
+  StepSample sample;
+  sample.step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (phase != Phase::compute) {
+    reducer.step();
+    sample.reducer_comm_seconds = reducer.stats().communication_seconds;
+    sample.reducer_exposed_seconds = reducer.stats().exposed_seconds;
+  }
+  return sample;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+struct Row {
+  std::string spec;
+  int ranks = 1;
+  // Slowest-rank step times of the timed iterations, by phase (kPhases order).
+  std::vector<double> samples[4];
+  std::vector<double> reducer_comm_samples;     // comm-only steps
+  std::vector<double> reducer_exposed_samples;  // overlapped steps
+  std::uint64_t sent_bytes = 0;
+  std::uint64_t gradient_bytes = 0;
+  double compression_ratio = 1;
+  std::size_t buckets = 0;
+  std::vector<std::string> algorithms;
+  std::string reducer_stats_json;  // ReducerStats::to_json() of the last overlapped step
+
+  double compute_s() const { return median(samples[0]); }
+  double comm_s() const { return median(samples[1]); }
+  double sequential_s() const { return median(samples[2]); }
+  double overlapped_s() const { return median(samples[3]); }
+  double exposed_comm_s() const { return overlapped_s() - compute_s(); }
+  double reducer_exposed_s() const { return median(reducer_exposed_samples); }
+  double overlap_vs_max() const { return overlapped_s() / std::max(compute_s(), comm_s()); }
+  double overlap_vs_compute() const { return overlapped_s() / compute_s(); }
+  double hidden_fraction() const {
+    return (sequential_s() - overlapped_s()) / std::min(compute_s(), comm_s());
+  }
+};
+
+Row measure(const std::string& spec, const Options& options, EmulatedModel& model,
+            Communicator& communicator) {
+  ReducerOptions reducer_options = options.reducer;
+  reducer_options.spec = spec;
+  // A Reducer per spec: error-feedback residuals and the step counter start afresh.
+  Reducer reducer(communicator, reducer_options);
+  model.register_with(reducer);
+
+  Row row;
+  row.spec = spec;
+  row.ranks = communicator.size();
+  for (int iteration = -options.warmup; iteration < options.iters; ++iteration) {
+    for (std::size_t p = 0; p < 4; ++p) {
+      const StepSample slowest = max_over_ranks(run_step(kPhases[p], model, reducer));
+      if (iteration < 0) continue;
+      row.samples[p].push_back(slowest.step_seconds);
+      if (kPhases[p] == Phase::comm)
+        row.reducer_comm_samples.push_back(slowest.reducer_comm_seconds);
+      if (kPhases[p] == Phase::overlapped)
+        row.reducer_exposed_samples.push_back(slowest.reducer_exposed_seconds);
+    }
+  }
+  // The stats of the last step: an overlapped one.
+  const ReducerStats& stats = reducer.stats();
+  row.sent_bytes = max_over_ranks(stats.sent_bytes);
+  row.gradient_bytes = stats.gradient_bytes;
+  row.compression_ratio = stats.compression_ratio;
+  row.buckets = stats.buckets.size();
+  std::set<std::string> algorithms;
+  for (const ReducerBucketStats& bucket : stats.buckets)
+    for (const ReducerGroupStats& group : bucket.groups)
+      algorithms.insert(group.algorithms.begin(), group.algorithms.end());
+  row.algorithms.assign(algorithms.begin(), algorithms.end());
+  row.reducer_stats_json = stats.to_json();
+  return row;
+}
+
+// ---- output --------------------------------------------------------------------------------
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 3) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return text;
+}
+
+void print_header(int spec_width) {
+  std::printf("%-*s %9s %9s %9s %9s %9s %9s %8s %8s %7s %10s %7s %7s\n", spec_width, "spec",
+              "compute_s", "comm_s", "seq_s", "ovl_s", "exposed", "red_exp", "ovl/max", "ovl/cmp",
+              "hidden", "sent/rank", "ratio", "buckets");
+}
+
+void print_row(const Row& row, int spec_width) {
+  std::printf("%-*s %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %8.3f %8.3f %7.2f %10s %7.2f %7zu\n",
+              spec_width, row.spec.c_str(), row.compute_s(), row.comm_s(), row.sequential_s(),
+              row.overlapped_s(), row.exposed_comm_s(), row.reducer_exposed_s(),
+              row.overlap_vs_max(), row.overlap_vs_compute(), row.hidden_fraction(),
+              human_bytes(static_cast<double>(row.sent_bytes)).c_str(), row.compression_ratio,
+              row.buckets);
+  std::fflush(stdout);
+}
+
+std::string json_string(const std::string& text) {
+  std::string quoted = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+// A JSON number; JSON has no infinity or NaN, so those become null (and fail any check).
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  return text;
+}
+
+std::string json_numbers(const std::vector<double>& values) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + json_number(values[i]);
+  return text + "]";
+}
+
+void write_json(const std::string& path, const std::vector<Row>& rows, const Options& options,
+                const EmulatedModel& model) {
+  std::ofstream json(path);
+  GZ_REQUIRE(json.good(), ErrorCode::io_error, "overlap: cannot write --json file '", path, "'");
+  json << "[\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::string algorithms = "[";
+    for (std::size_t a = 0; a < r.algorithms.size(); ++a)
+      algorithms += (a ? ", " : "") + json_string(r.algorithms[a]);
+    algorithms += "]";
+    json << "  {\"spec\": " << json_string(r.spec) << ", \"ranks\": " << r.ranks
+         << ", \"model\": " << json_string(options.model.name)
+         << ", \"params\": " << model.parameter_count() << ", \"batch\": " << options.batch
+         << ", \"gemm_flops\": " << model.gemm_flops() << ", \"iters\": " << options.iters
+         << ", \"warmup\": " << options.warmup << ", \"lanes\": " << options.reducer.lanes
+         << ", \"first_bucket_bytes\": " << options.reducer.first_bucket_bytes
+         << ", \"bucket_bytes\": " << options.reducer.bucket_bytes
+         << ", \"chunk_bytes\": " << options.reducer.chunk_bytes
+         << ",\n   \"compute_s\": " << json_number(r.compute_s())
+         << ", \"comm_s\": " << json_number(r.comm_s())
+         << ", \"sequential_s\": " << json_number(r.sequential_s())
+         << ", \"overlapped_s\": " << json_number(r.overlapped_s())
+         << ", \"exposed_comm_s\": " << json_number(r.exposed_comm_s())
+         << ", \"reducer_exposed_s\": " << json_number(r.reducer_exposed_s())
+         << ",\n   \"overlap_vs_max\": " << json_number(r.overlap_vs_max())
+         << ", \"overlap_vs_compute\": " << json_number(r.overlap_vs_compute())
+         << ", \"hidden_fraction\": " << json_number(r.hidden_fraction())
+         << ", \"sent_bytes\": " << r.sent_bytes << ", \"gradient_bytes\": " << r.gradient_bytes
+         << ", \"compression_ratio\": " << json_number(r.compression_ratio)
+         << ", \"buckets\": " << r.buckets << ", \"algorithms\": " << algorithms
+         << ",\n   \"compute_samples_s\": " << json_numbers(r.samples[0])
+         << ",\n   \"comm_samples_s\": " << json_numbers(r.samples[1])
+         << ",\n   \"sequential_samples_s\": " << json_numbers(r.samples[2])
+         << ",\n   \"overlapped_samples_s\": " << json_numbers(r.samples[3])
+         << ",\n   \"reducer_comm_samples_s\": " << json_numbers(r.reducer_comm_samples)
+         << ",\n   \"reducer_exposed_samples_s\": " << json_numbers(r.reducer_exposed_samples)
+         << ",\n   \"reducer_stats\": " << r.reducer_stats_json << "}"
+         << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  json << "]\n";
+}
+
+int run(const Options& options) {
+  Communicator communicator = Communicator::world();
+  const bool root = communicator.rank() == 0;
+  EmulatedModel model(options.model, options.batch, communicator.rank());
+  int spec_width = 16;
+  for (const std::string& spec : options.specs)
+    spec_width = std::max(spec_width, static_cast<int>(spec.size()));
+  if (root) {
+    const std::size_t params = model.parameter_count();
+    std::printf("gradzip-bench overlap: %d ranks; model %s (d=%zu, %zu blocks): %zu parameters, "
+                "%s of f32 gradients in %zu tensors\n",
+                communicator.size(), options.model.name.c_str(), options.model.width,
+                options.model.blocks, params,
+                human_bytes(static_cast<double>(params * sizeof(float))).c_str(),
+                model.parameters().size());
+    std::printf("backward: batch %zu, %.3g GEMM flops per step; Reducer: lanes %d, first bucket "
+                "%s, buckets %s, chunks %s\n",
+                options.batch, static_cast<double>(model.gemm_flops()), options.reducer.lanes,
+                human_bytes(static_cast<double>(options.reducer.first_bucket_bytes)).c_str(),
+                human_bytes(static_cast<double>(options.reducer.bucket_bytes)).c_str(),
+                human_bytes(static_cast<double>(options.reducer.chunk_bytes)).c_str());
+    std::printf("times: median over %d iterations (after %d untimed) of the slowest rank's step; "
+                "exposed = ovl - compute; red_exp = Reducer's time blocked in wait();\n"
+                "hidden = (seq - ovl) / min(compute, comm); sent = Reducer bytes sent per rank "
+                "(max over ranks), ratio = its compression ratio\n\n",
+                options.iters, options.warmup);
+    print_header(spec_width);
+  }
+  std::vector<Row> rows;
+  for (const std::string& spec : options.specs) {
+    rows.push_back(measure(spec, options, model, communicator));
+    if (root) print_row(rows.back(), spec_width);
+  }
+  if (root && !options.json_path.empty()) write_json(options.json_path, rows, options, model);
+  return 0;
+}
+
+}  // namespace
+
+int run_overlap(int argc, char** argv) {
+  // Options are read before MPI starts, so that --help and bad options need no MPI run.
+  Options options;
+  try {
+    options = parse_options(argc, argv);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "gradzip-bench overlap: %s\n", error.what());
+    return 2;
+  }
+  if (options.help) {
+    print_help();
+    return 0;
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    // The Reducer's lanes drive MPI from their own threads.
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  }
+  int status = 0;
+  try {
+    status = run(options);
+  } catch (const std::exception& error) {
+    // One rank failing alone would leave the others waiting in a collective: abort them all.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "gradzip-bench overlap (rank %d): %s\n", rank, error.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  if (!initialized) MPI_Finalize();
+  return status;
+}
+
+#endif
+
+}  // namespace gradzip::bench
