@@ -12,6 +12,8 @@
 #                 not the links, are the bottleneck here)
 #   --bench PATH  the gradzip-bench binary (default build/bin/gradzip-bench)
 #   --command CMD the gradzip-bench command to run: allreduce (default) or overlap
+#   --mtu BYTES   MTU of the links (default 1500; 9000 = jumbo frames, as HPC Ethernet often
+#                 runs: a sixth of the packets, so far less kernel CPU per byte on this host)
 #   BENCH ARGS    arguments of `gradzip-bench allreduce` (default: --size 67108864 and the
 #                 issue's codecs none, fp16, qsgd:bits=4, qsgd:bits=8, sign, topk:ratio=0.01,
 #                 randk:ratio=0.01)
@@ -32,6 +34,7 @@ root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 bench="$root_dir/build/bin/gradzip-bench"
 bench_args=()
 command=allreduce
+mtu=1500
 
 # The comment block above, without the '#'.
 usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -42,6 +45,7 @@ while (($#)); do
     --rate) rate="${2:?--rate needs a value}"; shift 2 ;;
     --bench) bench="${2:?--bench needs a value}"; shift 2 ;;
     --command) command="${2:?--command needs a value}"; shift 2 ;;
+    --mtu) mtu="${2:?--mtu needs a value}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; bench_args=("$@"); break ;;
     *) bench_args=("$@"); break ;;
@@ -56,6 +60,10 @@ fi
 
 if ! [[ "$ranks" =~ ^[0-9]+$ ]] || ((ranks < 1 || ranks > 253)); then
   echo "emulated_cluster: --ranks must be 1..253 (one address each in 198.18.0.0/24)" >&2
+  exit 2
+fi
+if ! [[ "$mtu" =~ ^[0-9]+$ ]] || ((mtu < 576 || mtu > 65535)); then
+  echo "emulated_cluster: --mtu must be 576..65535" >&2
   exit 2
 fi
 if [[ $(id -u) -ne 0 ]]; then
@@ -103,14 +111,14 @@ if ip link show "$bridge" >/dev/null 2>&1 || ip netns list | grep -q '^gzns'; th
 fi
 
 echo "emulated_cluster: bridge $bridge at 198.18.0.254/24, ranks at 198.18.0.1..$ranks in namespaces" \
-  "gzns0..gzns$((ranks - 1)), tbf $rate on both ends of every link" >&2
-ip link add "$bridge" type bridge
+  "gzns0..gzns$((ranks - 1)), tbf $rate on both ends of every link, MTU $mtu" >&2
+ip link add "$bridge" mtu "$mtu" type bridge
 ip addr add 198.18.0.254/24 dev "$bridge"
 ip link set "$bridge" up
 for ((i = 0; i < ranks; ++i)); do
   ns="gzns$i"
   ip netns add "$ns"
-  ip link add "gzh$i" type veth peer name "gzn$i"
+  ip link add "gzh$i" mtu "$mtu" type veth peer name "gzn$i" mtu "$mtu"
   ip link set "gzn$i" netns "$ns"
   ip link set "gzh$i" master "$bridge"
   ip link set "gzh$i" up
@@ -131,7 +139,7 @@ chmod +x "$workdir/in_namespace.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Without this, ranks inside the namespaces fail in MPI_Init ("OPAL ERROR: Unreachable").
 export PMIX_MCA_ptl_tcp_if_include="$bridge"
-echo "emulated_cluster: $ranks ranks, $rate links, gradzip-bench allreduce ${bench_args[*]}" >&2
+echo "emulated_cluster: $ranks ranks, $rate links, gradzip-bench $command ${bench_args[*]}" >&2
 # mpirun runs in the background and the script waits for it, so that INT / TERM reach the
 # traps at once (bash runs traps only between commands) and teardown can stop it first.
 mpirun -np "$ranks" --oversubscribe --bind-to none \

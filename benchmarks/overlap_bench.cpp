@@ -32,8 +32,9 @@
 //
 // The measurement. For each --codec spec a Reducer is made with the options given (--lanes,
 // --first-bucket-bytes, --bucket-bytes, --chunk-bytes) and the model's parameters registered
-// in forward order. Each iteration runs the four phases below one after the other, each after
-// an MPI_Barrier; --warmup iterations run first untimed, then --iters timed ones. A phase's
+// in forward order. Each iteration runs the four phases below one after the other, each between
+// two barriers that sleep while they wait (so that ranks waiting for the slowest one do not
+// burn the CPU the others need); --warmup iterations run first untimed, then --iters timed ones. A phase's
 // time in one iteration is the slowest rank's (max over ranks of each rank's wall time); the
 // figure reported is the median over the timed iterations. reducer.step() follows every phase
 // that uses the Reducer (outside the timed region), so the spec's step counter advances by 3
@@ -51,6 +52,12 @@
 //   overlap_vs_compute overlapped_s / compute_s
 //   hidden_fraction    (sequential_s - overlapped_s) / min(compute_s, comm_s): the share of the
 //                      hideable time that was hidden
+//   compute_cpu_core_s, comm_cpu_core_s  median busy core-seconds of the whole host during a
+//                      compute-only / comm-only step (/proc/stat, read by rank 0 between the
+//                      barriers; includes the kernel's TCP work, which on the emulated cluster
+//                      runs on the cores backward uses). Meaningful when all ranks share a host.
+//   cpu_bound_s        (compute_cpu_core_s + comm_cpu_core_s) / host cores: the shortest an
+//                      overlapped step can be when the cores, not the links, are the bottleneck
 // sent_bytes, compression_ratio, buckets and algorithms come from the Reducer's stats of the last
 // overlapped step (sent_bytes: max over ranks; the others: rank 0's). The JSON keeps the raw
 // per-iteration samples of every phase, the Reducer's own communication_seconds of every
@@ -67,7 +74,10 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "gradzip/error.h"
 
@@ -331,17 +341,50 @@ struct StepSample {
   double step_seconds = 0;             // the timed region
   double reducer_comm_seconds = 0;     // ReducerStats::communication_seconds (0 for compute)
   double reducer_exposed_seconds = 0;  // ReducerStats::exposed_seconds (0 for compute)
+  // Core-seconds the whole host was busy (user, system, interrupts: /proc/stat) from the
+  // barrier before the step to a barrier after it, read by rank 0 (the others report 0). It
+  // covers the kernel's TCP work, which on the emulated cluster runs on the same cores as
+  // backward. Meaningful when every rank shares rank 0's host; -1 when /proc/stat is missing.
+  double host_busy_core_seconds = 0;
 };
 
 StepSample max_over_ranks(StepSample mine) {
-  double values[3] = {mine.step_seconds, mine.reducer_comm_seconds, mine.reducer_exposed_seconds};
-  MPI_Allreduce(MPI_IN_PLACE, values, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return {values[0], values[1], values[2]};
+  double values[4] = {mine.step_seconds, mine.reducer_comm_seconds, mine.reducer_exposed_seconds,
+                      mine.host_busy_core_seconds};
+  MPI_Allreduce(MPI_IN_PLACE, values, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return {values[0], values[1], values[2], values[3]};
+}
+
+// Busy core-seconds of the host since boot (all /proc/stat "cpu" fields but idle and iowait),
+// or -1 when /proc/stat cannot be read.
+double host_busy_core_seconds() {
+  std::ifstream stat("/proc/stat");
+  std::string label;
+  double fields[10] = {};
+  if (!(stat >> label) || label != "cpu") return -1;
+  for (double& field : fields)
+    if (!(stat >> field)) field = 0;
+  // user nice system idle iowait irq softirq steal (guest and guest_nice are inside user).
+  const double busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7];
+  static const double ticks_per_second = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return busy / ticks_per_second;
 }
 
 std::uint64_t max_over_ranks(std::uint64_t value) {
   MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
   return value;
+}
+
+// A barrier that sleeps while it waits (MPI_Barrier spins): the host's busy time around a
+// phase then counts the phase's work, not ranks spinning until the slowest one arrives.
+void quiet_barrier() {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 // This rank's sample of one step of `phase`. Every rank starts the timed region right after a
@@ -350,7 +393,11 @@ StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
   const auto no_reducer = [](const std::string&, const std::string&) {};
   // The comm-only phase reduces fresh gradients, as the other phases do.
   if (phase == Phase::comm) model.backward(no_reducer);
-  MPI_Barrier(MPI_COMM_WORLD);
+  quiet_barrier();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const bool reads_host = rank == 0;
+  const double busy_before = reads_host ? host_busy_core_seconds() : 0.0;
   const auto start = std::chrono::steady_clock::now();
   switch (phase) {
     case Phase::compute:
@@ -376,6 +423,11 @@ StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
   StepSample sample;
   sample.step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  quiet_barrier();
+  if (reads_host) {
+    const double busy_after = host_busy_core_seconds();
+    sample.host_busy_core_seconds = busy_before < 0 || busy_after < 0 ? -1.0 : busy_after - busy_before;
+  }
   if (phase != Phase::compute) {
     reducer.step();
     sample.reducer_comm_seconds = reducer.stats().communication_seconds;
@@ -395,6 +447,7 @@ struct Row {
   int ranks = 1;
   // Slowest-rank step times of the timed iterations, by phase (kPhases order).
   std::vector<double> samples[4];
+  std::vector<double> host_busy_samples[4];     // host busy core-seconds, by phase
   std::vector<double> reducer_comm_samples;     // comm-only steps
   std::vector<double> reducer_exposed_samples;  // overlapped steps
   std::uint64_t sent_bytes = 0;
@@ -412,6 +465,15 @@ struct Row {
   double reducer_exposed_s() const { return median(reducer_exposed_samples); }
   double overlap_vs_max() const { return overlapped_s() / std::max(compute_s(), comm_s()); }
   double overlap_vs_compute() const { return overlapped_s() / compute_s(); }
+  double compute_cpu_core_s() const { return median(host_busy_samples[0]); }
+  double comm_cpu_core_s() const { return median(host_busy_samples[1]); }
+  double overlapped_cpu_core_s() const { return median(host_busy_samples[3]); }
+  // The shortest an overlapped step can be when the host's cores are the bottleneck: all the
+  // CPU work of backward and of communication (kernel TCP included) spread over every core.
+  double cpu_bound_s() const {
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    return (compute_cpu_core_s() + comm_cpu_core_s()) / cores;
+  }
   double hidden_fraction() const {
     return (sequential_s() - overlapped_s()) / std::min(compute_s(), comm_s());
   }
@@ -433,6 +495,7 @@ Row measure(const std::string& spec, const Options& options, EmulatedModel& mode
       const StepSample slowest = max_over_ranks(run_step(kPhases[p], model, reducer));
       if (iteration < 0) continue;
       row.samples[p].push_back(slowest.step_seconds);
+      row.host_busy_samples[p].push_back(slowest.host_busy_core_seconds);
       if (kPhases[p] == Phase::comm)
         row.reducer_comm_samples.push_back(slowest.reducer_comm_seconds);
       if (kPhases[p] == Phase::overlapped)
@@ -469,18 +532,20 @@ std::string human_bytes(double bytes) {
 }
 
 void print_header(int spec_width) {
-  std::printf("%-*s %9s %9s %9s %9s %9s %9s %8s %8s %7s %10s %7s %7s\n", spec_width, "spec",
-              "compute_s", "comm_s", "seq_s", "ovl_s", "exposed", "red_exp", "ovl/max", "ovl/cmp",
-              "hidden", "sent/rank", "ratio", "buckets");
+  std::printf("%-*s %9s %9s %9s %9s %9s %9s %8s %8s %7s %10s %7s %7s %8s %8s %8s\n", spec_width,
+              "spec", "compute_s", "comm_s", "seq_s", "ovl_s", "exposed", "red_exp", "ovl/max",
+              "ovl/cmp", "hidden", "sent/rank", "ratio", "buckets", "cpu_cmp", "cpu_comm",
+              "cpu_bnd");
 }
 
 void print_row(const Row& row, int spec_width) {
-  std::printf("%-*s %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %8.3f %8.3f %7.2f %10s %7.2f %7zu\n",
+  std::printf("%-*s %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %8.3f %8.3f %7.2f %10s %7.2f %7zu %8.3f "
+              "%8.3f %8.3f\n",
               spec_width, row.spec.c_str(), row.compute_s(), row.comm_s(), row.sequential_s(),
               row.overlapped_s(), row.exposed_comm_s(), row.reducer_exposed_s(),
               row.overlap_vs_max(), row.overlap_vs_compute(), row.hidden_fraction(),
               human_bytes(static_cast<double>(row.sent_bytes)).c_str(), row.compression_ratio,
-              row.buckets);
+              row.buckets, row.compute_cpu_core_s(), row.comm_cpu_core_s(), row.cpu_bound_s());
   std::fflush(stdout);
 }
 
@@ -538,6 +603,11 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
          << ", \"sent_bytes\": " << r.sent_bytes << ", \"gradient_bytes\": " << r.gradient_bytes
          << ", \"compression_ratio\": " << json_number(r.compression_ratio)
          << ", \"buckets\": " << r.buckets << ", \"algorithms\": " << algorithms
+         << ",\n   \"compute_cpu_core_s\": " << json_number(r.compute_cpu_core_s())
+         << ", \"comm_cpu_core_s\": " << json_number(r.comm_cpu_core_s())
+         << ", \"overlapped_cpu_core_s\": " << json_number(r.overlapped_cpu_core_s())
+         << ", \"host_cores\": " << std::max(1u, std::thread::hardware_concurrency())
+         << ", \"cpu_bound_s\": " << json_number(r.cpu_bound_s())
          << ",\n   \"compute_samples_s\": " << json_numbers(r.samples[0])
          << ",\n   \"comm_samples_s\": " << json_numbers(r.samples[1])
          << ",\n   \"sequential_samples_s\": " << json_numbers(r.samples[2])
@@ -574,8 +644,11 @@ int run(const Options& options) {
     std::printf("times: median over %d iterations (after %d untimed) of the slowest rank's step; "
                 "exposed = ovl - compute; red_exp = Reducer's time blocked in wait();\n"
                 "hidden = (seq - ovl) / min(compute, comm); sent = Reducer bytes sent per rank "
-                "(max over ranks), ratio = its compression ratio\n\n",
-                options.iters, options.warmup);
+                "(max over ranks), ratio = its compression ratio;\n"
+                "cpu_cmp / cpu_comm = host busy core-seconds of a compute-only / comm-only step "
+                "(/proc/stat, all ranks on one host), cpu_bnd = (cpu_cmp + cpu_comm) / %u cores: "
+                "the shortest overlapped step the host's CPUs allow\n\n",
+                options.iters, options.warmup, std::max(1u, std::thread::hardware_concurrency()));
     print_header(spec_width);
   }
   std::vector<Row> rows;
