@@ -95,7 +95,10 @@ class ReducerState {
   void mark_ready(std::string_view name);
   void mark_all_ready();
   void wait();
-  void set_step(std::uint64_t step) noexcept { step_ = step; }
+  void set_step(std::uint64_t step) {
+    require_idle("step / set_step");
+    step_ = step;
+  }
   std::uint64_t step() const noexcept { return step_; }
   std::vector<std::vector<std::string>> bucket_names() const;
   const ReducerStats& stats() const noexcept { return stats_; }

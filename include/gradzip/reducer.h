@@ -166,8 +166,9 @@ class Reducer {
   // (see above). The next step's mark_ready may follow.
   void wait();
 
-  // Advances the step counter (after wait()). set_step restores it, e.g. from a checkpoint
-  // (save_state does not hold it). Every rank must be at the same step.
+  // Advances the step counter (after wait(); during a step: ErrorCode::invalid_argument).
+  // set_step restores it, e.g. from a checkpoint (save_state does not hold it). Every rank
+  // must be at the same step.
   void step();
   void set_step(std::uint64_t step);
   std::uint64_t current_step() const noexcept;

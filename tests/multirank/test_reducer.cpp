@@ -558,6 +558,9 @@ TEST(Reducer, MarkingTwiceOrAnUnknownNameIsRefusedAtOnceAndTheStepGoesOn) {
   EXPECT_EQ(testing::error_code_of([&] { reducer.add("late", host_view(late.data(), 5)); }, &message),
             ErrorCode::invalid_argument)
       << message;
+  // The step counter moves only between steps.
+  EXPECT_EQ(testing::error_code_of([&] { reducer.step(); }), ErrorCode::invalid_argument);
+  EXPECT_EQ(reducer.current_step(), 0u);
 
   // The refused calls changed nothing: the rest of the step runs as usual.
   for (std::size_t i : backward_order(gradients))
