@@ -30,9 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -41,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "benchmarks/bench_support.h"
 #include "gradzip/error.h"
 
 #if GRADZIP_HAVE_MPI
@@ -55,12 +54,7 @@ namespace gradzip::bench {
 
 #if !GRADZIP_HAVE_MPI
 
-int run_allreduce(int /*argc*/, char** /*argv*/) {
-  std::fprintf(stderr,
-               "gradzip-bench allreduce: unavailable: this gradzip was built without MPI "
-               "(GRADZIP_WITH_MPI=OFF, or no MPI was found at configure time)\n");
-  return 1;
-}
+int run_allreduce(int /*argc*/, char** /*argv*/) { return report_mpi_unavailable("allreduce"); }
 
 #else
 
@@ -102,14 +96,6 @@ void print_help() {
       "sent, max over ranks; theory = docs/algorithms.md's count for the algorithm and codec.\n");
 }
 
-std::size_t parse_count(const char* text, const std::string& flag) {
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  GZ_REQUIRE(end != text && *end == '\0' && text[0] != '-', ErrorCode::invalid_argument,
-             "allreduce: ", flag, " expects a non-negative integer, got '", text, "'");
-  return static_cast<std::size_t>(value);
-}
-
 // The spec as benchmarked: the user's text plus min_bytes=0 unless it sets min_bytes itself.
 std::string with_min_bytes_zero(const std::string& spec) {
   const std::size_t colon = spec.find(':');
@@ -134,7 +120,7 @@ Options parse_options(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--size") {
-      const std::size_t bytes = parse_count(value(), arg);
+      const std::size_t bytes = parse_count("allreduce", value(), arg);
       GZ_REQUIRE(bytes % sizeof(float) == 0, ErrorCode::invalid_argument, "allreduce: --size ",
                  bytes, " is not a multiple of 4 (the data is f32)");
       options.sizes.push_back(bytes);
@@ -142,7 +128,7 @@ Options parse_options(int argc, char** argv) {
       options.specs.emplace_back(value());
       CompressionSpec::parse(with_min_bytes_zero(options.specs.back()));  // bad specs fail here
     } else if (arg == "--iters") {
-      options.iters = static_cast<int>(parse_count(value(), arg));
+      options.iters = static_cast<int>(parse_count("allreduce", value(), arg));
       GZ_REQUIRE(options.iters >= 1, ErrorCode::invalid_argument, "allreduce: --iters must be >= 1");
     } else if (arg == "--check") {
       options.check = true;
@@ -421,16 +407,6 @@ struct Row {
   }
 };
 
-double max_over_ranks(double value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return value;
-}
-
-std::uint64_t max_over_ranks(std::uint64_t value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  return value;
-}
-
 // Median over `iters` timed calls of the slowest rank's time; `prepare` (untimed) restores the
 // input, a barrier lines the ranks up, and one untimed call warms up first.
 template <typename Prepare, typename Call>
@@ -567,18 +543,6 @@ Row measure(const std::string& spec_text, std::size_t bytes, const std::vector<f
   return row;
 }
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 3) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
-  return text;
-}
-
 void print_header(bool check, int spec_width) {
   std::printf("%-*s %-15s %9s %10s %8s %8s %10s %10s %10s %8s", spec_width, "spec", "algo", "size",
               "time_s", "algbw", "busbw", "sent/rank", "theory", "mpi_s", "speedup");
@@ -598,23 +562,6 @@ void print_row(const Row& row, int spec_width) {
                 row.ranks_identical ? "yes" : "NO", row.check_failed() ? "  FAIL" : "");
   std::printf("\n");
   std::fflush(stdout);
-}
-
-std::string json_string(const std::string& text) {
-  std::string quoted = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    quoted += c;
-  }
-  return quoted + "\"";
-}
-
-// A JSON number; JSON has no infinity or NaN, so those become null (and fail any check).
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", value);
-  return text;
 }
 
 void write_json(const std::string& path, const std::vector<Row>& rows) {
@@ -682,37 +629,7 @@ int run(const Options& options) {
 }  // namespace
 
 int run_allreduce(int argc, char** argv) {
-  // Options are read before MPI starts, so that --help and bad options need no MPI run.
-  Options options;
-  try {
-    options = parse_options(argc, argv);
-  } catch (const Error& error) {
-    std::fprintf(stderr, "gradzip-bench allreduce: %s\n", error.what());
-    return 2;
-  }
-  if (options.help) {
-    print_help();
-    return 0;
-  }
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) {
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  }
-  int status = 0;
-  try {
-    status = run(options);
-  } catch (const std::exception& error) {
-    // One rank failing alone would leave the others waiting in a collective: abort them all.
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "gradzip-bench allreduce (rank %d): %s\n", rank, error.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  if (!initialized) MPI_Finalize();
-  return status;
+  return run_mpi_command("allreduce", argc, argv, parse_options, print_help, run);
 }
 
 #endif

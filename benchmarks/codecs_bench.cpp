@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_support.h"
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/cpu_features.h"
@@ -53,14 +55,6 @@ void print_help() {
       "  --json FILE   also write one JSON object per codec to FILE\n");
 }
 
-std::size_t parse_size(const char* text, const char* flag) {
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  GZ_REQUIRE(end != text && *end == '\0', ErrorCode::invalid_argument, "codecs: ", flag,
-             " expects a non-negative integer, got '", text, "'");
-  return static_cast<std::size_t>(value);
-}
-
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
@@ -70,11 +64,11 @@ Options parse_options(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--size") {
-      options.size = parse_size(value(), "--size");
+      options.size = parse_count("codecs", value(), arg);
     } else if (arg == "--codec") {
       options.codecs.emplace_back(value());
     } else if (arg == "--repeat") {
-      options.repeat = static_cast<int>(parse_size(value(), "--repeat"));
+      options.repeat = static_cast<int>(parse_count("codecs", value(), arg));
       GZ_REQUIRE(options.repeat >= 1, ErrorCode::invalid_argument, "codecs: --repeat must be >= 1");
     } else if (arg == "--json") {
       options.json_path = value();

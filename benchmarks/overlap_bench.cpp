@@ -68,8 +68,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <fstream>
 #include <random>
 #include <set>
@@ -79,6 +77,7 @@
 
 #include <unistd.h>
 
+#include "benchmarks/bench_support.h"
 #include "gradzip/error.h"
 
 #if GRADZIP_HAVE_MPI
@@ -96,12 +95,7 @@ namespace gradzip::bench {
 
 #if !GRADZIP_HAVE_MPI
 
-int run_overlap(int /*argc*/, char** /*argv*/) {
-  std::fprintf(stderr,
-               "gradzip-bench overlap: unavailable: this gradzip was built without MPI "
-               "(GRADZIP_WITH_MPI=OFF, or no MPI was found at configure time)\n");
-  return 1;
-}
+int run_overlap(int /*argc*/, char** /*argv*/) { return report_mpi_unavailable("overlap"); }
 
 #else
 
@@ -153,14 +147,6 @@ void print_help() {
       defaults.lanes, defaults.first_bucket_bytes, defaults.bucket_bytes, defaults.chunk_bytes);
 }
 
-std::size_t parse_count(const char* text, const std::string& flag) {
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  GZ_REQUIRE(end != text && *end == '\0' && text[0] != '-', ErrorCode::invalid_argument,
-             "overlap: ", flag, " expects a non-negative integer, got '", text, "'");
-  return static_cast<std::size_t>(value);
-}
-
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
@@ -170,7 +156,7 @@ Options parse_options(int argc, char** argv) {
       return argv[++i];
     };
     const auto positive = [&](const char* text) {
-      const std::size_t count = parse_count(text, arg);
+      const std::size_t count = parse_count("overlap", text, arg);
       GZ_REQUIRE(count >= 1, ErrorCode::invalid_argument, "overlap: ", arg, " must be >= 1");
       return count;
     };
@@ -191,7 +177,7 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--iters") {
       options.iters = static_cast<int>(positive(value()));
     } else if (arg == "--warmup") {
-      options.warmup = static_cast<int>(parse_count(value(), arg));
+      options.warmup = static_cast<int>(parse_count("overlap", value(), arg));
     } else if (arg == "--lanes") {
       options.reducer.lanes = static_cast<int>(positive(value()));
     } else if (arg == "--first-bucket-bytes") {
@@ -348,6 +334,10 @@ struct StepSample {
   double host_busy_core_seconds = 0;
 };
 
+// bench::max_over_ranks(double / uint64): the StepSample overload declared in this namespace
+// would otherwise hide them from the calls below.
+using bench::max_over_ranks;
+
 StepSample max_over_ranks(StepSample mine) {
   double values[4] = {mine.step_seconds, mine.reducer_comm_seconds, mine.reducer_exposed_seconds,
                       mine.host_busy_core_seconds};
@@ -368,11 +358,6 @@ double host_busy_core_seconds() {
   const double busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7];
   static const double ticks_per_second = static_cast<double>(sysconf(_SC_CLK_TCK));
   return busy / ticks_per_second;
-}
-
-std::uint64_t max_over_ranks(std::uint64_t value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  return value;
 }
 
 // A barrier that sleeps while it waits (MPI_Barrier spins): the host's busy time around a
@@ -519,18 +504,6 @@ Row measure(const std::string& spec, const Options& options, EmulatedModel& mode
 
 // ---- output --------------------------------------------------------------------------------
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 3) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
-  return text;
-}
-
 void print_header(int spec_width) {
   std::printf("%-*s %9s %9s %9s %9s %9s %9s %8s %8s %7s %10s %7s %7s %8s %8s %8s\n", spec_width,
               "spec", "compute_s", "comm_s", "seq_s", "ovl_s", "exposed", "red_exp", "ovl/max",
@@ -547,23 +520,6 @@ void print_row(const Row& row, int spec_width) {
               human_bytes(static_cast<double>(row.sent_bytes)).c_str(), row.compression_ratio,
               row.buckets, row.compute_cpu_core_s(), row.comm_cpu_core_s(), row.cpu_bound_s());
   std::fflush(stdout);
-}
-
-std::string json_string(const std::string& text) {
-  std::string quoted = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    quoted += c;
-  }
-  return quoted + "\"";
-}
-
-// A JSON number; JSON has no infinity or NaN, so those become null (and fail any check).
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", value);
-  return text;
 }
 
 std::string json_numbers(const std::vector<double>& values) {
@@ -663,38 +619,7 @@ int run(const Options& options) {
 }  // namespace
 
 int run_overlap(int argc, char** argv) {
-  // Options are read before MPI starts, so that --help and bad options need no MPI run.
-  Options options;
-  try {
-    options = parse_options(argc, argv);
-  } catch (const Error& error) {
-    std::fprintf(stderr, "gradzip-bench overlap: %s\n", error.what());
-    return 2;
-  }
-  if (options.help) {
-    print_help();
-    return 0;
-  }
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) {
-    // The Reducer's lanes drive MPI from their own threads.
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  }
-  int status = 0;
-  try {
-    status = run(options);
-  } catch (const std::exception& error) {
-    // One rank failing alone would leave the others waiting in a collective: abort them all.
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "gradzip-bench overlap (rank %d): %s\n", rank, error.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  if (!initialized) MPI_Finalize();
-  return status;
+  return run_mpi_command("overlap", argc, argv, parse_options, print_help, run);
 }
 
 #endif
