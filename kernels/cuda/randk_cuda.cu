@@ -1,0 +1,168 @@
+// Random-k gather / scatter kernels: one thread per kept entry j (grid-stride), its index from
+// randk_entry_index (kernels/cuda/randk_cuda.h over kernels/randk_math.h), its value converted
+// by kernels/cast_math.h. The values area of a message may sit at any alignment: the kernels
+// use typed loads and stores when it is aligned to the value width and byte-wise little-endian
+// ones otherwise (chosen on the host).
+#include <cuda_runtime.h>
+
+#include "gradzip/error.h"
+#include "kernels/cast_math.h"
+#include "kernels/cuda/randk_cuda.h"
+
+namespace gradzip::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(std::size_t count) {
+  const std::size_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
+}
+
+void check_launch(const char* op, std::size_t count) {
+  const cudaError_t status = cudaGetLastError();
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
+             " entries failed: ", cudaGetErrorString(status));
+}
+
+void check_sizes(const char* op, std::size_t n, std::size_t k) {
+  GZ_REQUIRE(k <= n && (n == 0 || k >= 1), ErrorCode::invalid_argument, op, ": k = ", k,
+             " for a chunk of ", n, " elements (expected 1 <= k <= n, or k = 0 for n = 0)");
+}
+
+bool aligned_to(const void* pointer, std::size_t width) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % width == 0;
+}
+
+// Word j of an array of little-endian words at `base` (device memory).
+template <typename Word, bool Aligned>
+__device__ __forceinline__ Word load_word(const std::byte* base, std::size_t j) {
+  const std::byte* at = base + j * sizeof(Word);
+  if constexpr (Aligned) {
+    return *reinterpret_cast<const Word*>(at);
+  } else {
+    std::uint64_t word = 0;
+    for (std::size_t b = 0; b < sizeof(Word); ++b)
+      word |= static_cast<std::uint64_t>(static_cast<unsigned char>(at[b])) << (8 * b);
+    return static_cast<Word>(word);
+  }
+}
+
+template <typename Word, bool Aligned>
+__device__ __forceinline__ void store_word(std::byte* base, std::size_t j, Word word) {
+  std::byte* at = base + j * sizeof(Word);
+  if constexpr (Aligned) {
+    *reinterpret_cast<Word*>(at) = word;
+  } else {
+    for (std::size_t b = 0; b < sizeof(Word); ++b)
+      at[b] = static_cast<std::byte>((word >> (8 * b)) & 0xFFu);
+  }
+}
+
+// Value j of the values area, widened exactly to f32.
+template <bool Half, bool Aligned>
+__device__ __forceinline__ float load_value(const std::byte* values, std::size_t j) {
+  if constexpr (Half) {
+    return f16_bits_to_f32(load_word<std::uint16_t, Aligned>(values, j));
+  } else {
+    return bits_float(load_word<std::uint32_t, Aligned>(values, j));
+  }
+}
+
+struct Strata {
+  RandkKey key;
+  std::uint64_t n, k, quotient, remainder;
+};
+
+__device__ __forceinline__ std::uint64_t entry_index(const Strata& s, std::uint64_t j) {
+  return randk_entry_index(s.key, s.n, s.k, s.quotient, s.remainder, j);
+}
+
+template <bool Half, bool Aligned>
+__global__ void gather_kernel(const float* d_in, Strata s, std::byte* d_values) {
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < s.k;
+       j += std::size_t{gridDim.x} * blockDim.x) {
+    const float value = d_in[entry_index(s, j)];
+    if constexpr (Half) {
+      store_word<std::uint16_t, Aligned>(d_values, j, f32_to_f16_bits(value));
+    } else {
+      store_word<std::uint32_t, Aligned>(d_values, j, float_bits(value));
+    }
+  }
+}
+
+// Add = true: d_acc[index_j] += value_j; false: d_acc[index_j] = value_j.
+template <bool Half, bool Aligned, bool Add>
+__global__ void scatter_kernel(const std::byte* d_values, Strata s, float* d_acc) {
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < s.k;
+       j += std::size_t{gridDim.x} * blockDim.x) {
+    const float value = load_value<Half, Aligned>(d_values, j);
+    const std::uint64_t index = entry_index(s, j);
+    if constexpr (Add) {
+      d_acc[index] += value;
+    } else {
+      d_acc[index] = value;
+    }
+  }
+}
+
+Strata strata_for(const RandkKey& key, std::size_t n, std::size_t k) {
+  return Strata{key, n, k, n / k, n % k};
+}
+
+template <bool Add>
+void launch_scatter(const char* op, const std::byte* d_values, std::size_t k, bool half_values,
+                    const RandkKey& key, std::size_t n, float* d_acc, cudaStream_t stream) {
+  const Strata s = strata_for(key, n, k);
+  const unsigned grid = grid_for(k);
+  const bool aligned = aligned_to(d_values, half_values ? 2 : 4);
+  if (half_values) {
+    if (aligned) scatter_kernel<true, true, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+    else scatter_kernel<true, false, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+  } else {
+    if (aligned) scatter_kernel<false, true, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+    else scatter_kernel<false, false, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+  }
+  check_launch(op, k);
+}
+
+}  // namespace
+
+void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::size_t k,
+                  bool half_values, std::byte* d_values_out, void* stream) {
+  check_sizes("cuda.randk_gather", n, k);
+  if (k == 0) return;
+  const Strata s = strata_for(key, n, k);
+  const unsigned grid = grid_for(k);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  const bool aligned = aligned_to(d_values_out, half_values ? 2 : 4);
+  if (half_values) {
+    if (aligned) gather_kernel<true, true><<<grid, kThreads, 0, cuda_stream>>>(d_in, s, d_values_out);
+    else gather_kernel<true, false><<<grid, kThreads, 0, cuda_stream>>>(d_in, s, d_values_out);
+  } else {
+    if (aligned) gather_kernel<false, true><<<grid, kThreads, 0, cuda_stream>>>(d_in, s, d_values_out);
+    else gather_kernel<false, false><<<grid, kThreads, 0, cuda_stream>>>(d_in, s, d_values_out);
+  }
+  check_launch("cuda.randk_gather", k);
+}
+
+void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_values,
+                       const RandkKey& key, std::size_t n, float* d_acc, void* stream) {
+  check_sizes("cuda.randk_scatter_add", n, k);
+  if (k == 0) return;
+  launch_scatter<true>("cuda.randk_scatter_add", d_values, k, half_values, key, n, d_acc,
+                       static_cast<cudaStream_t>(stream));
+}
+
+void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
+                   const RandkKey& key, std::size_t n, float* d_out, void* stream) {
+  check_sizes("cuda.randk_scatter", n, k);
+  if (n == 0) return;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  const cudaError_t status = cudaMemsetAsync(d_out, 0, n * sizeof(float), cuda_stream);
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, "cuda.randk_scatter: zero fill of ",
+             n, " elements failed: ", cudaGetErrorString(status));
+  launch_scatter<false>("cuda.randk_scatter", d_values, k, half_values, key, n, d_out, cuda_stream);
+}
+
+}  // namespace gradzip::kernels::cuda

@@ -1,0 +1,196 @@
+// Sparse payload kernels: a validation pass per payload (grid-stride over its entries, OR-ing
+// kSparse* bits into *d_status), then a scatter pass per payload, in order on the stream, that
+// returns at once when *d_status != 0. Indices within one validated payload are distinct, so a
+// payload's scatter needs no atomics; payloads never run concurrently (one stream), so the
+// f32 sums per element follow the payload order. Payloads may sit at any alignment: typed
+// loads when the payload start is aligned to the index width (then the values area is aligned
+// too), byte-wise little-endian loads otherwise (chosen on the host).
+#include <cuda_runtime.h>
+
+#include "gradzip/error.h"
+#include "kernels/cast_math.h"
+#include "kernels/cuda/sparse_cuda.h"
+
+namespace gradzip::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::uint64_t kMaxNarrowCount = std::uint64_t{1} << 32;
+
+unsigned grid_for(std::uint64_t count) {
+  const std::uint64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
+}
+
+void check_launch(const char* op, std::uint64_t count) {
+  const cudaError_t status = cudaGetLastError();
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
+             " entries failed: ", cudaGetErrorString(status));
+}
+
+// Word j of an array of little-endian words at `base` (device memory).
+template <typename Word, bool Aligned>
+__device__ __forceinline__ Word load_word(const std::byte* base, std::uint64_t j) {
+  const std::byte* at = base + j * sizeof(Word);
+  if constexpr (Aligned) {
+    return *reinterpret_cast<const Word*>(at);
+  } else {
+    std::uint64_t word = 0;
+    for (std::size_t b = 0; b < sizeof(Word); ++b)
+      word |= static_cast<std::uint64_t>(static_cast<unsigned char>(at[b])) << (8 * b);
+    return static_cast<Word>(word);
+  }
+}
+
+template <typename Index, bool Aligned>
+__global__ void validate_kernel(const std::byte* d_payload, std::uint64_t m, std::uint64_t n,
+                                int* d_status) {
+  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < m;
+       j += std::uint64_t{gridDim.x} * blockDim.x) {
+    const std::uint64_t index = load_word<Index, Aligned>(d_payload, j);
+    int bad = 0;
+    if (index >= n) bad |= kSparseIndexOutOfRange;
+    if (j > 0 && index <= std::uint64_t{load_word<Index, Aligned>(d_payload, j - 1)})
+      bad |= kSparseIndexNotIncreasing;
+    if (bad != 0) atomicOr(d_status, bad);
+  }
+}
+
+// Add = true: d_out[index_j] += value_j; false: d_out[index_j] = value_j.
+template <typename Index, bool Half, bool Aligned, bool Add>
+__global__ void scatter_kernel(const std::byte* d_payload, std::uint64_t m, const int* d_status,
+                               float* d_out) {
+  if (*d_status != 0) return;
+  const std::byte* values = d_payload + m * sizeof(Index);
+  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < m;
+       j += std::uint64_t{gridDim.x} * blockDim.x) {
+    const std::uint64_t index = load_word<Index, Aligned>(d_payload, j);
+    float value;
+    if constexpr (Half) {
+      value = f16_bits_to_f32(load_word<std::uint16_t, Aligned>(values, j));
+    } else {
+      value = bits_float(load_word<std::uint32_t, Aligned>(values, j));
+    }
+    if constexpr (Add) {
+      d_out[index] += value;
+    } else {
+      d_out[index] = value;
+    }
+  }
+}
+
+__global__ void zero_kernel(float* d_out, std::uint64_t n, const int* d_status) {
+  if (*d_status != 0) return;
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x)
+    d_out[i] = 0.0f;
+}
+
+bool aligned_to(const void* pointer, std::size_t width) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % width == 0;
+}
+
+template <typename Index>
+void launch_validate(const std::byte* d_payload, std::uint64_t m, std::uint64_t n, int* d_status,
+                     cudaStream_t stream) {
+  if (aligned_to(d_payload, sizeof(Index))) {
+    validate_kernel<Index, true><<<grid_for(m), kThreads, 0, stream>>>(d_payload, m, n, d_status);
+  } else {
+    validate_kernel<Index, false><<<grid_for(m), kThreads, 0, stream>>>(d_payload, m, n, d_status);
+  }
+}
+
+template <typename Index, bool Half, bool Add>
+void launch_scatter(const std::byte* d_payload, std::uint64_t m, const int* d_status, float* d_out,
+                    cudaStream_t stream) {
+  if (aligned_to(d_payload, sizeof(Index))) {
+    scatter_kernel<Index, Half, true, Add>
+        <<<grid_for(m), kThreads, 0, stream>>>(d_payload, m, d_status, d_out);
+  } else {
+    scatter_kernel<Index, Half, false, Add>
+        <<<grid_for(m), kThreads, 0, stream>>>(d_payload, m, d_status, d_out);
+  }
+}
+
+void validate(const std::byte* d_payload, std::uint64_t m, bool wide, std::uint64_t n,
+              int* d_status, cudaStream_t stream, const char* op) {
+  if (wide) launch_validate<std::uint64_t>(d_payload, m, n, d_status, stream);
+  else launch_validate<std::uint32_t>(d_payload, m, n, d_status, stream);
+  check_launch(op, m);
+}
+
+template <bool Add>
+void scatter(const std::byte* d_payload, std::uint64_t m, bool wide, bool half,
+             const int* d_status, float* d_out, cudaStream_t stream, const char* op) {
+  if (wide) {
+    if (half) launch_scatter<std::uint64_t, true, Add>(d_payload, m, d_status, d_out, stream);
+    else launch_scatter<std::uint64_t, false, Add>(d_payload, m, d_status, d_out, stream);
+  } else {
+    if (half) launch_scatter<std::uint32_t, true, Add>(d_payload, m, d_status, d_out, stream);
+    else launch_scatter<std::uint32_t, false, Add>(d_payload, m, d_status, d_out, stream);
+  }
+  check_launch(op, m);
+}
+
+// The host-side checks of one payload's header-derived sizes (nothing launched yet).
+void check_payload(const char* op, std::size_t r, const std::byte* d_payload, std::uint64_t m,
+                   bool wide, std::uint64_t n) {
+  GZ_REQUIRE(wide || n <= kMaxNarrowCount, ErrorCode::malformed_message, op,
+             ": 32-bit indices cannot address ", n, " elements");
+  GZ_REQUIRE(m <= n, ErrorCode::malformed_message, op, ": payload ", r, " has ", m,
+             " entries for ", n, " elements");
+  GZ_REQUIRE(m == 0 || d_payload != nullptr, ErrorCode::invalid_argument, op, ": payload ", r,
+             " of ", m, " entries is null");
+}
+
+void reset_status(const char* op, int* d_status, cudaStream_t stream) {
+  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, op, ": d_status is null");
+  const cudaError_t status = cudaMemsetAsync(d_status, 0, sizeof(int), stream);
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": status reset failed: ",
+             cudaGetErrorString(status));
+}
+
+}  // namespace
+
+void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,
+                       std::size_t payload_count, bool wide_indices, bool half_values,
+                       std::size_t n, float* d_acc, int* d_status, void* stream) {
+  constexpr const char* op = "cuda.sparse_decode_add";
+  GZ_REQUIRE(payload_count == 0 || (d_payloads != nullptr && entries != nullptr),
+             ErrorCode::invalid_argument, op, ": ", payload_count,
+             " payloads but a null pointer or entry array");
+  bool any_entries = false;
+  for (std::size_t r = 0; r < payload_count; ++r) {
+    check_payload(op, r, d_payloads[r], entries[r], wide_indices, n);
+    any_entries = any_entries || entries[r] > 0;
+  }
+  GZ_REQUIRE(!any_entries || d_acc != nullptr, ErrorCode::invalid_argument, op,
+             ": d_acc is null");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  reset_status(op, d_status, cuda_stream);
+  for (std::size_t r = 0; r < payload_count; ++r) {
+    if (entries[r] > 0) validate(d_payloads[r], entries[r], wide_indices, n, d_status, cuda_stream, op);
+  }
+  for (std::size_t r = 0; r < payload_count; ++r) {
+    if (entries[r] > 0)
+      scatter<true>(d_payloads[r], entries[r], wide_indices, half_values, d_status, d_acc,
+                    cuda_stream, op);
+  }
+}
+
+void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                   bool half_values, std::size_t n, float* d_out, int* d_status, void* stream) {
+  constexpr const char* op = "cuda.sparse_decode";
+  check_payload(op, 0, d_payload, entries, wide_indices, n);
+  GZ_REQUIRE(n == 0 || d_out != nullptr, ErrorCode::invalid_argument, op, ": d_out is null");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  reset_status(op, d_status, cuda_stream);
+  if (entries > 0) validate(d_payload, entries, wide_indices, n, d_status, cuda_stream, op);
+  if (n == 0) return;
+  zero_kernel<<<grid_for(n), kThreads, 0, cuda_stream>>>(d_out, n, d_status);
+  check_launch(op, n);
+  if (entries > 0)
+    scatter<false>(d_payload, entries, wide_indices, half_values, d_status, d_out, cuda_stream, op);
+}
+
+}  // namespace gradzip::kernels::cuda

@@ -1,0 +1,258 @@
+// The CUDA error-feedback kernels give the CPU ErrorFeedbackCodec's bits over several steps:
+// the fused fp16 / bf16 update (payload bytes and residual), the same update built from
+// ef_compensate, the cast kernels and ef_update (in place), and ef_compensate / ef_update around
+// the CPU top-k codec. The fused element function is checked against the CPU codec here without
+// a device; the device tests skip, saying why, when no device is present.
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "compressors/wire_format.h"
+#include "error_feedback/error_feedback_codec.h"
+#include "error_feedback/residual_store.h"
+#include "gradzip/codec.h"
+#include "kernels/cast_math.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/ef_cuda.h"
+
+namespace gradzip {
+namespace {
+
+using compressors::kWireHeaderBytes;
+using error_feedback::ErrorFeedbackCodec;
+using error_feedback::ResidualStore;
+namespace cuda = kernels::cuda;
+
+constexpr std::size_t kCounts[] = {0, 1, 7, (std::size_t{1} << 20) + 3, std::size_t{1} << 26};
+constexpr int kSteps = 3;
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Deterministic finite gradients: mostly magnitudes 2^-10 .. 2^10 (f16 and bf16 both round,
+// f16 also into its subnormals), some zeros of either sign and some f32 subnormals. Small
+// enough that no step overflows f16, so every residual stays finite.
+std::vector<float> gradient(std::size_t n, std::uint64_t seed) {
+  std::vector<float> values(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t r = mix(seed * 0x100000001B3ull + i);
+    const std::uint32_t kind = static_cast<std::uint32_t>(r & 63);
+    const std::uint32_t sign = static_cast<std::uint32_t>((r >> 6) & 1) << 31;
+    const std::uint32_t mantissa = static_cast<std::uint32_t>(r >> 8) & 0x7FFFFFu;
+    std::uint32_t bits;
+    if (kind == 0) bits = sign;
+    else if (kind == 1) bits = sign | mantissa;
+    else if (kind == 2) bits = sign | (103u << 23) | mantissa;  // around f16's subnormals
+    else bits = sign | ((117u + static_cast<std::uint32_t>((r >> 40) % 21)) << 23) | mantissa;
+    values[i] = kernels::bits_float(bits);
+  }
+  return values;
+}
+
+::testing::AssertionResult same_bits(std::span<const float> want, std::span<const float> got) {
+  if (want.size() != got.size())
+    return ::testing::AssertionFailure() << "sizes " << want.size() << " vs " << got.size();
+  if (want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
+    return ::testing::AssertionSuccess();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (kernels::float_bits(want[i]) != kernels::float_bits(got[i])) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": want 0x" << std::hex << kernels::float_bits(want[i])
+             << ", got 0x" << kernels::float_bits(got[i]);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult same_halves(const std::byte* payload, std::span<const std::uint16_t> got) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    std::uint16_t want;
+    std::memcpy(&want, payload + 2 * i, 2);
+    if (want != got[i]) {
+      return ::testing::AssertionFailure() << "element " << i << ": want 0x" << std::hex << want
+                                           << ", got 0x" << got[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// One rank's CPU error feedback over tensor "t".
+struct CpuFeedback {
+  explicit CpuFeedback(const char* spec)
+      : store(1, 0, ResizePolicy::error),
+        codec(std::shared_ptr<const Codec>(make_codec(spec)), store) {}
+  std::vector<std::byte> encode(const std::vector<float>& g, std::uint32_t step) {
+    std::vector<std::byte> message(codec.max_encoded_bytes(g.size()));
+    message.resize(codec.encode("t", host_view(g.data(), g.size()), message,
+                                EncodeContext{3, step, 0, 0}));
+    return message;
+  }
+  std::span<const float> residual() const {
+    return static_cast<const ResidualStore&>(store).residual("t");
+  }
+  ResidualStore store;
+  ErrorFeedbackCodec codec;
+};
+
+// ---- host-side check (no device needed) ----------------------------------------------------
+
+// ef_cast_element, step after step, gives the CPU fp16 / bf16 codec's payload and residual.
+TEST(EfCudaHost, CastElementMatchesTheCpuCodec) {
+  constexpr std::size_t n = 100003;
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    CpuFeedback cpu(bf16 ? "bf16" : "fp16");
+    std::vector<float> residual(n, 0.0f);
+    std::vector<std::uint16_t> halves(n);
+    for (int step = 0; step < 5; ++step) {
+      const std::vector<float> g = gradient(n, 10 + step);
+      const std::vector<std::byte> message = cpu.encode(g, static_cast<std::uint32_t>(step));
+      for (std::size_t i = 0; i < n; ++i) halves[i] = cuda::ef_cast_element(g[i], residual[i], bf16);
+      ASSERT_TRUE(same_halves(message.data() + kWireHeaderBytes, halves)) << "step " << step;
+      ASSERT_TRUE(same_bits(cpu.residual(), residual)) << "step " << step;
+    }
+  }
+}
+
+// ---- device tests --------------------------------------------------------------------------
+
+class CudaEf : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* reason = nullptr;
+    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
+  }
+};
+
+// Device memory of `count` elements of T, zeroed, freed on scope exit.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t count) {
+    EXPECT_EQ(cudaMalloc(&pointer_, count == 0 ? 1 : count * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(pointer_, 0, count == 0 ? 1 : count * sizeof(T)), cudaSuccess);
+  }
+  ~DeviceArray() { cudaFree(pointer_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const { return pointer_; }
+
+ private:
+  T* pointer_ = nullptr;
+};
+
+template <typename T>
+void to_device(T* device, const std::vector<T>& host) {
+  if (!host.empty()) {
+    ASSERT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+}
+
+template <typename T>
+std::vector<T> from_device(const T* device, std::size_t count) {
+  std::vector<T> host(count);
+  if (count > 0) {
+    EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  return host;
+}
+
+// Over kSteps steps: ef_cast_fused, and ef_compensate (in place) + cast + widen + ef_update,
+// give the CPU codec's payload bytes and residual bits, with 16-byte aligned arrays (vector
+// path) and arrays one element off (element path).
+TEST_F(CudaEf, CastUpdatesMatchTheCpuCodec) {
+  for (const std::size_t n : kCounts) {
+    for (const bool bf16 : {false, true}) {
+      for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+        SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp16") + ", n = " + std::to_string(n) +
+                     ", offset = " + std::to_string(offset));
+        CpuFeedback cpu(bf16 ? "bf16" : "fp16");
+        DeviceArray<float> fused_g(n + 1), fused_e(n + 1), split_g(n + 1), split_e(n + 1),
+            split_decoded(n + 1);
+        DeviceArray<std::uint16_t> fused_h(n + 1), split_h(n + 1);
+        for (int step = 0; step < kSteps; ++step) {
+          SCOPED_TRACE("step " + std::to_string(step));
+          const std::vector<float> g = gradient(n, 100 * n + step);
+          const std::vector<std::byte> message = cpu.encode(g, static_cast<std::uint32_t>(step));
+          const std::byte* payload = message.data() + kWireHeaderBytes;
+
+          to_device(fused_g.get() + offset, g);
+          cuda::ef_cast_fused(fused_g.get() + offset, fused_e.get() + offset,
+                              fused_h.get() + offset, bf16, n, nullptr);
+
+          to_device(split_g.get() + offset, g);
+          float* c = split_g.get() + offset;  // g + e replaces g
+          cuda::ef_compensate(c, split_e.get() + offset, c, n, nullptr);
+          std::uint16_t* h = split_h.get() + offset;
+          float* decoded = split_decoded.get() + offset;
+          if (bf16) {
+            cuda::f32_to_bf16(c, h, n, nullptr);
+            cuda::bf16_to_f32(h, decoded, n, nullptr);
+          } else {
+            cuda::f32_to_f16(c, h, n, nullptr);
+            cuda::f16_to_f32(h, decoded, n, nullptr);
+          }
+          cuda::ef_update(c, decoded, split_e.get() + offset, n, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+          ASSERT_TRUE(same_halves(payload, from_device(fused_h.get() + offset, n))) << "fused";
+          ASSERT_TRUE(same_bits(cpu.residual(), from_device(fused_e.get() + offset, n))) << "fused";
+          ASSERT_TRUE(same_halves(payload, from_device(h, n))) << "split";
+          ASSERT_TRUE(same_bits(cpu.residual(), from_device(split_e.get() + offset, n))) << "split";
+        }
+      }
+    }
+  }
+}
+
+// ef_compensate and ef_update around a codec without a fused kernel (top-k, on the host here):
+// c is the CPU's g + e, the codec's message from the GPU's c is the CPU feedback's message,
+// and the residual after ef_update is the CPU's, step after step.
+TEST_F(CudaEf, CompensateAndUpdateAroundTopkMatchTheCpu) {
+  for (const std::size_t n : kCounts) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const char* spec = "topk:ratio=0.01";
+    CpuFeedback cpu(spec);
+    const auto topk = make_codec(spec);
+    DeviceArray<float> d_g(n), d_e(n), d_c(n), d_decoded(n);
+    std::vector<float> previous_residual(n, 0.0f);
+    for (int step = 0; step < kSteps; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const std::vector<float> g = gradient(n, 7 * n + step);
+      const std::vector<std::byte> message = cpu.encode(g, static_cast<std::uint32_t>(step));
+
+      to_device(d_g.get(), g);
+      cuda::ef_compensate(d_g.get(), d_e.get(), d_c.get(), n, nullptr);
+      const std::vector<float> c = from_device(d_c.get(), n);
+      std::vector<float> want_c(n);
+      for (std::size_t i = 0; i < n; ++i) want_c[i] = g[i] + previous_residual[i];
+      ASSERT_TRUE(same_bits(want_c, c));
+
+      std::vector<std::byte> gpu_message(topk->max_encoded_bytes(n));
+      gpu_message.resize(topk->encode(host_view(c.data(), n), gpu_message,
+                                      EncodeContext{3, static_cast<std::uint32_t>(step), 0, 0}));
+      ASSERT_EQ(gpu_message, message);
+      std::vector<float> decoded(n);
+      topk->decode(gpu_message, host_view(decoded.data(), n));
+      to_device(d_decoded.get(), decoded);
+      cuda::ef_update(d_c.get(), d_decoded.get(), d_e.get(), n, nullptr);
+      const std::vector<float> residual = from_device(d_e.get(), n);
+      ASSERT_TRUE(same_bits(cpu.residual(), residual));
+      previous_residual = residual;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradzip
