@@ -1,0 +1,68 @@
+// Device side of the `topk` encoder (compressors/topk.cpp): selects the k elements of largest
+// magnitude (exact) or the DGC-style approximation (approx) of an f32 tensor in device memory
+// and writes the message payload, byte for byte what the CPU codec writes for the same input,
+// k, spec and EncodeContext:
+//   offset 0        m indices, u32 (u64 when n > 2^32), strictly increasing
+//   offset m * iw   m values, f32 bits (bit-exact, NaN payloads kept) or f16 bits (RNE,
+//                   kernels/cast_math.h) when half_values
+// Exact: m == k, the k largest |x| with ties to the lowest index (NaN above Inf), the ordering
+// rule of kernels/topk_math.h. Approx: the CPU's result (kernels/cuda/topk_plan.h says how it
+// is decided): the exact top-m for some ceil(k/2) <= m <= k, the same m and bytes as the CPU.
+//
+// Algorithm (0 < k < n), everything on the stream, no host synchronisation, control flow
+// decided on the device (each kernel reads the state the previous ones left and returns early
+// when its step does not apply):
+//  1. sample the tensor (kernels/topk_math.h positions) and radix-select its r-th largest key t;
+//  2. count pass: per 4096-element tile, the keys >= t; exclusive scan of the tile counts (CUB);
+//  3. decide: c = #(key >= t). approx with c <= CPU capacity and ceil(k/2) <= c < k: the result
+//     is those c elements. Otherwise the exact top-k: from the candidates when c >= k and they
+//     fit the candidate buffer, else from the whole tensor;
+//  4. write pass: stable compaction of the candidates (index, f32 bits) into the workspace;
+//  5. radix select of the k-th largest key K over the candidates (or the tensor): three levels
+//     (11/11/9-bit digits), each a histogram (shared-memory counts, integer atomics into a
+//     global histogram) and a one-block suffix scan that picks the bin;
+//  6. final compaction: every key > K plus the lowest-index `need` keys == K, positions from
+//     per-tile counts and their exclusive scans, so the output is in index order and the same
+//     on every run (integer atomics only, for counts).
+// Per pass at n = 2^28 f32 (1 GiB): steps 2 and 4 read the tensor once each (1 GiB each; step
+// 4 skips tiles with nothing to keep); steps 1, 5, 6 touch the sample (256 KiB) and the
+// candidates (about 2k entries of 8 bytes) only. The whole-tensor fallback reads it 3 more
+// times (radix levels) plus 2 (final count and write).
+//
+// Host-callable; no CUDA headers needed by includers (the stream is a cudaStream_t cast to
+// void*, nullptr = the default stream).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gradzip::kernels::cuda {
+
+struct TopkCudaOptions {
+  bool approx = false;       // spec approx=on
+  bool half_values = false;  // spec values=fp16: f16 value bits in the payload
+  // EncodeContext: the sample positions' Philox key (only approx results depend on them).
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;
+  std::uint32_t tensor_id = 0;
+};
+
+// Workspace bytes topk_select needs for (n, k, options); 0 when k == 0 or k == n.
+// Throws gradzip::Error(invalid_argument) when k > n, (unsupported) when CUB's size query fails.
+std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options);
+
+// Selects from d_in[0, n) (device f32) and writes the payload to d_payload (device memory,
+// topk_payload_bytes(n, k, half_values) bytes available, any alignment) and the entry count m
+// to *d_entries_out (device u64; may be null). Two-phase workspace: with d_workspace == nullptr,
+// only sets *workspace_bytes (= topk_workspace_bytes) and launches nothing; otherwise
+// *workspace_bytes must be at least that (device memory, 256-byte aligned).
+// Asynchronous on `stream`; deterministic (the same bytes on every run and as the CPU codec).
+// Refusals before any launch (gradzip::Error(invalid_argument)): k > n, workspace_bytes null,
+// a workspace that is too small or misaligned, null d_in / d_payload with k > 0.
+// Launch failures: gradzip::Error(unsupported).
+void topk_select(const float* d_in, std::uint64_t n, std::uint64_t k,
+                 const TopkCudaOptions& options, std::byte* d_payload,
+                 std::uint64_t* d_entries_out, void* d_workspace, std::size_t* workspace_bytes,
+                 void* stream);
+
+}  // namespace gradzip::kernels::cuda
