@@ -1,0 +1,71 @@
+// Device kernels of the `qsgd` codec: they write exactly the payload bytes of the CPU codec
+// (compressors/qsgd.cpp documents the layout; the element math is kernels/qsgd_math.h, shared
+// with the CPU loops) and decode a payload to the CPU decoder's bits. Host-callable; no CUDA
+// headers needed by includers (the stream is an opaque cudaStream_t cast to void*, nullptr =
+// the default stream). Every call is asynchronous on `stream`, allocates nothing and never
+// synchronises.
+//
+// Payload (the bytes after the 32-byte header; any alignment):
+//   [0, 4 * num_buckets)            f32 scale of each bucket, num_buckets = ceil(count / bucket)
+//   [4 * num_buckets, +code_bytes)  codes, an LSB-first bit stream: element i occupies stream
+//                                   bits [i * bits, (i + 1) * bits); code_bytes =
+//                                   ceil(count * bits / 8); unused high bits of the last byte 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gradzip::kernels::cuda {
+
+// What the CPU codec's EncodeContext carries (gradzip/codec.h needs C++20, which nvcc is not
+// given): the Philox key and counters. Element i of the chunk draws the word of the global
+// element element_offset + i.
+struct QsgdEncodeParams {
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;
+  std::uint32_t tensor_id = 0;
+  std::uint64_t element_offset = 0;
+};
+
+// Counts above this are refused (the CPU codec's kQsgdMaxCount, 2^60).
+inline constexpr std::size_t kQsgdCudaMaxCount = std::size_t{1} << 60;
+
+// Values qsgd_decode() writes to *d_status. When a payload has several offences, the largest
+// code is reported.
+inline constexpr int kQsgdStatusOk = 0;
+// A non-finite bucket (scale +Inf or the canonical NaN) holds a non-zero code.
+inline constexpr int kQsgdStatusNonzeroCode = 1;
+// A scale encode never writes: negative, -0, or a NaN other than 0x7FC00000.
+inline constexpr int kQsgdStatusBadScale = 2;
+
+// 4 * ceil(count / bucket) + ceil(count * bits / 8): the payload size, equal to the CPU codec's.
+// Throws gradzip::Error(invalid_argument) when bits is outside 1..8, bucket is 0 or count
+// exceeds kQsgdCudaMaxCount.
+std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);
+
+// Encodes the `count` f32 values at d_in (device memory) into the payload at d_payload (device
+// memory, qsgd_payload_bytes() bytes, any alignment): the bytes the CPU codec writes after the
+// header for the same values, bits, bucket and context.
+// Two-phase workspace: the encoder needs none. With d_workspace == nullptr and
+// workspace_bytes != nullptr it only sets *workspace_bytes = 0 and launches nothing (the query);
+// it runs when d_workspace != nullptr or workspace_bytes == nullptr.
+// Throws gradzip::Error(invalid_argument) for bad bits / bucket / count or null pointers with
+// count > 0, and gradzip::Error(unsupported) when a launch fails.
+void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
+                 const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
+                 std::size_t* workspace_bytes, void* stream);
+
+// Decodes the payload at d_payload (device memory, qsgd_payload_bytes() bytes) into d_out
+// (device memory, `count` floats): d_out[i] = value, or d_out[i] += value when `accumulate`.
+// Validates first, like the CPU decoder: sets *d_status (device int) to kQsgdStatusOk, then to
+// a kQsgdStatus* code when a scale is not one encode writes or a non-finite bucket holds a
+// non-zero code; the decode pass writes d_out only when *d_status is still kQsgdStatusOk. The
+// caller reads *d_status after synchronising with `stream`. Bits written: those of the CPU
+// codec's decode (NaN buckets give 0x7FC00000); accumulate adds with one f32 add per element
+// like decode_add (NaN results may carry a different NaN payload than on the CPU).
+// Throws gradzip::Error(invalid_argument) for bad bits / bucket / count or null pointers, and
+// gradzip::Error(unsupported) when a launch fails.
+void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
+                 float* d_out, bool accumulate, int* d_status, void* stream);
+
+}  // namespace gradzip::kernels::cuda

@@ -1,0 +1,52 @@
+// Device kernels of the `sign` codec: they write exactly the payload bytes of the CPU codec
+// (compressors/sign.cpp documents the layout; the element math and the canonical order of the
+// per-bucket |x| sums are kernels/sign_math.h, shared with the CPU loops) and decode a payload
+// to the CPU decoder's bits. Host-callable; no CUDA headers needed by includers (the stream is
+// an opaque cudaStream_t cast to void*, nullptr = the default stream). Every call is
+// asynchronous on `stream`, allocates nothing and never synchronises.
+//
+// Payload (the bytes after the 32-byte header; any alignment):
+//   [0, 4 * B)                f32 scale (mean |x|) of each bucket, B = ceil(count / bucket)
+//   [4 * B, + ceil(count/8))  sign bits: element i at bit i % 8 of byte i / 8 (LSB first);
+//                             the unused high bits of the last byte are 0.
+#pragma once
+
+#include <cstddef>
+
+namespace gradzip::kernels::cuda {
+
+// Values sign_decode() writes to *d_status.
+inline constexpr int kSignStatusOk = 0;
+// A bit above the last element in the last byte of the sign bits is set.
+inline constexpr int kSignStatusUnusedBits = 1;
+
+// 4 * ceil(count / bucket) + ceil(count / 8): the payload size, equal to the CPU codec's.
+// Throws gradzip::Error(invalid_argument) when bucket is 0 or the size does not fit a size_t.
+std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
+
+// Encodes the `count` f32 values at d_in (device memory) into the payload at d_payload (device
+// memory, sign_payload_bytes() bytes, any alignment): the bytes the CPU codec writes after the
+// header for the same values and bucket (the sign codec draws no random numbers, so it takes no
+// context). Each scale is the canonical-order mean of kernels/sign_math.h.
+// Two-phase workspace: the encoder needs none. With d_workspace == nullptr and
+// workspace_bytes != nullptr it only sets *workspace_bytes = 0 and launches nothing (the query);
+// it runs when d_workspace != nullptr or workspace_bytes == nullptr.
+// Throws gradzip::Error(invalid_argument) for bucket 0 or null pointers with count > 0, and
+// gradzip::Error(unsupported) when a launch fails.
+void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
+                 void* d_workspace, std::size_t* workspace_bytes, void* stream);
+
+// Decodes the payload at d_payload (device memory, sign_payload_bytes() bytes) into d_out
+// (device memory, `count` floats): d_out[i] = bit ? -scale : +scale, or d_out[i] += that when
+// `accumulate`. Validates first, like the CPU decoder: sets *d_status (device int) to
+// kSignStatusOk, then to kSignStatusUnusedBits when an unused bit of the last byte is set; the
+// decode pass writes d_out only when *d_status is still kSignStatusOk. Scales may hold any
+// bits (as on the CPU). The caller reads *d_status after synchronising with `stream`. Bits
+// written: those of the CPU codec's decode; accumulate adds with one f32 add per element like
+// decode_add (NaN results may carry a different NaN payload than on the CPU).
+// Throws gradzip::Error(invalid_argument) for bucket 0 or null pointers, and
+// gradzip::Error(unsupported) when a launch fails.
+void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
+                 bool accumulate, int* d_status, void* stream);
+
+}  // namespace gradzip::kernels::cuda

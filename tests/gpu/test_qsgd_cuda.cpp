@@ -1,0 +1,540 @@
+// The CUDA qsgd kernels (kernels/cuda/qsgd_cuda.h) against the CPU codec on the same inputs:
+// byte-identical payloads (after the 32-byte header) for counts {0, 1, 7, 2^20+3, 2^26}, bits
+// {1, 2, 3, 4, 8} and buckets {1, 7, 512} (plus 255, 256 and one bucket larger than the tensor
+// below 2^26), on N(0,1) data, on data with zeros, denormals, tiny and huge values, and on data
+// with Inf/NaN in some buckets; chunks with element_offset != 0; decode and decode-accumulate
+// equal to the CPU codec's decode / decode_add; malformed payloads set the status and leave the
+// output untouched. The size function is checked without a device; everything else skips,
+// saying why, when no device is present.
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compressors/wire_format.h"
+#include "gradzip/codec.h"
+#include "gradzip/error.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/qsgd_cuda.h"
+#include "kernels/host_device.h"
+
+namespace gradzip {
+namespace {
+
+using compressors::kWireHeaderBytes;
+using kernels::bits_float;
+using kernels::float_bits;
+namespace cuda = kernels::cuda;
+
+constexpr std::size_t kNoDifference = std::numeric_limits<std::size_t>::max();
+
+class CudaQsgd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* reason = nullptr;
+    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  void* stream() const { return static_cast<void*>(stream_); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// A device array of n elements (at least one is allocated, so the pointer is never null).
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&ptr_, std::max<std::size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(ptr_); }
+
+  T* get() const { return ptr_; }
+  void upload(const std::vector<T>& host) {
+    ASSERT_LE(host.size(), n_);
+    ASSERT_EQ(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  std::size_t n_;
+};
+
+std::unique_ptr<Codec> qsgd_codec(int bits, std::size_t bucket) {
+  return make_codec("qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket));
+}
+
+EncodeContext context(std::uint64_t element_offset = 0) {
+  EncodeContext ctx;
+  ctx.seed = 0x5EED5EED12345678ull;
+  ctx.step = 11;
+  ctx.tensor_id = 42;
+  ctx.element_offset = element_offset;
+  return ctx;
+}
+
+cuda::QsgdEncodeParams params_of(const EncodeContext& ctx) {
+  cuda::QsgdEncodeParams params;
+  params.seed = ctx.seed;
+  params.step = ctx.step;
+  params.tensor_id = ctx.tensor_id;
+  params.element_offset = ctx.element_offset;
+  return params;
+}
+
+// ---- data --------------------------------------------------------------------------------------
+
+enum class Data { gaussian, finite_specials, nonfinite };
+
+const char* data_name(Data data) {
+  switch (data) {
+    case Data::gaussian: return "gaussian";
+    case Data::finite_specials: return "finite specials";
+    case Data::nonfinite: return "inf/nan";
+  }
+  return "?";
+}
+
+std::vector<float> gaussian(std::size_t count, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(count);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+// Fills x[begin, begin + n) (clipped to x) with make(i).
+template <typename Make>
+void fill_run(std::vector<float>& x, std::size_t begin, std::size_t n, Make make) {
+  for (std::size_t i = begin; i < begin + n && i < x.size(); ++i) x[i] = make(i);
+}
+
+// N(0,1) data, with zeros, denormals, tiny and huge values (finite_specials), and also +-Inf
+// and NaNs of several payloads (nonfinite): isolated values spread over the tensor, and runs
+// covering whole buckets of every tested size.
+std::vector<float> make_data(std::size_t count, Data data, std::uint64_t seed) {
+  std::vector<float> x = gaussian(count, seed);
+  if (data == Data::gaussian) return x;
+  std::vector<float> specials = {0.0f,
+                                 -0.0f,
+                                 std::numeric_limits<float>::denorm_min(),
+                                 -bits_float(0x00012345u),
+                                 bits_float(0x007FFFFFu),
+                                 1e-30f,
+                                 -3e-25f,
+                                 FLT_MAX,
+                                 -FLT_MAX,
+                                 3e38f,
+                                 FLT_MIN,
+                                 -2.5f};
+  if (data == Data::nonfinite) {
+    const std::vector<float> nonfinite = {std::numeric_limits<float>::infinity(),
+                                          -std::numeric_limits<float>::infinity(),
+                                          bits_float(0x7FC00000u),
+                                          bits_float(0xFFC00000u),
+                                          bits_float(0x7FC01234u),
+                                          bits_float(0x7F800001u),   // signalling
+                                          bits_float(0xFFFFFFFFu)};
+    specials.insert(specials.end(), nonfinite.begin(), nonfinite.end());
+  }
+  if (count <= 64) {
+    // Every third element (the first too) special; with Inf/NaN, starting at the first of them.
+    const std::size_t first = data == Data::nonfinite ? 12 : 0;
+    for (std::size_t i = 0; i < count; i += 3) x[i] = specials[(first + i / 3 * 5) % specials.size()];
+    return x;
+  }
+  const std::size_t isolated = std::min<std::size_t>(count / 8, 64);
+  for (std::size_t k = 0; k < isolated; ++k) {
+    x[(k * 2654435761u + 17) % count] = specials[k % specials.size()];
+  }
+  std::mt19937_64 rng(seed ^ 0xABCDEFull);
+  std::uniform_int_distribution<std::uint32_t> mantissa(0, 0x007FFFFFu);
+  std::uniform_int_distribution<int> coin(0, 1);
+  const auto sign = [&] { return coin(rng) != 0 ? 0x80000000u : 0u; };
+  // Runs of 1200 elements: each covers at least two whole buckets of 512, 255, 256, 7 and 1.
+  fill_run(x, 1024, 1200, [&](std::size_t) { return bits_float(sign() | mantissa(rng)); });  // denormals
+  fill_run(x, 3072, 1200, [&](std::size_t) { return bits_float(sign()); });                  // +-0
+  fill_run(x, 5120, 1200, [&](std::size_t i) {                                               // huge
+    return bits_float(sign() | 0x7E800000u | mantissa(rng)) * (i % 3 == 0 ? 1.0f : 1.9f);  // < 3.3e38
+  });
+  fill_run(x, 7168, 1200, [&](std::size_t) { return bits_float(sign() | 0x0C000000u | mantissa(rng)); });  // ~1e-31
+  if (data == Data::nonfinite) {
+    fill_run(x, 9216, 1200, [&](std::size_t i) {  // NaN buckets
+      return i % 5 == 0 ? bits_float(0x7FC00000u | (static_cast<std::uint32_t>(i) & 0xFFFFu)) : 1.0f;
+    });
+    fill_run(x, 11264, 1200, [&](std::size_t i) {  // Inf buckets
+      return i % 7 == 0 ? std::numeric_limits<float>::infinity() * (i % 2 == 0 ? 1.0f : -1.0f) : -2.0f;
+    });
+    x[count - 1] = std::numeric_limits<float>::quiet_NaN();  // the last, maybe short, bucket
+  }
+  return x;
+}
+
+// ---- comparisons -------------------------------------------------------------------------------
+
+std::size_t first_byte_difference(const std::byte* a, const std::byte* b, std::size_t n) {
+  if (n == 0 || std::memcmp(a, b, n) == 0) return kNoDifference;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return i;
+  }
+  return kNoDifference;
+}
+
+// The first index whose bits differ; with nan_equal, any two NaNs count as equal.
+std::size_t first_float_difference(const std::vector<float>& a, const std::vector<float>& b,
+                                   std::size_t n, bool nan_equal) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (float_bits(a[i]) == float_bits(b[i])) continue;
+    if (nan_equal && a[i] != a[i] && b[i] != b[i]) continue;
+    return i;
+  }
+  return kNoDifference;
+}
+
+std::string hex(std::uint32_t v) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", v);
+  return text;
+}
+
+// ---- the round trip against the CPU codec ------------------------------------------------------
+
+// Encodes x with the CPU codec and with the kernels; checks the payloads byte for byte, then
+// decodes the CPU's message on the device, plainly and accumulating, against decode/decode_add.
+void check_against_cpu(const std::vector<float>& x, int bits, std::size_t bucket,
+                       const EncodeContext& ctx, void* stream) {
+  const std::size_t count = x.size();
+  const auto codec = qsgd_codec(bits, bucket);
+  std::vector<std::byte> message(codec->max_encoded_bytes(count));
+  ASSERT_EQ(codec->encode(host_view(x.data(), count), message, ctx), message.size());
+  const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
+  ASSERT_EQ(cuda::qsgd_payload_bytes(count, bits, bucket), payload_bytes);
+
+  // Encode.
+  DeviceArray<float> d_in(x);
+  DeviceArray<std::byte> d_payload(payload_bytes);
+  ASSERT_EQ(cudaMemset(d_payload.get(), 0xA5, std::max<std::size_t>(payload_bytes, 1)), cudaSuccess);
+  std::size_t workspace = 12345;
+  cuda::qsgd_encode(d_in.get(), count, bits, bucket, params_of(ctx), d_payload.get(), nullptr,
+                    &workspace, stream);
+  EXPECT_EQ(workspace, 0u);
+  cuda::qsgd_encode(d_in.get(), count, bits, bucket, params_of(ctx), d_payload.get(), nullptr,
+                    nullptr, stream);
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
+  const std::vector<std::byte> gpu_payload = d_payload.download();
+  const std::byte* cpu_payload = message.data() + kWireHeaderBytes;
+  const std::size_t diff = first_byte_difference(gpu_payload.data(), cpu_payload, payload_bytes);
+  const std::size_t scale_bytes = 4 * ((count + bucket - 1) / bucket);
+  ASSERT_EQ(diff, kNoDifference)
+      << "payload byte " << diff << " (" << (diff < scale_bytes ? "scale of bucket " : "code byte ")
+      << (diff < scale_bytes ? diff / 4 : diff - scale_bytes) << "): gpu 0x" << std::hex
+      << std::to_integer<int>(gpu_payload[diff]) << ", cpu 0x" << std::to_integer<int>(cpu_payload[diff]);
+
+  // Decode the CPU's payload.
+  d_payload.upload(std::vector<std::byte>(cpu_payload, cpu_payload + payload_bytes));
+  DeviceArray<int> d_status(1);
+  ASSERT_EQ(cudaMemset(d_status.get(), 0x7F, sizeof(int)), cudaSuccess);  // the decoder resets it
+  std::vector<float> cpu_out(count, 0.0f);
+  codec->decode(message, host_view(cpu_out.data(), count));
+  DeviceArray<float> d_out(count);
+  ASSERT_EQ(cudaMemset(d_out.get(), 0xEE, std::max<std::size_t>(count, 1) * sizeof(float)), cudaSuccess);
+  cuda::qsgd_decode(d_payload.get(), count, bits, bucket, d_out.get(), false, d_status.get(), stream);
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
+  EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
+  const std::vector<float> gpu_out = d_out.download();
+  const std::size_t decode_diff = first_float_difference(gpu_out, cpu_out, count, false);
+  ASSERT_EQ(decode_diff, kNoDifference)
+      << "decode of element " << decode_diff << ": gpu " << hex(float_bits(gpu_out[decode_diff]))
+      << ", cpu " << hex(float_bits(cpu_out[decode_diff]));
+
+  // Decode-accumulate onto the same values on both sides (one f32 add each: the same bits,
+  // up to NaN payloads, which CPUs and GPUs pick differently).
+  std::vector<float> cpu_acc = gaussian(count, 99);
+  DeviceArray<float> d_acc(cpu_acc);
+  codec->decode_add(message, cpu_acc.data(), count);
+  cuda::qsgd_decode(d_payload.get(), count, bits, bucket, d_acc.get(), true, d_status.get(), stream);
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
+  EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
+  const std::vector<float> gpu_acc = d_acc.download();
+  const std::size_t acc_diff = first_float_difference(gpu_acc, cpu_acc, count, true);
+  ASSERT_EQ(acc_diff, kNoDifference)
+      << "decode-accumulate of element " << acc_diff << ": gpu " << hex(float_bits(gpu_acc[acc_diff]))
+      << ", cpu " << hex(float_bits(cpu_acc[acc_diff]));
+}
+
+constexpr int kBits[] = {1, 2, 3, 4, 8};
+constexpr Data kData[] = {Data::gaussian, Data::finite_specials, Data::nonfinite};
+
+void check_count(std::size_t count, const std::vector<std::size_t>& buckets, void* stream) {
+  for (Data data : kData) {
+    const std::vector<float> x = make_data(count, data, 1000 + count);
+    for (int bits : kBits) {
+      for (std::size_t bucket : buckets) {
+        SCOPED_TRACE("count=" + std::to_string(count) + " bits=" + std::to_string(bits) +
+                     " bucket=" + std::to_string(bucket) + " data=" + data_name(data));
+        check_against_cpu(x, bits, bucket, context(), stream);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// ---- tests -------------------------------------------------------------------------------------
+
+// Host-side: needs no device.
+TEST(CudaQsgdHost, PayloadBytesEqualTheCpuCodecs) {
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
+                            std::size_t{513}, (std::size_t{1} << 20) + 3, std::size_t{1} << 26,
+                            (std::size_t{1} << 31) + 5}) {
+    for (int bits = 1; bits <= 8; ++bits) {
+      for (std::size_t bucket : {std::size_t{1}, std::size_t{7}, std::size_t{512}, std::size_t{1} << 31}) {
+        EXPECT_EQ(cuda::qsgd_payload_bytes(count, bits, bucket),
+                  qsgd_codec(bits, bucket)->max_encoded_bytes(count) - kWireHeaderBytes)
+            << count << " " << bits << " " << bucket;
+      }
+    }
+  }
+}
+
+TEST(CudaQsgdHost, BadShapesThrowBeforeTouchingTheDevice) {
+  const auto expect_invalid = [](auto call) {
+    try {
+      call();
+      ADD_FAILURE() << "no exception";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    }
+  };
+  expect_invalid([] { cuda::qsgd_payload_bytes(10, 0, 4); });
+  expect_invalid([] { cuda::qsgd_payload_bytes(10, 9, 4); });
+  expect_invalid([] { cuda::qsgd_payload_bytes(10, 4, 0); });
+  expect_invalid([] { cuda::qsgd_payload_bytes(cuda::kQsgdCudaMaxCount + 1, 4, 4); });
+  expect_invalid([] {
+    cuda::qsgd_encode(nullptr, 10, 9, 4, {}, nullptr, nullptr, nullptr, nullptr);
+  });
+  expect_invalid([] { cuda::qsgd_decode(nullptr, 10, 4, 0, nullptr, false, nullptr, nullptr); });
+  // The workspace query launches nothing and needs no device.
+  std::size_t workspace = 99;
+  cuda::qsgd_encode(nullptr, 10, 4, 4, {}, nullptr, nullptr, &workspace, nullptr);
+  EXPECT_EQ(workspace, 0u);
+}
+
+TEST_F(CudaQsgd, SmallCountsMatchTheCpuCodec) {
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{100}}) {
+    check_count(count, {1, 7, 512, 3, 256}, stream());
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(CudaQsgd, MillionElementsMatchTheCpuCodec) {
+  check_count((std::size_t{1} << 20) + 3, {1, 7, 512, 255, 256, std::size_t{1} << 22}, stream());
+}
+
+TEST_F(CudaQsgd, TwoTo26ElementsMatchTheCpuCodec) {
+  const std::size_t count = std::size_t{1} << 26;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  // Input, payload (<= 2.25 x 4 bytes per element at bucket 1, bits 8) and two outputs.
+  if (free_bytes < count * 24) GTEST_SKIP() << "needs " << count * 24 << " bytes of device memory";
+  check_count(count, {1, 7, 512}, stream());
+}
+
+// Chunks of a tensor: element i of the chunk draws the word of element element_offset + i.
+TEST_F(CudaQsgd, ChunksWithAnElementOffsetMatchTheCpuCodec) {
+  const std::vector<float> x = make_data(50001, Data::nonfinite, 7);
+  for (std::uint64_t offset : {std::uint64_t{1}, std::uint64_t{3}, std::uint64_t{512 * 37},
+                               std::uint64_t{1000003}, (std::uint64_t{1} << 34) + 5}) {
+    for (int bits : kBits) {
+      for (std::size_t bucket : {std::size_t{7}, std::size_t{512}}) {
+        SCOPED_TRACE("offset=" + std::to_string(offset) + " bits=" + std::to_string(bits) +
+                     " bucket=" + std::to_string(bucket));
+        check_against_cpu(x, bits, bucket, context(offset), stream());
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Another seed, step and tensor id (the high key word and the counter words all matter).
+TEST_F(CudaQsgd, OtherKeysMatchTheCpuCodec) {
+  const std::vector<float> x = make_data(4099, Data::gaussian, 8);
+  EncodeContext ctx;
+  ctx.seed = 0xFEDCBA9876543210ull;
+  ctx.step = 0xFFFFFFF0u;
+  ctx.tensor_id = 0x80000001u;
+  ctx.element_offset = 0xFFFFFFFFull * 4 - 2;  // the block counter crosses 2^32
+  for (int bits : kBits) {
+    SCOPED_TRACE("bits=" + std::to_string(bits));
+    check_against_cpu(x, bits, 64, ctx, stream());
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A payload at an odd address (inside a message after a header of any size).
+TEST_F(CudaQsgd, UnalignedPayloadsEncodeAndDecode) {
+  const std::size_t count = 1001;
+  const std::vector<float> x = make_data(count, Data::nonfinite, 9);
+  for (int bits : kBits) {
+    SCOPED_TRACE("bits=" + std::to_string(bits));
+    const auto codec = qsgd_codec(bits, 7);
+    std::vector<std::byte> message(codec->max_encoded_bytes(count));
+    codec->encode(host_view(x.data(), count), message, context());
+    const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
+    DeviceArray<float> d_in(x);
+    DeviceArray<std::byte> d_buffer(payload_bytes + 3);
+    std::byte* const d_payload = d_buffer.get() + 3;
+    cuda::qsgd_encode(d_in.get(), count, bits, 7, params_of(context()), d_payload, nullptr, nullptr,
+                      stream());
+    DeviceArray<float> d_out(count);
+    DeviceArray<int> d_status(1);
+    cuda::qsgd_decode(d_payload, count, bits, 7, d_out.get(), false, d_status.get(), stream());
+    ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream())), cudaSuccess);
+    const std::vector<std::byte> buffer = d_buffer.download();
+    EXPECT_EQ(first_byte_difference(buffer.data() + 3, message.data() + kWireHeaderBytes, payload_bytes),
+              kNoDifference);
+    EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
+    std::vector<float> cpu_out(count);
+    codec->decode(message, host_view(cpu_out.data(), count));
+    EXPECT_EQ(first_float_difference(d_out.download(), cpu_out, count, false), kNoDifference);
+  }
+}
+
+// ---- malformed payloads ------------------------------------------------------------------------
+
+void set_scale(std::vector<std::byte>& message, std::size_t bucket_index, std::uint32_t bits) {
+  std::memcpy(message.data() + kWireHeaderBytes + 4 * bucket_index, &bits, 4);
+}
+
+void set_stream_bit(std::vector<std::byte>& message, std::size_t scale_bytes, std::size_t bit) {
+  std::byte& byte = message[kWireHeaderBytes + scale_bytes + bit / 8];
+  byte |= std::byte{static_cast<unsigned char>(1u << (bit % 8))};
+}
+
+// The CPU codec refuses `message`; the kernels report `expected_status` and write nothing.
+void expect_refused(const std::vector<std::byte>& message, std::size_t count, int bits,
+                    std::size_t bucket, int expected_status, void* stream) {
+  const auto codec = qsgd_codec(bits, bucket);
+  std::vector<float> cpu_out(count, 1.0f);
+  try {
+    codec->decode(message, host_view(cpu_out.data(), count));
+    ADD_FAILURE() << "the CPU codec accepted the message";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::malformed_message) << e.what();
+  }
+  const std::vector<std::byte> payload(message.begin() + kWireHeaderBytes, message.end());
+  DeviceArray<std::byte> d_payload(payload);
+  const std::vector<float> sentinel(count, -12345.0f);
+  DeviceArray<int> d_status(1);
+  for (bool accumulate : {false, true}) {
+    DeviceArray<float> d_out(sentinel);
+    cuda::qsgd_decode(d_payload.get(), count, bits, bucket, d_out.get(), accumulate, d_status.get(),
+                      stream);
+    ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
+    EXPECT_EQ(d_status.download()[0], expected_status) << "accumulate=" << accumulate;
+    EXPECT_EQ(first_float_difference(d_out.download(), sentinel, count, false), kNoDifference)
+        << "accumulate=" << accumulate << ": the output was written";
+  }
+}
+
+TEST_F(CudaQsgd, MalformedPayloadsSetTheStatusAndWriteNothing) {
+  const std::size_t count = 1000;
+  const std::size_t bucket = 7;
+  std::vector<float> x = gaussian(count, 5);
+  x[20] = std::numeric_limits<float>::quiet_NaN();   // bucket 2 = [14, 21): scale NaN
+  x[100] = std::numeric_limits<float>::infinity();  // bucket 14 = [98, 105): scale +Inf
+  for (int bits : kBits) {
+    SCOPED_TRACE("bits=" + std::to_string(bits));
+    const auto codec = qsgd_codec(bits, bucket);
+    std::vector<std::byte> valid(codec->max_encoded_bytes(count));
+    codec->encode(host_view(x.data(), count), valid, context());
+    const std::size_t scale_bytes = 4 * ((count + bucket - 1) / bucket);
+    const auto w = static_cast<std::size_t>(bits);
+    struct Case {
+      const char* name;
+      std::vector<std::byte> message;
+      int status;
+    };
+    std::vector<Case> cases;
+    auto with = [&](const char* name, int status, auto edit) {
+      std::vector<std::byte> message = valid;
+      edit(message);
+      cases.push_back(Case{name, std::move(message), status});
+    };
+    with("negative scale", cuda::kQsgdStatusBadScale, [](auto& m) { set_scale(m, 5, 0xBF800000u); });
+    with("-0 scale", cuda::kQsgdStatusBadScale, [](auto& m) { set_scale(m, 0, 0x80000000u); });
+    with("NaN scale of another payload", cuda::kQsgdStatusBadScale,
+         [](auto& m) { set_scale(m, 142, 0x7FC00001u); });  // the last bucket
+    with("negative NaN scale", cuda::kQsgdStatusBadScale, [](auto& m) { set_scale(m, 2, 0xFFC00000u); });
+    with("code in a NaN bucket (top bit of element 15)", cuda::kQsgdStatusNonzeroCode,
+         [&](auto& m) { set_stream_bit(m, scale_bytes, 15 * w + w - 1); });
+    with("code in a NaN bucket (low bit of element 14)", cuda::kQsgdStatusNonzeroCode,
+         [&](auto& m) { set_stream_bit(m, scale_bytes, 14 * w); });
+    with("code in an Inf bucket (element 104)", cuda::kQsgdStatusNonzeroCode,
+         [&](auto& m) { set_stream_bit(m, scale_bytes, 104 * w + w / 2); });
+    with("code in a bucket made Inf", cuda::kQsgdStatusNonzeroCode, [&](auto& m) {
+      set_scale(m, 30, 0x7F800000u);
+      set_stream_bit(m, scale_bytes, 30 * 7 * w + 3 * w);
+    });
+    with("both offences: the larger status", cuda::kQsgdStatusBadScale, [&](auto& m) {
+      set_stream_bit(m, scale_bytes, 15 * w);
+      set_scale(m, 100, 0xC0000000u);
+    });
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      expect_refused(c.message, count, bits, bucket, c.status, stream());
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Neither decoder checks the unused high bits of the last code byte (encode writes them 0).
+TEST_F(CudaQsgd, UnusedCodeBitsAreIgnoredLikeOnTheCpu) {
+  const std::size_t count = 1001;  // 1001 * bits is not a multiple of 8 for odd bits
+  const std::vector<float> x = gaussian(count, 6);
+  for (int bits : {1, 3}) {
+    SCOPED_TRACE("bits=" + std::to_string(bits));
+    const auto codec = qsgd_codec(bits, 512);
+    std::vector<std::byte> message(codec->max_encoded_bytes(count));
+    codec->encode(host_view(x.data(), count), message, context());
+    message.back() |= std::byte{0x80};
+    std::vector<float> cpu_out(count);
+    codec->decode(message, host_view(cpu_out.data(), count));
+    DeviceArray<std::byte> d_payload(
+        std::vector<std::byte>(message.begin() + kWireHeaderBytes, message.end()));
+    DeviceArray<float> d_out(count);
+    DeviceArray<int> d_status(1);
+    cuda::qsgd_decode(d_payload.get(), count, bits, 512, d_out.get(), false, d_status.get(), stream());
+    ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream())), cudaSuccess);
+    EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
+    EXPECT_EQ(first_float_difference(d_out.download(), cpu_out, count, false), kNoDifference);
+  }
+}
+
+}  // namespace
+}  // namespace gradzip
