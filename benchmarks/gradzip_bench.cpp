@@ -4,6 +4,7 @@
 //                                        [--json FILE]
 //   mpirun -np P gradzip-bench overlap [--model small|25m] [--batch N] [--codec SPEC]...
 //                                      [--iters N] [--json FILE]  (Reducer options: --help)
+//   gradzip-bench kernels [--size N] [--repeat R] [--kernel NAME]... [--list] [--json FILE]
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -15,6 +16,17 @@ namespace gradzip::bench {
 int run_codecs(int argc, char** argv);
 int run_allreduce(int argc, char** argv);  // allreduce_bench.cpp; needs a build with MPI
 int run_overlap(int argc, char** argv);    // overlap_bench.cpp; needs a build with MPI
+#if GRADZIP_HAVE_CUDA
+int run_kernels(int argc, char** argv);    // kernels_bench.cpp, compiled only with CUDA
+#else
+// The whole of `kernels` in a build without CUDA: nothing to measure, which is not an error
+// (like a CUDA build on a machine without a device).
+int run_kernels(int, char**) {
+  std::printf("gradzip-bench kernels: no CUDA in this build (GRADZIP_WITH_CUDA=OFF, or nvcc was "
+              "not found at configure time); nothing measured\n");
+  return 0;
+}
+#endif
 }
 
 namespace {
@@ -32,6 +44,9 @@ void print_usage(std::FILE* out) {
                "             25M-parameter model): compute-only, communication-only, sequential\n"
                "             and overlapped step times, measured in the same run (run under\n"
                "             mpirun; needs a build with MPI)\n"
+               "  kernels    the CUDA kernels at 2^28 f32 elements: time, GB/s of the bytes each\n"
+               "             must move, and the fraction of a device-to-device copy measured in\n"
+               "             the same run (needs a build with CUDA; without a device, says why)\n"
                "run 'gradzip-bench SUBCOMMAND --help' for its options\n");
 }
 
@@ -47,6 +62,7 @@ int main(int argc, char** argv) {
     if (command == "codecs") return gradzip::bench::run_codecs(argc - 1, argv + 1);
     if (command == "allreduce") return gradzip::bench::run_allreduce(argc - 1, argv + 1);
     if (command == "overlap") return gradzip::bench::run_overlap(argc - 1, argv + 1);
+    if (command == "kernels") return gradzip::bench::run_kernels(argc - 1, argv + 1);
     if (command == "--help" || command == "-h") {
       print_usage(stdout);
       return 0;
