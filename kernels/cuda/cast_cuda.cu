@@ -4,45 +4,31 @@
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+using namespace detail;  // kernels/cuda/launch.cuh
 
 __global__ void f32_to_f16_kernel(const float* d_in, std::uint16_t* d_out, std::size_t count) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
-       i += std::size_t{gridDim.x} * blockDim.x)
+  for (std::size_t i = global_thread(); i < count; i += grid_threads())
     d_out[i] = f32_to_f16_bits(d_in[i]);
 }
 
 __global__ void f32_to_bf16_kernel(const float* d_in, std::uint16_t* d_out, std::size_t count) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
-       i += std::size_t{gridDim.x} * blockDim.x)
+  for (std::size_t i = global_thread(); i < count; i += grid_threads())
     d_out[i] = f32_to_bf16_bits(d_in[i]);
 }
 
 __global__ void f16_to_f32_kernel(const std::uint16_t* d_in, float* d_out, std::size_t count) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
-       i += std::size_t{gridDim.x} * blockDim.x)
+  for (std::size_t i = global_thread(); i < count; i += grid_threads())
     d_out[i] = f16_bits_to_f32(d_in[i]);
 }
 
 __global__ void bf16_to_f32_kernel(const std::uint16_t* d_in, float* d_out, std::size_t count) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
-       i += std::size_t{gridDim.x} * blockDim.x)
+  for (std::size_t i = global_thread(); i < count; i += grid_threads())
     d_out[i] = bf16_bits_to_f32(d_in[i]);
-}
-
-unsigned grid_for(std::size_t count) {
-  const std::size_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
-}
-
-void check_launch(const char* op, std::size_t count) {
-  const cudaError_t status = cudaGetLastError();
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
-             " elements failed: ", cudaGetErrorString(status));
 }
 
 template <typename In, typename Out>

@@ -7,33 +7,12 @@
 
 #include "gradzip/error.h"
 #include "kernels/cuda/ef_cuda.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(std::size_t count) {
-  const std::size_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
-}
-
-void check_launch(const char* op, std::size_t count) {
-  const cudaError_t status = cudaGetLastError();
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
-             " elements failed: ", cudaGetErrorString(status));
-}
-
-bool aligned_to(const void* pointer, std::size_t width) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % width == 0;
-}
-
-__device__ __forceinline__ std::size_t thread_index() {
-  return blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-}
-__device__ __forceinline__ std::size_t thread_stride() {
-  return std::size_t{gridDim.x} * blockDim.x;
-}
+using namespace detail;  // kernels/cuda/launch.cuh
 
 // Sub = false: out = a + b; Sub = true: out = a - b.
 template <bool Sub>
@@ -53,7 +32,7 @@ __global__ void combine_kernel(const float* a, const float* b, float* out, std::
     const auto* a4 = reinterpret_cast<const float4*>(a);
     const auto* b4 = reinterpret_cast<const float4*>(b);
     auto* out4 = reinterpret_cast<float4*>(out);
-    for (std::size_t v = thread_index(); v < groups; v += thread_stride()) {
+    for (std::size_t v = global_thread(); v < groups; v += grid_threads()) {
       const float4 x = a4[v];
       const float4 y = b4[v];
       out4[v] = make_float4(combine<Sub>(x.x, y.x), combine<Sub>(x.y, y.y),
@@ -61,7 +40,7 @@ __global__ void combine_kernel(const float* a, const float* b, float* out, std::
     }
     scalar_begin = groups * 4;
   }
-  for (std::size_t i = scalar_begin + thread_index(); i < count; i += thread_stride())
+  for (std::size_t i = scalar_begin + global_thread(); i < count; i += grid_threads())
     out[i] = combine<Sub>(a[i], b[i]);
 }
 
@@ -74,7 +53,7 @@ __global__ void cast_fused_kernel(const float* g, float* e, std::uint16_t* half_
     const auto* g4 = reinterpret_cast<const float4*>(g);
     auto* e4 = reinterpret_cast<float4*>(e);
     auto* h4 = reinterpret_cast<ushort4*>(half_out);
-    for (std::size_t v = thread_index(); v < groups; v += thread_stride()) {
+    for (std::size_t v = global_thread(); v < groups; v += grid_threads()) {
       const float4 grad = g4[v];
       float4 residual = e4[v];
       ushort4 halves;
@@ -87,7 +66,7 @@ __global__ void cast_fused_kernel(const float* g, float* e, std::uint16_t* half_
     }
     scalar_begin = groups * 4;
   }
-  for (std::size_t i = scalar_begin + thread_index(); i < count; i += thread_stride()) {
+  for (std::size_t i = scalar_begin + global_thread(); i < count; i += grid_threads()) {
     float residual = e[i];
     half_out[i] = ef_cast_element(g[i], residual, Bf16);
     e[i] = residual;

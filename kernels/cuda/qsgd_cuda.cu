@@ -15,40 +15,19 @@
 #include <cuda_runtime.h>
 
 #include "gradzip/error.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/qsgd_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 65535u * 8u;
+using namespace detail;  // kernels/cuda/launch.cuh
+
+// scales_per_block_kernel's tree reduction halves kThreads down to 1.
+static_assert(kThreads == 256, "the block maximum is written for 256 threads");
 // Buckets at least this long get a block each for their maximum; shorter ones a thread each.
 constexpr std::size_t kBlockBucket = 256;
-
-__device__ __forceinline__ float load_f32(const std::byte* p) {
-  const auto* b = reinterpret_cast<const unsigned char*>(p);
-  return bits_float(static_cast<std::uint32_t>(b[0]) | (static_cast<std::uint32_t>(b[1]) << 8) |
-                    (static_cast<std::uint32_t>(b[2]) << 16) |
-                    (static_cast<std::uint32_t>(b[3]) << 24));
-}
-
-__device__ __forceinline__ void store_f32(std::byte* p, float value) {
-  const std::uint32_t bits = float_bits(value);
-  auto* b = reinterpret_cast<unsigned char*>(p);
-  b[0] = static_cast<unsigned char>(bits);
-  b[1] = static_cast<unsigned char>(bits >> 8);
-  b[2] = static_cast<unsigned char>(bits >> 16);
-  b[3] = static_cast<unsigned char>(bits >> 24);
-}
-
-__device__ __forceinline__ std::size_t global_thread() {
-  return blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-}
-
-__device__ __forceinline__ std::size_t grid_threads() {
-  return std::size_t{gridDim.x} * blockDim.x;
-}
 
 // Bits [index * bits, (index + 1) * bits) of the stream (bits <= 8: at most two bytes).
 __device__ __forceinline__ std::uint32_t read_code(const unsigned char* stream, std::size_t index,
@@ -205,21 +184,6 @@ __global__ void decode_kernel(const std::byte* payload, std::size_t count, int b
 
 // ---- host side ---------------------------------------------------------------------------------
 
-unsigned grid_for(std::size_t work) {
-  const std::size_t blocks = (work + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks == 0 ? 1 : (blocks < kMaxBlocks ? blocks : kMaxBlocks));
-}
-
-unsigned grid_for_blocks(std::size_t blocks) {
-  return static_cast<unsigned>(blocks == 0 ? 1 : (blocks < kMaxBlocks ? blocks : kMaxBlocks));
-}
-
-void check_launch(const char* op, std::size_t count) {
-  const cudaError_t status = cudaGetLastError();
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
-             " elements failed: ", cudaGetErrorString(status));
-}
-
 void check_shape(const char* op, std::size_t count, int bits, std::size_t bucket) {
   GZ_REQUIRE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits, ErrorCode::invalid_argument, op,
              ": bits=", bits, " is outside 1..8");
@@ -258,7 +222,7 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
   const auto s = static_cast<cudaStream_t>(stream);
   const std::size_t num_buckets = num_buckets_for(count, bucket);
   if (bucket >= kBlockBucket) {
-    scales_per_block_kernel<<<grid_for_blocks(num_buckets), kThreads, 0, s>>>(d_in, count, bucket,
+    scales_per_block_kernel<<<clamp_blocks(num_buckets), kThreads, 0, s>>>(d_in, count, bucket,
                                                                              num_buckets, d_payload);
   } else {
     scales_per_thread_kernel<<<grid_for(num_buckets), kThreads, 0, s>>>(d_in, count, bucket,

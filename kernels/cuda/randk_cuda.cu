@@ -7,56 +7,17 @@
 
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/randk_cuda.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(std::size_t count) {
-  const std::size_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
-}
-
-void check_launch(const char* op, std::size_t count) {
-  const cudaError_t status = cudaGetLastError();
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
-             " entries failed: ", cudaGetErrorString(status));
-}
+using namespace detail;  // kernels/cuda/launch.cuh
 
 void check_sizes(const char* op, std::size_t n, std::size_t k) {
   GZ_REQUIRE(k <= n && (n == 0 || k >= 1), ErrorCode::invalid_argument, op, ": k = ", k,
              " for a chunk of ", n, " elements (expected 1 <= k <= n, or k = 0 for n = 0)");
-}
-
-bool aligned_to(const void* pointer, std::size_t width) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % width == 0;
-}
-
-// Word j of an array of little-endian words at `base` (device memory).
-template <typename Word, bool Aligned>
-__device__ __forceinline__ Word load_word(const std::byte* base, std::size_t j) {
-  const std::byte* at = base + j * sizeof(Word);
-  if constexpr (Aligned) {
-    return *reinterpret_cast<const Word*>(at);
-  } else {
-    std::uint64_t word = 0;
-    for (std::size_t b = 0; b < sizeof(Word); ++b)
-      word |= static_cast<std::uint64_t>(static_cast<unsigned char>(at[b])) << (8 * b);
-    return static_cast<Word>(word);
-  }
-}
-
-template <typename Word, bool Aligned>
-__device__ __forceinline__ void store_word(std::byte* base, std::size_t j, Word word) {
-  std::byte* at = base + j * sizeof(Word);
-  if constexpr (Aligned) {
-    *reinterpret_cast<Word*>(at) = word;
-  } else {
-    for (std::size_t b = 0; b < sizeof(Word); ++b)
-      at[b] = static_cast<std::byte>((word >> (8 * b)) & 0xFFu);
-  }
 }
 
 // Value j of the values area, widened exactly to f32.
@@ -80,8 +41,7 @@ __device__ __forceinline__ std::uint64_t entry_index(const Strata& s, std::uint6
 
 template <bool Half, bool Aligned>
 __global__ void gather_kernel(const float* d_in, Strata s, std::byte* d_values) {
-  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < s.k;
-       j += std::size_t{gridDim.x} * blockDim.x) {
+  for (std::size_t j = global_thread(); j < s.k; j += grid_threads()) {
     const float value = d_in[entry_index(s, j)];
     if constexpr (Half) {
       store_word<std::uint16_t, Aligned>(d_values, j, f32_to_f16_bits(value));
@@ -94,8 +54,7 @@ __global__ void gather_kernel(const float* d_in, Strata s, std::byte* d_values) 
 // Add = true: d_acc[index_j] += value_j; false: d_acc[index_j] = value_j.
 template <bool Half, bool Aligned, bool Add>
 __global__ void scatter_kernel(const std::byte* d_values, Strata s, float* d_acc) {
-  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < s.k;
-       j += std::size_t{gridDim.x} * blockDim.x) {
+  for (std::size_t j = global_thread(); j < s.k; j += grid_threads()) {
     const float value = load_value<Half, Aligned>(d_values, j);
     const std::uint64_t index = entry_index(s, j);
     if constexpr (Add) {
@@ -123,7 +82,7 @@ void launch_scatter(const char* op, const std::byte* d_values, std::size_t k, bo
     if (aligned) scatter_kernel<false, true, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
     else scatter_kernel<false, false, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
   }
-  check_launch(op, k);
+  check_launch(op, k, "entries");
 }
 
 }  // namespace
@@ -143,7 +102,7 @@ void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::si
     if (aligned) gather_kernel<false, true><<<grid, kThreads, 0, cuda_stream>>>(d_in, s, d_values_out);
     else gather_kernel<false, false><<<grid, kThreads, 0, cuda_stream>>>(d_in, s, d_values_out);
   }
-  check_launch("cuda.randk_gather", k);
+  check_launch("cuda.randk_gather", k, "entries");
 }
 
 void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_values,

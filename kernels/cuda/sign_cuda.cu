@@ -19,41 +19,17 @@
 #include <limits>
 
 #include "gradzip/error.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sign_cuda.h"
 #include "kernels/sign_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 65535u * 8u;
+using namespace detail;  // kernels/cuda/launch.cuh
 constexpr int kWarp = 32;
 static_assert(kWarp % kSignLanes == 0 && kThreads % kWarp == 0,
               "a 16-lane group must sit inside one warp");
-
-__device__ __forceinline__ float load_f32(const std::byte* p) {
-  const auto* b = reinterpret_cast<const unsigned char*>(p);
-  return bits_float(static_cast<std::uint32_t>(b[0]) | (static_cast<std::uint32_t>(b[1]) << 8) |
-                    (static_cast<std::uint32_t>(b[2]) << 16) |
-                    (static_cast<std::uint32_t>(b[3]) << 24));
-}
-
-__device__ __forceinline__ void store_f32(std::byte* p, float value) {
-  const std::uint32_t bits = float_bits(value);
-  auto* b = reinterpret_cast<unsigned char*>(p);
-  b[0] = static_cast<unsigned char>(bits);
-  b[1] = static_cast<unsigned char>(bits >> 8);
-  b[2] = static_cast<unsigned char>(bits >> 16);
-  b[3] = static_cast<unsigned char>(bits >> 24);
-}
-
-__device__ __forceinline__ std::size_t global_thread() {
-  return blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-}
-
-__device__ __forceinline__ std::size_t grid_threads() {
-  return std::size_t{gridDim.x} * blockDim.x;
-}
 
 // ---- encode ------------------------------------------------------------------------------------
 
@@ -135,17 +111,6 @@ __global__ void decode_kernel(const std::byte* scales, const unsigned char* bits
 }
 
 // ---- host side ---------------------------------------------------------------------------------
-
-unsigned grid_for(std::size_t work) {
-  const std::size_t blocks = (work + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks == 0 ? 1 : (blocks < kMaxBlocks ? blocks : kMaxBlocks));
-}
-
-void check_launch(const char* op, std::size_t count) {
-  const cudaError_t status = cudaGetLastError();
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
-             " elements failed: ", cudaGetErrorString(status));
-}
 
 std::size_t num_buckets_for(std::size_t count, std::size_t bucket) {
   return count == 0 ? 0 : (count - 1) / bucket + 1;

@@ -9,44 +9,20 @@
 
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sparse_cuda.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+using namespace detail;  // kernels/cuda/launch.cuh
+
 constexpr std::uint64_t kMaxNarrowCount = std::uint64_t{1} << 32;
-
-unsigned grid_for(std::uint64_t count) {
-  const std::uint64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
-}
-
-void check_launch(const char* op, std::uint64_t count) {
-  const cudaError_t status = cudaGetLastError();
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": kernel launch for ", count,
-             " entries failed: ", cudaGetErrorString(status));
-}
-
-// Word j of an array of little-endian words at `base` (device memory).
-template <typename Word, bool Aligned>
-__device__ __forceinline__ Word load_word(const std::byte* base, std::uint64_t j) {
-  const std::byte* at = base + j * sizeof(Word);
-  if constexpr (Aligned) {
-    return *reinterpret_cast<const Word*>(at);
-  } else {
-    std::uint64_t word = 0;
-    for (std::size_t b = 0; b < sizeof(Word); ++b)
-      word |= static_cast<std::uint64_t>(static_cast<unsigned char>(at[b])) << (8 * b);
-    return static_cast<Word>(word);
-  }
-}
 
 template <typename Index, bool Aligned>
 __global__ void validate_kernel(const std::byte* d_payload, std::uint64_t m, std::uint64_t n,
                                 int* d_status) {
-  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < m;
-       j += std::uint64_t{gridDim.x} * blockDim.x) {
+  for (std::uint64_t j = global_thread(); j < m; j += grid_threads()) {
     const std::uint64_t index = load_word<Index, Aligned>(d_payload, j);
     int bad = 0;
     if (index >= n) bad |= kSparseIndexOutOfRange;
@@ -62,8 +38,7 @@ __global__ void scatter_kernel(const std::byte* d_payload, std::uint64_t m, cons
                                float* d_out) {
   if (*d_status != 0) return;
   const std::byte* values = d_payload + m * sizeof(Index);
-  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < m;
-       j += std::uint64_t{gridDim.x} * blockDim.x) {
+  for (std::uint64_t j = global_thread(); j < m; j += grid_threads()) {
     const std::uint64_t index = load_word<Index, Aligned>(d_payload, j);
     float value;
     if constexpr (Half) {
@@ -81,13 +56,8 @@ __global__ void scatter_kernel(const std::byte* d_payload, std::uint64_t m, cons
 
 __global__ void zero_kernel(float* d_out, std::uint64_t n, const int* d_status) {
   if (*d_status != 0) return;
-  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::uint64_t{gridDim.x} * blockDim.x)
+  for (std::uint64_t i = global_thread(); i < n; i += grid_threads())
     d_out[i] = 0.0f;
-}
-
-bool aligned_to(const void* pointer, std::size_t width) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % width == 0;
 }
 
 template <typename Index>
@@ -116,7 +86,7 @@ void validate(const std::byte* d_payload, std::uint64_t m, bool wide, std::uint6
               int* d_status, cudaStream_t stream, const char* op) {
   if (wide) launch_validate<std::uint64_t>(d_payload, m, n, d_status, stream);
   else launch_validate<std::uint32_t>(d_payload, m, n, d_status, stream);
-  check_launch(op, m);
+  check_launch(op, m, "entries");
 }
 
 template <bool Add>
@@ -129,7 +99,7 @@ void scatter(const std::byte* d_payload, std::uint64_t m, bool wide, bool half,
     if (half) launch_scatter<std::uint32_t, true, Add>(d_payload, m, d_status, d_out, stream);
     else launch_scatter<std::uint32_t, false, Add>(d_payload, m, d_status, d_out, stream);
   }
-  check_launch(op, m);
+  check_launch(op, m, "entries");
 }
 
 // The host-side checks of one payload's header-derived sizes (nothing launched yet).
@@ -188,7 +158,7 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
   if (entries > 0) validate(d_payload, entries, wide_indices, n, d_status, cuda_stream, op);
   if (n == 0) return;
   zero_kernel<<<grid_for(n), kThreads, 0, cuda_stream>>>(d_out, n, d_status);
-  check_launch(op, n);
+  check_launch(op, n, "entries");
   if (entries > 0)
     scatter<false>(d_payload, entries, wide_indices, half_values, d_status, d_out, cuda_stream, op);
 }

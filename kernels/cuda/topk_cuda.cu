@@ -15,6 +15,7 @@
 
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/topk_cuda.h"
 #include "kernels/cuda/topk_plan.h"
 #include "kernels/topk_math.h"
@@ -84,12 +85,8 @@ struct PayloadOut {
 
 template <typename T>
 __device__ __forceinline__ void store(std::byte* at, T value, bool aligned) {
-  if (aligned) {
-    *reinterpret_cast<T*>(at) = value;
-  } else {
-    for (unsigned byte = 0; byte < sizeof(T); ++byte)
-      at[byte] = static_cast<std::byte>(static_cast<std::uint64_t>(value) >> (8 * byte));
-  }
+  if (aligned) detail::store_word<T, true>(at, 0, value);
+  else detail::store_word<T, false>(at, 0, value);
 }
 
 template <typename IndexT>
@@ -127,8 +124,7 @@ __global__ void setup_kernel(TopkDeviceState* state, unsigned long long* histogr
 __global__ void sample_kernel(const float* in, std::uint64_t n, std::uint64_t sample_count,
                               std::uint64_t seed, std::uint32_t step, std::uint32_t tensor_id,
                               std::uint32_t* sample) {
-  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < sample_count;
-       j += std::uint64_t{gridDim.x} * blockDim.x) {
+  for (std::uint64_t j = detail::global_thread(); j < sample_count; j += detail::grid_threads()) {
     std::uint64_t position = j;
     if (n > kTopkSampleAllCount) {
       position = topk_sample_run_start(n, j / kTopkSampleRun, seed, step, tensor_id) +
@@ -405,8 +401,8 @@ __global__ void finish_kernel(const TopkDeviceState* state, std::uint64_t* entri
 template <typename IndexT>
 __global__ void all_kernel(const float* in, std::uint64_t n, PayloadOut out,
                            std::uint64_t* entries_out) {
-  const std::uint64_t first = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
-  for (std::uint64_t i = first; i < n; i += std::uint64_t{gridDim.x} * blockDim.x)
+  const std::uint64_t first = detail::global_thread();
+  for (std::uint64_t i = first; i < n; i += detail::grid_threads())
     store_entry<IndexT>(out, n, i, i, float_bits(in[i]));
   if (first == 0 && entries_out != nullptr) *entries_out = n;
 }
@@ -451,8 +447,7 @@ unsigned multiprocessors() {
 
 // Blocks for a grid-stride loop over `work` units, at most `cap`.
 unsigned blocks_for(std::uint64_t work, std::uint64_t cap) {
-  const std::uint64_t blocks = work < cap ? work : cap;
-  return static_cast<unsigned>(blocks == 0 ? 1 : blocks);
+  return detail::clamp_blocks(work, cap);
 }
 
 template <typename IndexT>

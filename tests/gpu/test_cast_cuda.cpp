@@ -8,33 +8,14 @@
 
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "gpu_test_support.h"
 
 namespace gradzip {
 namespace {
 
-class CudaCast : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* reason = nullptr;
-    if (kernels::cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-};
+using namespace gpu_test;
 
-template <typename T>
-T* device_copy(const std::vector<T>& host) {
-  T* device = nullptr;
-  EXPECT_EQ(cudaMalloc(&device, host.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return device;
-}
-
-template <typename T>
-std::vector<T> host_copy(const T* device, std::size_t count) {
-  std::vector<T> host(count);
-  EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return host;
-}
+class CudaCast : public DeviceTest {};
 
 TEST_F(CudaCast, EveryHalfPatternWidensLikeTheCpu) {
   std::vector<std::uint16_t> halves(65536);
@@ -45,7 +26,7 @@ TEST_F(CudaCast, EveryHalfPatternWidensLikeTheCpu) {
   for (bool bf16 : {false, true}) {
     if (bf16) kernels::cuda::bf16_to_f32(d_in, d_out, halves.size(), nullptr);
     else kernels::cuda::f16_to_f32(d_in, d_out, halves.size(), nullptr);
-    const auto got = host_copy(d_out, halves.size());
+    const auto got = from_device(d_out, halves.size());
     for (std::size_t i = 0; i < halves.size(); ++i) {
       const float want = bf16 ? kernels::bf16_bits_to_f32(halves[i]) : kernels::f16_bits_to_f32(halves[i]);
       ASSERT_EQ(kernels::float_bits(got[i]), kernels::float_bits(want)) << (bf16 ? "bf16 " : "f16 ") << i;
@@ -66,7 +47,7 @@ TEST_F(CudaCast, FloatSweepNarrowsLikeTheCpu) {
   for (bool bf16 : {false, true}) {
     if (bf16) kernels::cuda::f32_to_bf16(d_in, d_out, values.size(), nullptr);
     else kernels::cuda::f32_to_f16(d_in, d_out, values.size(), nullptr);
-    const auto got = host_copy(d_out, values.size());
+    const auto got = from_device(d_out, values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
       const std::uint16_t want = bf16 ? kernels::f32_to_bf16_bits(values[i]) : kernels::f32_to_f16_bits(values[i]);
       ASSERT_EQ(got[i], want) << (bf16 ? "bf16 of 0x" : "f16 of 0x") << std::hex << kernels::float_bits(values[i]);

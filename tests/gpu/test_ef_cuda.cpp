@@ -19,6 +19,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/ef_cuda.h"
+#include "gpu_test_support.h"
 
 namespace gradzip {
 namespace {
@@ -27,16 +28,10 @@ using compressors::kWireHeaderBytes;
 using error_feedback::ErrorFeedbackCodec;
 using error_feedback::ResidualStore;
 namespace cuda = kernels::cuda;
+using namespace gpu_test;
 
 constexpr std::size_t kCounts[] = {0, 1, 7, (std::size_t{1} << 20) + 3, std::size_t{1} << 26};
 constexpr int kSteps = 3;
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Deterministic finite gradients: mostly magnitudes 2^-10 .. 2^10 (f16 and bf16 both round,
 // f16 also into its subnormals), some zeros of either sign and some f32 subnormals. Small
@@ -58,25 +53,11 @@ std::vector<float> gradient(std::size_t n, std::uint64_t seed) {
   return values;
 }
 
-::testing::AssertionResult same_bits(std::span<const float> want, std::span<const float> got) {
-  if (want.size() != got.size())
-    return ::testing::AssertionFailure() << "sizes " << want.size() << " vs " << got.size();
-  if (want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
-    return ::testing::AssertionSuccess();
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (kernels::float_bits(want[i]) != kernels::float_bits(got[i])) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": want 0x" << std::hex << kernels::float_bits(want[i])
-             << ", got 0x" << kernels::float_bits(got[i]);
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult same_halves(const std::byte* payload, std::span<const std::uint16_t> got) {
+// The halves of a payload (little-endian u16s at `payload`) equal `got`, one for one.
+::testing::AssertionResult same_halves(const std::byte* payload, const std::vector<std::uint16_t>& got) {
   for (std::size_t i = 0; i < got.size(); ++i) {
-    std::uint16_t want;
-    std::memcpy(&want, payload + 2 * i, 2);
+    std::uint16_t want = 0;
+    std::memcpy(&want, payload + i * sizeof want, sizeof want);
     if (want != got[i]) {
       return ::testing::AssertionFailure() << "element " << i << ": want 0x" << std::hex << want
                                            << ", got 0x" << got[i];
@@ -125,48 +106,14 @@ TEST(EfCudaHost, CastElementMatchesTheCpuCodec) {
 
 // ---- device tests --------------------------------------------------------------------------
 
-class CudaEf : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* reason = nullptr;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-};
+class CudaEf : public DeviceTest {};
 
 // Device memory of `count` elements of T, zeroed, freed on scope exit.
 template <typename T>
-class DeviceArray {
+class DeviceArray : public gpu_test::DeviceArray<T> {
  public:
-  explicit DeviceArray(std::size_t count) {
-    EXPECT_EQ(cudaMalloc(&pointer_, count == 0 ? 1 : count * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(pointer_, 0, count == 0 ? 1 : count * sizeof(T)), cudaSuccess);
-  }
-  ~DeviceArray() { cudaFree(pointer_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const { return pointer_; }
-
- private:
-  T* pointer_ = nullptr;
+  explicit DeviceArray(std::size_t count) : gpu_test::DeviceArray<T>(count) { this->zero(); }
 };
-
-template <typename T>
-void to_device(T* device, const std::vector<T>& host) {
-  if (!host.empty()) {
-    ASSERT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-}
-
-template <typename T>
-std::vector<T> from_device(const T* device, std::size_t count) {
-  std::vector<T> host(count);
-  if (count > 0) {
-    EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-  }
-  return host;
-}
 
 // Over kSteps steps: ef_cast_fused, and ef_compensate (in place) + cast + widen + ef_update,
 // give the CPU codec's payload bytes and residual bits, with 16-byte aligned arrays (vector

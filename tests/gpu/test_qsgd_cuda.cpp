@@ -30,6 +30,7 @@
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/host_device.h"
+#include "gpu_test_support.h"
 
 namespace gradzip {
 namespace {
@@ -39,52 +40,9 @@ using kernels::bits_float;
 using kernels::float_bits;
 namespace cuda = kernels::cuda;
 
-constexpr std::size_t kNoDifference = std::numeric_limits<std::size_t>::max();
+using namespace gpu_test;
 
-class CudaQsgd : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* reason = nullptr;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  void* stream() const { return static_cast<void*>(stream_); }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-// A device array of n elements (at least one is allocated, so the pointer is never null).
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t n) : n_(n) {
-    EXPECT_EQ(cudaMalloc(&ptr_, std::max<std::size_t>(n, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(ptr_); }
-
-  T* get() const { return ptr_; }
-  void upload(const std::vector<T>& host) {
-    ASSERT_LE(host.size(), n_);
-    ASSERT_EQ(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    EXPECT_EQ(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  std::size_t n_;
-};
+class CudaQsgd : public StreamTest {};
 
 std::unique_ptr<Codec> qsgd_codec(int bits, std::size_t bucket) {
   return make_codec("qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket));
@@ -106,121 +64,6 @@ cuda::QsgdEncodeParams params_of(const EncodeContext& ctx) {
   params.tensor_id = ctx.tensor_id;
   params.element_offset = ctx.element_offset;
   return params;
-}
-
-// ---- data --------------------------------------------------------------------------------------
-
-enum class Data { gaussian, finite_specials, nonfinite };
-
-const char* data_name(Data data) {
-  switch (data) {
-    case Data::gaussian: return "gaussian";
-    case Data::finite_specials: return "finite specials";
-    case Data::nonfinite: return "inf/nan";
-  }
-  return "?";
-}
-
-std::vector<float> gaussian(std::size_t count, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(count);
-  for (float& v : x) v = dist(rng);
-  return x;
-}
-
-// Fills x[begin, begin + n) (clipped to x) with make(i).
-template <typename Make>
-void fill_run(std::vector<float>& x, std::size_t begin, std::size_t n, Make make) {
-  for (std::size_t i = begin; i < begin + n && i < x.size(); ++i) x[i] = make(i);
-}
-
-// N(0,1) data, with zeros, denormals, tiny and huge values (finite_specials), and also +-Inf
-// and NaNs of several payloads (nonfinite): isolated values spread over the tensor, and runs
-// covering whole buckets of every tested size.
-std::vector<float> make_data(std::size_t count, Data data, std::uint64_t seed) {
-  std::vector<float> x = gaussian(count, seed);
-  if (data == Data::gaussian) return x;
-  std::vector<float> specials = {0.0f,
-                                 -0.0f,
-                                 std::numeric_limits<float>::denorm_min(),
-                                 -bits_float(0x00012345u),
-                                 bits_float(0x007FFFFFu),
-                                 1e-30f,
-                                 -3e-25f,
-                                 FLT_MAX,
-                                 -FLT_MAX,
-                                 3e38f,
-                                 FLT_MIN,
-                                 -2.5f};
-  if (data == Data::nonfinite) {
-    const std::vector<float> nonfinite = {std::numeric_limits<float>::infinity(),
-                                          -std::numeric_limits<float>::infinity(),
-                                          bits_float(0x7FC00000u),
-                                          bits_float(0xFFC00000u),
-                                          bits_float(0x7FC01234u),
-                                          bits_float(0x7F800001u),   // signalling
-                                          bits_float(0xFFFFFFFFu)};
-    specials.insert(specials.end(), nonfinite.begin(), nonfinite.end());
-  }
-  if (count <= 64) {
-    // Every third element (the first too) special; with Inf/NaN, starting at the first of them.
-    const std::size_t first = data == Data::nonfinite ? 12 : 0;
-    for (std::size_t i = 0; i < count; i += 3) x[i] = specials[(first + i / 3 * 5) % specials.size()];
-    return x;
-  }
-  const std::size_t isolated = std::min<std::size_t>(count / 8, 64);
-  for (std::size_t k = 0; k < isolated; ++k) {
-    x[(k * 2654435761u + 17) % count] = specials[k % specials.size()];
-  }
-  std::mt19937_64 rng(seed ^ 0xABCDEFull);
-  std::uniform_int_distribution<std::uint32_t> mantissa(0, 0x007FFFFFu);
-  std::uniform_int_distribution<int> coin(0, 1);
-  const auto sign = [&] { return coin(rng) != 0 ? 0x80000000u : 0u; };
-  // Runs of 1200 elements: each covers at least two whole buckets of 512, 255, 256, 7 and 1.
-  fill_run(x, 1024, 1200, [&](std::size_t) { return bits_float(sign() | mantissa(rng)); });  // denormals
-  fill_run(x, 3072, 1200, [&](std::size_t) { return bits_float(sign()); });                  // +-0
-  fill_run(x, 5120, 1200, [&](std::size_t i) {                                               // huge
-    return bits_float(sign() | 0x7E800000u | mantissa(rng)) * (i % 3 == 0 ? 1.0f : 1.9f);  // < 3.3e38
-  });
-  fill_run(x, 7168, 1200, [&](std::size_t) { return bits_float(sign() | 0x0C000000u | mantissa(rng)); });  // ~1e-31
-  if (data == Data::nonfinite) {
-    fill_run(x, 9216, 1200, [&](std::size_t i) {  // NaN buckets
-      return i % 5 == 0 ? bits_float(0x7FC00000u | (static_cast<std::uint32_t>(i) & 0xFFFFu)) : 1.0f;
-    });
-    fill_run(x, 11264, 1200, [&](std::size_t i) {  // Inf buckets
-      return i % 7 == 0 ? std::numeric_limits<float>::infinity() * (i % 2 == 0 ? 1.0f : -1.0f) : -2.0f;
-    });
-    x[count - 1] = std::numeric_limits<float>::quiet_NaN();  // the last, maybe short, bucket
-  }
-  return x;
-}
-
-// ---- comparisons -------------------------------------------------------------------------------
-
-std::size_t first_byte_difference(const std::byte* a, const std::byte* b, std::size_t n) {
-  if (n == 0 || std::memcmp(a, b, n) == 0) return kNoDifference;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (a[i] != b[i]) return i;
-  }
-  return kNoDifference;
-}
-
-// The first index whose bits differ; with nan_equal, any two NaNs count as equal.
-std::size_t first_float_difference(const std::vector<float>& a, const std::vector<float>& b,
-                                   std::size_t n, bool nan_equal) {
-  for (std::size_t i = 0; i < n; ++i) {
-    if (float_bits(a[i]) == float_bits(b[i])) continue;
-    if (nan_equal && a[i] != a[i] && b[i] != b[i]) continue;
-    return i;
-  }
-  return kNoDifference;
-}
-
-std::string hex(std::uint32_t v) {
-  char text[16];
-  std::snprintf(text, sizeof text, "0x%08x", v);
-  return text;
 }
 
 // ---- the round trip against the CPU codec ------------------------------------------------------
@@ -257,35 +100,10 @@ void check_against_cpu(const std::vector<float>& x, int bits, std::size_t bucket
       << std::to_integer<int>(gpu_payload[diff]) << ", cpu 0x" << std::to_integer<int>(cpu_payload[diff]);
 
   // Decode the CPU's payload.
-  d_payload.upload(std::vector<std::byte>(cpu_payload, cpu_payload + payload_bytes));
-  DeviceArray<int> d_status(1);
-  ASSERT_EQ(cudaMemset(d_status.get(), 0x7F, sizeof(int)), cudaSuccess);  // the decoder resets it
-  std::vector<float> cpu_out(count, 0.0f);
-  codec->decode(message, host_view(cpu_out.data(), count));
-  DeviceArray<float> d_out(count);
-  ASSERT_EQ(cudaMemset(d_out.get(), 0xEE, std::max<std::size_t>(count, 1) * sizeof(float)), cudaSuccess);
-  cuda::qsgd_decode(d_payload.get(), count, bits, bucket, d_out.get(), false, d_status.get(), stream);
-  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
-  EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
-  const std::vector<float> gpu_out = d_out.download();
-  const std::size_t decode_diff = first_float_difference(gpu_out, cpu_out, count, false);
-  ASSERT_EQ(decode_diff, kNoDifference)
-      << "decode of element " << decode_diff << ": gpu " << hex(float_bits(gpu_out[decode_diff]))
-      << ", cpu " << hex(float_bits(cpu_out[decode_diff]));
-
-  // Decode-accumulate onto the same values on both sides (one f32 add each: the same bits,
-  // up to NaN payloads, which CPUs and GPUs pick differently).
-  std::vector<float> cpu_acc = gaussian(count, 99);
-  DeviceArray<float> d_acc(cpu_acc);
-  codec->decode_add(message, cpu_acc.data(), count);
-  cuda::qsgd_decode(d_payload.get(), count, bits, bucket, d_acc.get(), true, d_status.get(), stream);
-  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
-  EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
-  const std::vector<float> gpu_acc = d_acc.download();
-  const std::size_t acc_diff = first_float_difference(gpu_acc, cpu_acc, count, true);
-  ASSERT_EQ(acc_diff, kNoDifference)
-      << "decode-accumulate of element " << acc_diff << ": gpu " << hex(float_bits(gpu_acc[acc_diff]))
-      << ", cpu " << hex(float_bits(cpu_acc[acc_diff]));
+  const auto decode = [&](const std::byte* d_cpu, float* d_out, bool accumulate, int* d_status) {
+    cuda::qsgd_decode(d_cpu, count, bits, bucket, d_out, accumulate, d_status, stream);
+  };
+  check_decode_against_cpu(*codec, message, count, cuda::kQsgdStatusOk, stream, decode);
 }
 
 constexpr int kBits[] = {1, 2, 3, 4, 8};

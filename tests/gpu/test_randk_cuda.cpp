@@ -23,6 +23,7 @@
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/randk_math.h"
+#include "gpu_test_support.h"
 
 namespace gradzip {
 namespace {
@@ -30,6 +31,7 @@ namespace {
 using compressors::kWireHeaderBytes;
 using kernels::RandkKey;
 namespace cuda = kernels::cuda;
+using namespace gpu_test;
 
 constexpr std::size_t kCounts[] = {0, 1, 7, (std::size_t{1} << 20) + 3, std::size_t{1} << 26};
 
@@ -104,51 +106,7 @@ TEST(RandkCudaHost, RefusesImpossibleSizes) {
 
 // ---- device tests --------------------------------------------------------------------------
 
-class CudaRandk : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* reason = nullptr;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-};
-
-// Device memory of `bytes` bytes, freed on scope exit.
-class DeviceBytes {
- public:
-  explicit DeviceBytes(std::size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&pointer_, bytes == 0 ? 1 : bytes), cudaSuccess);
-  }
-  ~DeviceBytes() { cudaFree(pointer_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  std::byte* get() const { return static_cast<std::byte*>(pointer_); }
-  template <typename T>
-  T* as() const { return static_cast<T*>(pointer_); }
-
- private:
-  void* pointer_ = nullptr;
-};
-
-void to_device(void* device, const void* host, std::size_t bytes) {
-  if (bytes > 0) ASSERT_EQ(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
-template <typename T>
-std::vector<T> from_device(const void* device, std::size_t count) {
-  std::vector<T> host(count);
-  if (count > 0) {
-    EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-  }
-  return host;
-}
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+class CudaRandk : public DeviceTest {};
 
 // Deterministic finite test data: mostly values of magnitude 2^-10 .. 2^10, some zeros of
 // either sign, some f32 subnormals, and (f16 payloads) some beyond the f16 range.
@@ -167,31 +125,6 @@ std::vector<float> test_values(std::size_t n, std::uint64_t seed) {
     values[i] = kernels::bits_float(bits);
   }
   return values;
-}
-
-::testing::AssertionResult same_bits(const std::vector<float>& want, const std::vector<float>& got) {
-  if (want.size() != got.size())
-    return ::testing::AssertionFailure() << "sizes " << want.size() << " vs " << got.size();
-  if (want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
-    return ::testing::AssertionSuccess();
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (kernels::float_bits(want[i]) != kernels::float_bits(got[i])) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": want 0x" << std::hex << kernels::float_bits(want[i])
-             << ", got 0x" << kernels::float_bits(got[i]);
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult same_bytes(const std::byte* want, const std::vector<std::byte>& got) {
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (want[i] != got[i]) {
-      return ::testing::AssertionFailure() << "byte " << i << ": want " << int(want[i])
-                                           << ", got " << int(got[i]);
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 struct Variant {

@@ -21,6 +21,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
+#include "gpu_test_support.h"
 
 namespace gradzip {
 namespace {
@@ -28,6 +29,7 @@ namespace {
 using compressors::kWireHeaderBytes;
 using compressors::WireHeader;
 namespace cuda = kernels::cuda;
+using namespace gpu_test;
 
 constexpr std::size_t kCounts[] = {0, 1, 7, (std::size_t{1} << 20) + 3, std::size_t{1} << 26};
 
@@ -77,56 +79,7 @@ TEST(SparseCudaHost, RefusesWhatTheHeaderRulesOut) {
 
 // ---- device tests --------------------------------------------------------------------------
 
-class CudaSparse : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* reason = nullptr;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-};
-
-class DeviceBytes {
- public:
-  explicit DeviceBytes(std::size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&pointer_, bytes == 0 ? 1 : bytes), cudaSuccess);
-  }
-  ~DeviceBytes() { cudaFree(pointer_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  std::byte* get() const { return static_cast<std::byte*>(pointer_); }
-  template <typename T>
-  T* as() const { return static_cast<T*>(pointer_); }
-
- private:
-  void* pointer_ = nullptr;
-};
-
-void to_device(void* device, const void* host, std::size_t bytes) {
-  if (bytes > 0) ASSERT_EQ(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
-template <typename T>
-std::vector<T> from_device(const void* device, std::size_t count) {
-  std::vector<T> host(count);
-  if (count > 0) {
-    EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-  }
-  return host;
-}
-
-int status_of(const int* d_status) {
-  int status = -1;
-  EXPECT_EQ(cudaMemcpy(&status, d_status, sizeof status, cudaMemcpyDeviceToHost), cudaSuccess);
-  return status;
-}
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+class CudaSparse : public DeviceTest {};
 
 // Uniform in [-1, 1) scaled by 2^-4 .. 2^4, deterministic.
 float test_value(std::uint64_t seed, std::uint64_t i) {
@@ -143,21 +96,6 @@ std::vector<float> rank_gradient(std::size_t n, std::uint64_t r) {
   std::vector<float> g(n);
   for (std::size_t i = 0; i < n; ++i) g[i] = test_value(1, i) + 0.25f * test_value(100 + r, i);
   return g;
-}
-
-::testing::AssertionResult same_bits(const std::vector<float>& want, const std::vector<float>& got) {
-  if (want.size() != got.size())
-    return ::testing::AssertionFailure() << "sizes " << want.size() << " vs " << got.size();
-  if (want.empty() || std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
-    return ::testing::AssertionSuccess();
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (kernels::float_bits(want[i]) != kernels::float_bits(got[i])) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": want 0x" << std::hex << kernels::float_bits(want[i])
-             << ", got 0x" << kernels::float_bits(got[i]);
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 // The same message with u64 indices (the decoder accepts them for any count).

@@ -24,19 +24,14 @@
 #include "kernels/cuda/topk_cuda.h"
 #include "kernels/cuda/topk_plan.h"
 #include "kernels/host_device.h"
+#include "gpu_test_support.h"
 
 namespace gradzip {
 namespace {
 
 using kernels::cuda::TopkCudaOptions;
 
-class CudaTopk : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* reason = nullptr;
-    if (kernels::cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-};
+class CudaTopk : public gpu_test::DeviceTest {};
 
 // Owning device allocation.
 class DeviceBuffer {
