@@ -143,7 +143,8 @@ class ReducerState {
   std::unordered_map<std::string, std::size_t> index_of_;
   std::vector<BucketLayout> layout_;       // empty until frozen
   std::vector<std::size_t> bucket_of_;     // tensor -> bucket
-  std::vector<std::vector<std::vector<float>>> group_buffers_;  // [bucket][group]
+  // [bucket][group]: packing buffers, empty for groups whose chunks are all reduced in place.
+  std::vector<std::vector<std::vector<float>>> group_buffers_;
   bool frozen_ = false;
 
   // Step state (training-loop thread only).
@@ -271,8 +272,15 @@ void ReducerState::freeze() {
   group_buffers_.resize(layout_.size());
   for (std::size_t b = 0; b < layout_.size(); ++b) {
     for (const std::size_t t : layout_[b].tensors) bucket_of_[t] = b;
-    for (const GroupLayout& group : layout_[b].groups)
-      group_buffers_[b].emplace_back(group.count);
+    for (const GroupLayout& group : layout_[b].groups) {
+      // A group needs its packing buffer when some chunk spans tensors or is not f32, and
+      // always for PowerSGD (which packs whole matrices); chunks that lie inside one f32
+      // tensor are reduced in place, so a model of large f32 tensors costs no extra memory.
+      bool needs_buffer = group.spec.codec == CodecKind::powersgd;
+      for (const ChunkLayout& chunk : group.chunks)
+        needs_buffer = needs_buffer || in_place_span(group, chunk.group_begin, chunk.count) == nullptr;
+      group_buffers_[b].emplace_back(needs_buffer ? group.count : 0);
+    }
   }
   ready_.assign(tensors_.size(), false);
   ready_in_bucket_.assign(layout_.size(), 0);
