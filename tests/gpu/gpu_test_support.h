@@ -128,7 +128,9 @@ T* device_copy(const std::vector<T>& host) {
 }
 
 inline void to_device(void* device, const void* host, std::size_t bytes) {
-  if (bytes > 0) ASSERT_EQ(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  if (bytes > 0) {
+    ASSERT_EQ(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
 }
 
 template <typename T>
