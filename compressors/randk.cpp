@@ -38,22 +38,6 @@ namespace {
 
 inline constexpr std::uint8_t kFlagF16Values = 1u << 1;
 
-void write_key(const kernels::RandkKey& key, std::byte* out) {
-  std::memcpy(out + 0, &key.seed, 8);
-  std::memcpy(out + 8, &key.step, 4);
-  std::memcpy(out + 12, &key.tensor_id, 4);
-  std::memcpy(out + 16, &key.element_offset, 8);
-}
-
-kernels::RandkKey read_key(const std::byte* in) {
-  kernels::RandkKey key;
-  std::memcpy(&key.seed, in + 0, 8);
-  std::memcpy(&key.step, in + 8, 4);
-  std::memcpy(&key.tensor_id, in + 12, 4);
-  std::memcpy(&key.element_offset, in + 16, 8);
-  return key;
-}
-
 // What a validated message holds.
 struct RandkMessage {
   std::uint64_t k;
@@ -86,7 +70,7 @@ class RandkCodec final : public Codec {
     write_header(WireHeader{WireCodec::randk, flags, 0, in.count, payload, k}, out);
     const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
     std::byte* key_bytes = out.data() + kWireHeaderBytes;
-    write_key(key, key_bytes);
+    kernels::randk_write_key(key, key_bytes);
     kernels::cpu::randk_gather(in, k, key, spec_.values, key_bytes + kRandkKeyBytes);
     return total;
   }
@@ -136,7 +120,7 @@ class RandkCodec final : public Codec {
                header.payload_bytes, " bytes for k = ", k, " ", dtype_name(value_dtype),
                " values (expected ", kRandkKeyBytes, " + ", k, " * ", value_bytes, " = ", expected, ")");
     const std::byte* payload = in.data() + kWireHeaderBytes;
-    return RandkMessage{k, value_dtype, read_key(payload), payload + kRandkKeyBytes};
+    return RandkMessage{k, value_dtype, kernels::randk_read_key(payload), payload + kRandkKeyBytes};
   }
 
   CompressionSpec spec_;

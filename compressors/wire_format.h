@@ -21,6 +21,8 @@
 #include <span>
 #include <string_view>
 
+#include "kernels/randk_math.h"
+
 namespace gradzip::compressors {
 
 inline constexpr std::uint32_t kWireMagic = 0x505A4447u;
@@ -40,8 +42,9 @@ enum class WireCodec : std::uint8_t {
 std::string_view wire_codec_name(WireCodec codec) noexcept;
 
 // A randk payload starts with its 24-byte index key (u64 seed, u32 step, u32 tensor id,
-// u64 element offset); the k values follow (compressors/randk.cpp).
-inline constexpr std::size_t kRandkKeyBytes = 24;
+// u64 element offset; kernels/randk_math.h reads and writes it); the k values follow
+// (compressors/randk.cpp).
+inline constexpr std::size_t kRandkKeyBytes = kernels::kRandkKeyBytes;
 
 struct WireHeader {
   WireCodec codec = WireCodec::none;

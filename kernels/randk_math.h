@@ -23,7 +23,9 @@
 // under their own names so that the host tests cover what a device without 128-bit integers runs.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/host_device.h"
 #include "kernels/philox_math.h"
@@ -189,5 +191,45 @@ struct RandkStrata {
     return length;
   }
 };
+
+// The key as it travels at the start of a randk payload (compressors/randk.cpp,
+// docs/wire_format.md): u64 seed, u32 step, u32 tensor id, u64 element offset, little-endian.
+inline constexpr std::size_t kRandkKeyBytes = 24;
+
+inline void randk_write_key(const RandkKey& key, std::byte* out) noexcept {
+  std::memcpy(out + 0, &key.seed, 8);
+  std::memcpy(out + 8, &key.step, 4);
+  std::memcpy(out + 12, &key.tensor_id, 4);
+  std::memcpy(out + 16, &key.element_offset, 8);
+}
+
+inline RandkKey randk_read_key(const std::byte* in) noexcept {
+  RandkKey key;
+  std::memcpy(&key.seed, in + 0, 8);
+  std::memcpy(&key.step, in + 8, 4);
+  std::memcpy(&key.tensor_id, in + 12, 4);
+  std::memcpy(&key.element_offset, in + 16, 8);
+  return key;
+}
+
+// Index kept by entry j on its own (what one GPU thread computes): equal to randk_index(key, n, k, j), but
+// with one 128/64 division instead of two, n / k and n % k being computed once by the caller.
+// It positions the division-free strata walk (RandkStrata) at stratum j and takes one step,
+// which is how the CPU loops derive every stratum length.
+// Preconditions: 1 <= k <= n, j < k, quotient = n / k, remainder = n % k.
+GZ_HOST_DEVICE GZ_INLINE std::uint64_t randk_entry_index(const RandkKey& key, std::uint64_t n,
+                                                         std::uint64_t k, std::uint64_t quotient,
+                                                         std::uint64_t remainder,
+                                                         std::uint64_t j) {
+  RandkStrata strata;
+  strata.k = k;
+  strata.quotient = quotient;
+  strata.remainder = remainder;
+  strata.start = randk_stratum_start(j, n, k);
+  strata.fraction = j * n - strata.start * k;  // in [0, k): exact modulo 2^64
+  const std::uint64_t start = strata.start;
+  const std::uint64_t length = strata.advance();
+  return randk_pick(randk_word(key, j), start, length);
+}
 
 }  // namespace gradzip::kernels

@@ -5,7 +5,7 @@
 // D(C(c)) is the widening of c's rounding: ef_cast_fused writes the message payload and the
 // new residual from g and e alone.
 //
-// Every element is computed by the GZ_HOST_DEVICE functions below with plain IEEE f32
+// Every element is computed by the GZ_HOST_DEVICE functions of kernels/ef_math.h with plain IEEE f32
 // operations (no FMA: the build passes --fmad=false) and kernels/cast_math.h, the operations
 // the CPU ErrorFeedbackCodec performs, so the GPU gives the CPU's bits for every finite input.
 // (NaN payloads may differ: a NaN that an f32 add or subtract produces or propagates is the
@@ -20,24 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cast_math.h"
-#include "kernels/host_device.h"
+#include "kernels/ef_math.h"
 
 namespace gradzip::kernels::cuda {
-
-// One element of the fused cast update: c = g + e; returns the payload bits h = RNE(c) in
-// f16 or bf16, and sets e = c - widen(h).
-GZ_HOST_DEVICE GZ_INLINE std::uint16_t ef_cast_element(float g, float& e, bool bf16) {
-  const float c = g + e;
-  if (bf16) {
-    const std::uint16_t h = f32_to_bf16_bits(c);
-    e = c - bf16_bits_to_f32(h);
-    return h;
-  }
-  const std::uint16_t h = f32_to_f16_bits(c);
-  e = c - f16_bits_to_f32(h);
-  return h;
-}
 
 // d_out[i] = d_grad[i] + d_residual[i] (the codec's input c). d_out may be d_grad or
 // d_residual itself (each element is read before it is written, by the same thread).

@@ -1,5 +1,5 @@
 // Random-k gather / scatter kernels: one thread per kept entry j (grid-stride), its index from
-// randk_entry_index (kernels/cuda/randk_cuda.h over kernels/randk_math.h), its value converted
+// randk_entry_index (kernels/randk_math.h), its value converted
 // by kernels/cast_math.h. The values area of a message may sit at any alignment: the kernels
 // use typed loads and stores when it is aligned to the value width and byte-wise little-endian
 // ones otherwise (chosen on the host).

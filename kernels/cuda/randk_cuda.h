@@ -4,7 +4,7 @@
 // the CPU payload's value bytes.
 //
 // The payload is the 24-byte key followed by the k values. The key is written on the host
-// (randk_write_key below, byte for byte what compressors/randk.cpp writes) into the message
+// (kernels::randk_write_key, shared with compressors/randk.cpp) into the message
 // header area; randk_gather writes the values area only, which may sit at any alignment.
 //
 // Host-callable; no CUDA headers needed by includers (the stream is a cudaStream_t cast to
@@ -13,48 +13,15 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/host_device.h"
 #include "kernels/randk_math.h"
 
 namespace gradzip::kernels::cuda {
 
-// Bytes of the key at the start of a randk payload (compressors::kRandkKeyBytes).
-inline constexpr std::size_t kRandkPayloadKeyBytes = 24;
-
-// Writes `key` as the payload's first 24 bytes (u64 seed, u32 step, u32 tensor id, u64 element
-// offset, little-endian), exactly as compressors/randk.cpp does. `out` is host memory.
-inline void randk_write_key(const RandkKey& key, std::byte* out) noexcept {
-  std::memcpy(out + 0, &key.seed, 8);
-  std::memcpy(out + 8, &key.step, 4);
-  std::memcpy(out + 12, &key.tensor_id, 4);
-  std::memcpy(out + 16, &key.element_offset, 8);
-}
-
 // Bytes of the values area for k entries: 4 per f32 value, 2 per f16 value.
 inline constexpr std::size_t randk_values_bytes(std::size_t k, bool half_values) noexcept {
   return k * (half_values ? 2 : 4);
-}
-
-// Index kept by entry j (what one GPU thread computes): equal to randk_index(key, n, k, j), but
-// with one 128/64 division instead of two, n / k and n % k being computed once by the caller.
-// It positions the division-free strata walk (RandkStrata) at stratum j and takes one step,
-// which is how the CPU loops derive every stratum length.
-// Preconditions: 1 <= k <= n, j < k, quotient = n / k, remainder = n % k.
-GZ_HOST_DEVICE GZ_INLINE std::uint64_t randk_entry_index(const RandkKey& key, std::uint64_t n,
-                                                         std::uint64_t k, std::uint64_t quotient,
-                                                         std::uint64_t remainder,
-                                                         std::uint64_t j) {
-  RandkStrata strata;
-  strata.k = k;
-  strata.quotient = quotient;
-  strata.remainder = remainder;
-  strata.start = randk_stratum_start(j, n, k);
-  strata.fraction = j * n - strata.start * k;  // in [0, k): exact modulo 2^64
-  const std::uint64_t start = strata.start;
-  const std::uint64_t length = strata.advance();
-  return randk_pick(randk_word(key, j), start, length);
 }
 
 // Encode: value j = d_in[index_j] for j < k, written to d_values_out (device memory, any

@@ -97,7 +97,7 @@ TEST(EfCudaHost, CastElementMatchesTheCpuCodec) {
     for (int step = 0; step < 5; ++step) {
       const std::vector<float> g = gradient(n, 10 + step);
       const std::vector<std::byte> message = cpu.encode(g, static_cast<std::uint32_t>(step));
-      for (std::size_t i = 0; i < n; ++i) halves[i] = cuda::ef_cast_element(g[i], residual[i], bf16);
+      for (std::size_t i = 0; i < n; ++i) halves[i] = kernels::ef_cast_element(g[i], residual[i], bf16);
       ASSERT_TRUE(same_halves(message.data() + kWireHeaderBytes, halves)) << "step " << step;
       ASSERT_TRUE(same_bits(cpu.residual(), residual)) << "step " << step;
     }

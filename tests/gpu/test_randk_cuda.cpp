@@ -63,7 +63,7 @@ TEST(RandkCudaHost, EntryIndexMatchesTheCpuIndices) {
       kernels::cpu::randk_indices(c.n, c.k, key, want.data());
       for (std::uint64_t j = 0; j < c.k; ++j) {
         const std::uint64_t got =
-            cuda::randk_entry_index(key, c.n, c.k, c.n / c.k, c.n % c.k, j);
+            kernels::randk_entry_index(key, c.n, c.k, c.n / c.k, c.n % c.k, j);
         ASSERT_EQ(got, want[j]) << "n = " << c.n << ", k = " << c.k << ", j = " << j;
       }
     }
@@ -77,10 +77,9 @@ TEST(RandkCudaHost, WriteKeyMatchesTheCodec) {
   const EncodeContext ctx{0xFEDCBA9876543210ull, 77, 9, 123456789012345ull};
   std::vector<std::byte> message(codec->max_encoded_bytes(values.size()));
   codec->encode(host_view(values.data(), values.size()), message, ctx);
-  std::byte key[cuda::kRandkPayloadKeyBytes];
-  cuda::randk_write_key(kernels::cpu::randk_key(ctx), key);
+  std::byte key[kernels::kRandkKeyBytes];
+  kernels::randk_write_key(kernels::cpu::randk_key(ctx), key);
   EXPECT_EQ(std::memcmp(key, message.data() + kWireHeaderBytes, sizeof key), 0);
-  EXPECT_EQ(cuda::kRandkPayloadKeyBytes, compressors::kRandkKeyBytes);
   EXPECT_EQ(cuda::randk_values_bytes(10, false), 40u);
   EXPECT_EQ(cuda::randk_values_bytes(10, true), 20u);
 }
@@ -158,8 +157,8 @@ TEST_F(CudaRandk, GatherScatterMatchTheCpuCodec) {
         const compressors::WireHeader header = compressors::read_header(message, "test");
         const std::size_t k = header.large_param;
         const std::size_t value_bytes = cuda::randk_values_bytes(k, half);
-        ASSERT_EQ(message.size(), kWireHeaderBytes + cuda::kRandkPayloadKeyBytes + value_bytes);
-        const std::byte* cpu_values = message.data() + kWireHeaderBytes + cuda::kRandkPayloadKeyBytes;
+        ASSERT_EQ(message.size(), kWireHeaderBytes + kernels::kRandkKeyBytes + value_bytes);
+        const std::byte* cpu_values = message.data() + kWireHeaderBytes + kernels::kRandkKeyBytes;
         const RandkKey key = kernels::cpu::randk_key(ctx);
 
         // The payload at an odd address when the offset is not 0: the byte-wise paths.
@@ -214,7 +213,7 @@ TEST_F(CudaRandk, SpecialValuesGatherAndDecodeLikeTheCpu) {
     message.resize(codec->encode(host_view(input.data(), n), message, ctx));
     const std::size_t k = compressors::read_header(message, "test").large_param;
     const std::size_t value_bytes = cuda::randk_values_bytes(k, half);
-    const std::byte* cpu_values = message.data() + kWireHeaderBytes + cuda::kRandkPayloadKeyBytes;
+    const std::byte* cpu_values = message.data() + kWireHeaderBytes + kernels::kRandkKeyBytes;
     const RandkKey key = kernels::cpu::randk_key(ctx);
     DeviceBytes d_values(value_bytes);
     cuda::randk_gather(d_in.as<float>(), n, key, k, half, d_values.get(), nullptr);
