@@ -140,7 +140,14 @@ class ReducerState {
   ModelSpec model_;
   LayoutOptions layout_options_;
   std::vector<RegisteredTensor> tensors_;
-  std::unordered_map<std::string, std::size_t> index_of_;
+  // Transparent hash: mark_ready looks names up without building a std::string.
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view name) const noexcept {
+      return std::hash<std::string_view>{}(name);
+    }
+  };
+  std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>> index_of_;
   std::vector<BucketLayout> layout_;       // empty until frozen
   std::vector<std::size_t> bucket_of_;     // tensor -> bucket
   // [bucket][group]: packing buffers, empty for groups whose chunks are all reduced in place.
@@ -294,7 +301,7 @@ void ReducerState::freeze() {
 }
 
 void ReducerState::mark_ready(std::string_view name) {
-  const auto found = index_of_.find(std::string(name));
+  const auto found = index_of_.find(name);
   GZ_REQUIRE(found != index_of_.end(), ErrorCode::invalid_argument, "Reducer::mark_ready('",
              name, "'): no tensor with this name was added");
   if (!frozen_) freeze();
@@ -335,13 +342,15 @@ void ReducerState::launch(std::size_t bucket, const std::optional<Error>& preset
   launch_time_[bucket] = now;
   const BucketLayout& layout = layout_[bucket];
   std::vector<std::pair<int, Task>> tasks;
+  std::vector<std::string> group_specs;  // for the stats, made once per group and launch
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     const GroupLayout& group = layout.groups[g];
     const CompressionSpec spec = spec_at_step(group.spec, step_);
-    Task base{bucket, g, std::nullopt, spec, static_cast<std::uint32_t>(step_), preset_error};
+    group_specs.push_back(spec.to_string());
     if (group.chunks.empty()) continue;
+    Task base{bucket, g, std::nullopt, spec, static_cast<std::uint32_t>(step_), preset_error};
     if (spec.codec == CodecKind::powersgd) {
-      tasks.emplace_back(group.chunks.front().lane, base);
+      tasks.emplace_back(group.chunks.front().lane, std::move(base));
       continue;
     }
     for (std::size_t c = 0; c < group.chunks.size(); ++c) {
@@ -356,7 +365,7 @@ void ReducerState::launch(std::size_t bucket, const std::optional<Error>& preset
     tasks_pending_ += tasks.size();
     for (std::size_t g = 0; g < layout.groups.size(); ++g) {
       progress_[bucket][g] = GroupProgress{};
-      progress_[bucket][g].spec = spec_at_step(layout.groups[g].spec, step_).to_string();
+      progress_[bucket][g].spec = std::move(group_specs[g]);
     }
     if (tasks.empty()) bucket_done_time_[bucket] = now;
     for (auto& [lane, task] : tasks) lanes_[static_cast<std::size_t>(lane)].queue.push_back(std::move(task));
