@@ -38,6 +38,24 @@ inline void check_launch(const char* op, std::uint64_t count, const char* unit =
              " ", unit, " failed: ", cudaGetErrorString(status));
 }
 
+// The two-phase workspace rule for kernels that need no workspace: a call with a null
+// workspace and a size pointer is a query (reports 0 bytes and launches nothing: returns
+// true); a call with a null size pointer, or with a workspace, runs.
+inline bool answered_workspace_query(void* d_workspace, std::size_t* workspace_bytes) {
+  if (d_workspace != nullptr || workspace_bytes == nullptr) return false;
+  *workspace_bytes = 0;
+  return true;
+}
+
+// Encoders: nothing to do for 0 elements; otherwise both pointers must be set.
+inline bool require_encode_buffers(const char* op, const float* d_in, const std::byte* d_payload,
+                                   std::size_t count) {
+  if (count == 0) return false;
+  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument, op,
+             ": null input or payload for ", count, " elements");
+  return true;
+}
+
 inline bool aligned_to(const void* pointer, std::size_t width) {
   return reinterpret_cast<std::uintptr_t>(pointer) % width == 0;
 }

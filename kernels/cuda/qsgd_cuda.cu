@@ -212,13 +212,8 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
                  std::size_t* workspace_bytes, void* stream) {
   constexpr const char* kOp = "cuda.qsgd_encode";
   check_shape(kOp, count, bits, bucket);
-  if (d_workspace == nullptr && workspace_bytes != nullptr) {
-    *workspace_bytes = 0;
-    return;
-  }
-  if (count == 0) return;
-  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument, kOp,
-             ": null input or payload for ", count, " elements");
+  if (answered_workspace_query(d_workspace, workspace_bytes)) return;
+  if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
   const auto s = static_cast<cudaStream_t>(stream);
   const std::size_t num_buckets = num_buckets_for(count, bucket);
   if (bucket >= kBlockBucket) {
