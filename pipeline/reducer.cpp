@@ -126,6 +126,10 @@ class ReducerState {
   void run(Lane& lane, const Task& task);
   void run_chunk(Lane& lane, const Task& task, const GroupLayout& group, const ChunkLayout& chunk);
   void run_powersgd(Lane& lane, const Task& task, const GroupLayout& group);
+  // Adds one call's algorithm and bytes to its group's progress (under mutex_); `compressed`:
+  // its encoded bytes count towards the compression ratio.
+  void record_progress(const Task& task, const CollectiveStats& stats, std::uint64_t sent,
+                       bool compressed);
   // Elements [begin, begin + count) of a group's buffer from (pack) or to (unpack) its tensors.
   void pack(const GroupLayout& group, std::size_t begin, std::size_t count, float* buffer) const;
   void unpack(const GroupLayout& group, std::size_t begin, std::size_t count, const float* buffer) const;
@@ -470,15 +474,20 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
       task.spec, ReduceOp::average, task.step, task.preset_error ? &*task.preset_error : nullptr);
   if (packed) unpack(group, chunk.group_begin, chunk.count, data);
 
+  // MPI's own all-reduce does not report its bytes: count what a ring would send.
+  const std::uint64_t sent = stats.algorithm == "mpi" ? ring_bytes_estimate(chunk.count * 4, stats.ranks)
+                                                      : stats.sent_bytes();
+  // The ring's `none` messages carry headers too; they are not compression.
+  record_progress(task, stats, sent, task.spec.codec != CodecKind::none);
+}
+
+void ReducerState::record_progress(const Task& task, const CollectiveStats& stats,
+                                   std::uint64_t sent, bool compressed) {
   std::lock_guard lock(mutex_);
   GroupProgress& progress = progress_[task.bucket][task.group];
   progress.algorithms.insert(stats.algorithm);
-  std::uint64_t sent = stats.sent_bytes();
-  // MPI's own all-reduce does not report its bytes: count what a ring would send.
-  if (stats.algorithm == "mpi") sent = ring_bytes_estimate(chunk.count * 4, stats.ranks);
   progress.total.sent_payload_bytes += sent;
-  // The ring's `none` messages carry headers too; they are not compression.
-  if (task.spec.codec != CodecKind::none) {
+  if (compressed) {
     progress.total.encoded_input_bytes += stats.encoded_input_bytes;
     progress.total.encoded_message_bytes += stats.encoded_message_bytes;
   }
@@ -502,15 +511,10 @@ void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout&
 
   // Small P and Q go through MPI's own all-reduce, which reports no bytes: count what a ring
   // would send for both (an undercount when only one of the two took that path).
-  std::uint64_t sent = stats.sent_bytes();
-  if (sent == 0) sent = ring_bytes_estimate(stats.encoded_message_bytes, stats.ranks);
-
-  std::lock_guard lock(mutex_);
-  GroupProgress& progress = progress_[task.bucket][task.group];
-  progress.algorithms.insert(stats.algorithm);
-  progress.total.sent_payload_bytes += sent;
-  progress.total.encoded_input_bytes += stats.encoded_input_bytes;
-  progress.total.encoded_message_bytes += stats.encoded_message_bytes;
+  const std::uint64_t sent = stats.sent_bytes() != 0
+                                ? stats.sent_bytes()
+                                : ring_bytes_estimate(stats.encoded_message_bytes, stats.ranks);
+  record_progress(task, stats, sent, true);
 }
 
 void ReducerState::wait() {
