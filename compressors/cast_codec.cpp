@@ -52,6 +52,7 @@ constexpr std::size_t kBytesPerElement = 2;
 
 class CastCodec final : public Codec {
  public:
+  using Codec::decode_add;  // the TensorView form (host accumulators) too
   CastCodec(const CompressionSpec& spec, const CastFormat& format)
       : spec_(spec),
         format_(format),

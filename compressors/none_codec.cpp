@@ -13,6 +13,7 @@ namespace {
 
 class NoneCodec final : public Codec {
  public:
+  using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit NoneCodec(const CompressionSpec& spec) : spec_(spec) {}
 
   const CompressionSpec& spec() const noexcept override { return spec_; }

@@ -39,6 +39,7 @@ using kernels::cpu::qsgd_layout;
 
 class QsgdCodec final : public Codec {
  public:
+  using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit QsgdCodec(const CompressionSpec& spec) : spec_(spec) {
     GZ_REQUIRE(spec.bits >= kernels::kQsgdMinBits && spec.bits <= kernels::kQsgdMaxBits,
                ErrorCode::invalid_spec, "make_codec: qsgd bits=", spec.bits,

@@ -48,6 +48,7 @@ struct RandkMessage {
 
 class RandkCodec final : public Codec {
  public:
+  using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit RandkCodec(const CompressionSpec& spec) : spec_(spec) {
     GZ_REQUIRE(spec.values == DType::f32 || spec.values == DType::f16, ErrorCode::invalid_spec,
                "randk: values must be fp32 or fp16, got ", dtype_name(spec.values));

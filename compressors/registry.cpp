@@ -1,18 +1,58 @@
 #include "compressors/registry.h"
 
+#include "compressors/device_codec.h"
 #include "gradzip/error.h"
 
 namespace gradzip {
+namespace compressors {
+namespace {
 
-std::unique_ptr<Codec> make_codec(const CompressionSpec& spec) {
+// What make_codec() returns: the host codec, with CUDA tensors sent to the device codecs
+// (compressors/device_codec.h). Host calls pass straight through.
+class DeviceDispatchCodec final : public Codec {
+ public:
+  explicit DeviceDispatchCodec(std::unique_ptr<Codec> host) : host_(std::move(host)) {}
+
+  const CompressionSpec& spec() const noexcept override { return host_->spec(); }
+  std::size_t max_encoded_bytes(std::size_t count) const override {
+    return host_->max_encoded_bytes(count);
+  }
+
+  std::size_t encode(ConstTensorView in, std::span<std::byte> out,
+                     const EncodeContext& ctx) const override {
+    if (in.device.kind == DeviceKind::cuda) return device_encode(*host_, in, out, ctx);
+    return host_->encode(in, out, ctx);
+  }
+
+  void decode(std::span<const std::byte> in, TensorView out) const override {
+    if (out.device.kind == DeviceKind::cuda) return device_decode(*host_, in, out, false);
+    host_->decode(in, out);
+  }
+
+  void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const override {
+    host_->decode_add(in, acc, count);
+  }
+  void decode_add(std::span<const std::byte> in, TensorView acc) const override {
+    if (acc.device.kind == DeviceKind::cuda) return device_decode(*host_, in, acc, true);
+    host_->decode_add(in, acc);
+  }
+
+  bool additive() const noexcept override { return host_->additive(); }
+  bool sparse() const noexcept override { return host_->sparse(); }
+
+ private:
+  std::unique_ptr<Codec> host_;
+};
+
+std::unique_ptr<Codec> make_host_codec(const CompressionSpec& spec) {
   switch (spec.codec) {
-    case CodecKind::none: return compressors::make_none_codec(spec);
+    case CodecKind::none: return make_none_codec(spec);
     case CodecKind::fp16:
-    case CodecKind::bf16: return compressors::make_cast_codec(spec);
-    case CodecKind::qsgd: return compressors::make_qsgd_codec(spec);
-    case CodecKind::sign: return compressors::make_sign_codec(spec);
-    case CodecKind::topk: return compressors::make_topk_codec(spec);
-    case CodecKind::randk: return compressors::make_randk_codec(spec);
+    case CodecKind::bf16: return make_cast_codec(spec);
+    case CodecKind::qsgd: return make_qsgd_codec(spec);
+    case CodecKind::sign: return make_sign_codec(spec);
+    case CodecKind::topk: return make_topk_codec(spec);
+    case CodecKind::randk: return make_randk_codec(spec);
     case CodecKind::powersgd:
       GZ_THROW(ErrorCode::unsupported,
                "make_codec: powersgd compresses whole matrices inside the Reducer; it has no "
@@ -20,6 +60,22 @@ std::unique_ptr<Codec> make_codec(const CompressionSpec& spec) {
   }
   GZ_THROW(ErrorCode::internal, "make_codec: codec kind ", static_cast<int>(spec.codec),
            " has no factory");
+}
+
+}  // namespace
+}  // namespace compressors
+
+void Codec::decode_add(std::span<const std::byte> in, TensorView acc) const {
+  GZ_REQUIRE(acc.dtype == DType::f32, ErrorCode::invalid_argument, name(),
+             ".decode_add: the accumulator is ", dtype_name(acc.dtype), "; it must be f32");
+  GZ_REQUIRE(acc.device.kind == DeviceKind::cpu, ErrorCode::unsupported, name(),
+             ".decode_add: the accumulator is on CUDA device ", acc.device.index,
+             " and this codec object serves host memory (make_codec() codecs serve both)");
+  decode_add(in, static_cast<float*>(acc.data), acc.count);
+}
+
+std::unique_ptr<Codec> make_codec(const CompressionSpec& spec) {
+  return std::make_unique<compressors::DeviceDispatchCodec>(compressors::make_host_codec(spec));
 }
 
 std::unique_ptr<Codec> make_codec(std::string_view spec) {

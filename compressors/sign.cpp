@@ -47,6 +47,7 @@ std::size_t payload_bytes_for(std::size_t count, std::size_t bucket) noexcept {
 
 class SignCodec final : public Codec {
  public:
+  using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit SignCodec(const CompressionSpec& spec) : spec_(spec) {
     GZ_REQUIRE(spec.bucket >= 1, ErrorCode::invalid_argument, "make_codec: sign bucket is 0 in '",
                spec.to_string(), "'; it must be at least 1");

@@ -122,6 +122,7 @@ TopkPayload validated_payload(std::span<const std::byte> in, std::size_t count,
 
 class TopkCodec final : public Codec {
  public:
+  using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit TopkCodec(const CompressionSpec& spec) : spec_(spec) {}
 
   const CompressionSpec& spec() const noexcept override { return spec_; }

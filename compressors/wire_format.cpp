@@ -1,5 +1,6 @@
 #include "compressors/wire_format.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -58,8 +59,15 @@ void write_header(const WireHeader& header, std::span<std::byte> out) {
 }
 
 WireHeader read_header(std::span<const std::byte> in, std::string_view op) {
-  GZ_REQUIRE(in.size() >= kWireHeaderBytes, ErrorCode::malformed_message, op, ": message of ",
-             in.size(), " bytes is shorter than the ", kWireHeaderBytes, "-byte header");
+  return read_header_copy(in.first(std::min(in.size(), kWireHeaderBytes)), in.size(), op);
+}
+
+WireHeader read_header_copy(std::span<const std::byte> in, std::size_t message_bytes,
+                            std::string_view op) {
+  GZ_REQUIRE(message_bytes >= kWireHeaderBytes, ErrorCode::malformed_message, op, ": message of ",
+             message_bytes, " bytes is shorter than the ", kWireHeaderBytes, "-byte header");
+  GZ_REQUIRE(in.size() >= kWireHeaderBytes, ErrorCode::internal, op, ": a header copy of ",
+             in.size(), " bytes");
   const auto magic = get<std::uint32_t>(in, 0);
   GZ_REQUIRE(magic == kWireMagic, ErrorCode::malformed_message, op, ": bad magic 0x", std::hex,
              magic, " (expected 0x", kWireMagic, ")");
@@ -76,7 +84,7 @@ WireHeader read_header(std::span<const std::byte> in, std::string_view op) {
   header.count = get<std::uint64_t>(in, 8);
   header.payload_bytes = get<std::uint64_t>(in, 16);
   header.large_param = get<std::uint64_t>(in, 24);
-  const std::size_t available = in.size() - kWireHeaderBytes;
+  const std::size_t available = message_bytes - kWireHeaderBytes;
   GZ_REQUIRE(header.payload_bytes == available, ErrorCode::malformed_message, op,
              ": header says the payload has ", header.payload_bytes, " bytes, the message has ",
              available, " after the header");
@@ -85,7 +93,11 @@ WireHeader read_header(std::span<const std::byte> in, std::string_view op) {
 
 WireHeader read_header_for(std::span<const std::byte> in, WireCodec expected,
                            std::size_t expected_count, std::string_view op) {
-  const WireHeader header = read_header(in, op);
+  return check_header_for(read_header(in, op), expected, expected_count, op);
+}
+
+WireHeader check_header_for(const WireHeader& header, WireCodec expected,
+                            std::size_t expected_count, std::string_view op) {
   GZ_REQUIRE(header.codec == expected, ErrorCode::malformed_message, op, ": message is ",
              wire_codec_name(header.codec), ", this codec decodes ", wire_codec_name(expected));
   GZ_REQUIRE(header.count == expected_count, ErrorCode::malformed_message, op, ": message holds ",

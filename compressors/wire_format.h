@@ -62,9 +62,18 @@ void write_header(const WireHeader& header, std::span<std::byte> out);
 // and in.size() == 32 + payload_bytes. Throws malformed_message naming `op` and the field.
 WireHeader read_header(std::span<const std::byte> in, std::string_view op);
 
+// read_header() of a message whose first bytes were copied to `in` (at least 32 of them, or
+// all of a shorter message) and whose full size is `message_bytes`: how messages in device
+// memory are checked on the host.
+WireHeader read_header_copy(std::span<const std::byte> in, std::size_t message_bytes,
+                            std::string_view op);
+
 // read_header() plus: the codec is `expected`, and the count equals `expected_count`.
 WireHeader read_header_for(std::span<const std::byte> in, WireCodec expected,
                            std::size_t expected_count, std::string_view op);
+// The checks read_header_for() adds, on a parsed header.
+WireHeader check_header_for(const WireHeader& header, WireCodec expected,
+                            std::size_t expected_count, std::string_view op);
 
 // The payload of a validated message.
 inline std::span<const std::byte> payload_of(std::span<const std::byte> message) {

@@ -29,6 +29,16 @@ struct EncodeContext {
   std::uint64_t element_offset = 0;
 };
 
+// Tensors on a CUDA device (TensorView::device.kind == DeviceKind::cuda), in builds with CUDA:
+// encode, decode and decode_add run the kernels of kernels/cuda/ and write the same message
+// bytes and decoded bits as the host code (the GPU tests check this byte for byte). Then
+//   - the message (encode's `out`, decode's `in`) is device memory on the tensor's device; a
+//     host buffer there is refused (invalid_argument), and so is a view on another device;
+//   - the work runs on the legacy default stream of that device, which orders it after all
+//     earlier work of blocking streams, and the call returns when it is done (encode returns
+//     the size, decoders report a malformed message, like the host calls);
+//   - scratch memory comes from the device's stream-ordered pool (cudaMallocAsync) per call.
+// A build without CUDA refuses CUDA tensors with ErrorCode::unsupported.
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -52,8 +62,11 @@ class Codec {
   // and leaves `out` untouched.
   virtual void decode(std::span<const std::byte> in, TensorView out) const = 0;
 
-  // acc[i] += decoded[i] for i < count, with the same validation as decode().
+  // acc[i] += decoded[i] for i < count, with the same validation as decode(). `acc` is host
+  // memory.
   virtual void decode_add(std::span<const std::byte> in, float* acc, std::size_t count) const = 0;
+  // The same for an f32 accumulator anywhere (host or CUDA). The default serves host views.
+  virtual void decode_add(std::span<const std::byte> in, TensorView acc) const;
 
   // True when payloads of equal-length messages can be summed without decoding
   // (casts, shared-seed random-k).

@@ -1,0 +1,532 @@
+// Codecs on CUDA tensors: the host codec's message layout (compressors/<codec>.cpp documents
+// each) written by the kernels of kernels/cuda/. Headers are built and checked on the host
+// with compressors/wire_format.h, as the host codecs do, and travel to / from the device in
+// one small copy; payloads are written and validated on the device.
+//
+// Every call runs on the legacy default stream of the tensor's device and synchronises before
+// it returns (the contract in gradzip/codec.h). Scratch comes from cudaMallocAsync on that
+// stream. Inputs in f16 / bf16 are widened into f32 scratch first (the host codecs load them
+// as f32 too); f16 / bf16 decode outputs are decoded into f32 scratch and rounded to nearest
+// even, except a cast message decoded into its own format, which is copied (as on the host).
+#include "compressors/device_codec.h"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "compressors/wire_format.h"
+#include "gradzip/error.h"
+#include "kernels/cpu/randk_cpu.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/ef_cuda.h"
+#include "kernels/cuda/qsgd_cuda.h"
+#include "kernels/cuda/randk_cuda.h"
+#include "kernels/cuda/sign_cuda.h"
+#include "kernels/cuda/sparse_cuda.h"
+#include "kernels/cuda/topk_cuda.h"
+#include "kernels/randk_math.h"
+
+namespace gradzip::compressors {
+namespace {
+
+namespace cuda = kernels::cuda;
+
+constexpr std::uint8_t kTopkWideIndices = 0x1;  // compressors/topk.cpp's flag bits
+constexpr std::uint8_t kTopkHalfValues = 0x2;
+constexpr std::uint8_t kRandkHalfValues = 0x2;  // compressors/randk.cpp's flag bit
+constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
+
+// The stream every call uses: the legacy default stream of the current device.
+void* const kStream = nullptr;
+
+void check_cuda(cudaError_t status, const std::string& op, const char* what) {
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": ", what, " failed: ",
+             cudaGetErrorString(status));
+}
+
+// Makes `device` current for the scope of a call and restores the caller's device.
+class DeviceScope {
+ public:
+  DeviceScope(int device, const std::string& op) {
+    check_cuda(cudaGetDevice(&previous_), op, "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), op, "cudaSetDevice");
+    changed_ = previous_ != device;
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+// Scratch from the stream-ordered pool, freed (in stream order) when the scope ends.
+class DeviceScratch {
+ public:
+  DeviceScratch(std::size_t bytes, const std::string& op) {
+    if (bytes > 0) check_cuda(cudaMallocAsync(&data_, bytes, static_cast<cudaStream_t>(kStream)), op,
+                              "cudaMallocAsync of scratch");
+  }
+  ~DeviceScratch() {
+    if (data_ != nullptr) cudaFreeAsync(data_, static_cast<cudaStream_t>(kStream));
+  }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+
+  template <typename T>
+  T* as() const noexcept {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// Refuses a pointer that is not device (or managed) memory of `device`.
+void require_device_memory(const void* pointer, int device, const std::string& op,
+                           const char* what) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  if (status != cudaSuccess) cudaGetLastError();  // clear the sticky-free error state
+  const bool on_device = status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
+                                                   attributes.type == cudaMemoryTypeManaged);
+  GZ_REQUIRE(on_device, ErrorCode::invalid_argument, op, ": the ", what,
+             " is not CUDA device memory (the tensor is on cuda:", device,
+             "; its messages must be in device memory of the same device)");
+  GZ_REQUIRE(attributes.type == cudaMemoryTypeManaged || attributes.device == device,
+             ErrorCode::invalid_argument, op, ": the ", what, " is on cuda:", attributes.device,
+             ", the tensor on cuda:", device);
+}
+
+void synchronize(const std::string& op) {
+  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(kStream)), op,
+             "the device work (cudaStreamSynchronize)");
+}
+
+void copy_to_device(void* d_out, const void* host, std::size_t bytes, const std::string& op) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(d_out, host, bytes, cudaMemcpyHostToDevice,
+                             static_cast<cudaStream_t>(kStream)),
+             op, "copying to the device");
+}
+
+void copy_on_device(void* d_out, const void* d_in, std::size_t bytes, const std::string& op) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice,
+                             static_cast<cudaStream_t>(kStream)),
+             op, "a device-to-device copy");
+}
+
+bool aligned(const void* pointer, std::size_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0;
+}
+
+std::size_t checked_product(std::size_t count, std::size_t element_bytes, const std::string& op) {
+  GZ_REQUIRE(element_bytes == 0 || count <= SIZE_MAX / element_bytes, ErrorCode::invalid_argument,
+             op, ": ", count, " elements of ", element_bytes, " bytes overflow a size");
+  return count * element_bytes;
+}
+
+// The f32 values of a CUDA tensor: the tensor itself, or its widening in scratch.
+class F32Input {
+ public:
+  F32Input(ConstTensorView in, const std::string& op)
+      : scratch_(in.dtype == DType::f32 ? 0 : checked_product(in.count, sizeof(float), op), op) {
+    if (in.dtype == DType::f32) {
+      data_ = static_cast<const float*>(in.data);
+      return;
+    }
+    GZ_REQUIRE(in.dtype == DType::f16 || in.dtype == DType::bf16, ErrorCode::invalid_argument, op,
+               ": input dtype ", dtype_name(in.dtype), " (expected f32, f16 or bf16)");
+    const auto* half = static_cast<const std::uint16_t*>(in.data);
+    if (in.dtype == DType::f16) cuda::f16_to_f32(half, scratch_.as<float>(), in.count, kStream);
+    else cuda::bf16_to_f32(half, scratch_.as<float>(), in.count, kStream);
+    data_ = scratch_.as<float>();
+  }
+  const float* data() const noexcept { return data_; }
+
+ private:
+  DeviceScratch scratch_;
+  const float* data_ = nullptr;
+};
+
+// fp16 / bf16 payload from f32 values; through aligned scratch when the payload is not 2-byte
+// aligned (the kernel stores 16-bit words).
+void write_half_payload(const float* d_in, std::size_t count, bool bf16, std::byte* d_payload,
+                        const std::string& op) {
+  const std::size_t bytes = checked_product(count, 2, op);
+  DeviceScratch staging(aligned(d_payload, 2) ? 0 : bytes, op);
+  auto* target = aligned(d_payload, 2) ? reinterpret_cast<std::uint16_t*>(d_payload)
+                                       : staging.as<std::uint16_t>();
+  if (bf16) cuda::f32_to_bf16(d_in, target, count, kStream);
+  else cuda::f32_to_f16(d_in, target, count, kStream);
+  if (!aligned(d_payload, 2)) copy_on_device(d_payload, target, bytes, op);
+}
+
+// f32 values of an fp16 / bf16 payload, into d_out (4-byte aligned f32).
+void widen_half_payload(const std::byte* d_payload, std::size_t count, bool bf16, float* d_out,
+                        const std::string& op) {
+  const std::size_t bytes = checked_product(count, 2, op);
+  DeviceScratch staging(aligned(d_payload, 2) ? 0 : bytes, op);
+  const std::uint16_t* source = reinterpret_cast<const std::uint16_t*>(d_payload);
+  if (!aligned(d_payload, 2)) {
+    copy_on_device(staging.as<std::uint16_t>(), d_payload, bytes, op);
+    source = staging.as<std::uint16_t>();
+  }
+  if (bf16) cuda::bf16_to_f32(source, d_out, count, kStream);
+  else cuda::f16_to_f32(source, d_out, count, kStream);
+}
+
+const char* codec_op_name(CodecKind kind) {
+  switch (kind) {
+    case CodecKind::none: return "none";
+    case CodecKind::fp16: return "fp16";
+    case CodecKind::bf16: return "bf16";
+    case CodecKind::qsgd: return "qsgd";
+    case CodecKind::sign: return "sign";
+    case CodecKind::topk: return "topk";
+    case CodecKind::randk: return "randk";
+    case CodecKind::powersgd: return "powersgd";
+  }
+  return "codec";
+}
+
+// ---- encode ------------------------------------------------------------------------------------
+
+// Writes the payload of `spec`'s message for the f32 values d_in[0, n) at d_payload; returns
+// the header (which the caller copies in front of it).
+WireHeader encode_payload(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                          const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
+  switch (spec.codec) {
+    case CodecKind::none: {
+      const std::size_t bytes = checked_product(n, sizeof(float), op);
+      copy_on_device(d_payload, d_in, bytes, op);
+      return WireHeader{WireCodec::none, 0, 0, n, bytes, 0};
+    }
+    case CodecKind::fp16:
+    case CodecKind::bf16: {
+      const bool bf16 = spec.codec == CodecKind::bf16;
+      write_half_payload(d_in, n, bf16, d_payload, op);
+      return WireHeader{bf16 ? WireCodec::bf16 : WireCodec::fp16, 0, 0, n, n * 2, 0};
+    }
+    case CodecKind::qsgd: {
+      const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
+      const std::size_t payload = cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket);
+      cuda::qsgd_encode(d_in, n, spec.bits, spec.bucket, params, d_payload, nullptr, nullptr,
+                        kStream);
+      return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n, payload,
+                        spec.bucket};
+    }
+    case CodecKind::sign: {
+      const std::size_t payload = cuda::sign_payload_bytes(n, spec.bucket);
+      cuda::sign_encode(d_in, n, spec.bucket, d_payload, nullptr, nullptr, kStream);
+      return WireHeader{WireCodec::sign, 0, 1, n, payload, spec.bucket};
+    }
+    case CodecKind::topk: {
+      const std::size_t k = spec.k_for(n);
+      const bool wide = n > kTopkMaxNarrowCount;
+      const bool half = spec.values == DType::f16;
+      const cuda::TopkCudaOptions options{spec.approx, half, ctx.seed, ctx.step, ctx.tensor_id};
+      std::size_t workspace_bytes = cuda::topk_workspace_bytes(n, k, options);
+      // The entry count sits in front of the workspace, which keeps the pool's 256-byte
+      // alignment (topk_select needs it), and the allocation is never empty.
+      constexpr std::size_t kEntriesSlot = 256;
+      DeviceScratch scratch(kEntriesSlot + workspace_bytes, op);
+      auto* const d_entries = scratch.as<std::uint64_t>();
+      cuda::topk_select(d_in, n, k, options, d_payload, d_entries,
+                        scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, kStream);
+      std::uint64_t entries = 0;
+      check_cuda(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
+                                 static_cast<cudaStream_t>(kStream)),
+                 op, "reading the entry count");
+      synchronize(op);
+      GZ_REQUIRE(entries <= k, ErrorCode::internal, op, ": the device selected ", entries,
+                 " entries for k = ", k);
+      std::uint8_t flags = wide ? kTopkWideIndices : 0;
+      if (half) flags |= kTopkHalfValues;
+      const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
+      return WireHeader{WireCodec::topk, flags, static_cast<std::uint8_t>(spec.approx ? 1 : 0), n,
+                        entries * entry_bytes, entries};
+    }
+    case CodecKind::randk: {
+      const std::size_t k = spec.k_for(n);
+      const bool half = spec.values == DType::f16;
+      const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
+      std::array<std::byte, kernels::kRandkKeyBytes> key_bytes{};
+      kernels::randk_write_key(key, key_bytes.data());
+      copy_to_device(d_payload, key_bytes.data(), key_bytes.size(), op);
+      cuda::randk_gather(d_in, n, key, k, half, d_payload + kernels::kRandkKeyBytes, kStream);
+      return WireHeader{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
+                        kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
+    }
+    case CodecKind::powersgd: break;
+  }
+  GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device encoder");
+}
+
+// ---- decode ------------------------------------------------------------------------------------
+
+struct DecodeTarget {
+  float* data = nullptr;  // f32 values: the output itself, or scratch widened into it
+  std::size_t count = 0;
+  bool accumulate = false;
+};
+
+// Reads the device status word after the work and throws when the payload check failed.
+void check_status(const int* d_status, const std::string& op, const char* (*describe)(int)) {
+  int status = 0;
+  check_cuda(cudaMemcpyAsync(&status, d_status, sizeof status, cudaMemcpyDeviceToHost,
+                             static_cast<cudaStream_t>(kStream)),
+             op, "reading the validation status");
+  synchronize(op);
+  GZ_REQUIRE(status == 0, ErrorCode::malformed_message, op, ": ", describe(status));
+}
+
+const char* describe_qsgd_status(int status) {
+  return status == cuda::kQsgdStatusNonzeroCode
+             ? "a bucket with a non-finite scale holds a non-zero code (expected every code of such a bucket to be 0)"
+             : "a bucket scale is not one encode writes (expected +0 .. +Inf or the quiet NaN 0x7fc00000)";
+}
+const char* describe_sign_status(int /*status*/) {
+  return "an unused bit above the last element of the sign bits is set";
+}
+const char* describe_sparse_status(int status) {
+  return (status & cuda::kSparseIndexOutOfRange) != 0
+             ? "an index is outside the message's element count"
+             : "the indices are not strictly increasing";
+}
+
+std::size_t expected_cast_payload(const WireHeader& header, std::size_t element_bytes,
+                                  const std::string& op) {
+  GZ_REQUIRE(header.flags == 0 && header.small_param == 0 && header.large_param == 0,
+             ErrorCode::malformed_message, op, ": flags ", int{header.flags}, ", small_param ",
+             int{header.small_param}, ", large_param ", header.large_param, " (expected all 0)");
+  GZ_REQUIRE(header.count <= SIZE_MAX / element_bytes &&
+                 header.payload_bytes == header.count * element_bytes,
+             ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes, " bytes for ",
+             header.count, " elements (expected ", element_bytes, " per element)");
+  return static_cast<std::size_t>(header.payload_bytes);
+}
+
+// Checks the codec-specific header fields the host decoder checks, then decodes the payload
+// into `target`. `prefix` holds the first bytes of the message (header and, for randk, key).
+void decode_payload(const CompressionSpec& spec, const WireHeader& header,
+                    std::span<const std::byte> prefix, const std::byte* d_payload,
+                    const DecodeTarget& target, const std::string& op) {
+  const std::size_t n = target.count;
+  switch (spec.codec) {
+    case CodecKind::none: {
+      expected_cast_payload(header, sizeof(float), op);
+      if (!target.accumulate) return copy_on_device(target.data, d_payload, n * sizeof(float), op);
+      DeviceScratch staging(aligned(d_payload, 4) ? 0 : n * sizeof(float), op);
+      const float* values = reinterpret_cast<const float*>(d_payload);
+      if (!aligned(d_payload, 4)) {
+        copy_on_device(staging.as<float>(), d_payload, n * sizeof(float), op);
+        values = staging.as<float>();
+      }
+      cuda::ef_compensate(target.data, values, target.data, n, kStream);  // acc + value
+      return synchronize(op);
+    }
+    case CodecKind::fp16:
+    case CodecKind::bf16: {
+      expected_cast_payload(header, 2, op);
+      const bool bf16 = spec.codec == CodecKind::bf16;
+      if (!target.accumulate) return widen_half_payload(d_payload, n, bf16, target.data, op);
+      DeviceScratch widened(n * sizeof(float), op);
+      widen_half_payload(d_payload, n, bf16, widened.as<float>(), op);
+      cuda::ef_compensate(target.data, widened.as<float>(), target.data, n, kStream);
+      return synchronize(op);
+    }
+    case CodecKind::qsgd: {
+      GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags 0x", std::hex,
+                 int{header.flags}, " (expected 0)");
+      const int bits = header.small_param;
+      GZ_REQUIRE(bits >= 1 && bits <= 8, ErrorCode::malformed_message, op, ": bits ", bits,
+                 " (expected 1..8)");
+      GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+                 ": bucket 0 (expected >= 1)");
+      GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
+                 " exceeds the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
+      const auto bucket = static_cast<std::size_t>(header.large_param);
+      const std::size_t expected = cuda::qsgd_payload_bytes(n, bits, bucket);
+      GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+                 header.payload_bytes, " bytes for ", n, " elements, bits=", bits, ", bucket=",
+                 bucket, " (expected ", expected, ")");
+      DeviceScratch status(sizeof(int), op);
+      cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate,
+                        status.as<int>(), kStream);
+      return check_status(status.as<int>(), op, describe_qsgd_status);
+    }
+    case CodecKind::sign: {
+      GZ_REQUIRE(header.flags == 0 && header.small_param == 1, ErrorCode::malformed_message, op,
+                 ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
+                 int{header.small_param}, " (expected 0 and 1)");
+      GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+                 ": bucket (large_param) is 0 (expected >= 1)");
+      const auto bucket = static_cast<std::size_t>(header.large_param);
+      const std::size_t expected = cuda::sign_payload_bytes(n, bucket);
+      GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+                 header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket,
+                 " (expected ", expected, ")");
+      DeviceScratch status(sizeof(int), op);
+      cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.as<int>(),
+                        kStream);
+      return check_status(status.as<int>(), op, describe_sign_status);
+    }
+    case CodecKind::topk: {
+      GZ_REQUIRE((header.flags & ~(kTopkWideIndices | kTopkHalfValues)) == 0,
+                 ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
+                 " (only 0x1 and 0x2 are defined)");
+      GZ_REQUIRE(header.small_param <= 1, ErrorCode::malformed_message, op, ": small_param ",
+                 int{header.small_param}, " is neither 0 (exact) nor 1 (approx)");
+      const bool wide = (header.flags & kTopkWideIndices) != 0;
+      const bool half = (header.flags & kTopkHalfValues) != 0;
+      GZ_REQUIRE(wide || header.count <= kTopkMaxNarrowCount, ErrorCode::malformed_message, op,
+                 ": 32-bit indices for ", header.count,
+                 " elements (flags bit 0x1 must be set above 2^32)");
+      GZ_REQUIRE(header.large_param <= header.count, ErrorCode::malformed_message, op, ": ",
+                 header.large_param, " entries (large_param) for ", header.count, " elements");
+      const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
+      GZ_REQUIRE(header.payload_bytes % entry_bytes == 0 &&
+                     header.payload_bytes / entry_bytes == header.large_param,
+                 ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
+                 " bytes, expected ", header.large_param, " entries of ", entry_bytes, " bytes");
+      DeviceScratch status(sizeof(int), op);
+      if (target.accumulate) {
+        const std::byte* payloads[1] = {d_payload};
+        const std::uint64_t entries[1] = {header.large_param};
+        cuda::sparse_decode_add(payloads, entries, 1, wide, half, n, target.data, status.as<int>(),
+                                kStream);
+      } else {
+        cuda::sparse_decode(d_payload, header.large_param, wide, half, n, target.data,
+                            status.as<int>(), kStream);
+      }
+      return check_status(status.as<int>(), op, describe_sparse_status);
+    }
+    case CodecKind::randk: {
+      GZ_REQUIRE((header.flags & ~kRandkHalfValues) == 0 && header.small_param == 0,
+                 ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
+                 ", small_param ", std::dec, int{header.small_param},
+                 " (expected flags 0 or 0x2, small_param 0)");
+      const std::uint64_t k = header.large_param;
+      GZ_REQUIRE(n == 0 ? k == 0 : (k >= 1 && k <= n), ErrorCode::malformed_message, op, ": k = ",
+                 k, " for ", n, " elements (expected 1 <= k <= n, or 0 for an empty message)");
+      const bool half = (header.flags & kRandkHalfValues) != 0;
+      const std::uint64_t expected = kernels::kRandkKeyBytes + k * (half ? 2 : 4);
+      GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+                 header.payload_bytes, " bytes for k = ", k, " (expected ", expected, ")");
+      const kernels::RandkKey key =
+          kernels::randk_read_key(prefix.data() + kWireHeaderBytes);
+      const std::byte* values = d_payload + kernels::kRandkKeyBytes;
+      if (target.accumulate) cuda::randk_scatter_add(values, k, half, key, n, target.data, kStream);
+      else cuda::randk_scatter(values, k, half, key, n, target.data, kStream);
+      return synchronize(op);
+    }
+    case CodecKind::powersgd: break;
+  }
+  GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device decoder");
+}
+
+}  // namespace
+
+bool device_codecs_built() noexcept { return true; }
+
+std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std::byte> out,
+                          const EncodeContext& ctx) {
+  const CompressionSpec& spec = codec.spec();
+  const std::string op = std::string(codec_op_name(spec.codec)) + ".encode";
+  GZ_REQUIRE(in.data != nullptr || in.count == 0, ErrorCode::invalid_argument, op,
+             ": null data pointer for ", in.count, " elements");
+  const std::size_t capacity = codec.max_encoded_bytes(in.count);
+  GZ_REQUIRE(out.size() >= capacity, ErrorCode::invalid_argument, op, ": output buffer holds ",
+             out.size(), " bytes, ", capacity, " needed (max_encoded_bytes)");
+  GZ_REQUIRE(aligned(in.data, dtype_size(in.dtype)), ErrorCode::invalid_argument, op,
+             ": the input tensor is not aligned to its ", dtype_size(in.dtype), "-byte elements");
+  const DeviceScope scope(in.device.index, op);
+  require_device_memory(out.data(), in.device.index, op, "output message buffer");
+  if (in.count > 0) require_device_memory(in.data, in.device.index, op, "input tensor");
+
+  const F32Input values(in, op);
+  const WireHeader header =
+      encode_payload(spec, values.data(), in.count, ctx, out.data() + kWireHeaderBytes, op);
+  std::array<std::byte, kWireHeaderBytes> header_bytes{};
+  write_header(header, header_bytes);
+  copy_to_device(out.data(), header_bytes.data(), header_bytes.size(), op);
+  synchronize(op);
+  return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
+}
+
+void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView out,
+                   bool accumulate) {
+  const CompressionSpec& spec = codec.spec();
+  const std::string op =
+      std::string(codec_op_name(spec.codec)) + (accumulate ? ".decode_add" : ".decode");
+  GZ_REQUIRE(out.data != nullptr || out.count == 0, ErrorCode::invalid_argument, op,
+             ": null output pointer for ", out.count, " elements");
+  GZ_REQUIRE(!accumulate || out.dtype == DType::f32, ErrorCode::invalid_argument, op,
+             ": the accumulator is ", dtype_name(out.dtype), "; it must be f32");
+  GZ_REQUIRE(out.dtype == DType::f32 || out.dtype == DType::f16 || out.dtype == DType::bf16,
+             ErrorCode::invalid_argument, op, ": output dtype ", dtype_name(out.dtype),
+             " (expected f32, f16 or bf16)");
+  GZ_REQUIRE(aligned(out.data, dtype_size(out.dtype)), ErrorCode::invalid_argument, op,
+             ": the output tensor is not aligned to its ", dtype_size(out.dtype), "-byte elements");
+  const DeviceScope scope(out.device.index, op);
+  if (!in.empty()) require_device_memory(in.data(), out.device.index, op, "message");
+  if (out.count > 0) require_device_memory(out.data, out.device.index, op, "output tensor");
+
+  // The header (and randk's key) on the host, checked like the host decoders check it.
+  std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
+  const std::size_t prefix_bytes = std::min(in.size(), prefix.size());
+  if (prefix_bytes > 0) {
+    check_cuda(cudaMemcpy(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost), op,
+               "reading the message header");
+  }
+  const WireCodec expected_codec = [&] {
+    switch (spec.codec) {
+      case CodecKind::none: return WireCodec::none;
+      case CodecKind::fp16: return WireCodec::fp16;
+      case CodecKind::bf16: return WireCodec::bf16;
+      case CodecKind::qsgd: return WireCodec::qsgd;
+      case CodecKind::sign: return WireCodec::sign;
+      case CodecKind::topk: return WireCodec::topk;
+      case CodecKind::randk: return WireCodec::randk;
+      case CodecKind::powersgd: break;
+    }
+    GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device decoder");
+  }();
+  const WireHeader header = check_header_for(
+      read_header_copy(std::span<const std::byte>(prefix).first(prefix_bytes), in.size(), op),
+      expected_codec, out.count, op);
+  const std::byte* d_payload = in.data() + kWireHeaderBytes;
+
+  // A cast message decoded into its own format is its payload (as on the host).
+  const bool same_half_format = !accumulate && ((spec.codec == CodecKind::fp16 && out.dtype == DType::f16) ||
+                                                (spec.codec == CodecKind::bf16 && out.dtype == DType::bf16));
+  if (same_half_format) {
+    expected_cast_payload(header, 2, op);
+    copy_on_device(out.data, d_payload, out.count * 2, op);
+    return synchronize(op);
+  }
+  if (out.dtype == DType::f32) {
+    decode_payload(spec, header, prefix, d_payload,
+                   DecodeTarget{static_cast<float*>(out.data), out.count, accumulate}, op);
+    return synchronize(op);
+  }
+  // f16 / bf16 output: decode into f32 scratch, then round (only once the payload passed).
+  DeviceScratch decoded(checked_product(out.count, sizeof(float), op), op);
+  decode_payload(spec, header, prefix, d_payload, DecodeTarget{decoded.as<float>(), out.count, false},
+                 op);
+  auto* const half = static_cast<std::uint16_t*>(out.data);
+  if (out.dtype == DType::f16) cuda::f32_to_f16(decoded.as<float>(), half, out.count, kStream);
+  else cuda::f32_to_bf16(decoded.as<float>(), half, out.count, kStream);
+  synchronize(op);
+}
+
+}  // namespace gradzip::compressors

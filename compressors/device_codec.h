@@ -1,0 +1,34 @@
+// Codecs on CUDA tensors (internal): what every Codec does when a TensorView says
+// DeviceKind::cuda. make_codec() wraps each host codec so that its encode / decode /
+// decode_add send CUDA views here (gradzip/codec.h states the public contract: messages in
+// device memory, legacy default stream, synchronous, same bytes as the host codec).
+//
+// A build with CUDA implements these in compressors/cuda/device_codec.cpp with the kernels of
+// kernels/cuda/; a build without CUDA (and the host-only sanitized test library) links
+// compressors/no_cuda/device_codec.cpp, which refuses with ErrorCode::unsupported.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "gradzip/codec.h"
+
+namespace gradzip::compressors {
+
+// True in builds that run codecs on CUDA tensors.
+bool device_codecs_built() noexcept;
+
+// `codec`'s encode of the CUDA tensor `in` into `out` (device memory on in's device, at least
+// codec.max_encoded_bytes(in.count) bytes): the bytes the host codec writes for the same values,
+// spec and context. Returns the message size.
+std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std::byte> out,
+                          const EncodeContext& ctx);
+
+// `codec`'s decode (accumulate = false: out = D(in)) or decode_add (accumulate = true, out must
+// be f32: out += D(in)) of the message `in` (device memory on out's device). The message is
+// validated like on the host: its header on the host, its payload on the device; a malformed
+// message throws ErrorCode::malformed_message and leaves `out` untouched.
+void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView out,
+                   bool accumulate);
+
+}  // namespace gradzip::compressors

@@ -1,0 +1,23 @@
+// A build without CUDA: codecs refuse CUDA tensors, saying why.
+#include "compressors/device_codec.h"
+
+#include "gradzip/error.h"
+
+namespace gradzip::compressors {
+
+bool device_codecs_built() noexcept { return false; }
+
+std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std::byte> /*out*/,
+                          const EncodeContext& /*ctx*/) {
+  GZ_THROW(ErrorCode::unsupported, codec.name(), ".encode: the tensor is on CUDA device ",
+           in.device.index, "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
+}
+
+void device_decode(const Codec& codec, std::span<const std::byte> /*in*/, TensorView out,
+                   bool accumulate) {
+  GZ_THROW(ErrorCode::unsupported, codec.name(), accumulate ? ".decode_add" : ".decode",
+           ": the tensor is on CUDA device ", out.device.index,
+           "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
+}
+
+}  // namespace gradzip::compressors

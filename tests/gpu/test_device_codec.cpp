@@ -1,0 +1,207 @@
+// The public Codec objects on CUDA tensors (compressors/device_codec.h behind make_codec()):
+// for every codec, encoding a device tensor gives the bytes the host codec gives for the same
+// values, spec and context, and decoding / decode_adding a device message gives the host
+// decoder's bits. Malformed messages are refused with the output untouched; host buffers
+// where device memory is required are refused naming what was wrong.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpu_test_support.h"
+#include "gradzip/codec.h"
+#include "gradzip/error.h"
+#include "kernels/cpu/convert.h"
+
+namespace gradzip {
+namespace {
+
+using gpu_test::DeviceArray;
+using gpu_test::DeviceTest;
+using gpu_test::kNoDifference;
+
+const std::vector<std::string> kSpecs = {
+    "none",          "fp16",           "bf16",
+    "qsgd:bits=4,bucket=512", "qsgd:bits=1,bucket=7", "qsgd:bits=8,bucket=100000",
+    "sign",          "sign:bucket=13",
+    "topk:ratio=0.01", "topk:ratio=0.3,values=fp16", "topk:ratio=0.01,approx=on",
+    "randk:ratio=0.01", "randk:ratio=0.5,values=fp16",
+};
+const std::vector<std::size_t> kCounts = {0, 1, 7, (std::size_t{1} << 20) + 3};
+
+Device cuda0() { return Device{DeviceKind::cuda, 0}; }
+
+EncodeContext context_for(std::size_t count) {
+  return EncodeContext{0x1234'5678'9ABCull, 17, 0xC0FFEEu, count % 5};
+}
+
+// The message the host codec writes for `values`.
+std::vector<std::byte> host_message(const Codec& codec, const std::vector<float>& values,
+                                    const EncodeContext& ctx) {
+  std::vector<std::byte> message(codec.max_encoded_bytes(values.size()));
+  message.resize(codec.encode(host_view(values.data(), values.size()), message, ctx));
+  return message;
+}
+
+class DeviceCodecTest : public DeviceTest {};
+
+TEST_F(DeviceCodecTest, EncodeGivesTheHostCodecsBytes) {
+  for (const std::string& spec : kSpecs) {
+    const auto codec = make_codec(spec);
+    for (std::size_t count : kCounts) {
+      SCOPED_TRACE(spec + ", count " + std::to_string(count));
+      const std::vector<float> values = gpu_test::gaussian(count, count + 3);
+      const EncodeContext ctx = context_for(count);
+      const std::vector<std::byte> want = host_message(*codec, values, ctx);
+
+      DeviceArray<float> d_values(values);
+      DeviceArray<std::byte> d_message(codec->max_encoded_bytes(count));
+      const std::size_t bytes = codec->encode(
+          ConstTensorView(d_values.get(), count, DType::f32, cuda0()),
+          std::span<std::byte>(d_message.get(), codec->max_encoded_bytes(count)), ctx);
+      ASSERT_EQ(bytes, want.size());
+      const auto got = gpu_test::from_device<std::byte>(d_message.get(), bytes);
+      ASSERT_TRUE(gpu_test::same_bytes(want.data(), got));
+    }
+  }
+}
+
+TEST_F(DeviceCodecTest, HalfInputsEncodeLikeTheHostCodec) {
+  const std::size_t count = 4099;
+  const std::vector<float> values = gpu_test::gaussian(count, 5);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    std::vector<std::uint16_t> half(count);
+    if (dtype == DType::f16) kernels::cpu::f32_to_f16(values.data(), half.data(), count);
+    else kernels::cpu::f32_to_bf16(values.data(), half.data(), count);
+    DeviceArray<std::uint16_t> d_half(half);
+    for (const char* spec : {"none", "fp16", "qsgd:bits=4", "topk:ratio=0.05"}) {
+      SCOPED_TRACE(std::string(spec) + " from " + std::string(dtype_name(dtype)));
+      const auto codec = make_codec(spec);
+      const EncodeContext ctx = context_for(count);
+      std::vector<std::byte> want(codec->max_encoded_bytes(count));
+      want.resize(codec->encode(ConstTensorView(half.data(), count, dtype), want, ctx));
+      DeviceArray<std::byte> d_message(want.size());
+      const std::size_t bytes =
+          codec->encode(ConstTensorView(d_half.get(), count, dtype, cuda0()),
+                        std::span<std::byte>(d_message.get(), codec->max_encoded_bytes(count)), ctx);
+      ASSERT_EQ(bytes, want.size());
+      ASSERT_TRUE(gpu_test::same_bytes(want.data(), gpu_test::from_device<std::byte>(d_message.get(), bytes)));
+    }
+  }
+}
+
+TEST_F(DeviceCodecTest, DecodeAndDecodeAddGiveTheHostDecodersBits) {
+  for (const std::string& spec : kSpecs) {
+    const auto codec = make_codec(spec);
+    for (std::size_t count : kCounts) {
+      SCOPED_TRACE(spec + ", count " + std::to_string(count));
+      const std::vector<std::byte> message =
+          host_message(*codec, gpu_test::gaussian(count, count + 11), context_for(count));
+      DeviceArray<std::byte> d_message(message);
+      const std::span<const std::byte> device_message(d_message.get(), message.size());
+
+      std::vector<float> want(count);
+      codec->decode(message, host_view(want.data(), count));
+      DeviceArray<float> d_out(count);
+      codec->decode(device_message, TensorView{d_out.get(), count, DType::f32, cuda0()});
+      const std::vector<float> got = gpu_test::from_device<float>(d_out.get(), count);
+      const std::size_t diff = gpu_test::first_float_difference(got, want, count, false);
+      ASSERT_EQ(diff, kNoDifference) << "decode differs at element " << diff;
+
+      std::vector<float> want_acc = gpu_test::gaussian(count, 99);
+      DeviceArray<float> d_acc(want_acc);
+      codec->decode_add(message, want_acc.data(), count);
+      codec->decode_add(device_message, TensorView{d_acc.get(), count, DType::f32, cuda0()});
+      const std::vector<float> got_acc = gpu_test::from_device<float>(d_acc.get(), count);
+      const std::size_t acc_diff = gpu_test::first_float_difference(got_acc, want_acc, count, true);
+      ASSERT_EQ(acc_diff, kNoDifference) << "decode_add differs at element " << acc_diff;
+    }
+  }
+}
+
+TEST_F(DeviceCodecTest, HalfOutputsDecodeLikeTheHostCodec) {
+  const std::size_t count = 1031;
+  for (const char* spec : {"none", "fp16", "bf16", "sign"}) {
+    const auto codec = make_codec(spec);
+    const std::vector<std::byte> message =
+        host_message(*codec, gpu_test::gaussian(count, 8), context_for(count));
+    DeviceArray<std::byte> d_message(message);
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      SCOPED_TRACE(std::string(spec) + " into " + std::string(dtype_name(dtype)));
+      std::vector<std::uint16_t> want(count);
+      codec->decode(message, TensorView{want.data(), count, dtype, Device{}});
+      DeviceArray<std::uint16_t> d_out(count);
+      codec->decode(std::span<const std::byte>(d_message.get(), message.size()),
+                    TensorView{d_out.get(), count, dtype, cuda0()});
+      EXPECT_EQ(d_out.download(), want);
+    }
+  }
+}
+
+TEST_F(DeviceCodecTest, MalformedMessagesAreRefusedAndTheOutputIsUntouched) {
+  const std::size_t count = 4096;
+  struct Case {
+    const char* spec;
+    std::size_t offset;  // byte to corrupt
+    std::byte value;
+  };
+  // Header fields (checked on the host) and payload contents (checked on the device).
+  const std::vector<Case> cases = {
+      {"fp16", 0, std::byte{0x00}},                       // magic
+      {"qsgd:bits=4,bucket=512", 7, std::byte{9}},        // bits
+      {"qsgd:bits=4,bucket=512", 32 + 3, std::byte{0xFF}},  // scale 0: sign bit set -> negative
+      {"sign", 6, std::byte{1}},                          // flags
+      {"topk:ratio=0.01", 32 + 4 * 3 + 3, std::byte{0xFF}},  // index 3 >= 2^24: out of range
+      {"randk:ratio=0.01", 24, std::byte{0}},             // k = 0 for 4096 elements
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + ", byte " + std::to_string(c.offset));
+    const auto codec = make_codec(c.spec);
+    std::vector<std::byte> message =
+        host_message(*codec, gpu_test::gaussian(count, 4), context_for(count));
+    message[c.offset] = c.value;
+    // The host decoder refuses it too.
+    std::vector<float> host_out(count, 0.5f);
+    EXPECT_THROW(codec->decode(message, host_view(host_out.data(), count)), Error);
+
+    DeviceArray<std::byte> d_message(message);
+    const std::vector<float> before(count, 0.25f);
+    DeviceArray<float> d_out(before);
+    try {
+      codec->decode_add(std::span<const std::byte>(d_message.get(), message.size()),
+                        TensorView{d_out.get(), count, DType::f32, cuda0()});
+      ADD_FAILURE() << "the malformed message was accepted";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::malformed_message) << error.what();
+    }
+    EXPECT_EQ(d_out.download(), before);
+  }
+}
+
+TEST_F(DeviceCodecTest, HostBuffersWhereDeviceMemoryIsNeededAreRefused) {
+  const std::size_t count = 64;
+  const auto codec = make_codec("fp16");
+  DeviceArray<float> d_values(gpu_test::gaussian(count, 1));
+  std::vector<std::byte> host_buffer(codec->max_encoded_bytes(count));
+  try {
+    codec->encode(ConstTensorView(d_values.get(), count, DType::f32, cuda0()), host_buffer, {});
+    ADD_FAILURE() << "a host message buffer was accepted for a device tensor";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(error.what()).find("not CUDA device memory"), std::string::npos)
+        << error.what();
+  }
+  // A device tensor whose pointer is host memory.
+  std::vector<float> host_values(count, 1.0f);
+  DeviceArray<std::byte> d_message(codec->max_encoded_bytes(count));
+  EXPECT_THROW(codec->encode(ConstTensorView(host_values.data(), count, DType::f32, cuda0()),
+                             std::span<std::byte>(d_message.get(), codec->max_encoded_bytes(count)), {}),
+               Error);
+  // Too small an output buffer.
+  EXPECT_THROW(codec->encode(ConstTensorView(d_values.get(), count, DType::f32, cuda0()),
+                             std::span<std::byte>(d_message.get(), 8), {}),
+               Error);
+}
+
+}  // namespace
+}  // namespace gradzip
