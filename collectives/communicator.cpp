@@ -15,6 +15,7 @@
 #include "collectives/call_check.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
+#include "collectives/device_memory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/tunables.h"
@@ -134,9 +135,13 @@ void check_arguments(const Call& call) {
   const TensorView& tensor = call.tensor;
   GZ_REQUIRE(!call.name.empty(), ErrorCode::invalid_argument, op,
              ": the tensor name is empty (it keys error feedback and the mismatch check)");
-  GZ_REQUIRE(tensor.device.kind == DeviceKind::cpu, ErrorCode::invalid_argument, op, " of '",
-             call.name, "': the tensor is in CUDA memory (device ", tensor.device.index,
-             "); this communicator takes host memory");
+  if (tensor.device.kind == DeviceKind::cuda && tensor.count > 0) {
+    GZ_REQUIRE(device_memory_built(), ErrorCode::unsupported, op, " of '", call.name,
+               "': the tensor is on CUDA device ", tensor.device.index,
+               "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
+    require_device_pointer(tensor.data, tensor.device.index, std::string(op) + " of '" +
+                           std::string(call.name) + "'", "tensor");
+  }
   GZ_REQUIRE(tensor.dtype == DType::f32 || tensor.dtype == DType::f16 || tensor.dtype == DType::bf16,
              ErrorCode::invalid_argument, op, " of '", call.name, "': dtype ",
              static_cast<int>(tensor.dtype), " is not f32, f16 or bf16");
@@ -168,6 +173,35 @@ CollectiveStats start_stats(const Call& call, const Transport& transport) {
   stats.count = call.tensor.count;
   stats.ranks = transport.size();
   return stats;
+}
+
+// CUDA tensors over the host transport ("staged"): the collective works on a host copy.
+// The tensor on the host side of a call: `tensor` itself when it is in host memory; else the
+// state's staging buffer, as the same dtype, with elements [begin, end) copied from the device
+// (the rest is left for the algorithm to overwrite).
+TensorView host_side(CommunicatorState& state, const TensorView& tensor, std::size_t begin,
+                     std::size_t end, CollectiveStats& stats) {
+  if (tensor.device.kind == DeviceKind::cpu) return tensor;
+  const std::size_t element = dtype_size(tensor.dtype);
+  std::vector<std::byte>& staging = state.host_staging();
+  if (staging.size() < tensor.size_bytes()) staging.resize(tensor.size_bytes());
+  if (end > begin) {
+    copy_device_to_host(staging.data() + begin * element,
+                        static_cast<const std::byte*>(tensor.data) + begin * element,
+                        (end - begin) * element, tensor.device.index, "staging a CUDA tensor");
+  }
+  stats.note += std::string(stats.note.empty() ? "" : "; ") + "staged through host memory";
+  return TensorView{staging.data(), tensor.count, tensor.dtype, Device{}};
+}
+
+// Elements [begin, end) of the host side back into a CUDA tensor (nothing for host tensors).
+void finish_host_side(const TensorView& host, const TensorView& tensor, std::size_t begin,
+                      std::size_t end) {
+  if (tensor.device.kind == DeviceKind::cpu || end <= begin) return;
+  const std::size_t element = dtype_size(tensor.dtype);
+  copy_host_to_device(static_cast<std::byte*>(tensor.data) + begin * element,
+                      static_cast<const std::byte*>(host.data) + begin * element,
+                      (end - begin) * element, tensor.device.index, "writing back a CUDA tensor");
 }
 
 // The f32 values the algorithm works on: the tensor itself when it is f32; else the state's
@@ -251,7 +285,8 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     stats.algorithm = choice.name;
     stats.note = choice.note;
 
-    const std::span<float> data = f32_view(state, call.tensor, 0, call.tensor.count);
+    const TensorView host = host_side(state, call.tensor, 0, call.tensor.count, stats);
+    const std::span<float> data = f32_view(state, host, 0, call.tensor.count);
     divide_for_average(data, call.op, transport.size());
     if (choice.path == AllreducePath::transport_sum) {
       StageTimer communicate(stats.communicate_seconds);
@@ -265,7 +300,8 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
         hierarchical_allreduce(job, *node.intra, *node.inter, choice.algorithm);
       }
     }
-    write_back(data, call.tensor, 0, call.tensor.count);
+    write_back(data, host, 0, call.tensor.count);
+    finish_host_side(host, call.tensor, 0, call.tensor.count);
   });
 }
 
@@ -275,15 +311,18 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
     const ShardedChoice choice = choose_reduce_scatter(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
-    const std::span<float> data = f32_view(state, call.tensor, 0, count);
+    const TensorView host = host_side(state, call.tensor, 0, count, stats);
+    const std::span<float> data = f32_view(state, host, 0, count);
     divide_for_average(data, call.op, transport.size());
     ReduceJob job = make_job(state, spec, data, std::string(call.name), call.name, step, stats);
     if (choice.algorithm == Algorithm::sra)
       sra_reduce_scatter(job);
     else
       ring_reduce_scatter(job);
-    write_back(data, call.tensor, shard_begin(count, transport.size(), transport.rank()),
-               shard_begin(count, transport.size(), transport.rank() + 1));
+    const std::size_t begin = shard_begin(count, transport.size(), transport.rank());
+    const std::size_t end = shard_begin(count, transport.size(), transport.rank() + 1);
+    write_back(data, host, begin, end);
+    finish_host_side(host, call.tensor, begin, end);
   });
 }
 
@@ -294,13 +333,15 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
     // Only this rank's shard holds data on entry; the algorithm writes every other shard.
-    const std::span<float> data =
-        f32_view(state, call.tensor, shard_begin(count, transport.size(), transport.rank()),
-                 shard_begin(count, transport.size(), transport.rank() + 1));
+    const std::size_t begin = shard_begin(count, transport.size(), transport.rank());
+    const std::size_t end = shard_begin(count, transport.size(), transport.rank() + 1);
+    const TensorView host = host_side(state, call.tensor, begin, end, stats);
+    const std::span<float> data = f32_view(state, host, begin, end);
     ReduceJob job = make_job(state, spec, data, allgather_residual_key(call.name), call.name,
                              step, stats);
     compressed_allgather(job);
-    write_back(data, call.tensor, 0, count);
+    write_back(data, host, 0, count);
+    finish_host_side(host, call.tensor, 0, count);
   });
 }
 

@@ -49,6 +49,9 @@ class CommunicatorState {
 
   // f32 scratch for f16 / bf16 tensors, grown as needed and kept between calls.
   std::vector<float>& f32_scratch() noexcept { return f32_scratch_; }
+  // Host copy of CUDA tensors reduced over the host transport (their dtype's bytes), grown as
+  // needed and kept between calls.
+  std::vector<std::byte>& host_staging() noexcept { return host_staging_; }
 
  private:
   static constexpr std::size_t kMaxCachedCodecs = 64;
@@ -60,6 +63,7 @@ class CommunicatorState {
   std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs_;
   std::map<std::uint32_t, NodeTransports> nodes_;
   std::vector<float> f32_scratch_;
+  std::vector<std::byte> host_staging_;
 };
 
 // A communicator over `transport` (which it owns): what Communicator::world / from_mpi return,

@@ -25,6 +25,7 @@
 #include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/cuda/randk_cuda.h"
+#include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/sign_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
@@ -44,28 +45,10 @@ constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
 void* const kStream = nullptr;
 
 void check_cuda(cudaError_t status, const std::string& op, const char* what) {
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": ", what, " failed: ",
-             cudaGetErrorString(status));
+  cuda::check_runtime(status, op, what);
 }
 
-// Makes `device` current for the scope of a call and restores the caller's device.
-class DeviceScope {
- public:
-  DeviceScope(int device, const std::string& op) {
-    check_cuda(cudaGetDevice(&previous_), op, "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), op, "cudaSetDevice");
-    changed_ = previous_ != device;
-  }
-  ~DeviceScope() {
-    if (changed_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
+using DeviceScope = cuda::CurrentDevice;
 
 // Scratch from the stream-ordered pool, freed (in stream order) when the scope ends.
 class DeviceScratch {
@@ -89,20 +72,9 @@ class DeviceScratch {
   void* data_ = nullptr;
 };
 
-// Refuses a pointer that is not device (or managed) memory of `device`.
 void require_device_memory(const void* pointer, int device, const std::string& op,
                            const char* what) {
-  cudaPointerAttributes attributes{};
-  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
-  if (status != cudaSuccess) cudaGetLastError();  // clear the sticky-free error state
-  const bool on_device = status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
-                                                   attributes.type == cudaMemoryTypeManaged);
-  GZ_REQUIRE(on_device, ErrorCode::invalid_argument, op, ": the ", what,
-             " is not CUDA device memory (the tensor is on cuda:", device,
-             "; its messages must be in device memory of the same device)");
-  GZ_REQUIRE(attributes.type == cudaMemoryTypeManaged || attributes.device == device,
-             ErrorCode::invalid_argument, op, ": the ", what, " is on cuda:", attributes.device,
-             ", the tensor on cuda:", device);
+  cuda::require_device_pointer(pointer, device, op, what);
 }
 
 void synchronize(const std::string& op) {

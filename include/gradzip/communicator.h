@@ -3,7 +3,11 @@
 // Every collective is called by all ranks of the communicator, in the same order, with the same
 // element count, dtype, spec and reduce op for the same tensor name (a mismatch is detected and
 // every rank throws gradzip::Error(size_mismatch) naming the ranks and what differed).
-// Buffers are host memory; every call is blocking and runs in place.
+// Buffers are host memory or CUDA memory (TensorView::device); every call is blocking and runs
+// in place. CUDA tensors are staged: copied to host memory (on the legacy default stream of
+// their device, so after all earlier work of blocking streams), reduced like host tensors and
+// copied back (stats.note says "staged through host memory"); a build without CUDA refuses
+// them with ErrorCode::unsupported on every rank.
 // Results are byte-identical on every rank.
 //
 // The mismatch check costs one extra all-gather of 64 bytes per rank on every call (with more

@@ -7,6 +7,9 @@
 #include <random>
 
 #include "kernels/cast_math.h"
+#ifdef GRADZIP_HAVE_CUDA
+#include "kernels/cuda/cast_cuda.h"
+#endif
 
 namespace gradzip::testing {
 
@@ -55,6 +58,13 @@ std::vector<float> HostTensor::to_f32() const {
   std::vector<float> values(count_);
   for (std::size_t i = 0; i < count_; ++i) values[i] = at(i);
   return values;
+}
+
+ErrorCode fake_cuda_view_error() {
+#ifdef GRADZIP_HAVE_CUDA
+  if (kernels::cuda::device_count(nullptr) > 0) return ErrorCode::invalid_argument;
+#endif
+  return ErrorCode::unsupported;
 }
 
 ErrorCode error_code_of(const std::function<void()>& call, std::string* message) {

@@ -52,6 +52,11 @@ std::vector<std::byte> encode_message(const Codec& codec, ConstTensorView in,
 // records a test failure and returns ErrorCode::internal when it throws none.
 ErrorCode error_code_of(const std::function<void()>& call, std::string* message = nullptr);
 
+// The code a codec or collective refuses a host pointer labelled as a CUDA tensor with:
+// unsupported where this process cannot run CUDA work (no CUDA in the build, or no device), and
+// invalid_argument ("not CUDA device memory") where it can.
+ErrorCode fake_cuda_view_error();
+
 // Bitwise equality of two f32 arrays (so -0 differs from +0 and NaNs compare by payload);
 // a failure names the first element that differs.
 ::testing::AssertionResult same_bits(std::span<const float> actual, std::span<const float> expected);

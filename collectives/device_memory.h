@@ -1,0 +1,50 @@
+// CUDA memory as the collectives need it (internal): copies between a CUDA tensor and host
+// memory (the staged path of CUDA tensors over a host transport) and device allocations (the
+// message buffers of algorithms that run on device memory over NCCL). A build with CUDA
+// implements these in collectives/cuda/device_memory.cpp; a build without it links
+// collectives/no_cuda/device_memory.cpp, whose functions throw ErrorCode::unsupported.
+//
+// Every copy is synchronous (on the legacy default stream of `device`, so it follows all
+// earlier work of blocking streams on that device) and restores the caller's current device.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+namespace gradzip::collectives {
+
+// True in builds with CUDA.
+bool device_memory_built() noexcept;
+
+// host[0, bytes) = device_data[0, bytes); device_data is memory of CUDA device `device`.
+// `op` names the caller in errors.
+void copy_device_to_host(void* host, const void* device_data, std::size_t bytes, int device,
+                         std::string_view op);
+// device_data[0, bytes) = host[0, bytes).
+void copy_host_to_device(void* device_data, const void* host, std::size_t bytes, int device,
+                         std::string_view op);
+
+// Throws invalid_argument naming `op` and `what` unless `pointer` is device (or managed)
+// memory usable on `device`.
+void require_device_pointer(const void* pointer, int device, std::string_view op,
+                            std::string_view what);
+
+// An allocation of `bytes` bytes on CUDA device `device` (cudaMalloc; at least one byte, so
+// data() is never null), freed by the destructor.
+class DeviceAllocation {
+ public:
+  DeviceAllocation(std::size_t bytes, int device, std::string_view op);
+  ~DeviceAllocation();
+  DeviceAllocation(const DeviceAllocation&) = delete;
+  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
+};
+
+}  // namespace gradzip::collectives

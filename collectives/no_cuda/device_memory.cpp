@@ -1,0 +1,31 @@
+// A build without CUDA: CUDA tensors cannot reach the collectives; say so.
+#include "collectives/device_memory.h"
+
+#include "gradzip/error.h"
+
+namespace gradzip::collectives {
+namespace {
+
+[[noreturn]] void refuse(std::string_view op, int device) {
+  GZ_THROW(ErrorCode::unsupported, op, ": the tensor is on CUDA device ", device,
+           "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
+}
+
+}  // namespace
+
+bool device_memory_built() noexcept { return false; }
+
+void copy_device_to_host(void*, const void*, std::size_t, int device, std::string_view op) {
+  refuse(op, device);
+}
+void copy_host_to_device(void*, const void*, std::size_t, int device, std::string_view op) {
+  refuse(op, device);
+}
+void require_device_pointer(const void*, int device, std::string_view op, std::string_view) {
+  refuse(op, device);
+}
+
+DeviceAllocation::DeviceAllocation(std::size_t, int device, std::string_view op) { refuse(op, device); }
+DeviceAllocation::~DeviceAllocation() = default;
+
+}  // namespace gradzip::collectives

@@ -1,0 +1,183 @@
+// The NCCL transport: the Transport interface over an ncclComm_t, moving DEVICE memory.
+// Callers without NCCL headers use collectives/transport/nccl_transport_factory.h.
+//
+// Semantics (where they differ from, or sharpen, collectives/transport/transport.h):
+// - Memory: every span given to isend, irecv, allgatherv, alltoallv and allreduce_f32_sum is
+//   device (or managed) memory of the transport's CUDA device; anything else (pageable or
+//   pinned host memory, another device's memory) throws ErrorCode::invalid_argument naming the
+//   operation and the kind of pointer. Empty spans are not checked. allgather_u64 alone takes
+//   host spans (metadata) and stages them through the transport's device scratch.
+// - Device and stream: every call runs on the transport's device (it switches the calling
+//   thread's current device for the call and restores it before returning) and on one
+//   non-blocking CUDA stream of the transport's own. The collectives return when their results
+//   are in the caller's memory (they synchronise with the caller's work only through that
+//   return: a caller that produced the input on another stream must synchronise it first).
+// - Point-to-point: isend / irecv only record the operation. The next wait() or collective
+//   launches every recorded, not yet launched operation in one ncclGroupStart/ncclGroupEnd on
+//   the stream (so "post receive, post send, wait" cannot deadlock), and records one CUDA event
+//   for that batch; wait(request) waits for its batch's event and returns the byte count.
+//   Tags: NCCL has none. They are ignored: messages between two ranks match in posting order,
+//   so the ranks must post them in the same order (the tags must match in posting order).
+//   Sizes: NCCL needs both sides to name the same size, so a receive takes EXACTLY
+//   buffer.size() bytes and the matching send must send exactly that many (the contract's
+//   "at most" becomes "exactly"; a mismatch is not detectable locally and corrupts or hangs).
+//   Zero-byte messages complete at once without calling NCCL (both sides skip them, which is
+//   consistent because the sizes are equal). Messages are not limited to kMaxMessageBytes.
+//   Buffers must stay valid and unchanged until wait returns for them.
+// - Waiting: waits poll the CUDA event; between polls they read ncclCommGetAsyncError. On an
+//   NCCL or CUDA failure the transport aborts a communicator it owns (ncclCommAbort; an adopted
+//   one is left to the application, which should abort it), throws ErrorCode::unsupported
+//   naming the operation, the rank and NCCL's or CUDA's error text, and every later call on
+//   the transport throws. set_idle_waits(true): sleeps of 2 us growing to 100 us between polls;
+//   false (the default): std::this_thread::yield between polls. There is no timeout: a peer
+//   that never posts its side hangs the wait, as with MPI.
+// - allgatherv: padded to the largest block (nccl_layout.h) through a device scratch buffer the
+//   transport owns and grows; all.size() must be at least sum(counts) (bytes past it are left
+//   alone). alltoallv: one group of ncclSend/ncclRecv per peer with a non-zero count (self
+//   included). allreduce_f32_sum: in-place ncclAllReduce (NCCL chooses the summation order;
+//   it is the same on every rank). barrier: an ncclAllReduce of one int.
+// - split(color, key): ncclCommSplit (color must be >= 0). split_by_node: ranks whose
+//   gethostname() hashes (FNV-1a 64) agree, ordered by old rank. Splits own their
+//   communicators and run on the same device.
+// - Threads: one thread per transport object at a time; different objects (splits, other
+//   communicators) may be used from different threads at once.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "collectives/transport/transport.h"
+
+namespace gradzip::collectives {
+
+// Makes `device` the calling thread's current CUDA device for the scope and restores the
+// previous one afterwards (callers may work on another device). status() is cudaSetDevice's.
+class CurrentCudaDevice {
+ public:
+  explicit CurrentCudaDevice(int device) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) {
+      status_ = cudaSetDevice(device);
+      changed_ = status_ == cudaSuccess && previous_ >= 0;
+    }
+  }
+  ~CurrentCudaDevice() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  CurrentCudaDevice(const CurrentCudaDevice&) = delete;
+  CurrentCudaDevice& operator=(const CurrentCudaDevice&) = delete;
+  cudaError_t status() const noexcept { return status_; }
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+class NcclTransport final : public Transport {
+ public:
+  // Wraps `comm` (its rank, size and device are read from it). With owns_comm the transport
+  // destroys the communicator (or aborts it after an error); otherwise the caller keeps it and
+  // it must outlive the transport. Throws ErrorCode::unsupported when NCCL or CUDA refuse
+  // (an owned comm is then aborted).
+  NcclTransport(ncclComm_t comm, bool owns_comm);
+  ~NcclTransport() override;
+  NcclTransport(const NcclTransport&) = delete;
+  NcclTransport& operator=(const NcclTransport&) = delete;
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  // "nccl rank R of N on cuda:D"
+  std::string describe() const override;
+
+  Request isend(int peer, int tag, std::span<const std::byte> data) override;
+  Request irecv(int peer, int tag, std::span<std::byte> buffer) override;
+  std::size_t wait(Request request) override;
+
+  void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
+                  std::span<const std::size_t> counts) override;
+  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
+                 std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override;
+  void allgather_u64(std::span<const std::uint64_t> mine, std::span<std::uint64_t> all) override;
+  void allreduce_f32_sum(std::span<float> data) override;
+  void barrier() override;
+
+  std::unique_ptr<Transport> split(int color, int key) override;
+  std::unique_ptr<Transport> split_by_node() override;
+
+  void set_idle_waits(bool idle_waits) override { idle_waits_ = idle_waits; }
+  bool concurrent_use_supported() const override { return true; }
+
+  int device() const noexcept { return device_; }
+  ncclComm_t comm() const noexcept { return comm_; }
+
+ private:
+  // Point-to-point requests: `batch` is kNotLaunched until the next flush, kImmediate for
+  // zero-byte messages, else the id of the group they were launched in.
+  static constexpr std::size_t kNotLaunched = SIZE_MAX;
+  static constexpr std::size_t kImmediate = SIZE_MAX - 1;
+  struct Pending {
+    int peer = -1;
+    int tag = 0;
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+    bool receive = false;
+    bool active = false;
+    std::size_t batch = kNotLaunched;
+  };
+  struct Batch {
+    cudaEvent_t event = nullptr;
+    std::size_t outstanding = 0;  // requests of the batch not yet waited for
+  };
+
+  Request post(std::string_view op, int peer, int tag, const void* data, std::size_t bytes,
+               bool receive);
+  // Launches every recorded point-to-point operation in one NCCL group.
+  void flush(std::string_view op);
+  // Closes a group whose first failed call (if any) was `first_call` with `first_error`.
+  void end_group(std::string_view op, ncclResult_t first_error, const char* first_call);
+  // Polls `event` until it completes, watching for NCCL errors.
+  void wait_for(cudaEvent_t event, std::string_view op);
+  // Records an event after everything on the stream and waits for it.
+  void synchronize(std::string_view op);
+  void ensure_scratch(std::size_t bytes, std::string_view op);
+  cudaEvent_t take_event(std::string_view op);
+
+  void require_usable(std::string_view op) const;
+  void require_device_memory(const void* pointer, std::size_t bytes, std::string_view op,
+                             const char* what) const;
+  // Throw ErrorCode::unsupported (after aborting an owned communicator) unless successful.
+  void check_cuda(cudaError_t status, std::string_view op, const char* call);
+  void check_nccl(ncclResult_t status, std::string_view op, const char* call);
+  [[noreturn]] void fail(std::string_view op, const std::string& what);
+  void release_cuda_resources() noexcept;
+
+  ncclComm_t comm_ = nullptr;
+  bool owns_comm_ = false;
+  bool comm_aborted_ = false;
+  bool broken_ = false;  // after an NCCL or CUDA failure
+  int rank_ = 0;
+  int size_ = 1;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t sync_event_ = nullptr;
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  bool idle_waits_ = false;
+
+  std::vector<Pending> pending_;
+  std::vector<std::size_t> unlaunched_;  // indices into pending_, in posting order
+  std::unordered_map<std::size_t, Batch> batches_;
+  std::size_t next_batch_ = 0;
+  std::vector<cudaEvent_t> spare_events_;
+};
+
+}  // namespace gradzip::collectives

@@ -1,0 +1,60 @@
+// Host-side helpers for C++ code that calls the CUDA runtime around the kernels (the device
+// codecs, the collectives' device memory): error checks, the current-device scope and the
+// device-pointer check. Includes cuda_runtime.h, so only sources built with CUDA include it
+// (compressors/cuda/, collectives/cuda/), never a public header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string_view>
+
+#include "gradzip/error.h"
+
+namespace gradzip::kernels::cuda {
+
+// Throws ErrorCode::unsupported naming `op`, `what` and CUDA's text unless status is success.
+inline void check_runtime(cudaError_t status, std::string_view op, std::string_view what) {
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": ", what, " failed: ",
+             cudaGetErrorString(status));
+}
+
+// Makes `device` current for a scope and restores the caller's current device after it.
+class CurrentDevice {
+ public:
+  CurrentDevice(int device, std::string_view op) {
+    check_runtime(cudaGetDevice(&previous_), op, "cudaGetDevice");
+    if (previous_ != device) check_runtime(cudaSetDevice(device), op, "cudaSetDevice");
+    changed_ = previous_ != device;
+  }
+  ~CurrentDevice() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+// Throws ErrorCode::invalid_argument naming `op` and `what` unless `pointer` is device (or
+// managed) memory usable on `device`: how a host buffer passed where the tensor's device memory
+// belongs is refused before any kernel touches it.
+inline void require_device_pointer(const void* pointer, int device, std::string_view op,
+                                   std::string_view what) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  if (status != cudaSuccess) cudaGetLastError();  // leave no error for the next call to find
+  const bool device_memory = status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
+                                                       attributes.type == cudaMemoryTypeManaged);
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::invalid_argument, op, ": the ", what,
+             " cannot be checked as CUDA device memory of cuda:", device, " (",
+             cudaGetErrorString(status), ")");
+  GZ_REQUIRE(device_memory, ErrorCode::invalid_argument, op, ": the ", what,
+             " is not CUDA device memory (the tensor is on cuda:", device, ")");
+  GZ_REQUIRE(attributes.type == cudaMemoryTypeManaged || attributes.device == device,
+             ErrorCode::invalid_argument, op, ": the ", what, " is on cuda:", attributes.device,
+             ", the tensor on cuda:", device);
+}
+
+}  // namespace gradzip::kernels::cuda
