@@ -17,7 +17,8 @@ enum Field : std::size_t {
   kKind,
   kSpec,
   kStep,
-  kError,  // 0: arguments valid; else ErrorCode + 1
+  kMemory,  // CallDescription::memory: host, or CUDA and its path
+  kError,   // 0: arguments valid; else ErrorCode + 1
   kFieldCount,
 };
 using Record = std::array<std::uint64_t, kFieldCount>;
@@ -69,6 +70,7 @@ std::string_view field_name(Field field) {
     case kKind: return "collective";
     case kSpec: return "spec";
     case kStep: return "call number (step) of this name";
+    case kMemory: return "memory";
     default: return "?";
   }
 }
@@ -86,6 +88,14 @@ std::string value_text(Field field, std::uint64_t value, const RankTexts& texts)
                  ? std::string(collective_kind_name(static_cast<CollectiveKind>(value)))
                  : detail::concat("kind ", value);
     case kSpec: return "'" + texts.spec + "'";
+    case kMemory:
+      switch (value) {
+        case 0: return "host memory";
+        case 1 + static_cast<std::uint64_t>(CudaPath::automatic): return "CUDA (cuda_path automatic)";
+        case 1 + static_cast<std::uint64_t>(CudaPath::nccl): return "CUDA (cuda_path nccl)";
+        case 1 + static_cast<std::uint64_t>(CudaPath::staged): return "CUDA (cuda_path staged)";
+        default: return detail::concat("memory ", value);
+      }
     default: return std::to_string(value);
   }
 }
@@ -148,6 +158,7 @@ void check_call(Transport& transport, const CallDescription& call) {
       static_cast<std::uint64_t>(call.kind),
       fingerprint64(call.spec),
       call.step,
+      call.memory,
       call.local_error != nullptr ? static_cast<std::uint64_t>(call.local_error->code()) + 1 : 0,
   };
   const std::size_t ranks = static_cast<std::size_t>(transport.size());
@@ -188,7 +199,7 @@ void check_call(Transport& transport, const CallDescription& call) {
     return false;
   };
   std::string disagreements;
-  for (Field field : {kName, kKind, kCount, kDType, kOp, kSpec, kStep}) {
+  for (Field field : {kName, kKind, kCount, kDType, kOp, kSpec, kStep, kMemory}) {
     // The step counts calls per name: across different names it compares nothing.
     if (!differs(field) || (field == kStep && differs(kName))) continue;
     disagreements += detail::concat(disagreements.empty() ? "ranks disagree on " : "; and on ",

@@ -3,9 +3,11 @@
 // lesson from Horovod: a rank that submits another tensor must be named, not waited for).
 //
 // Protocol, every collective call, on every rank:
-//   1. all-gather a fixed record of 8 u64 (Transport::allgather_u64): fingerprint of the tensor
+//   1. all-gather a fixed record of 9 u64 (Transport::allgather_u64): fingerprint of the tensor
 //      name, element count, dtype, reduce op, collective kind, fingerprint of the canonical spec
-//      string, the name's call number (step), and this rank's argument error code (0 = none);
+//      string, the name's call number (step), where the tensor lives (host or CUDA memory: the
+//      paths differ, CUDA tensors may run over NCCL), and this rank's argument error code
+//      (0 = none);
 //   2. if every record is equal and no rank reported an argument error: return;
 //   3. otherwise (all ranks see the same records, so all take this branch together) all-gather
 //      the name, spec and error texts (sizes first), and throw on every rank:
@@ -17,7 +19,7 @@
 //          rank 0,2,3: 4097; rank 1: 4096".
 //
 // With one rank there is nobody to disagree with: the check only rethrows a local error.
-// Cost: one all-gather of 64 bytes per rank per call (a few microseconds on shared memory, one
+// Cost: one all-gather of 72 bytes per rank per call (a few microseconds on shared memory, one
 // latency-bound collective across nodes), paid on every call so that a rank that skips or
 // reorders calls is caught on the very call where it happens. The texts travel only when the
 // check fails.
@@ -52,6 +54,9 @@ struct CallDescription {
   // The canonical spec string (or the text as given when it did not parse).
   std::string_view spec;
   std::uint32_t step = 0;  // how many calls with this name this rank has completed the check for
+  // Where the tensor lives and how it will travel: 0 for host memory; for CUDA memory
+  // 1 + CudaPath (automatic, nccl, staged), since ranks with different paths would not meet.
+  std::uint64_t memory = 0;
   // This rank's argument error, or null: it is rethrown here, after the exchange, so that the
   // other ranks learn about it instead of waiting for this rank forever.
   const Error* local_error = nullptr;

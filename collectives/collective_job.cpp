@@ -1,5 +1,10 @@
 #include "collectives/collective_job.h"
 
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "collectives/device_memory.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
 
@@ -48,8 +53,16 @@ EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset,
   return ctx;
 }
 
-void count_sent(CollectiveStats& stats, std::span<const std::byte> message) {
-  const compressors::WireHeader header = compressors::read_header(message, "count_sent");
+void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Device where) {
+  std::array<std::byte, compressors::kWireHeaderBytes> header_copy{};
+  const std::size_t copied = std::min(message.size(), header_copy.size());
+  if (where.kind == DeviceKind::cuda) {
+    copy_device_to_host(header_copy.data(), message.data(), copied, where.index, "count_sent");
+  } else if (copied > 0) {
+    std::memcpy(header_copy.data(), message.data(), copied);
+  }
+  const compressors::WireHeader header = compressors::read_header_copy(
+      std::span<const std::byte>(header_copy).first(copied), message.size(), "count_sent");
   std::uint64_t index_bytes = 0;
   if (header.codec == compressors::WireCodec::topk)
     index_bytes = header.large_param * ((header.flags & 1u) ? 8u : 4u);

@@ -34,6 +34,11 @@ struct ReduceJob {
   // seed, step and tensor id of this call (element_offset is 0; algorithms set it per chunk).
   EncodeContext ctx;
   CollectiveStats& stats;
+  // Where `data` lives. DeviceKind::cuda: `data` is memory of that CUDA device, the transport
+  // moves device memory (NCCL) and the codec encodes and decodes on the device; only the ring
+  // runs so (collectives/communicator.cpp routes the rest through host memory), without error
+  // feedback.
+  Device device{};
 };
 
 // The error-feedback decorator for this job's codec and residual store (job.residuals must not
@@ -56,7 +61,8 @@ std::string server_residual_key(std::string_view name);
 EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset, bool server = false);
 
 // Adds one message this rank sent to the stats, split into header / index / payload bytes.
-void count_sent(CollectiveStats& stats, std::span<const std::byte> message);
+// A message in CUDA memory (`where` says so) has its header copied to the host first.
+void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Device where = {});
 // Adds the input bytes (as f32) a set of messages encoded, for compression_ratio.
 void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size_t message_bytes);
 

@@ -16,6 +16,7 @@
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
 #include "collectives/device_memory.h"
+#include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/tunables.h"
@@ -52,7 +53,24 @@ CommunicatorState::CommunicatorState(std::unique_ptr<Transport> transport, Commu
     : transport_(require_transport(std::move(transport))),
       default_spec_(resolve_default_spec(options)),
       residuals_(static_cast<std::uint32_t>(transport_->size()),
-                 static_cast<std::uint32_t>(transport_->rank()), ResizePolicy::error) {}
+                 static_cast<std::uint32_t>(transport_->rank()), ResizePolicy::error),
+      cuda_path_(options.cuda_path) {}
+
+Transport& CommunicatorState::nccl_transport(int device) {
+  if (const auto found = nccl_transports_.find(device); found != nccl_transports_.end())
+    return *found->second;
+  return *nccl_transports_.emplace(device, make_nccl_transport(*transport_, device)).first->second;
+}
+
+float* CommunicatorState::device_f32_scratch(int device, std::size_t count) {
+  std::unique_ptr<DeviceAllocation>& scratch = device_scratch_[device];
+  const std::size_t bytes = count * sizeof(float);
+  if (scratch == nullptr || scratch->size() < bytes) {
+    scratch.reset();  // free the old block before taking the larger one
+    scratch = std::make_unique<DeviceAllocation>(bytes, device, "device f32 scratch");
+  }
+  return reinterpret_cast<float*>(scratch->data());
+}
 
 std::uint32_t CommunicatorState::step_of(std::string_view name) const {
   const auto found = steps_.find(name);
@@ -149,6 +167,12 @@ void check_arguments(const Call& call) {
              " of '", call.name, "': null data for ", tensor.count, " elements");
 }
 
+// The call check's memory field (collectives/call_check.h).
+std::uint64_t memory_field(const CommunicatorState& state, const TensorView& tensor) {
+  if (tensor.device.kind == DeviceKind::cpu) return 0;
+  return 1 + static_cast<std::uint64_t>(state.cuda_path());
+}
+
 // Checks the arguments, runs the call check with every rank, and counts the call. Returns the
 // call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.
 std::uint32_t begin_call(CommunicatorState& state, Call& call) {
@@ -162,7 +186,8 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
   const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.step_of(call.name);
   check_call(state.transport(),
              CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
-                             call.spec_text, step, call.error ? &*call.error : nullptr});
+                             call.spec_text, step, memory_field(state, call.tensor),
+                             call.error ? &*call.error : nullptr});
   if (!call.explicit_step) state.count_call(call.name);
   return step;
 }
@@ -179,8 +204,9 @@ CollectiveStats start_stats(const Call& call, const Transport& transport) {
 // The tensor on the host side of a call: `tensor` itself when it is in host memory; else the
 // state's staging buffer, as the same dtype, with elements [begin, end) copied from the device
 // (the rest is left for the algorithm to overwrite).
+// `why` (the reason the call does not run over NCCL) goes into the stats' note.
 TensorView host_side(CommunicatorState& state, const TensorView& tensor, std::size_t begin,
-                     std::size_t end, CollectiveStats& stats) {
+                     std::size_t end, std::string_view why, CollectiveStats& stats) {
   if (tensor.device.kind == DeviceKind::cpu) return tensor;
   const std::size_t element = dtype_size(tensor.dtype);
   std::vector<std::byte>& staging = state.host_staging();
@@ -190,7 +216,7 @@ TensorView host_side(CommunicatorState& state, const TensorView& tensor, std::si
                         static_cast<const std::byte*>(tensor.data) + begin * element,
                         (end - begin) * element, tensor.device.index, "staging a CUDA tensor");
   }
-  stats.note += std::string(stats.note.empty() ? "" : "; ") + "staged through host memory";
+  stats.note += detail::concat(stats.note.empty() ? "" : "; ", "staged through host memory (", why, ")");
   return TensorView{staging.data(), tensor.count, tensor.dtype, Device{}};
 }
 
@@ -277,6 +303,58 @@ CompressionSpec sharded_spec(const ShardedChoice& choice, const CompressionSpec&
   return choice.warmup ? warmup_spec(spec) : spec;
 }
 
+// Empty when a CUDA all-reduce with this choice runs over NCCL on device memory; else why it
+// is staged through host memory. The same on every rank: the call check has compared the spec,
+// count, step and cuda_path, which decide it. cuda_path nccl in a build without NCCL throws.
+std::string why_staged(const CommunicatorState& state, const CompressionSpec& spec,
+                       const AllreduceChoice& choice) {
+  if (state.cuda_path() == CudaPath::staged) return "cuda_path is staged";
+  if (!nccl_transport_built()) {
+    GZ_REQUIRE(state.cuda_path() != CudaPath::nccl, ErrorCode::unsupported,
+               "allreduce: cuda_path is nccl, but this gradzip was built without NCCL");
+    return "this build has no NCCL";
+  }
+  if (choice.path == AllreducePath::transport_sum) return "";
+  if (choice.path == AllreducePath::hierarchical) return "the hierarchical all-reduce runs on host memory";
+  const Algorithm algorithm = choice.algorithm == Algorithm::auto_select
+                                  ? default_flat_algorithm(spec.codec)
+                                  : choice.algorithm;
+  if (algorithm != Algorithm::ring) return detail::concat("the ", choice.name, " algorithm runs on host memory");
+  if (spec.error_feedback) return "error feedback keeps its residuals in host memory";
+  // NCCL receives exactly the size the sender sends: the ring over it needs codecs whose
+  // messages always have max_encoded_bytes.
+  const bool fixed_size = spec.codec == CodecKind::none || spec.codec == CodecKind::fp16 ||
+                          spec.codec == CodecKind::bf16 || spec.codec == CodecKind::qsgd ||
+                          spec.codec == CodecKind::sign;
+  if (!fixed_size) return detail::concat(codec_kind_name(spec.codec), " on the ring runs on host memory");
+  return "";
+}
+
+// The all-reduce of a CUDA tensor over NCCL: the f32 data on the device (the tensor itself, or
+// its widening), divided there for ReduceOp::average, then ncclAllReduce or the ring over the
+// NCCL transport with the codec on the device, and the result narrowed back.
+void allreduce_over_nccl(CommunicatorState& state, const Call& call, const CompressionSpec& spec,
+                         const AllreduceChoice& choice, std::uint32_t step, CollectiveStats& stats) {
+  const TensorView& tensor = call.tensor;
+  const int device = tensor.device.index;
+  Transport& nccl = state.nccl_transport(device);
+  stats.note += detail::concat(stats.note.empty() ? "" : "; ", "over NCCL");
+  const std::size_t count = tensor.count;
+  float* const data = tensor.dtype == DType::f32 ? static_cast<float*>(tensor.data)
+                                                 : state.device_f32_scratch(device, count);
+  widen_on_device(tensor, 0, tensor.dtype == DType::f32 ? 0 : count, data);
+  if (call.op == ReduceOp::average) divide_on_device(data, count, static_cast<float>(nccl.size()), device);
+  if (choice.path == AllreducePath::transport_sum) {
+    StageTimer communicate(stats.communicate_seconds);
+    nccl.allreduce_f32_sum({data, count});
+  } else {
+    ReduceJob job{nccl,    state.codec_for(spec), {data, count}, std::string(call.name), nullptr,
+                  EncodeContext{spec.seed, step, tensor_id_of(call.name), 0}, stats, tensor.device};
+    ring_allreduce(job);
+  }
+  narrow_on_device(data, 0, tensor.dtype == DType::f32 ? 0 : count, tensor);
+}
+
 CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
     Transport& transport = state.transport();
@@ -285,7 +363,12 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     stats.algorithm = choice.name;
     stats.note = choice.note;
 
-    const TensorView host = host_side(state, call.tensor, 0, call.tensor.count, stats);
+    std::string staged_because;
+    if (call.tensor.device.kind == DeviceKind::cuda) {
+      staged_because = why_staged(state, spec, choice);
+      if (staged_because.empty()) return allreduce_over_nccl(state, call, spec, choice, step, stats);
+    }
+    const TensorView host = host_side(state, call.tensor, 0, call.tensor.count, staged_because, stats);
     const std::span<float> data = f32_view(state, host, 0, call.tensor.count);
     divide_for_average(data, call.op, transport.size());
     if (choice.path == AllreducePath::transport_sum) {
@@ -311,7 +394,8 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
     const ShardedChoice choice = choose_reduce_scatter(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
-    const TensorView host = host_side(state, call.tensor, 0, count, stats);
+    const TensorView host =
+        host_side(state, call.tensor, 0, count, "reduce-scatter runs on host memory", stats);
     const std::span<float> data = f32_view(state, host, 0, count);
     divide_for_average(data, call.op, transport.size());
     ReduceJob job = make_job(state, spec, data, std::string(call.name), call.name, step, stats);
@@ -335,7 +419,8 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
     // Only this rank's shard holds data on entry; the algorithm writes every other shard.
     const std::size_t begin = shard_begin(count, transport.size(), transport.rank());
     const std::size_t end = shard_begin(count, transport.size(), transport.rank() + 1);
-    const TensorView host = host_side(state, call.tensor, begin, end, stats);
+    const TensorView host =
+        host_side(state, call.tensor, begin, end, "all-gather runs on host memory", stats);
     const std::span<float> data = f32_view(state, host, begin, end);
     ReduceJob job = make_job(state, spec, data, allgather_residual_key(call.name), call.name,
                              step, stats);

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
@@ -53,6 +54,14 @@ class CommunicatorState {
   // needed and kept between calls.
   std::vector<std::byte>& host_staging() noexcept { return host_staging_; }
 
+  CudaPath cuda_path() const noexcept { return cuda_path_; }
+  // The NCCL transport of CUDA device `device` over this communicator's ranks, made at the first
+  // call (a collective over transport(): every rank asks in the same call) and kept.
+  Transport& nccl_transport(int device);
+  // f32 working memory on CUDA device `device` for f16 / bf16 tensors on the NCCL path, at
+  // least `count` floats, kept between calls.
+  float* device_f32_scratch(int device, std::size_t count);
+
  private:
   static constexpr std::size_t kMaxCachedCodecs = 64;
 
@@ -64,6 +73,9 @@ class CommunicatorState {
   std::map<std::uint32_t, NodeTransports> nodes_;
   std::vector<float> f32_scratch_;
   std::vector<std::byte> host_staging_;
+  CudaPath cuda_path_ = CudaPath::automatic;
+  std::map<int, std::unique_ptr<Transport>> nccl_transports_;
+  std::map<int, std::unique_ptr<DeviceAllocation>> device_scratch_;
 };
 
 // A communicator over `transport` (which it owns): what Communicator::world / from_mpi return,

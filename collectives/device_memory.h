@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <string_view>
 
+#include "gradzip/tensor_view.h"
+
 namespace gradzip::collectives {
 
 // True in builds with CUDA.
@@ -28,6 +30,14 @@ void copy_host_to_device(void* device_data, const void* host, std::size_t bytes,
 // memory usable on `device`.
 void require_device_pointer(const void* pointer, int device, std::string_view op,
                             std::string_view what);
+
+// The f32 working copy of a CUDA tensor on its device, for collectives that run on device
+// memory: elements [begin, end) of `tensor` (f16 / bf16, widened exactly) into d_f32[begin, end).
+void widen_on_device(const TensorView& tensor, std::size_t begin, std::size_t end, float* d_f32);
+// Elements [begin, end) of d_f32 back into `tensor` (f16 / bf16, rounded to nearest even).
+void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor);
+// d_data[i] /= divisor on `device` (the bits of the host's division).
+void divide_on_device(float* d_data, std::size_t count, float divisor, int device);
 
 // An allocation of `bytes` bytes on CUDA device `device` (cudaMalloc; at least one byte, so
 // data() is never null), freed by the destructor.

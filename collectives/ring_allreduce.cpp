@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/device_memory.h"
 #include "error_feedback/error_feedback_codec.h"
 #include "gradzip/error.h"
 
@@ -162,8 +163,17 @@ class RingAllreduce {
       slot_begin_.push_back(slot_begin_.back() + message_capacity_.back());
     }
     largest_message_ = *std::max_element(message_capacity_.begin(), message_capacity_.end());
-    workspace_.emplace(ranks_ == 1 ? slot_begin_.back()
-                                   : std::max(slot_begin_.back(), 2 * largest_message_));
+    const std::size_t workspace_bytes =
+        ranks_ == 1 ? slot_begin_.back() : std::max(slot_begin_.back(), 2 * largest_message_);
+    if (on_device()) {
+      GZ_REQUIRE(job.residuals == nullptr, ErrorCode::internal,
+                 "ring all-reduce of '", job.name, "': error feedback on device memory");
+      device_workspace_.emplace(workspace_bytes, job.device.index, "ring all-reduce");
+      memory_ = {device_workspace_->data(), workspace_bytes};
+    } else {
+      workspace_.emplace(workspace_bytes);
+      memory_ = workspace_->memory();
+    }
     if (job.residuals != nullptr) {
       // A non-owning handle: the job's codec outlives this call.
       ef_.emplace(feedback_codec(job));
@@ -175,8 +185,8 @@ class RingAllreduce {
 
   void reduce_scatter() {
     if (ranks_ == 1) return;
-    const std::span<std::byte> send = workspace_->memory().first(largest_message_);
-    std::byte* const receive = workspace_->memory().data() + largest_message_;
+    const std::span<std::byte> send = memory_.first(largest_message_);
+    std::byte* const receive = memory_.data() + largest_message_;
     for (int step = 0; step < ranks_ - 1; ++step) {
       const int send_chunk = ring_position(rank_ - step - 1, ranks_);
       const int receive_chunk = ring_position(rank_ - step - 2, ranks_);
@@ -188,12 +198,13 @@ class RingAllreduce {
       const std::span<const std::byte> message = send.first(send_bytes);
       const std::size_t send_request =
           pending.add(transport_.isend(right_, kReduceScatterTag, message));
-      count_sent(job_.stats, message);
+      count_sent(job_.stats, message, job_.device);
       const std::size_t received = wait_receive(pending, receive_request);
       {
         StageTimer timer(job_.stats.decode_seconds);
-        job_.codec.decode_add(receive_buffer.first(received), chunk_data(receive_chunk).data(),
-                              chunk_count(receive_chunk));
+        const std::span<float> chunk = chunk_data(receive_chunk);
+        job_.codec.decode_add(receive_buffer.first(received),
+                              TensorView{chunk.data(), chunk.size(), DType::f32, job_.device});
       }
       timed_wait(pending, send_request);
     }
@@ -202,16 +213,21 @@ class RingAllreduce {
   void allgather() {
     // One message slot per chunk, each max_encoded_bytes(chunk) long.
     std::vector<std::size_t> message_bytes(static_cast<std::size_t>(ranks_), 0);
-    const auto slot = [&](int c) {
-      return workspace_->memory().subspan(slot_begin_[c], message_capacity_[c]);
-    };
+    const auto slot = [&](int c) { return memory_.subspan(slot_begin_[c], message_capacity_[c]); };
 
+    // Receives are posted up front, unless the transport completes posted operations only in
+    // whole batches (NCCL): then each step posts its own, or the first wait would also wait
+    // for receives whose sends the left neighbour posts only after its own later waits.
     PendingRequests pending(transport_);
     std::vector<std::size_t> receive_requests;
-    for (int step = 0; step < ranks_ - 1; ++step) {
+    const bool post_per_step = transport_.waits_complete_whole_batches();
+    const auto post_receive = [&](int step) {
       const int receive_chunk = ring_position(rank_ - step - 1, ranks_);
       receive_requests.push_back(
           pending.add(transport_.irecv(left_, kAllgatherTag, slot(receive_chunk))));
+    };
+    if (!post_per_step) {
+      for (int step = 0; step < ranks_ - 1; ++step) post_receive(step);
     }
 
     std::vector<int> sent_chunks;
@@ -235,6 +251,7 @@ class RingAllreduce {
     std::exception_ptr first_error;
     for (int step = 0; step < ranks_ - 1; ++step) {
       const int chunk = ring_position(rank_ - step - 1, ranks_);
+      if (post_per_step) post_receive(step);
       message_bytes[chunk] = wait_receive(pending, receive_requests[step]);
       if (step + 1 < ranks_ - 1) forward(chunk);
       try {
@@ -245,10 +262,11 @@ class RingAllreduce {
     }
     for (std::size_t request : send_requests) timed_wait(pending, request);
     if (first_error) std::rethrow_exception(first_error);
-    for (int c : sent_chunks) count_sent(job_.stats, slot(c).first(message_bytes[c]));
+    for (int c : sent_chunks) count_sent(job_.stats, slot(c).first(message_bytes[c]), job_.device);
   }
 
  private:
+  bool on_device() const noexcept { return job_.device.kind == DeviceKind::cuda; }
   std::size_t chunk_begin(int c) const { return shard_begin(count_, ranks_, c); }
   std::size_t chunk_count(int c) const { return chunk_begin(c + 1) - chunk_begin(c); }
   std::span<float> chunk_data(int c) const {
@@ -261,7 +279,7 @@ class RingAllreduce {
   std::size_t encode_chunk(int c, std::span<std::byte> out, bool keep_decoded = false) {
     StageTimer timer(job_.stats.encode_seconds);
     const std::span<float> chunk = chunk_data(c);
-    const ConstTensorView view(chunk.data(), chunk.size(), DType::f32);
+    const ConstTensorView view(chunk.data(), chunk.size(), DType::f32, job_.device);
     const EncodeContext ctx = encode_context(job_, chunk_begin(c));
     const std::size_t bytes =
         ef_ ? ef_->encode_chunk(job_.name, count_, view, out, ctx,
@@ -275,7 +293,7 @@ class RingAllreduce {
   void decode_chunk(int c, std::span<const std::byte> message) {
     StageTimer timer(job_.stats.decode_seconds);
     const std::span<float> chunk = chunk_data(c);
-    job_.codec.decode(message, TensorView{chunk.data(), chunk.size(), DType::f32, Device{}});
+    job_.codec.decode(message, TensorView{chunk.data(), chunk.size(), DType::f32, job_.device});
   }
 
   std::size_t timed_wait(PendingRequests& pending, std::size_t handle) {
@@ -300,7 +318,10 @@ class RingAllreduce {
   std::vector<std::size_t> message_capacity_;  // max_encoded_bytes of chunk c
   std::vector<std::size_t> slot_begin_;        // offset of chunk c's slot in the workspace
   std::size_t largest_message_ = 0;
+  // The message slots: a per-thread host cache, or a device allocation for device jobs.
   std::optional<RingWorkspace> workspace_;
+  std::optional<DeviceAllocation> device_workspace_;
+  std::span<std::byte> memory_;
   std::optional<error_feedback::ErrorFeedbackCodec> ef_;
 };
 

@@ -25,6 +25,14 @@ void require_device_pointer(const void*, int device, std::string_view op, std::s
   refuse(op, device);
 }
 
+void widen_on_device(const TensorView& tensor, std::size_t, std::size_t, float*) {
+  refuse("widen_on_device", tensor.device.index);
+}
+void narrow_on_device(const float*, std::size_t, std::size_t, const TensorView& tensor) {
+  refuse("narrow_on_device", tensor.device.index);
+}
+void divide_on_device(float*, std::size_t, float, int device) { refuse("divide_on_device", device); }
+
 DeviceAllocation::DeviceAllocation(std::size_t, int device, std::string_view op) { refuse(op, device); }
 DeviceAllocation::~DeviceAllocation() = default;
 

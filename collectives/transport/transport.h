@@ -76,6 +76,12 @@ class Transport {
   // Whether different Transport objects (duplicates, splits) may be used from different
   // threads at the same time. MPI: only under MPI_THREAD_MULTIPLE.
   virtual bool concurrent_use_supported() const { return true; }
+  // True when posted isend / irecv operations start only at the next wait(), all together, and
+  // a wait returns only once that whole batch has completed (NCCL). An algorithm must then not
+  // have a receive outstanding whose matching send the peer posts only after one of its own
+  // later waits (the batch would never complete): it posts each ring step's receive at that
+  // step instead of all of them up front. MPI: false.
+  virtual bool waits_complete_whole_batches() const noexcept { return false; }
 };
 
 }  // namespace gradzip::collectives

@@ -4,13 +4,21 @@
 // element count, dtype, spec and reduce op for the same tensor name (a mismatch is detected and
 // every rank throws gradzip::Error(size_mismatch) naming the ranks and what differed).
 // Buffers are host memory or CUDA memory (TensorView::device); every call is blocking and runs
-// in place. CUDA tensors are staged: copied to host memory (on the legacy default stream of
-// their device, so after all earlier work of blocking streams), reduced like host tensors and
-// copied back (stats.note says "staged through host memory"); a build without CUDA refuses
-// them with ErrorCode::unsupported on every rank.
+// in place. CUDA tensors (CommunicatorOptions::cuda_path):
+//   - over NCCL, on device memory, when the build has NCCL and the call is an all-reduce that
+//     runs uncompressed ("mpi": ncclAllReduce) or on the ring without error feedback (none,
+//     fp16, bf16 with algo=auto; qsgd, sign with algo=ring); the NCCL communicator of a device
+//     is made at the first such call (a collective; rank 0's unique id travels over MPI);
+//     stats.note says "over NCCL";
+//   - otherwise staged: copied to host memory, reduced like host tensors, copied back
+//     (stats.note says "staged through host memory" and why).
+// Device work runs on the legacy default stream of the tensor's device (after all earlier work
+// of blocking streams). A build without CUDA refuses CUDA tensors with ErrorCode::unsupported on
+// every rank. Every rank of a call must pass the same kind of memory (the mismatch check
+// compares it, and the cuda_path option).
 // Results are byte-identical on every rank.
 //
-// The mismatch check costs one extra all-gather of 64 bytes per rank on every call (with more
+// The mismatch check costs one extra all-gather of 72 bytes per rank on every call (with more
 // than one rank). A rank whose own arguments are bad (empty name, device memory, a spec that
 // does not parse) throws its error after that exchange, and the other ranks throw the same
 // error code naming that rank, so no rank is left waiting.
@@ -72,10 +80,18 @@ struct CollectiveStats {
   std::string to_string() const;
 };
 
+// How collectives move CUDA tensors.
+enum class CudaPath : std::uint8_t {
+  automatic,  // NCCL for the calls it serves when the build has NCCL, else staged
+  nccl,       // as automatic, but a build without NCCL refuses CUDA tensors (unsupported)
+  staged,     // always through host memory and the host transport
+};
+
 struct CommunicatorOptions {
   // Spec used when a call passes none. GRADZIP_COMPRESSOR, when set, overrides it. Parsed when
   // the communicator is made (a bad spec throws invalid_spec there).
   std::string default_spec = "none";
+  CudaPath cuda_path = CudaPath::automatic;
 };
 
 class Communicator;

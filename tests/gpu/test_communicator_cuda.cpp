@@ -1,13 +1,16 @@
 // The Communicator on CUDA tensors (one rank over SelfTransport: the GPU machine has no MPI):
 // every collective on a device tensor leaves exactly the bytes the same collective leaves on a
-// host copy of it, f16 / bf16 included, and says it was staged. Host memory passed as a CUDA
-// tensor is refused before any copy.
+// host copy of it, f16 / bf16 included, staged through host memory or over NCCL (a one-rank
+// NCCL communicator bootstrapped over the SelfTransport), and says which. Host memory passed as
+// a CUDA tensor is refused before any copy.
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/communicator_state.h"
+#include "collectives/transport/nccl_transport_factory.h"
 #include "collectives/transport/self_transport.h"
 #include "gpu_test_support.h"
 #include "gradzip/communicator.h"
@@ -18,8 +21,14 @@ namespace {
 
 using gpu_test::DeviceArray;
 
-Communicator self_communicator() {
-  return collectives::make_communicator(std::make_unique<collectives::SelfTransport>());
+Communicator self_communicator(CudaPath cuda_path = CudaPath::staged) {
+  CommunicatorOptions options;
+  options.cuda_path = cuda_path;
+  return collectives::make_communicator(std::make_unique<collectives::SelfTransport>(), options);
+}
+
+bool note_says(const CollectiveStats& stats, const std::string& text) {
+  return stats.note.find(text) != std::string::npos;
 }
 
 class CommunicatorCudaTest : public gpu_test::DeviceTest {};
@@ -39,7 +48,7 @@ TEST_F(CommunicatorCudaTest, AllreduceOfADeviceTensorEqualsTheHostResult) {
       const CollectiveStats stats = device_side.allreduce(
           TensorView{d_tensor.get(), count, DType::f32, Device{DeviceKind::cuda, 0}}, "g", spec,
           ReduceOp::average);
-      EXPECT_NE(stats.note.find("staged through host memory"), std::string::npos) << stats.note;
+      EXPECT_TRUE(note_says(stats, "staged through host memory")) << stats.note;
       const std::vector<float> got = d_tensor.download();
       ASSERT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0) << "call " << call;
     }
@@ -65,6 +74,73 @@ TEST_F(CommunicatorCudaTest, HalfTensorsAndShardedCollectivesEqualTheHostResult)
     host_side.allgather(TensorView{want.data(), count, dtype, Device{}}, "h", CompressionSpec::parse("bf16"));
     device_side.allgather(TensorView{d_tensor.get(), count, dtype, cuda0}, "h", CompressionSpec::parse("bf16"));
     EXPECT_EQ(d_tensor.download(), want);
+  }
+}
+
+TEST_F(CommunicatorCudaTest, AllreduceOverNcclEqualsTheHostResult) {
+  if (!collectives::nccl_transport_built()) {
+    Communicator communicator = self_communicator(CudaPath::nccl);
+    DeviceArray<float> d_tensor(std::vector<float>(8, 1.0f));
+    EXPECT_THROW(communicator.allreduce(TensorView{d_tensor.get(), 8, DType::f32, Device{DeviceKind::cuda, 0}},
+                                        "x", "none"),
+                 Error);
+    GTEST_SKIP() << "this build has no NCCL: checked that cuda_path nccl is refused";
+  }
+  const std::size_t count = (std::size_t{1} << 18) + 3;
+  const std::vector<float> input = gpu_test::gaussian(count, 5);
+  // Specs that run over NCCL: the uncompressed path (below min_bytes, warm-up) and the ring.
+  for (const char* spec : {"none", "fp16", "bf16", "qsgd:bits=4,bucket=512,algo=ring", "sign:algo=ring",
+                           "fp16:min_bytes=100000000", "qsgd:warmup=5"}) {
+    SCOPED_TRACE(spec);
+    Communicator host_side = self_communicator();
+    Communicator device_side = self_communicator(CudaPath::nccl);
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+      std::vector<float> want = input;
+      host_side.allreduce(host_view(want.data(), count), "g", spec, op);
+      DeviceArray<float> d_tensor(input);
+      const CollectiveStats stats = device_side.allreduce(
+          TensorView{d_tensor.get(), count, DType::f32, Device{DeviceKind::cuda, 0}}, "g", spec, op);
+      EXPECT_TRUE(note_says(stats, "over NCCL")) << stats.note;
+      const std::vector<float> got = d_tensor.download();
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0);
+    }
+  }
+  // f16 tensors over NCCL are widened and narrowed on the device.
+  std::vector<std::uint16_t> half(count);
+  for (std::size_t i = 0; i < count; ++i) half[i] = static_cast<std::uint16_t>(0x3800 + (i % 1500));
+  Communicator host_side = self_communicator();
+  Communicator device_side = self_communicator(CudaPath::nccl);
+  std::vector<std::uint16_t> want = half;
+  host_side.allreduce(TensorView{want.data(), count, DType::f16, Device{}}, "h", "fp16", ReduceOp::average);
+  DeviceArray<std::uint16_t> d_half(half);
+  device_side.allreduce(TensorView{d_half.get(), count, DType::f16, Device{DeviceKind::cuda, 0}}, "h", "fp16",
+                        ReduceOp::average);
+  EXPECT_EQ(d_half.download(), want);
+}
+
+TEST_F(CommunicatorCudaTest, CallsNcclCannotServeAreStagedAndSaySo) {
+  const std::size_t count = 10000;
+  const std::vector<float> input = gpu_test::gaussian(count, 6);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"topk:ratio=0.01", "allgather algorithm runs on host memory"},
+      {"qsgd:bits=4", "sra algorithm runs on host memory"},
+      {"fp16:ef=on", "error feedback keeps its residuals in host memory"},
+  };
+  for (const auto& [spec, reason] : cases) {
+    SCOPED_TRACE(spec);
+    Communicator host_side = self_communicator();
+    Communicator device_side = self_communicator(CudaPath::automatic);
+    std::vector<float> want = input;
+    host_side.allreduce(host_view(want.data(), count), "g", spec);
+    DeviceArray<float> d_tensor(input);
+    const CollectiveStats stats =
+        device_side.allreduce(TensorView{d_tensor.get(), count, DType::f32, Device{DeviceKind::cuda, 0}}, "g", spec);
+    EXPECT_TRUE(note_says(stats, "staged through host memory")) << stats.note;
+    if (collectives::nccl_transport_built()) {
+      EXPECT_TRUE(note_says(stats, reason)) << stats.note;
+    }
+    const std::vector<float> got = d_tensor.download();
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0);
   }
 }
 

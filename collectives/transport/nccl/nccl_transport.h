@@ -115,6 +115,8 @@ class NcclTransport final : public Transport {
 
   void set_idle_waits(bool idle_waits) override { idle_waits_ = idle_waits; }
   bool concurrent_use_supported() const override { return true; }
+  // Posted operations start at the next wait, as one group, and a wait covers its whole group.
+  bool waits_complete_whole_batches() const noexcept override { return true; }
 
   int device() const noexcept { return device_; }
   ncclComm_t comm() const noexcept { return comm_; }
