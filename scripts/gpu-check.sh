@@ -151,6 +151,14 @@ check() {
     run_step "install GoogleTest" cmake --install "$build/deps/gtest-build"
   fi
 
+  # NCCL: the CUDA toolkit's, else the one PyTorch's wheels bring (nvidia-nccl), else none
+  # (the NCCL tests then check the stand-ins).
+  local nccl_root=${NCCL_ROOT:-}
+  if [[ -z $nccl_root && ! -f $(dirname "$nvcc")/../include/nccl.h ]]; then
+    nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) || nccl_root=
+  fi
+  [[ -n $nccl_root ]] && { export NCCL_ROOT=$nccl_root; echo "NCCL from $nccl_root"; }
+
   step "configure gradzip (CUDA sm_90, no MPI)"
   run_step "configure gradzip" cmake -S "$ROOT" -B "$build/gradzip" "${generator[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
