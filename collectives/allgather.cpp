@@ -37,30 +37,34 @@ void compressed_allgather(ReduceJob& job) {
 
   // 1. This rank's message.
   const std::span<float> mine = shard_data(rank);
-  // Buffers are left uninitialised: encode and allgatherv write every byte that is read.
+  // Buffers are left uninitialised: encode and allgatherv write every byte that is read. They
+  // are host or device memory, as job.data.
+  GZ_REQUIRE(job.residuals == nullptr || job.device.kind == DeviceKind::cpu, ErrorCode::internal,
+             "compressed_allgather of '", job.name, "': error feedback on device memory");
   const std::size_t capacity = job.codec.max_encoded_bytes(mine.size());
-  const auto message_memory = std::make_unique_for_overwrite<std::byte[]>(capacity);
+  MessageBuffer message_memory(job.device);
+  message_memory.resize(capacity);
   std::size_t message_bytes = 0;
   {
     StageTimer timer(job.stats.encode_seconds);
-    const ConstTensorView shard(mine.data(), mine.size(), DType::f32);
+    const ConstTensorView shard(mine.data(), mine.size(), DType::f32, job.device);
     const EncodeContext ctx = encode_context(job, shard_begin(count, ranks, rank));
     if (job.residuals != nullptr) {
       // A non-owning handle: the job's codec outlives this call.
       error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
       message_bytes =
-          ef.encode_chunk(job.name, count, shard, {message_memory.get(), capacity}, ctx);
+          ef.encode_chunk(job.name, count, shard, message_memory.span(), ctx);
     } else {
-      message_bytes = job.codec.encode(shard, {message_memory.get(), capacity}, ctx);
+      message_bytes = job.codec.encode(shard, message_memory.span(), ctx);
     }
     count_encoded(job.stats, mine.size(), message_bytes);
   }
-  const std::span<const std::byte> message(message_memory.get(), message_bytes);
+  const std::span<const std::byte> message(message_memory.data(), message_bytes);
 
   const auto decode_shard = [&](int s, std::span<const std::byte> bytes) {
     StageTimer timer(job.stats.decode_seconds);
     const std::span<float> shard = shard_data(s);
-    job.codec.decode(bytes, TensorView{shard.data(), shard.size(), DType::f32, Device{}});
+    job.codec.decode(bytes, TensorView{shard.data(), shard.size(), DType::f32, job.device});
   };
   if (ranks == 1) {
     decode_shard(rank, message);
@@ -88,14 +92,15 @@ void compressed_allgather(ReduceJob& job) {
   // 3. All messages, in rank order.
   const std::size_t all_bytes =
       std::accumulate(block_bytes.begin(), block_bytes.end(), std::size_t{0});
-  const auto all_memory = std::make_unique_for_overwrite<std::byte[]>(all_bytes);
-  const std::span<std::byte> all(all_memory.get(), all_bytes);
+  MessageBuffer all_memory(job.device);
+  all_memory.resize(all_bytes);
+  const std::span<std::byte> all = all_memory.span();
   {
     StageTimer timer(job.stats.communicate_seconds);
     job.transport.allgatherv(message, all, block_bytes);
   }
   const std::uint64_t size_bytes = sizeof(std::uint64_t) * static_cast<std::uint64_t>(ranks - 1);
-  for (int copy = 0; copy < ranks - 1; ++copy) count_sent(job.stats, message);
+  for (int copy = 0; copy < ranks - 1; ++copy) count_sent(job.stats, message, job.device);
   job.stats.sent_header_bytes += size_bytes;
   job.stats.received_bytes += all.size() - message_bytes + size_bytes;
 

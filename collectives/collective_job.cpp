@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 
 #include "collectives/device_memory.h"
 #include "compressors/wire_format.h"
@@ -69,6 +70,34 @@ void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Devi
   stats.sent_header_bytes += compressors::kWireHeaderBytes;
   stats.sent_index_bytes += index_bytes;
   stats.sent_payload_bytes += header.payload_bytes - index_bytes;
+}
+
+void MessageBuffer::resize(std::size_t bytes) {
+  if (bytes > capacity_) {
+    if (device_.kind == DeviceKind::cuda) {
+      device_memory_.reset();  // free the old block before taking the larger one
+      device_memory_ = std::make_unique<DeviceAllocation>(bytes, device_.index, "message buffer");
+      data_ = device_memory_->data();
+    } else {
+      host_.reset();
+      host_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+      data_ = host_.get();
+    }
+    capacity_ = bytes;
+  }
+  size_ = bytes;
+}
+
+void MessageBuffer::assign(std::span<const std::byte> from) {
+  resize(from.size());
+  if (from.empty()) return;
+  if (device_.kind == DeviceKind::cuda) copy_on_device(data_, from.data(), from.size(), device_.index);
+  else std::memcpy(data_, from.data(), from.size());
+}
+
+void fill_zero(std::span<float> data, Device where) {
+  if (where.kind == DeviceKind::cuda) zero_on_device(data.data(), data.size_bytes(), where.index);
+  else std::fill(data.begin(), data.end(), 0.0f);
 }
 
 void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size_t message_bytes) {

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
 #include "error_feedback/error_feedback_codec.h"
 #include "error_feedback/residual_store.h"
@@ -65,6 +66,32 @@ EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset,
 void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Device where = {});
 // Adds the input bytes (as f32) a set of messages encoded, for compression_ratio.
 void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size_t message_bytes);
+
+// Message bytes of one call, in host memory or on a CUDA device (the job's): what lets an
+// algorithm run unchanged on device memory. Growing does not keep the contents (every user
+// writes a buffer, by an encode or a receive, after sizing it); shrinking keeps them.
+class MessageBuffer {
+ public:
+  explicit MessageBuffer(Device device = {}) : device_(device) {}
+  // size() becomes `bytes`; memory is allocated when the capacity is smaller.
+  void resize(std::size_t bytes);
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::span<std::byte> span() const noexcept { return {data_, size_}; }
+  // resize(from.size()) and a copy of `from` (memory on the same side as this buffer).
+  void assign(std::span<const std::byte> from);
+
+ private:
+  Device device_;
+  std::unique_ptr<std::byte[]> host_;
+  std::unique_ptr<DeviceAllocation> device_memory_;
+  std::byte* data_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::size_t size_ = 0;
+};
+
+// data[i] = +0.0f; `data` is host memory or memory of `where`.
+void fill_zero(std::span<float> data, Device where);
 
 // Adds the time between construction and destruction to one of the stats' stage fields.
 class StageTimer {

@@ -200,67 +200,120 @@ CollectiveStats start_stats(const Call& call, const Transport& transport) {
   return stats;
 }
 
-// CUDA tensors over the host transport ("staged"): the collective works on a host copy.
-// The tensor on the host side of a call: `tensor` itself when it is in host memory; else the
-// state's staging buffer, as the same dtype, with elements [begin, end) copied from the device
-// (the rest is left for the algorithm to overwrite).
-// `why` (the reason the call does not run over NCCL) goes into the stats' note.
-TensorView host_side(CommunicatorState& state, const TensorView& tensor, std::size_t begin,
-                     std::size_t end, std::string_view why, CollectiveStats& stats) {
-  if (tensor.device.kind == DeviceKind::cpu) return tensor;
-  const std::size_t element = dtype_size(tensor.dtype);
-  std::vector<std::byte>& staging = state.host_staging();
-  if (staging.size() < tensor.size_bytes()) staging.resize(tensor.size_bytes());
-  if (end > begin) {
-    copy_device_to_host(staging.data() + begin * element,
-                        static_cast<const std::byte*>(tensor.data) + begin * element,
-                        (end - begin) * element, tensor.device.index, "staging a CUDA tensor");
+// Where one call's f32 working values live and what moves them. Host tensors: the tensor
+// itself (f32) or the state's f32 scratch, over the host transport. CUDA tensors run over NCCL
+// on device memory when the call allows it (why_not_nccl), else they are staged: copied into
+// the state's host staging buffer and then treated as a host tensor.
+struct CallMemory {
+  Transport* transport = nullptr;
+  Device device{};          // cuda: the NCCL path, data is device memory
+  std::span<float> data;    // the f32 values the algorithm works on
+  TensorView host;          // host paths: the host-side tensor (the user's, or the staging copy)
+};
+
+// Empty when a CUDA call whose algorithm is `algorithm` (nullopt: the uncompressed transport
+// sum) under `spec` can run over NCCL on device memory; else why it is staged. The same on
+// every rank: the call check has compared everything that decides it (spec, count, step,
+// cuda_path). cuda_path nccl in a build without NCCL throws unsupported.
+// `shared_index`: random-k's own path (run_flat_allreduce's auto choice for randk).
+std::string why_not_nccl(const CommunicatorState& state, const CompressionSpec& spec,
+                         std::optional<Algorithm> algorithm, bool shared_index = false) {
+  if (state.cuda_path() == CudaPath::staged) return "cuda_path is staged";
+  if (!nccl_transport_built()) {
+    GZ_REQUIRE(state.cuda_path() != CudaPath::nccl, ErrorCode::unsupported,
+               "cuda_path is nccl, but this gradzip was built without NCCL");
+    return "this build has no NCCL";
   }
-  stats.note += detail::concat(stats.note.empty() ? "" : "; ", "staged through host memory (", why, ")");
-  return TensorView{staging.data(), tensor.count, tensor.dtype, Device{}};
+  if (!algorithm) return "";
+  if (shared_index) return "random-k's shared-index path runs on host memory";
+  if (*algorithm == Algorithm::hier) return "the hierarchical all-reduce runs on host memory";
+  if (spec.error_feedback) return "error feedback keeps its residuals in host memory";
+  // NCCL receives exactly the size the sender sends, and the ring does not exchange sizes.
+  if (*algorithm == Algorithm::ring && spec.codec == CodecKind::topk && spec.approx)
+    return "approximate top-k messages vary in size, which the ring over NCCL cannot receive";
+  return "";
 }
 
-// Elements [begin, end) of the host side back into a CUDA tensor (nothing for host tensors).
-void finish_host_side(const TensorView& host, const TensorView& tensor, std::size_t begin,
-                      std::size_t end) {
-  if (tensor.device.kind == DeviceKind::cpu || end <= begin) return;
-  const std::size_t element = dtype_size(tensor.dtype);
-  copy_host_to_device(static_cast<std::byte*>(tensor.data) + begin * element,
-                      static_cast<const std::byte*>(host.data) + begin * element,
-                      (end - begin) * element, tensor.device.index, "writing back a CUDA tensor");
-}
-
-// The f32 values the algorithm works on: the tensor itself when it is f32; else the state's
-// scratch, with elements [begin, end) converted from the tensor (the rest is left for the
-// algorithm to overwrite).
-std::span<float> f32_view(CommunicatorState& state, TensorView tensor, std::size_t begin,
-                          std::size_t end) {
-  if (tensor.dtype == DType::f32) return {static_cast<float*>(tensor.data), tensor.count};
+// Prepares elements [begin, end) of the call's tensor (the rest is left for the algorithm to
+// overwrite). For CUDA tensors `why_staged` (from why_not_nccl) picks the path; both paths say
+// in the stats' note which they took.
+CallMemory open_call_memory(CommunicatorState& state, const TensorView& tensor, std::size_t begin,
+                            std::size_t end, std::string_view why_staged, CollectiveStats& stats) {
+  CallMemory memory;
+  memory.transport = &state.transport();
+  memory.host = tensor;
+  if (tensor.device.kind == DeviceKind::cuda && why_staged.empty()) {
+    memory.transport = &state.nccl_transport(tensor.device.index);
+    memory.device = tensor.device;
+    stats.note += detail::concat(stats.note.empty() ? "" : "; ", "over NCCL");
+    float* const data = tensor.dtype == DType::f32
+                            ? static_cast<float*>(tensor.data)
+                            : state.device_f32_scratch(tensor.device.index, tensor.count);
+    if (tensor.dtype != DType::f32) widen_on_device(tensor, begin, end, data);
+    memory.data = {data, tensor.count};
+    return memory;
+  }
+  if (tensor.device.kind == DeviceKind::cuda) {
+    const std::size_t element = dtype_size(tensor.dtype);
+    std::vector<std::byte>& staging = state.host_staging();
+    if (staging.size() < tensor.size_bytes()) staging.resize(tensor.size_bytes());
+    if (end > begin) {
+      copy_device_to_host(staging.data() + begin * element,
+                          static_cast<const std::byte*>(tensor.data) + begin * element,
+                          (end - begin) * element, tensor.device.index, "staging a CUDA tensor");
+    }
+    stats.note += detail::concat(stats.note.empty() ? "" : "; ", "staged through host memory (",
+                                 why_staged, ")");
+    memory.host = TensorView{staging.data(), tensor.count, tensor.dtype, Device{}};
+  }
+  if (memory.host.dtype == DType::f32) {
+    memory.data = {static_cast<float*>(memory.host.data), tensor.count};
+    return memory;
+  }
   std::vector<float>& scratch = state.f32_scratch();
   if (scratch.size() < tensor.count) scratch.resize(tensor.count);
-  if (end > begin) kernels::cpu::load_as_f32(tensor, begin, end - begin, scratch.data() + begin);
-  return {scratch.data(), tensor.count};
+  if (end > begin) kernels::cpu::load_as_f32(memory.host, begin, end - begin, scratch.data() + begin);
+  memory.data = {scratch.data(), tensor.count};
+  return memory;
 }
 
-// Elements [begin, end) of the f32 result into the tensor (rounded to nearest even for f16 /
-// bf16; nothing to do for f32, which the algorithm wrote in place).
-void write_back(std::span<const float> data, TensorView tensor, std::size_t begin, std::size_t end) {
-  if (tensor.dtype == DType::f32 || end <= begin) return;
-  kernels::cpu::store_from_f32(data.data() + begin, end - begin, tensor, begin);
+// Elements [begin, end) of the f32 result into the tensor: rounded to nearest even for f16 /
+// bf16 (nothing to do for f32, which the algorithm wrote in place), and copied back to the
+// device for a staged CUDA tensor.
+void close_call_memory(const CallMemory& memory, const TensorView& tensor, std::size_t begin,
+                       std::size_t end) {
+  if (end <= begin) return;
+  if (memory.device.kind == DeviceKind::cuda) {
+    if (tensor.dtype != DType::f32) narrow_on_device(memory.data.data(), begin, end, tensor);
+    return;
+  }
+  if (memory.host.dtype != DType::f32)
+    kernels::cpu::store_from_f32(memory.data.data() + begin, end - begin, memory.host, begin);
+  if (tensor.device.kind == DeviceKind::cuda) {
+    const std::size_t element = dtype_size(tensor.dtype);
+    copy_host_to_device(static_cast<std::byte*>(tensor.data) + begin * element,
+                        static_cast<const std::byte*>(memory.host.data) + begin * element,
+                        (end - begin) * element, tensor.device.index, "writing back a CUDA tensor");
+  }
 }
 
 // ReduceOp::average: every contribution is divided by the rank count before it is encoded or
-// summed (reduced-precision sums of undivided gradients overflow at scale).
-void divide_for_average(std::span<float> data, ReduceOp op, int ranks) {
+// summed (reduced-precision sums of undivided gradients overflow at scale). The device path
+// divides with the same IEEE division.
+void divide_for_average(const CallMemory& memory, ReduceOp op) {
   if (op != ReduceOp::average) return;
-  const float divisor = static_cast<float>(ranks);
-  for (float& value : data) value /= divisor;
+  const float divisor = static_cast<float>(memory.transport->size());
+  if (memory.device.kind == DeviceKind::cuda) {
+    divide_on_device(memory.data.data(), memory.data.size(), divisor, memory.device.index);
+    return;
+  }
+  for (float& value : memory.data) value /= divisor;
 }
 
-// The job an algorithm receives: residuals keyed by `residual_key` (the algorithms register
-// them, each with the sizes it needs) under this call's ef_resize policy, random streams keyed
-// by (spec.seed, step, tensor_id_of(name)).
-ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, std::span<float> data,
+// The job an algorithm receives: the call memory's transport, data and device; residuals keyed
+// by `residual_key` (the algorithms register them, each with the sizes it needs) under this
+// call's ef_resize policy; random streams keyed by (spec.seed, step, tensor_id_of(name)).
+ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const CallMemory& memory,
                    std::string residual_key, std::string_view name, std::uint32_t step,
                    CollectiveStats& stats) {
   error_feedback::ResidualStore* residuals = nullptr;
@@ -269,8 +322,8 @@ ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, std::s
     residuals->set_resize_policy(spec.ef_resize);
   }
   const EncodeContext ctx{spec.seed, step, tensor_id_of(name), 0};
-  return ReduceJob{state.transport(), state.codec_for(spec), data, std::move(residual_key),
-                   residuals, ctx, stats};
+  return ReduceJob{*memory.transport, state.codec_for(spec), memory.data, std::move(residual_key),
+                   residuals, ctx, stats, memory.device};
 }
 
 // The spec of a warm-up call: no compression, no error feedback.
@@ -303,79 +356,39 @@ CompressionSpec sharded_spec(const ShardedChoice& choice, const CompressionSpec&
   return choice.warmup ? warmup_spec(spec) : spec;
 }
 
-// Empty when a CUDA all-reduce with this choice runs over NCCL on device memory; else why it
-// is staged through host memory. The same on every rank: the call check has compared the spec,
-// count, step and cuda_path, which decide it. cuda_path nccl in a build without NCCL throws.
-std::string why_staged(const CommunicatorState& state, const CompressionSpec& spec,
-                       const AllreduceChoice& choice) {
-  if (state.cuda_path() == CudaPath::staged) return "cuda_path is staged";
-  if (!nccl_transport_built()) {
-    GZ_REQUIRE(state.cuda_path() != CudaPath::nccl, ErrorCode::unsupported,
-               "allreduce: cuda_path is nccl, but this gradzip was built without NCCL");
-    return "this build has no NCCL";
-  }
-  if (choice.path == AllreducePath::transport_sum) return "";
-  if (choice.path == AllreducePath::hierarchical) return "the hierarchical all-reduce runs on host memory";
-  const Algorithm algorithm = choice.algorithm == Algorithm::auto_select
-                                  ? default_flat_algorithm(spec.codec)
-                                  : choice.algorithm;
-  if (algorithm != Algorithm::ring) return detail::concat("the ", choice.name, " algorithm runs on host memory");
-  if (spec.error_feedback) return "error feedback keeps its residuals in host memory";
-  // NCCL receives exactly the size the sender sends: the ring over it needs codecs whose
-  // messages always have max_encoded_bytes.
-  const bool fixed_size = spec.codec == CodecKind::none || spec.codec == CodecKind::fp16 ||
-                          spec.codec == CodecKind::bf16 || spec.codec == CodecKind::qsgd ||
-                          spec.codec == CodecKind::sign;
-  if (!fixed_size) return detail::concat(codec_kind_name(spec.codec), " on the ring runs on host memory");
-  return "";
-}
-
-// The all-reduce of a CUDA tensor over NCCL: the f32 data on the device (the tensor itself, or
-// its widening), divided there for ReduceOp::average, then ncclAllReduce or the ring over the
-// NCCL transport with the codec on the device, and the result narrowed back.
-void allreduce_over_nccl(CommunicatorState& state, const Call& call, const CompressionSpec& spec,
-                         const AllreduceChoice& choice, std::uint32_t step, CollectiveStats& stats) {
-  const TensorView& tensor = call.tensor;
-  const int device = tensor.device.index;
-  Transport& nccl = state.nccl_transport(device);
-  stats.note += detail::concat(stats.note.empty() ? "" : "; ", "over NCCL");
-  const std::size_t count = tensor.count;
-  float* const data = tensor.dtype == DType::f32 ? static_cast<float*>(tensor.data)
-                                                 : state.device_f32_scratch(device, count);
-  widen_on_device(tensor, 0, tensor.dtype == DType::f32 ? 0 : count, data);
-  if (call.op == ReduceOp::average) divide_on_device(data, count, static_cast<float>(nccl.size()), device);
-  if (choice.path == AllreducePath::transport_sum) {
-    StageTimer communicate(stats.communicate_seconds);
-    nccl.allreduce_f32_sum({data, count});
-  } else {
-    ReduceJob job{nccl,    state.codec_for(spec), {data, count}, std::string(call.name), nullptr,
-                  EncodeContext{spec.seed, step, tensor_id_of(call.name), 0}, stats, tensor.device};
-    ring_allreduce(job);
-  }
-  narrow_on_device(data, 0, tensor.dtype == DType::f32 ? 0 : count, tensor);
+// why_not_nccl for CUDA tensors; empty (unused) for host tensors.
+template <typename... Args>
+std::string staging_reason(const CommunicatorState& state, const TensorView& tensor, Args&&... args) {
+  if (tensor.device.kind != DeviceKind::cuda) return "";
+  return why_not_nccl(state, std::forward<Args>(args)...);
 }
 
 CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
-    Transport& transport = state.transport();
     const CompressionSpec& spec = *call.spec;
-    const AllreduceChoice choice = choose_allreduce(spec, call.tensor.count, step);
+    const std::size_t count = call.tensor.count;
+    const AllreduceChoice choice = choose_allreduce(spec, count, step);
     stats.algorithm = choice.name;
     stats.note = choice.note;
 
-    std::string staged_because;
-    if (call.tensor.device.kind == DeviceKind::cuda) {
-      staged_because = why_staged(state, spec, choice);
-      if (staged_because.empty()) return allreduce_over_nccl(state, call, spec, choice, step, stats);
+    std::optional<Algorithm> algorithm;  // nullopt: the transport's own sum
+    if (choice.path == AllreducePath::hierarchical) algorithm = Algorithm::hier;
+    if (choice.path == AllreducePath::flat) {
+      algorithm = choice.algorithm == Algorithm::auto_select ? default_flat_algorithm(spec.codec)
+                                                             : choice.algorithm;
     }
-    const TensorView host = host_side(state, call.tensor, 0, call.tensor.count, staged_because, stats);
-    const std::span<float> data = f32_view(state, host, 0, call.tensor.count);
-    divide_for_average(data, call.op, transport.size());
+    const bool shared_index = choice.path == AllreducePath::flat &&
+                              choice.algorithm == Algorithm::auto_select &&
+                              spec.codec == CodecKind::randk;
+    const CallMemory memory =
+        open_call_memory(state, call.tensor, 0, count,
+                         staging_reason(state, call.tensor, spec, algorithm, shared_index), stats);
+    divide_for_average(memory, call.op);
     if (choice.path == AllreducePath::transport_sum) {
       StageTimer communicate(stats.communicate_seconds);
-      transport.allreduce_f32_sum(data);
+      memory.transport->allreduce_f32_sum(memory.data);
     } else {
-      ReduceJob job = make_job(state, spec, data, std::string(call.name), call.name, step, stats);
+      ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);
       if (choice.path == AllreducePath::flat) {
         run_flat_allreduce(job, choice.algorithm);
       } else {
@@ -383,30 +396,26 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
         hierarchical_allreduce(job, *node.intra, *node.inter, choice.algorithm);
       }
     }
-    write_back(data, host, 0, call.tensor.count);
-    finish_host_side(host, call.tensor, 0, call.tensor.count);
+    close_call_memory(memory, call.tensor, 0, count);
   });
 }
 
 CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
-    Transport& transport = state.transport();
     const ShardedChoice choice = choose_reduce_scatter(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
-    const TensorView host =
-        host_side(state, call.tensor, 0, count, "reduce-scatter runs on host memory", stats);
-    const std::span<float> data = f32_view(state, host, 0, count);
-    divide_for_average(data, call.op, transport.size());
-    ReduceJob job = make_job(state, spec, data, std::string(call.name), call.name, step, stats);
+    const CallMemory memory = open_call_memory(
+        state, call.tensor, 0, count, staging_reason(state, call.tensor, spec, choice.algorithm), stats);
+    divide_for_average(memory, call.op);
+    ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);
     if (choice.algorithm == Algorithm::sra)
       sra_reduce_scatter(job);
     else
       ring_reduce_scatter(job);
-    const std::size_t begin = shard_begin(count, transport.size(), transport.rank());
-    const std::size_t end = shard_begin(count, transport.size(), transport.rank() + 1);
-    write_back(data, host, begin, end);
-    finish_host_side(host, call.tensor, begin, end);
+    const Transport& transport = *memory.transport;
+    close_call_memory(memory, call.tensor, shard_begin(count, transport.size(), transport.rank()),
+                      shard_begin(count, transport.size(), transport.rank() + 1));
   });
 }
 
@@ -417,16 +426,14 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
     // Only this rank's shard holds data on entry; the algorithm writes every other shard.
-    const std::size_t begin = shard_begin(count, transport.size(), transport.rank());
-    const std::size_t end = shard_begin(count, transport.size(), transport.rank() + 1);
-    const TensorView host =
-        host_side(state, call.tensor, begin, end, "all-gather runs on host memory", stats);
-    const std::span<float> data = f32_view(state, host, begin, end);
-    ReduceJob job = make_job(state, spec, data, allgather_residual_key(call.name), call.name,
+    const CallMemory memory = open_call_memory(
+        state, call.tensor, shard_begin(count, transport.size(), transport.rank()),
+        shard_begin(count, transport.size(), transport.rank() + 1),
+        staging_reason(state, call.tensor, spec, Algorithm::allgather), stats);
+    ReduceJob job = make_job(state, spec, memory, allgather_residual_key(call.name), call.name,
                              step, stats);
     compressed_allgather(job);
-    write_back(data, host, 0, count);
-    finish_host_side(host, call.tensor, 0, count);
+    close_call_memory(memory, call.tensor, 0, count);
   });
 }
 

@@ -26,6 +26,11 @@ void copy_device_to_host(void* host, const void* device_data, std::size_t bytes,
 void copy_host_to_device(void* device_data, const void* host, std::size_t bytes, int device,
                          std::string_view op);
 
+// device_data[0, bytes) = 0 (so f32 arrays become +0.0f).
+void zero_on_device(void* device_data, std::size_t bytes, int device);
+// to[0, bytes) = from[0, bytes), both memory of `device` (they may not overlap).
+void copy_on_device(void* to, const void* from, std::size_t bytes, int device);
+
 // Throws invalid_argument naming `op` and `what` unless `pointer` is device (or managed)
 // memory usable on `device`.
 void require_device_pointer(const void* pointer, int device, std::string_view op,

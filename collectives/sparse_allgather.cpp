@@ -101,7 +101,7 @@ std::string dense_switch_note(const Codec& codec, std::size_t count, int ranks,
 // makes anyway when it is on — for the paths that need this rank's decoded message alone.
 std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out, bool keep_decoded) {
   const std::size_t count = job.data.size();
-  const ConstTensorView tensor = host_view(job.data.data(), count);
+  const ConstTensorView tensor(job.data.data(), count, DType::f32, job.device);
   const EncodeContext ctx = encode_context(job, 0);
   std::size_t bytes = 0;
   {
@@ -118,7 +118,7 @@ std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out, bool k
   count_encoded(job.stats, count, bytes);
   if (keep_decoded && job.residuals == nullptr) {
     StageTimer timer(job.stats.decode_seconds);
-    job.codec.decode(out.first(bytes), host_view(job.data.data(), count));
+    job.codec.decode(out.first(bytes), TensorView{job.data.data(), count, DType::f32, job.device});
   }
   return bytes;
 }
@@ -127,7 +127,7 @@ std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out, bool k
 // vectors.
 void ring_sum_of_decoded_messages(ReduceJob& job, std::string note) {
   ReduceJob dense{job.transport, uncompressed_codec(), job.data, job.name,
-                  /*residuals=*/nullptr, job.ctx, job.stats};
+                  /*residuals=*/nullptr, job.ctx, job.stats, job.device};
   ring_allreduce(dense);
   job.stats.algorithm = "allgather->ring";
   job.stats.note = std::move(note);
@@ -146,11 +146,14 @@ void sparse_allgather_allreduce(ReduceJob& job) {
   const PathCosts costs = estimate_costs(job.codec, count, ranks);
   const bool dense_switch = costs.dense_ring < costs.allgather;
 
-  // Written by the encode before it is read: no zero fill.
-  const auto mine = std::make_unique_for_overwrite<std::byte[]>(capacity);
+  GZ_REQUIRE(job.residuals == nullptr || job.device.kind == DeviceKind::cpu, ErrorCode::internal,
+             "sparse_allgather_allreduce of '", job.name, "': error feedback on device memory");
+  // Written by the encode before it is read: no zero fill. Host or device memory, as job.data.
+  MessageBuffer mine(job.device);
+  mine.resize(capacity);
   const std::size_t mine_bytes =
-      encode_whole_tensor(job, {mine.get(), capacity}, /*keep_decoded=*/dense_switch || ranks == 1);
-  const std::span<const std::byte> my_message(mine.get(), mine_bytes);
+      encode_whole_tensor(job, mine.span(), /*keep_decoded=*/dense_switch || ranks == 1);
+  const std::span<const std::byte> my_message(mine.data(), mine_bytes);
 
   if (dense_switch)
     return ring_sum_of_decoded_messages(job, dense_switch_note(job.codec, count, ranks, costs));
@@ -177,20 +180,21 @@ void sparse_allgather_allreduce(ReduceJob& job) {
   const std::size_t total = std::accumulate(message_bytes.begin(), message_bytes.end(),
                                             std::size_t{0});
   // Every byte of it is written by the all-gather: no need to zero it first.
-  const std::unique_ptr<std::byte[]> all(new std::byte[total]);
+  MessageBuffer all(job.device);
+  all.resize(total);
   {
     StageTimer timer(job.stats.communicate_seconds);
-    transport.allgatherv(my_message, std::span<std::byte>(all.get(), total), message_bytes);
+    transport.allgatherv(my_message, all.span(), message_bytes);
   }
-  for (int r = 0; r < ranks - 1; ++r) count_sent(job.stats, my_message);
+  for (int r = 0; r < ranks - 1; ++r) count_sent(job.stats, my_message, job.device);
   job.stats.received_bytes += total - mine_bytes;
 
   StageTimer timer(job.stats.decode_seconds);
-  std::fill(job.data.begin(), job.data.end(), 0.0f);
+  fill_zero(job.data, job.device);
   std::size_t offset = 0;
   for (std::size_t r = 0; r < message_bytes.size(); ++r) {
-    job.codec.decode_add(std::span<const std::byte>(all.get() + offset, message_bytes[r]),
-                         job.data.data(), count);
+    job.codec.decode_add(all.span().subspan(offset, message_bytes[r]),
+                         TensorView{job.data.data(), count, DType::f32, job.device});
     offset += message_bytes[r];
   }
 }

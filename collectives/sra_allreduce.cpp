@@ -68,11 +68,18 @@ class SraRound {
         ranks_(job.transport.size()),
         rank_(job.transport.rank()),
         chunk_begin_(static_cast<std::size_t>(ranks_) + 1),
-        chunk_capacity_(static_cast<std::size_t>(ranks_)) {
+        chunk_capacity_(static_cast<std::size_t>(ranks_)),
+        send_(job.device),
+        own_message_(job.device),
+        received_(job.device),
+        owned_message_(job.device),
+        gathered_(job.device) {
     const std::size_t n = job.data.size();
     for (int c = 0; c <= ranks_; ++c) chunk_begin_[idx(c)] = shard_begin(n, ranks_, c);
     for (int c = 0; c < ranks_; ++c)
       chunk_capacity_[idx(c)] = job.codec.max_encoded_bytes(chunk_count(c));
+    GZ_REQUIRE(job.residuals == nullptr || job.device.kind == DeviceKind::cpu, ErrorCode::internal,
+               op, " of '", job.name, "': error feedback on device memory");
     if (job.residuals != nullptr) {
       // A non-owning handle on job.codec (the aliasing constructor with an empty owner): the
       // codec outlives this call, which is all the decorator needs.
@@ -104,8 +111,12 @@ class SraRound {
   static std::size_t idx(int r) { return static_cast<std::size_t>(r); }
 
   ConstTensorView input_chunk(int c) const {
-    return host_view(static_cast<const float*>(job_.data.data()) + chunk_begin_[idx(c)],
-                     chunk_count(c));
+    return ConstTensorView(job_.data.data() + chunk_begin_[idx(c)], chunk_count(c), DType::f32,
+                           job_.device);
+  }
+  // f32 values of job.data (host or device memory), as a view the codec takes.
+  TensorView data_view(std::span<float> values) const {
+    return TensorView{values.data(), values.size(), DType::f32, job_.device};
   }
 
   // The messages to the other ranks are packed back to back in rank order (alltoallv's block
@@ -121,8 +132,7 @@ class SraRound {
     send_offsets_.assign(idx(ranks_), 0);
     std::size_t offset = 0;
     for (int c = 0; c < ranks_; ++c) {
-      const std::span<std::byte> out =
-          c == rank_ ? std::span<std::byte>(own_message_) : std::span<std::byte>(send_).subspan(offset);
+      const std::span<std::byte> out = c == rank_ ? own_message_.span() : send_.span().subspan(offset);
       const EncodeContext ctx = encode_context(job_, chunk_begin_[idx(c)]);
       const std::size_t bytes =
           error_feedback_ ? error_feedback_->encode_chunk(job_.name, job_.data.size(),
@@ -141,7 +151,7 @@ class SraRound {
 
   // The message of chunk c (c != rank_) in send_.
   std::span<const std::byte> sent_message(int c) const {
-    return std::span<const std::byte>(send_).subspan(send_offsets_[idx(c)], send_sizes_[idx(c)]);
+    return std::span<const std::byte>(send_.span()).subspan(send_offsets_[idx(c)], send_sizes_[idx(c)]);
   }
 
   // Throws malformed_message when rank `sender` announced `bytes` for a message of chunk
@@ -174,10 +184,10 @@ class SraRound {
       recv_counts[idx(s)] = s == rank_ ? 0 : sizes[idx(s) * idx(ranks_) + idx(rank_)];
     received_.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
     for (int d = 0; d < ranks_; ++d)
-      if (d != rank_) count_sent(job_.stats, sent_message(d));
+      if (d != rank_) count_sent(job_.stats, sent_message(d), job_.device);
     job_.stats.received_bytes += received_.size();
     StageTimer timer(job_.stats.communicate_seconds);
-    job_.transport.alltoallv(send_, send_sizes_, received_, recv_counts);
+    job_.transport.alltoallv(send_.span(), send_sizes_, received_.span(), recv_counts);
     received_sizes_ = std::move(recv_counts);
   }
 
@@ -187,15 +197,14 @@ class SraRound {
     StageTimer timer(job_.stats.decode_seconds);
     const std::size_t owned = chunk_count(rank_);
     const std::span<float> sum = job_.data.subspan(owned_begin(), owned);
-    std::fill(sum.begin(), sum.end(), 0.0f);
+    fill_zero(sum, job_.device);
     std::size_t offset = 0;
     for (int s = 0; s < ranks_; ++s) {
       if (s == rank_) {
-        job_.codec.decode_add(own_message_, sum.data(), owned);
+        job_.codec.decode_add(own_message_.span(), data_view(sum));
       } else {
         const std::size_t bytes = received_sizes_[idx(s)];
-        job_.codec.decode_add(std::span<const std::byte>(received_).subspan(offset, bytes),
-                              sum.data(), owned);
+        job_.codec.decode_add(received_.span().subspan(offset, bytes), data_view(sum));
         offset += bytes;
       }
     }
@@ -204,20 +213,20 @@ class SraRound {
 
   void encode_owned_sum(std::span<const float> owned_sum) {
     StageTimer timer(job_.stats.encode_seconds);
-    const ConstTensorView sum = host_view(owned_sum.data(), owned_sum.size());
+    const ConstTensorView sum(owned_sum.data(), owned_sum.size(), DType::f32, job_.device);
     owned_message_.resize(chunk_capacity_[idx(rank_)]);
     const EncodeContext ctx = encode_context(job_, 0, /*server=*/true);
     owned_bytes_ = error_feedback_
                        ? error_feedback_->encode_chunk(server_residual_key(job_.name), sum.count,
-                                                       sum, owned_message_, ctx)
-                       : job_.codec.encode(sum, owned_message_, ctx);
+                                                       sum, owned_message_.span(), ctx)
+                       : job_.codec.encode(sum, owned_message_.span(), ctx);
     count_encoded(job_.stats, sum.count, owned_bytes_);
   }
 
   void gather_owned_messages() {
     const std::span<const std::byte> mine(owned_message_.data(), owned_bytes_);
     if (ranks_ == 1) {
-      gathered_.assign(mine.begin(), mine.end());
+      gathered_.assign(mine);
       gathered_sizes_.assign(1, owned_bytes_);
       return;
     }
@@ -232,10 +241,10 @@ class SraRound {
     gathered_.resize(std::accumulate(gathered_sizes_.begin(), gathered_sizes_.end(),
                                      std::size_t{0}));
     // The owner's message reaches each of the P - 1 other ranks once.
-    for (int d = 1; d < ranks_; ++d) count_sent(job_.stats, mine);
+    for (int d = 1; d < ranks_; ++d) count_sent(job_.stats, mine, job_.device);
     job_.stats.received_bytes += gathered_.size() - owned_bytes_;
     StageTimer timer(job_.stats.communicate_seconds);
-    job_.transport.allgatherv(mine, gathered_, gathered_sizes_);
+    job_.transport.allgatherv(mine, gathered_.span(), gathered_sizes_);
   }
 
   void decode_gathered() {
@@ -243,8 +252,8 @@ class SraRound {
     std::size_t offset = 0;
     for (int c = 0; c < ranks_; ++c) {
       const std::size_t bytes = gathered_sizes_[idx(c)];
-      job_.codec.decode(std::span<const std::byte>(gathered_).subspan(offset, bytes),
-                        host_view(job_.data.data() + chunk_begin_[idx(c)], chunk_count(c)));
+      job_.codec.decode(gathered_.span().subspan(offset, bytes),
+                        data_view(job_.data.subspan(chunk_begin_[idx(c)], chunk_count(c))));
       offset += bytes;
     }
   }
@@ -259,16 +268,17 @@ class SraRound {
 
   // Step 1: this rank's messages to the other ranks, back to back in rank order, their sizes
   // and offsets by destination (size 0 for this rank), and the message of the owned chunk.
-  std::vector<std::byte> send_;
+  // Message memory is host or device memory, where job.data lives.
+  MessageBuffer send_;
   std::vector<std::size_t> send_sizes_;
   std::vector<std::size_t> send_offsets_;
-  std::vector<std::byte> own_message_;
-  std::vector<std::byte> received_;      // step 1: the other ranks' messages of the owned chunk
+  MessageBuffer own_message_;
+  MessageBuffer received_;                   // step 1: the other ranks' messages of the owned chunk
   std::vector<std::size_t> received_sizes_;  // by sender; 0 for this rank
 
-  std::vector<std::byte> owned_message_;  // step 2: the owner's message (capacity-sized)
+  MessageBuffer owned_message_;  // step 2: the owner's message (capacity-sized)
   std::size_t owned_bytes_ = 0;
-  std::vector<std::byte> gathered_;           // step 2: every owner's message, rank order
+  MessageBuffer gathered_;                   // step 2: every owner's message, rank order
   std::vector<std::size_t> gathered_sizes_;
 };
 

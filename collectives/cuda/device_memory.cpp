@@ -21,8 +21,9 @@ void copy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, in
   if (bytes == 0) return;
   const CurrentDevice current(device, op);
   check_runtime(cudaMemcpy(to, from, bytes, kind), op,
-        kind == cudaMemcpyDeviceToHost ? "copying the tensor to host memory"
-                                       : "copying the result to the device");
+                kind == cudaMemcpyDeviceToHost   ? "a copy to host memory"
+                : kind == cudaMemcpyHostToDevice ? "a copy to the device"
+                                                 : "a device-to-device copy");
 }
 
 }  // namespace
@@ -37,6 +38,16 @@ void copy_device_to_host(void* host, const void* device_data, std::size_t bytes,
 void copy_host_to_device(void* device_data, const void* host, std::size_t bytes, int device,
                          std::string_view op) {
   copy(device_data, host, bytes, cudaMemcpyHostToDevice, device, op);
+}
+
+void zero_on_device(void* device_data, std::size_t bytes, int device) {
+  if (bytes == 0) return;
+  const CurrentDevice current(device, "zero_on_device");
+  check_runtime(cudaMemset(device_data, 0, bytes), "zero_on_device", "cudaMemset");
+}
+
+void copy_on_device(void* to, const void* from, std::size_t bytes, int device) {
+  copy(to, from, bytes, cudaMemcpyDeviceToDevice, device, "copy_on_device");
 }
 
 void require_device_pointer(const void* pointer, int device, std::string_view op,

@@ -88,9 +88,11 @@ TEST_F(CommunicatorCudaTest, AllreduceOverNcclEqualsTheHostResult) {
   }
   const std::size_t count = (std::size_t{1} << 18) + 3;
   const std::vector<float> input = gpu_test::gaussian(count, 5);
-  // Specs that run over NCCL: the uncompressed path (below min_bytes, warm-up) and the ring.
+  // Specs that run over NCCL: the uncompressed path (below min_bytes, warm-up), the ring, SRA
+  // and the sparse all-gather, without error feedback.
   for (const char* spec : {"none", "fp16", "bf16", "qsgd:bits=4,bucket=512,algo=ring", "sign:algo=ring",
-                           "fp16:min_bytes=100000000", "qsgd:warmup=5"}) {
+                           "qsgd:bits=4", "sign", "topk:ratio=0.01", "topk:ratio=0.01,approx=on",
+                           "topk:ratio=0.02,algo=ring", "fp16:min_bytes=100000000", "qsgd:warmup=5"}) {
     SCOPED_TRACE(spec);
     Communicator host_side = self_communicator();
     Communicator device_side = self_communicator(CudaPath::nccl);
@@ -122,15 +124,16 @@ TEST_F(CommunicatorCudaTest, CallsNcclCannotServeAreStagedAndSaySo) {
   const std::size_t count = 10000;
   const std::vector<float> input = gpu_test::gaussian(count, 6);
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"topk:ratio=0.01", "allgather algorithm runs on host memory"},
-      {"qsgd:bits=4", "sra algorithm runs on host memory"},
-      {"fp16:ef=on", "error feedback keeps its residuals in host memory"},
+      {"topk:ratio=0.01,ef=on", "error feedback keeps its residuals in host memory"},
+      {"randk:ratio=0.05", "random-k's shared-index path runs on host memory"},
+      {"fp16:algo=hier", "the hierarchical all-reduce runs on host memory"},
+      {"topk:ratio=0.01,approx=on,algo=ring", "approximate top-k messages vary in size"},
   };
   for (const auto& [spec, reason] : cases) {
     SCOPED_TRACE(spec);
     Communicator host_side = self_communicator();
     Communicator device_side = self_communicator(CudaPath::automatic);
-    std::vector<float> want = input;
+    std::vector<float> want = input;  // the same call on host memory
     host_side.allreduce(host_view(want.data(), count), "g", spec);
     DeviceArray<float> d_tensor(input);
     const CollectiveStats stats =
@@ -139,6 +142,31 @@ TEST_F(CommunicatorCudaTest, CallsNcclCannotServeAreStagedAndSaySo) {
     if (collectives::nccl_transport_built()) {
       EXPECT_TRUE(note_says(stats, reason)) << stats.note;
     }
+    const std::vector<float> got = d_tensor.download();
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0);
+  }
+}
+
+TEST_F(CommunicatorCudaTest, ShardedCollectivesOverNcclEqualTheHostResult) {
+  if (!collectives::nccl_transport_built()) GTEST_SKIP() << "this build has no NCCL";
+  const std::size_t count = 100003;
+  const std::vector<float> input = gpu_test::gaussian(count, 9);
+  const Device cuda0{DeviceKind::cuda, 0};
+  for (const char* spec : {"qsgd:bits=4", "fp16", "topk:ratio=0.1", "sign"}) {
+    SCOPED_TRACE(spec);
+    Communicator host_side = self_communicator();
+    Communicator device_side = self_communicator(CudaPath::nccl);
+    std::vector<float> want = input;
+    DeviceArray<float> d_tensor(input);
+    host_side.reduce_scatter(host_view(want.data(), count), "s", CompressionSpec::parse(spec), ReduceOp::average);
+    const CollectiveStats scatter = device_side.reduce_scatter(
+        TensorView{d_tensor.get(), count, DType::f32, cuda0}, "s", CompressionSpec::parse(spec), ReduceOp::average);
+    EXPECT_TRUE(note_says(scatter, "over NCCL")) << scatter.note;
+    ASSERT_EQ(d_tensor.download(), want);
+    host_side.allgather(host_view(want.data(), count), "s", CompressionSpec::parse(spec));
+    const CollectiveStats gather =
+        device_side.allgather(TensorView{d_tensor.get(), count, DType::f32, cuda0}, "s", CompressionSpec::parse(spec));
+    EXPECT_TRUE(note_says(gather, "over NCCL")) << gather.note;
     const std::vector<float> got = d_tensor.download();
     ASSERT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0);
   }
