@@ -36,9 +36,10 @@ struct ReduceJob {
   EncodeContext ctx;
   CollectiveStats& stats;
   // Where `data` lives. DeviceKind::cuda: `data` is memory of that CUDA device, the transport
-  // moves device memory (NCCL) and the codec encodes and decodes on the device; only the ring
-  // runs so (collectives/communicator.cpp routes the rest through host memory), without error
-  // feedback.
+  // moves device memory (NCCL), the codec encodes and decodes on the device and error feedback
+  // runs there with its residuals kept in the (host) store. The ring, SRA and the sparse and
+  // compressed all-gathers run so; collectives/communicator.cpp stages the other algorithms
+  // through host memory.
   Device device{};
 };
 

@@ -227,7 +227,6 @@ std::string why_not_nccl(const CommunicatorState& state, const CompressionSpec& 
   if (!algorithm) return "";
   if (shared_index) return "random-k's shared-index path runs on host memory";
   if (*algorithm == Algorithm::hier) return "the hierarchical all-reduce runs on host memory";
-  if (spec.error_feedback) return "error feedback keeps its residuals in host memory";
   // NCCL receives exactly the size the sender sends, and the ring does not exchange sizes.
   if (*algorithm == Algorithm::ring && spec.codec == CodecKind::topk && spec.approx)
     return "approximate top-k messages vary in size, which the ring over NCCL cannot receive";

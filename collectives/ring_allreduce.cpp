@@ -166,8 +166,6 @@ class RingAllreduce {
     const std::size_t workspace_bytes =
         ranks_ == 1 ? slot_begin_.back() : std::max(slot_begin_.back(), 2 * largest_message_);
     if (on_device()) {
-      GZ_REQUIRE(job.residuals == nullptr, ErrorCode::internal,
-                 "ring all-reduce of '", job.name, "': error feedback on device memory");
       device_workspace_.emplace(workspace_bytes, job.device.index, "ring all-reduce");
       memory_ = {device_workspace_->data(), workspace_bytes};
     } else {

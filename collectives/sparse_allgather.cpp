@@ -146,8 +146,6 @@ void sparse_allgather_allreduce(ReduceJob& job) {
   const PathCosts costs = estimate_costs(job.codec, count, ranks);
   const bool dense_switch = costs.dense_ring < costs.allgather;
 
-  GZ_REQUIRE(job.residuals == nullptr || job.device.kind == DeviceKind::cpu, ErrorCode::internal,
-             "sparse_allgather_allreduce of '", job.name, "': error feedback on device memory");
   // Written by the encode before it is read: no zero fill. Host or device memory, as job.data.
   MessageBuffer mine(job.device);
   mine.resize(capacity);

@@ -78,8 +78,6 @@ class SraRound {
     for (int c = 0; c <= ranks_; ++c) chunk_begin_[idx(c)] = shard_begin(n, ranks_, c);
     for (int c = 0; c < ranks_; ++c)
       chunk_capacity_[idx(c)] = job.codec.max_encoded_bytes(chunk_count(c));
-    GZ_REQUIRE(job.residuals == nullptr || job.device.kind == DeviceKind::cpu, ErrorCode::internal,
-               op, " of '", job.name, "': error feedback on device memory");
     if (job.residuals != nullptr) {
       // A non-owning handle on job.codec (the aliasing constructor with an empty owner): the
       // codec outlives this call, which is all the decorator needs.

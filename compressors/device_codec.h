@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string_view>
 
 #include "gradzip/codec.h"
 
@@ -30,5 +31,22 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
 // message throws ErrorCode::malformed_message and leaves `out` untouched.
 void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView out,
                    bool accumulate);
+
+// Throws unless `view` can be worked on as a CUDA tensor here: ErrorCode::unsupported without
+// CUDA (build or device), invalid_argument when its memory is not device memory of its device.
+// What callers check before they change any state for a CUDA tensor.
+void require_device_tensor(ConstTensorView view, std::string_view op);
+
+// Error feedback on a CUDA chunk (error_feedback/error_feedback_codec.h's encode_chunk for
+// device tensors): with the residual slice `residual` in host memory (the residual store, so
+// checkpoints keep working), on the device:
+//   c = chunk + residual;  message = codec.encode(c) into `out`;  d = D(message);
+//   residual = c - d (copied back to the host);  decoded = d when `decoded` is not empty
+//   (device memory of the chunk's device, chunk.count floats).
+// The same element operations as the host decorator, so the same message bytes and residual
+// bits. Returns the message size. The residual is written only once everything succeeded.
+std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
+                                   std::span<float> residual, std::span<std::byte> out,
+                                   const EncodeContext& ctx, std::span<float> decoded);
 
 }  // namespace gradzip::compressors

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "compressors/codec_checks.h"
+#include "compressors/device_codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
 
@@ -31,7 +32,8 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
                                              const EncodeContext& ctx,
                                              std::span<float> decoded) {
   // Argument checks run before the store or the residual change.
-  compressors::require_host(chunk, "ef.encode");
+  if (chunk.device.kind == DeviceKind::cpu) compressors::require_host(chunk, "ef.encode");
+  else compressors::require_device_tensor(chunk, "ef.encode");
   GZ_REQUIRE(ctx.element_offset <= tensor_count &&
                  chunk.count <= tensor_count - ctx.element_offset,
              ErrorCode::invalid_argument, "ef.encode (rank ", store_->rank(), "): chunk of ",
@@ -45,6 +47,10 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
 
   const std::span<float> residual =
       store_->residual(tensor_name, tensor_count).subspan(ctx.element_offset, count);
+  if (chunk.device.kind == DeviceKind::cuda) {
+    // The same arithmetic on the device; the residual stays in the store (host memory).
+    return compressors::device_feedback_encode(*codec_, chunk, residual, out, ctx, decoded);
+  }
   std::vector<float>& scratch_buffer = scratch();
   if (scratch_buffer.size() < count) scratch_buffer.resize(count);
   float* const corrected = scratch_buffer.data();  // g'

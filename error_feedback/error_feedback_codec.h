@@ -43,7 +43,10 @@ class ErrorFeedbackCodec {
   // The wrapped codec's bound: error feedback does not change the message.
   std::size_t max_encoded_bytes(std::size_t count) const { return codec_->max_encoded_bytes(count); }
 
-  // Encodes the whole tensor `tensor_name` (grad.count elements, host memory, any dtype) with
+  // CUDA tensors (and `out`, `decoded` then in that device's memory) run the same arithmetic
+  // on the device (compressors/device_codec.h: device_feedback_encode), the residual staying in
+  // the store.
+  // Encodes the whole tensor `tensor_name` (grad.count elements, host or CUDA memory, any dtype) with
   // error feedback into `out` (at least max_encoded_bytes(grad.count) bytes) and returns the
   // message size. The tensor starts at element 0, so ctx.element_offset must be 0
   // (invalid_argument otherwise). `grad` must not overlap `out` or the residual.

@@ -501,4 +501,47 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   synchronize(op);
 }
 
+void require_device_tensor(ConstTensorView view, std::string_view op) {
+  const std::string name(op);
+  const DeviceScope scope(view.device.index, name);
+  if (view.count > 0) require_device_memory(view.data, view.device.index, name, "tensor");
+}
+
+std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
+                                   std::span<float> residual, std::span<std::byte> out,
+                                   const EncodeContext& ctx, std::span<float> decoded) {
+  const std::string op = "ef.encode (" + codec.name() + ")";
+  const std::size_t count = chunk.count;
+  GZ_REQUIRE(residual.size() == count, ErrorCode::internal, op, ": a residual slice of ",
+             residual.size(), " elements for a chunk of ", count);
+  GZ_REQUIRE(chunk.data != nullptr || count == 0, ErrorCode::invalid_argument, op,
+             ": null data pointer for ", count, " elements");
+  const DeviceScope scope(chunk.device.index, op);
+  if (count > 0) require_device_memory(chunk.data, chunk.device.index, op, "input tensor");
+  if (!decoded.empty()) require_device_memory(decoded.data(), chunk.device.index, op, "decoded output");
+
+  // e, c = g + e and (unless the caller takes it) D(message), each `count` floats.
+  const std::size_t floats = checked_product(count, decoded.empty() ? 3 : 2, op);
+  DeviceScratch work(checked_product(floats, sizeof(float), op), op);
+  float* const d_residual = work.as<float>();
+  float* const d_compensated = d_residual + count;
+  float* const d_decoded = decoded.empty() ? d_compensated + count : decoded.data();
+  copy_to_device(d_residual, residual.data(), count * sizeof(float), op);
+  const F32Input gradient(chunk, op);
+  cuda::ef_compensate(gradient.data(), d_residual, d_compensated, count, kStream);
+
+  const Device device = chunk.device;
+  const std::size_t bytes =
+      codec.encode(ConstTensorView(d_compensated, count, DType::f32, device), out, ctx);
+  codec.decode(out.first(bytes), TensorView{d_decoded, count, DType::f32, device});
+  cuda::ef_update(d_compensated, d_decoded, d_residual, count, kStream);
+  if (count > 0) {
+    check_cuda(cudaMemcpyAsync(residual.data(), d_residual, count * sizeof(float),
+                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(kStream)),
+               op, "copying the residual back");
+  }
+  synchronize(op);
+  return bytes;
+}
+
 }  // namespace gradzip::compressors

@@ -20,4 +20,17 @@ void device_decode(const Codec& codec, std::span<const std::byte> /*in*/, Tensor
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
 }
 
+void require_device_tensor(ConstTensorView view, std::string_view op) {
+  GZ_THROW(ErrorCode::unsupported, op, ": the tensor is on CUDA device ", view.device.index,
+           "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
+}
+
+std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
+                                   std::span<float> /*residual*/, std::span<std::byte> /*out*/,
+                                   const EncodeContext& /*ctx*/, std::span<float> /*decoded*/) {
+  GZ_THROW(ErrorCode::unsupported, "ef.encode with ", codec.name(),
+           ": the tensor is on CUDA device ", chunk.device.index,
+           "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
+}
+
 }  // namespace gradzip::compressors

@@ -5,13 +5,15 @@
 // every rank throws gradzip::Error(size_mismatch) naming the ranks and what differed).
 // Buffers are host memory or CUDA memory (TensorView::device); every call is blocking and runs
 // in place. CUDA tensors (CommunicatorOptions::cuda_path):
-//   - over NCCL, on device memory, when the build has NCCL and the call is an all-reduce that
-//     runs uncompressed ("mpi": ncclAllReduce) or on the ring without error feedback (none,
-//     fp16, bf16 with algo=auto; qsgd, sign with algo=ring); the NCCL communicator of a device
-//     is made at the first such call (a collective; rank 0's unique id travels over MPI);
-//     stats.note says "over NCCL";
-//   - otherwise staged: copied to host memory, reduced like host tensors, copied back
-//     (stats.note says "staged through host memory" and why).
+//   - over NCCL, on device memory, when the build has NCCL: the uncompressed path
+//     (ncclAllReduce), the ring (every codec but approximate top-k, whose message sizes vary),
+//     SRA, the sparse all-gather, reduce-scatter and all-gather, error feedback included (its
+//     residuals stay in host memory, copied per encode); the NCCL communicator of a device is
+//     made at the first such call (a collective; rank 0's unique id travels over the host
+//     transport); stats.note says "over NCCL";
+//   - otherwise (random-k's shared-index path, algo=hier, cuda_path staged) staged: copied to
+//     host memory, reduced like host tensors, copied back (stats.note says "staged through
+//     host memory" and why).
 // Device work runs on the legacy default stream of the tensor's device (after all earlier work
 // of blocking streams). A build without CUDA refuses CUDA tensors with ErrorCode::unsupported on
 // every rank. Every rank of a call must pass the same kind of memory (the mismatch check

@@ -5,10 +5,16 @@
 // where device memory is required are refused naming what was wrong.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "gpu_test_support.h"
+#include "error_feedback/error_feedback_codec.h"
+#include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
@@ -115,6 +121,44 @@ TEST_F(DeviceCodecTest, DecodeAndDecodeAddGiveTheHostDecodersBits) {
       const std::vector<float> got_acc = gpu_test::from_device<float>(d_acc.get(), count);
       const std::size_t acc_diff = gpu_test::first_float_difference(got_acc, want_acc, count, true);
       ASSERT_EQ(acc_diff, kNoDifference) << "decode_add differs at element " << acc_diff;
+    }
+  }
+}
+
+TEST_F(DeviceCodecTest, ErrorFeedbackOnTheDeviceGivesTheHostBytesAndResiduals) {
+  const std::size_t count = 50001;
+  for (const char* spec : {"topk:ratio=0.01", "qsgd:bits=2,bucket=256", "sign", "fp16"}) {
+    SCOPED_TRACE(spec);
+    const std::shared_ptr<const Codec> codec = make_codec(spec);
+    error_feedback::ResidualStore host_store(1, 0, ResizePolicy::error);
+    error_feedback::ResidualStore device_store(1, 0, ResizePolicy::error);
+    error_feedback::ErrorFeedbackCodec host_ef(codec, host_store);
+    error_feedback::ErrorFeedbackCodec device_ef(codec, device_store);
+    for (std::uint32_t step = 0; step < 3; ++step) {
+      const std::vector<float> grad = gpu_test::gaussian(count, 40 + step);
+      // Two chunks, as the collectives send them: offsets key the draws and the residual slice.
+      for (const auto& [begin, end] : {std::pair<std::size_t, std::size_t>{0, 20000}, {20000, count}}) {
+        const std::size_t n = end - begin;
+        const EncodeContext ctx{11, step, 5, begin};
+        std::vector<std::byte> want(codec->max_encoded_bytes(n));
+        std::vector<float> want_decoded(n);
+        want.resize(host_ef.encode_chunk("w", count, host_view(grad.data() + begin, n), want, ctx,
+                                         want_decoded));
+        DeviceArray<float> d_grad(std::vector<float>(grad.begin() + begin, grad.begin() + end));
+        DeviceArray<std::byte> d_message(codec->max_encoded_bytes(n));
+        DeviceArray<float> d_decoded(n);
+        const std::size_t bytes = device_ef.encode_chunk(
+            "w", count, ConstTensorView(d_grad.get(), n, DType::f32, cuda0()),
+            std::span<std::byte>(d_message.get(), codec->max_encoded_bytes(n)), ctx,
+            std::span<float>(d_decoded.get(), n));
+        ASSERT_EQ(bytes, want.size());
+        ASSERT_TRUE(gpu_test::same_bytes(want.data(), gpu_test::from_device<std::byte>(d_message.get(), bytes)));
+        ASSERT_EQ(gpu_test::first_float_difference(d_decoded.download(), want_decoded, n, false), kNoDifference);
+      }
+      const std::span<float> want_residual = host_store.residual("w", count);
+      const std::span<float> got_residual = device_store.residual("w", count);
+      ASSERT_EQ(std::memcmp(want_residual.data(), got_residual.data(), count * sizeof(float)), 0)
+          << "residuals differ after step " << step;
     }
   }
 }
