@@ -32,6 +32,10 @@
 // Overlap: every receive is posted before the send that pairs with it and before the encode
 // that precedes that send; in the all-gather all receives are posted up front and each
 // received message is forwarded before it is decoded, so decoding overlaps the next transfer.
+// Over a transport whose waits complete whole batches (NCCL, where a receive posted up front
+// would hold the first wait until the end) each step posts its receive with the forward of the
+// message before it and starts both (Transport::start_posted) before decoding: the same
+// overlap, one step at a time.
 //
 // Errors: a malformed message throws ErrorCode::malformed_message. In the all-gather the
 // failure is held until this rank has forwarded and received every message (the ring keeps
@@ -247,11 +251,18 @@ class RingAllreduce {
     // wait for bytes that never come: so the sent bytes are counted (count_sent reads the
     // header) only at the end, once every message has decoded.
     std::exception_ptr first_error;
+    if (post_per_step && ranks_ > 1) post_receive(0);
     for (int step = 0; step < ranks_ - 1; ++step) {
       const int chunk = ring_position(rank_ - step - 1, ranks_);
-      if (post_per_step) post_receive(step);
       message_bytes[chunk] = wait_receive(pending, receive_requests[step]);
-      if (step + 1 < ranks_ - 1) forward(chunk);
+      if (step + 1 < ranks_ - 1) {
+        forward(chunk);
+        // Per-step posting: the next step's transfer starts now and overlaps this decode.
+        if (post_per_step) {
+          post_receive(step + 1);
+          transport_.start_posted();
+        }
+      }
       try {
         decode_chunk(chunk, slot(chunk).first(message_bytes[chunk]));
       } catch (const Error&) {

@@ -82,6 +82,10 @@ class Transport {
   // later waits (the batch would never complete): it posts each ring step's receive at that
   // step instead of all of them up front. MPI: false.
   virtual bool waits_complete_whole_batches() const noexcept { return false; }
+  // Starts the operations posted so far without waiting for them, so that work done before the
+  // next wait overlaps their transfer (NCCL: launches them as one group). A no-op where
+  // posting starts them (MPI).
+  virtual void start_posted() {}
 };
 
 }  // namespace gradzip::collectives

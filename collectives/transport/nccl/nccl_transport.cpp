@@ -281,6 +281,14 @@ void NcclTransport::flush(std::string_view op) {
   check_cuda(cudaEventRecord(batch.event, stream_), op, "cudaEventRecord");
 }
 
+void NcclTransport::start_posted() {
+  require_usable("start_posted");
+  if (unlaunched_.empty()) return;
+  const CurrentCudaDevice scope(device_);
+  check_cuda(scope.status(), "start_posted", "cudaSetDevice");
+  flush("start_posted");
+}
+
 std::size_t NcclTransport::wait(Request request) {
   GZ_REQUIRE(request.id < pending_.size() && pending_[request.id].active,
              ErrorCode::invalid_argument, "wait (", describe(), "): request ", request.id,
