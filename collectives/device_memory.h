@@ -44,8 +44,52 @@ void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, co
 // d_data[i] /= divisor on `device` (the bits of the host's division).
 void divide_on_device(float* d_data, std::size_t count, float divisor, int device);
 
-// An allocation of `bytes` bytes on CUDA device `device` (cudaMalloc; at least one byte, so
-// data() is never null), freed by the destructor.
+// A non-blocking CUDA stream of `device` (it does not wait for the legacy default stream, so
+// work on it overlaps the application's kernels), destroyed with the object.
+class DeviceStream {
+ public:
+  DeviceStream(int device, std::string_view op);
+  ~DeviceStream();
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  void* get() const noexcept { return stream_; }  // a cudaStream_t
+
+ private:
+  void* stream_ = nullptr;
+  int device_ = 0;
+};
+
+// While alive, this thread's synchronous device work (device codecs, the copies and conversions
+// above) runs on `stream` instead of the legacy default stream of the device.
+class ThreadStreamScope {
+ public:
+  explicit ThreadStreamScope(void* stream) noexcept;
+  ~ThreadStreamScope();
+  ThreadStreamScope(const ThreadStreamScope&) = delete;
+  ThreadStreamScope& operator=(const ThreadStreamScope&) = delete;
+
+ private:
+  void* previous_ = nullptr;
+};
+
+// A CUDA event of `device`: record() marks the point reached by a stream's work so far,
+// synchronize() waits on the host until the work before it has completed.
+class DeviceEvent {
+ public:
+  DeviceEvent(int device, std::string_view op);
+  ~DeviceEvent();
+  DeviceEvent(const DeviceEvent&) = delete;
+  DeviceEvent& operator=(const DeviceEvent&) = delete;
+  void record(void* stream, std::string_view op);  // stream: a cudaStream_t, nullptr = legacy default
+  void synchronize(std::string_view op) const;
+
+ private:
+  void* event_ = nullptr;
+  int device_ = 0;
+};
+
+// An allocation of `bytes` bytes on CUDA device `device` (from the device's stream-ordered
+// pool; at least one byte, so data() is never null), freed by the destructor.
 class DeviceAllocation {
  public:
   DeviceAllocation(std::size_t bytes, int device, std::string_view op);

@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "collectives/communicator_state.h"
+#include "collectives/device_memory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
 #include "pipeline/bucket_layout.h"
@@ -112,6 +113,15 @@ class ReducerState {
     std::thread thread;
     std::deque<Task> queue;  // guarded by ReducerState::mutex_
   };
+  // A group's packing buffer: host memory, or device memory for CUDA tensors (PowerSGD groups
+  // are packed on the host in either case). Empty when every chunk is reduced in place.
+  struct GroupBuffer {
+    std::vector<float> host;
+    std::unique_ptr<collectives::DeviceAllocation> device;
+    float* data() const noexcept {
+      return device ? reinterpret_cast<float*>(device->data()) : const_cast<float*>(host.data());
+    }
+  };
   // Per step, per group: what its tasks did (guarded by mutex_).
   struct GroupProgress {
     CollectiveStats total;
@@ -131,8 +141,15 @@ class ReducerState {
   void record_progress(const Task& task, const CollectiveStats& stats, std::uint64_t sent,
                        bool compressed);
   // Elements [begin, begin + count) of a group's buffer from (pack) or to (unpack) its tensors.
-  void pack(const GroupLayout& group, std::size_t begin, std::size_t count, float* buffer) const;
-  void unpack(const GroupLayout& group, std::size_t begin, std::size_t count, const float* buffer) const;
+  // `buffer` is host memory, or device memory when `on_device` (the Reducer's CUDA device).
+  void pack(const GroupLayout& group, std::size_t begin, std::size_t count, float* buffer,
+            bool on_device) const;
+  void unpack(const GroupLayout& group, std::size_t begin, std::size_t count, const float* buffer,
+              bool on_device) const;
+  bool on_cuda() const noexcept { return memory_.kind == DeviceKind::cuda; }
+  // CUDA tensors: waits until the gradients of `group`'s elements [begin, begin + count) have
+  // been produced (their mark_ready events).
+  void wait_for_gradients(const GroupLayout& group, std::size_t begin, std::size_t count) const;
   // When a chunk lies inside one f32 tensor, that tensor's memory (reduced in place, no copy).
   float* in_place_span(const GroupLayout& group, std::size_t begin, std::size_t count) const;
   std::string describe_task(const Task& task) const;
@@ -155,7 +172,12 @@ class ReducerState {
   std::vector<BucketLayout> layout_;       // empty until frozen
   std::vector<std::size_t> bucket_of_;     // tensor -> bucket
   // [bucket][group]: packing buffers, empty for groups whose chunks are all reduced in place.
-  std::vector<std::vector<std::vector<float>>> group_buffers_;
+  std::vector<std::vector<GroupBuffer>> group_buffers_;
+  // Where the registered tensors live (all alike), set by the first add.
+  Device memory_{};
+  bool memory_known_ = false;
+  // CUDA tensors: per tensor, the event mark_ready records on options_.cuda_stream.
+  std::vector<std::unique_ptr<collectives::DeviceEvent>> ready_events_;
   bool frozen_ = false;
 
   // Step state (training-loop thread only).
@@ -208,7 +230,9 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
     // A duplicate per lane (collective: every rank makes its lanes in the same order).
     std::unique_ptr<collectives::Transport> duplicate = transport.split(0, transport.rank());
     duplicate->set_idle_waits(true);
-    lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate)), {}, {}});
+    CommunicatorOptions lane_options;
+    lane_options.cuda_path = collectives::state_of(communicator).cuda_path();
+    lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate), lane_options), {}, {}});
   }
   for (std::size_t l = 0; l < lanes_.size(); ++l)
     lanes_[l].thread = std::thread([this, l] { lane_loop(l); });
@@ -236,13 +260,26 @@ void ReducerState::add(std::string name, TensorView tensor, std::vector<std::siz
   GZ_REQUIRE(!name.empty(), ErrorCode::invalid_argument, "Reducer::add: empty tensor name");
   GZ_REQUIRE(!index_of_.contains(name), ErrorCode::invalid_argument, "Reducer::add('", name,
              "'): a tensor with this name is already registered");
-  GZ_REQUIRE(tensor.device.kind == DeviceKind::cpu, ErrorCode::invalid_argument,
-             "Reducer::add('", name, "'): the tensor is in CUDA memory; this Reducer takes host memory");
   GZ_REQUIRE(tensor.dtype == DType::f32 || tensor.dtype == DType::f16 || tensor.dtype == DType::bf16,
              ErrorCode::invalid_argument, "Reducer::add('", name, "'): dtype ",
              static_cast<int>(tensor.dtype), " is not f32, f16 or bf16");
   GZ_REQUIRE(tensor.data != nullptr || tensor.count == 0, ErrorCode::invalid_argument,
              "Reducer::add('", name, "'): null data for ", tensor.count, " elements");
+  const auto describe_memory = [](Device device) {
+    return device.kind == DeviceKind::cpu ? std::string("host memory")
+                                          : detail::concat("cuda:", device.index);
+  };
+  GZ_REQUIRE(!memory_known_ || (tensor.device.kind == memory_.kind &&
+                                (tensor.device.kind == DeviceKind::cpu || tensor.device.index == memory_.index)),
+             ErrorCode::invalid_argument, "Reducer::add('", name, "'): the tensor is in ",
+             describe_memory(tensor.device), ", the tensors added before it in ",
+             describe_memory(memory_), "; a Reducer holds tensors of one place");
+  if (tensor.device.kind == DeviceKind::cuda && tensor.count > 0) {
+    collectives::require_device_pointer(tensor.data, tensor.device.index,
+                                        detail::concat("Reducer::add('", name, "')"), "tensor");
+  }
+  memory_ = tensor.device;
+  memory_known_ = true;
   const bool has_shape = !shape.empty();
   if (has_shape) {
     std::size_t product = 1;
@@ -287,11 +324,23 @@ void ReducerState::freeze() {
       // A group needs its packing buffer when some chunk spans tensors or is not f32, and
       // always for PowerSGD (which packs whole matrices); chunks that lie inside one f32
       // tensor are reduced in place, so a model of large f32 tensors costs no extra memory.
-      bool needs_buffer = group.spec.codec == CodecKind::powersgd;
+      const bool powersgd = group.spec.codec == CodecKind::powersgd;
+      bool needs_buffer = powersgd;
       for (const ChunkLayout& chunk : group.chunks)
         needs_buffer = needs_buffer || in_place_span(group, chunk.group_begin, chunk.count) == nullptr;
-      group_buffers_[b].emplace_back(needs_buffer ? group.count : 0);
+      GroupBuffer& buffer = group_buffers_[b].emplace_back();
+      if (!needs_buffer) continue;
+      if (on_cuda() && !powersgd) {
+        buffer.device = std::make_unique<collectives::DeviceAllocation>(
+            group.count * sizeof(float), memory_.index, "Reducer: a group's packing buffer");
+      } else {
+        buffer.host.resize(group.count);
+      }
     }
+  }
+  if (on_cuda()) {
+    for (std::size_t t = 0; t < tensors_.size(); ++t)
+      ready_events_.push_back(std::make_unique<collectives::DeviceEvent>(memory_.index, "Reducer"));
   }
   ready_.assign(tensors_.size(), false);
   ready_in_bucket_.assign(layout_.size(), 0);
@@ -312,6 +361,7 @@ void ReducerState::mark_ready(std::string_view name) {
   const std::size_t index = found->second;
   GZ_REQUIRE(!ready_[index], ErrorCode::invalid_argument, "Reducer::mark_ready('", name,
              "'): already marked ready in step ", step_);
+  if (on_cuda()) ready_events_[index]->record(options_.cuda_stream, "Reducer::mark_ready");
   ready_[index] = true;
   step_started_ = true;
   ++ready_in_bucket_[bucket_of_[index]];
@@ -322,6 +372,7 @@ void ReducerState::mark_all_ready() {
   if (!frozen_) freeze();
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     if (ready_[t]) continue;
+    if (on_cuda()) ready_events_[t]->record(options_.cuda_stream, "Reducer::mark_all_ready");
     ready_[t] = true;
     ++ready_in_bucket_[bucket_of_[t]];
   }
@@ -379,6 +430,9 @@ void ReducerState::launch(std::size_t bucket, const std::optional<Error>& preset
 
 void ReducerState::lane_loop(std::size_t lane_index) {
   Lane& lane = lanes_[lane_index];
+  // CUDA tensors: the lane's device work runs on a non-blocking stream of its own (made at its
+  // first task, once the tensors' device is known), so it overlaps backward's kernels.
+  std::optional<collectives::DeviceStream> stream;
   for (;;) {
     Task task;
     {
@@ -391,6 +445,8 @@ void ReducerState::lane_loop(std::size_t lane_index) {
     std::optional<std::string> failure;
     std::optional<ErrorCode> code;
     try {
+      if (on_cuda() && !stream) stream.emplace(memory_.index, "Reducer lane");
+      const collectives::ThreadStreamScope scope(stream ? stream->get() : nullptr);
       run(lane, task);
     } catch (const Error& error) {
       failure = error.what();
@@ -439,40 +495,105 @@ float* ReducerState::in_place_span(const GroupLayout& group, std::size_t begin,
   return static_cast<float*>(view.data) + offset;
 }
 
+namespace {
+
+// Elements [begin, begin + count) of `view` as a view of their own.
+TensorView slice_of(const TensorView& view, std::size_t begin, std::size_t count) {
+  return TensorView{static_cast<std::byte*>(view.data) + begin * dtype_size(view.dtype), count,
+                    view.dtype, view.device};
+}
+
+// A CUDA slice's f32 values into host memory (PowerSGD packs on the host), or back.
+void download_as_f32(const TensorView& slice, float* host) {
+  if (slice.dtype == DType::f32) {
+    collectives::copy_device_to_host(host, slice.data, slice.size_bytes(), slice.device.index,
+                                     "Reducer: packing on the host");
+    return;
+  }
+  std::vector<std::uint16_t> half(slice.count);
+  collectives::copy_device_to_host(half.data(), slice.data, slice.size_bytes(), slice.device.index,
+                                   "Reducer: packing on the host");
+  kernels::cpu::load_as_f32(TensorView{half.data(), slice.count, slice.dtype, Device{}}, 0,
+                            slice.count, host);
+}
+
+void upload_from_f32(const float* host, const TensorView& slice) {
+  if (slice.dtype == DType::f32) {
+    collectives::copy_host_to_device(slice.data, host, slice.size_bytes(), slice.device.index,
+                                     "Reducer: unpacking from the host");
+    return;
+  }
+  std::vector<std::uint16_t> half(slice.count);
+  kernels::cpu::store_from_f32(host, slice.count, TensorView{half.data(), slice.count, slice.dtype, Device{}}, 0);
+  collectives::copy_host_to_device(slice.data, half.data(), slice.size_bytes(), slice.device.index,
+                                   "Reducer: unpacking from the host");
+}
+
+}  // namespace
+
 void ReducerState::pack(const GroupLayout& group, std::size_t begin, std::size_t count,
-                        float* buffer) const {
+                        float* buffer, bool on_device) const {
   for (std::size_t i = 0; i < group.tensors.size(); ++i) {
     const TensorView& view = tensors_[group.tensors[i]].view;
     const std::size_t lo = std::max(begin, group.tensor_offsets[i]);
     const std::size_t hi = std::min(begin + count, group.tensor_offsets[i] + view.count);
     if (lo >= hi) continue;
-    kernels::cpu::load_as_f32(view, lo - group.tensor_offsets[i], hi - lo, buffer + (lo - begin));
+    float* const to = buffer + (lo - begin);
+    const std::size_t from = lo - group.tensor_offsets[i];
+    if (view.device.kind == DeviceKind::cpu) {
+      kernels::cpu::load_as_f32(view, from, hi - lo, to);
+    } else if (on_device) {
+      collectives::widen_on_device(slice_of(view, from, hi - lo), 0, hi - lo, to);
+    } else {
+      download_as_f32(slice_of(view, from, hi - lo), to);
+    }
   }
 }
 
 void ReducerState::unpack(const GroupLayout& group, std::size_t begin, std::size_t count,
-                          const float* buffer) const {
+                          const float* buffer, bool on_device) const {
   for (std::size_t i = 0; i < group.tensors.size(); ++i) {
     const TensorView& view = tensors_[group.tensors[i]].view;
     const std::size_t lo = std::max(begin, group.tensor_offsets[i]);
     const std::size_t hi = std::min(begin + count, group.tensor_offsets[i] + view.count);
     if (lo >= hi) continue;
-    kernels::cpu::store_from_f32(buffer + (lo - begin), hi - lo, view, lo - group.tensor_offsets[i]);
+    const float* const from = buffer + (lo - begin);
+    const std::size_t to = lo - group.tensor_offsets[i];
+    if (view.device.kind == DeviceKind::cpu) {
+      kernels::cpu::store_from_f32(from, hi - lo, view, to);
+    } else if (on_device) {
+      collectives::narrow_on_device(from, 0, hi - lo, slice_of(view, to, hi - lo));
+    } else {
+      upload_from_f32(from, slice_of(view, to, hi - lo));
+    }
+  }
+}
+
+void ReducerState::wait_for_gradients(const GroupLayout& group, std::size_t begin,
+                                      std::size_t count) const {
+  if (!on_cuda()) return;
+  for (std::size_t i = 0; i < group.tensors.size(); ++i) {
+    const std::size_t tensor_begin = group.tensor_offsets[i];
+    const std::size_t tensor_end = tensor_begin + tensors_[group.tensors[i]].view.count;
+    if (tensor_end <= begin || tensor_begin >= begin + count) continue;
+    ready_events_[group.tensors[i]]->synchronize("Reducer: waiting for a gradient");
   }
 }
 
 void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& group,
                              const ChunkLayout& chunk) {
+  wait_for_gradients(group, chunk.group_begin, chunk.count);
   float* data = in_place_span(group, chunk.group_begin, chunk.count);
   const bool packed = data == nullptr;
   if (packed) {
     data = group_buffers_[task.bucket][task.group].data() + chunk.group_begin;
-    pack(group, chunk.group_begin, chunk.count, data);
+    pack(group, chunk.group_begin, chunk.count, data, on_cuda());
   }
   const CollectiveStats stats = collectives::allreduce_at_step(
-      collectives::state_of(lane.communicator), host_view(data, chunk.count), chunk.name,
+      collectives::state_of(lane.communicator),
+      TensorView{data, chunk.count, DType::f32, on_cuda() ? memory_ : Device{}}, chunk.name,
       task.spec, ReduceOp::average, task.step, task.preset_error ? &*task.preset_error : nullptr);
-  if (packed) unpack(group, chunk.group_begin, chunk.count, data);
+  if (packed) unpack(group, chunk.group_begin, chunk.count, data, on_cuda());
 
   // MPI's own all-reduce does not report its bytes: count what a ring would send.
   const std::uint64_t sent = stats.algorithm == "mpi" ? ring_bytes_estimate(chunk.count * 4, stats.ranks)
@@ -494,8 +615,10 @@ void ReducerState::record_progress(const Task& task, const CollectiveStats& stat
 }
 
 void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout& group) {
-  std::vector<float>& buffer = group_buffers_[task.bucket][task.group];
-  pack(group, 0, group.count, buffer.data());
+  // PowerSGD's products run on the host: its buffer is host memory, CUDA tensors included.
+  wait_for_gradients(group, 0, group.count);
+  std::vector<float>& buffer = group_buffers_[task.bucket][task.group].host;
+  pack(group, 0, group.count, buffer.data(), false);
   std::vector<PowerSgdMatrix> matrices;
   for (std::size_t i = 0; i < group.tensors.size(); ++i) {
     const RegisteredTensor& tensor = tensors_[group.tensors[i]];
@@ -507,7 +630,7 @@ void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout&
   const CollectiveStats stats =
       powersgd_allreduce(collectives::state_of(lane.communicator), matrices, task.spec, group.name,
                          task.step, task.preset_error ? &*task.preset_error : nullptr);
-  unpack(group, 0, group.count, buffer.data());
+  unpack(group, 0, group.count, buffer.data(), false);
 
   // Small P and Q go through MPI's own all-reduce, which reports no bytes: count what a ring
   // would send for both (an undercount when only one of the two took that path).

@@ -16,14 +16,24 @@ namespace {
 using kernels::cuda::check_runtime;
 using kernels::cuda::CurrentDevice;
 
+// The thread's work stream (the legacy default stream unless a Reducer lane set its own).
+cudaStream_t work_stream() noexcept {
+  return static_cast<cudaStream_t>(kernels::cuda::thread_work_stream());
+}
+
+void synchronize(std::string_view op, const char* what) {
+  check_runtime(cudaStreamSynchronize(work_stream()), op, what);
+}
+
 void copy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, int device,
           std::string_view op) {
   if (bytes == 0) return;
   const CurrentDevice current(device, op);
-  check_runtime(cudaMemcpy(to, from, bytes, kind), op,
+  check_runtime(cudaMemcpyAsync(to, from, bytes, kind, work_stream()), op,
                 kind == cudaMemcpyDeviceToHost   ? "a copy to host memory"
                 : kind == cudaMemcpyHostToDevice ? "a copy to the device"
                                                  : "a device-to-device copy");
+  synchronize(op, "the copy");
 }
 
 }  // namespace
@@ -43,7 +53,8 @@ void copy_host_to_device(void* device_data, const void* host, std::size_t bytes,
 void zero_on_device(void* device_data, std::size_t bytes, int device) {
   if (bytes == 0) return;
   const CurrentDevice current(device, "zero_on_device");
-  check_runtime(cudaMemset(device_data, 0, bytes), "zero_on_device", "cudaMemset");
+  check_runtime(cudaMemsetAsync(device_data, 0, bytes, work_stream()), "zero_on_device", "cudaMemsetAsync");
+  synchronize("zero_on_device", "the memset");
 }
 
 void copy_on_device(void* to, const void* from, std::size_t bytes, int device) {
@@ -60,15 +71,14 @@ void widen_on_device(const TensorView& tensor, std::size_t begin, std::size_t en
   const CurrentDevice current(tensor.device.index, "widen_on_device");
   const std::size_t count = end - begin;
   if (tensor.dtype == DType::f32) {
-    check_runtime(cudaMemcpy(d_f32 + begin, static_cast<const float*>(tensor.data) + begin,
-                             count * sizeof(float), cudaMemcpyDeviceToDevice),
-                  "widen_on_device", "a device copy");
+    copy(d_f32 + begin, static_cast<const float*>(tensor.data) + begin, count * sizeof(float),
+         cudaMemcpyDeviceToDevice, tensor.device.index, "widen_on_device");
     return;
   }
   const auto* half = static_cast<const std::uint16_t*>(tensor.data) + begin;
-  if (tensor.dtype == DType::f16) kernels::cuda::f16_to_f32(half, d_f32 + begin, count, nullptr);
-  else kernels::cuda::bf16_to_f32(half, d_f32 + begin, count, nullptr);
-  check_runtime(cudaStreamSynchronize(nullptr), "widen_on_device", "the conversion");
+  if (tensor.dtype == DType::f16) kernels::cuda::f16_to_f32(half, d_f32 + begin, count, work_stream());
+  else kernels::cuda::bf16_to_f32(half, d_f32 + begin, count, work_stream());
+  synchronize("widen_on_device", "the conversion");
 }
 
 void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor) {
@@ -76,37 +86,86 @@ void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, co
   const CurrentDevice current(tensor.device.index, "narrow_on_device");
   const std::size_t count = end - begin;
   if (tensor.dtype == DType::f32) {
-    check_runtime(cudaMemcpy(static_cast<float*>(tensor.data) + begin, d_f32 + begin,
-                             count * sizeof(float), cudaMemcpyDeviceToDevice),
-                  "narrow_on_device", "a device copy");
+    copy(static_cast<float*>(tensor.data) + begin, d_f32 + begin, count * sizeof(float),
+         cudaMemcpyDeviceToDevice, tensor.device.index, "narrow_on_device");
     return;
   }
   auto* half = static_cast<std::uint16_t*>(tensor.data) + begin;
-  if (tensor.dtype == DType::f16) kernels::cuda::f32_to_f16(d_f32 + begin, half, count, nullptr);
-  else kernels::cuda::f32_to_bf16(d_f32 + begin, half, count, nullptr);
-  check_runtime(cudaStreamSynchronize(nullptr), "narrow_on_device", "the conversion");
+  if (tensor.dtype == DType::f16) kernels::cuda::f32_to_f16(d_f32 + begin, half, count, work_stream());
+  else kernels::cuda::f32_to_bf16(d_f32 + begin, half, count, work_stream());
+  synchronize("narrow_on_device", "the conversion");
 }
 
 void divide_on_device(float* d_data, std::size_t count, float divisor, int device) {
   if (count == 0) return;
   const CurrentDevice current(device, "divide_on_device");
-  kernels::cuda::divide_f32(d_data, count, divisor, nullptr);
-  check_runtime(cudaStreamSynchronize(nullptr), "divide_on_device", "the division");
+  kernels::cuda::divide_f32(d_data, count, divisor, work_stream());
+  synchronize("divide_on_device", "the division");
 }
 
+DeviceStream::DeviceStream(int device, std::string_view op) : device_(device) {
+  const CurrentDevice current(device, op);
+  cudaStream_t stream = nullptr;
+  check_runtime(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), op, "cudaStreamCreateWithFlags");
+  stream_ = stream;
+}
+
+DeviceStream::~DeviceStream() {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return;
+  if (previous != device_) cudaSetDevice(device_);
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (previous != device_) cudaSetDevice(previous);
+}
+
+ThreadStreamScope::ThreadStreamScope(void* stream) noexcept
+    : previous_(kernels::cuda::thread_work_stream()) {
+  kernels::cuda::thread_work_stream() = stream;
+}
+
+ThreadStreamScope::~ThreadStreamScope() { kernels::cuda::thread_work_stream() = previous_; }
+
+DeviceEvent::DeviceEvent(int device, std::string_view op) : device_(device) {
+  const CurrentDevice current(device, op);
+  cudaEvent_t event = nullptr;
+  check_runtime(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), op, "cudaEventCreate");
+  event_ = event;
+}
+
+DeviceEvent::~DeviceEvent() {
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+void DeviceEvent::record(void* stream, std::string_view op) {
+  const CurrentDevice current(device_, op);
+  check_runtime(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)),
+                op, "cudaEventRecord");
+}
+
+void DeviceEvent::synchronize(std::string_view op) const {
+  check_runtime(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), op, "cudaEventSynchronize");
+}
+
+// Stream-ordered (cudaMallocAsync on the thread's work stream): a cudaFree would wait for
+// every stream of the device, the application's backward included. The allocation is complete
+// when the constructor returns, so any stream may use it; whoever used it on another stream
+// (the NCCL transport) has finished when its caller frees it (every call synchronises).
 DeviceAllocation::DeviceAllocation(std::size_t bytes, int device, std::string_view op)
     : bytes_(bytes), device_(device) {
   const CurrentDevice current(device, op);
   void* data = nullptr;
-  check_runtime(cudaMalloc(&data, bytes == 0 ? 1 : bytes), op, "cudaMalloc of message buffers");
+  check_runtime(cudaMallocAsync(&data, bytes == 0 ? 1 : bytes, work_stream()), op,
+                "cudaMallocAsync of message buffers");
   data_ = static_cast<std::byte*>(data);
+  synchronize(op, "the allocation");
 }
 
 DeviceAllocation::~DeviceAllocation() {
   int previous = 0;
   if (cudaGetDevice(&previous) != cudaSuccess) return;
   if (previous != device_) cudaSetDevice(device_);
-  cudaFree(data_);
+  cudaFreeAsync(data_, work_stream());
   if (previous != device_) cudaSetDevice(previous);
 }
 

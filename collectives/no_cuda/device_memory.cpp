@@ -35,6 +35,15 @@ void narrow_on_device(const float*, std::size_t, std::size_t, const TensorView& 
 }
 void divide_on_device(float*, std::size_t, float, int device) { refuse("divide_on_device", device); }
 
+DeviceStream::DeviceStream(int device, std::string_view op) { refuse(op, device); }
+DeviceStream::~DeviceStream() = default;
+ThreadStreamScope::ThreadStreamScope(void*) noexcept {}
+ThreadStreamScope::~ThreadStreamScope() = default;
+DeviceEvent::DeviceEvent(int device, std::string_view op) { refuse(op, device); }
+DeviceEvent::~DeviceEvent() = default;
+void DeviceEvent::record(void*, std::string_view op) { refuse(op, device_); }
+void DeviceEvent::synchronize(std::string_view op) const { refuse(op, device_); }
+
 DeviceAllocation::DeviceAllocation(std::size_t, int device, std::string_view op) { refuse(op, device); }
 DeviceAllocation::~DeviceAllocation() = default;
 

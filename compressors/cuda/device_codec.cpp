@@ -3,8 +3,9 @@
 // with compressors/wire_format.h, as the host codecs do, and travel to / from the device in
 // one small copy; payloads are written and validated on the device.
 //
-// Every call runs on the legacy default stream of the tensor's device and synchronises before
-// it returns (the contract in gradzip/codec.h). Scratch comes from cudaMallocAsync on that
+// Every call runs on the legacy default stream of the tensor's device (or on the calling
+// thread's work stream when a Reducer lane set one) and synchronises before it returns (the
+// contract in gradzip/codec.h). Scratch comes from cudaMallocAsync on that
 // stream. Inputs in f16 / bf16 are widened into f32 scratch first (the host codecs load them
 // as f32 too); f16 / bf16 decode outputs are decoded into f32 scratch and rounded to nearest
 // even, except a cast message decoded into its own format, which is copied (as on the host).
@@ -41,8 +42,9 @@ constexpr std::uint8_t kTopkHalfValues = 0x2;
 constexpr std::uint8_t kRandkHalfValues = 0x2;  // compressors/randk.cpp's flag bit
 constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
 
-// The stream every call uses: the legacy default stream of the current device.
-void* const kStream = nullptr;
+// The stream a call runs on: the thread's work stream (kernels/cuda/runtime_support.h), by
+// default the legacy default stream of the current device.
+void* work_stream() noexcept { return cuda::thread_work_stream(); }
 
 void check_cuda(cudaError_t status, const std::string& op, const char* what) {
   cuda::check_runtime(status, op, what);
@@ -54,11 +56,11 @@ using DeviceScope = cuda::CurrentDevice;
 class DeviceScratch {
  public:
   DeviceScratch(std::size_t bytes, const std::string& op) {
-    if (bytes > 0) check_cuda(cudaMallocAsync(&data_, bytes, static_cast<cudaStream_t>(kStream)), op,
+    if (bytes > 0) check_cuda(cudaMallocAsync(&data_, bytes, static_cast<cudaStream_t>(work_stream())), op,
                               "cudaMallocAsync of scratch");
   }
   ~DeviceScratch() {
-    if (data_ != nullptr) cudaFreeAsync(data_, static_cast<cudaStream_t>(kStream));
+    if (data_ != nullptr) cudaFreeAsync(data_, static_cast<cudaStream_t>(work_stream()));
   }
   DeviceScratch(const DeviceScratch&) = delete;
   DeviceScratch& operator=(const DeviceScratch&) = delete;
@@ -78,21 +80,21 @@ void require_device_memory(const void* pointer, int device, const std::string& o
 }
 
 void synchronize(const std::string& op) {
-  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(kStream)), op,
+  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(work_stream())), op,
              "the device work (cudaStreamSynchronize)");
 }
 
 void copy_to_device(void* d_out, const void* host, std::size_t bytes, const std::string& op) {
   if (bytes == 0) return;
   check_cuda(cudaMemcpyAsync(d_out, host, bytes, cudaMemcpyHostToDevice,
-                             static_cast<cudaStream_t>(kStream)),
+                             static_cast<cudaStream_t>(work_stream())),
              op, "copying to the device");
 }
 
 void copy_on_device(void* d_out, const void* d_in, std::size_t bytes, const std::string& op) {
   if (bytes == 0) return;
   check_cuda(cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice,
-                             static_cast<cudaStream_t>(kStream)),
+                             static_cast<cudaStream_t>(work_stream())),
              op, "a device-to-device copy");
 }
 
@@ -118,8 +120,8 @@ class F32Input {
     GZ_REQUIRE(in.dtype == DType::f16 || in.dtype == DType::bf16, ErrorCode::invalid_argument, op,
                ": input dtype ", dtype_name(in.dtype), " (expected f32, f16 or bf16)");
     const auto* half = static_cast<const std::uint16_t*>(in.data);
-    if (in.dtype == DType::f16) cuda::f16_to_f32(half, scratch_.as<float>(), in.count, kStream);
-    else cuda::bf16_to_f32(half, scratch_.as<float>(), in.count, kStream);
+    if (in.dtype == DType::f16) cuda::f16_to_f32(half, scratch_.as<float>(), in.count, work_stream());
+    else cuda::bf16_to_f32(half, scratch_.as<float>(), in.count, work_stream());
     data_ = scratch_.as<float>();
   }
   const float* data() const noexcept { return data_; }
@@ -137,8 +139,8 @@ void write_half_payload(const float* d_in, std::size_t count, bool bf16, std::by
   DeviceScratch staging(aligned(d_payload, 2) ? 0 : bytes, op);
   auto* target = aligned(d_payload, 2) ? reinterpret_cast<std::uint16_t*>(d_payload)
                                        : staging.as<std::uint16_t>();
-  if (bf16) cuda::f32_to_bf16(d_in, target, count, kStream);
-  else cuda::f32_to_f16(d_in, target, count, kStream);
+  if (bf16) cuda::f32_to_bf16(d_in, target, count, work_stream());
+  else cuda::f32_to_f16(d_in, target, count, work_stream());
   if (!aligned(d_payload, 2)) copy_on_device(d_payload, target, bytes, op);
 }
 
@@ -152,8 +154,8 @@ void widen_half_payload(const std::byte* d_payload, std::size_t count, bool bf16
     copy_on_device(staging.as<std::uint16_t>(), d_payload, bytes, op);
     source = staging.as<std::uint16_t>();
   }
-  if (bf16) cuda::bf16_to_f32(source, d_out, count, kStream);
-  else cuda::f16_to_f32(source, d_out, count, kStream);
+  if (bf16) cuda::bf16_to_f32(source, d_out, count, work_stream());
+  else cuda::f16_to_f32(source, d_out, count, work_stream());
 }
 
 const char* codec_op_name(CodecKind kind) {
@@ -192,13 +194,13 @@ WireHeader encode_payload(const CompressionSpec& spec, const float* d_in, std::s
       const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
       const std::size_t payload = cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket);
       cuda::qsgd_encode(d_in, n, spec.bits, spec.bucket, params, d_payload, nullptr, nullptr,
-                        kStream);
+                        work_stream());
       return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n, payload,
                         spec.bucket};
     }
     case CodecKind::sign: {
       const std::size_t payload = cuda::sign_payload_bytes(n, spec.bucket);
-      cuda::sign_encode(d_in, n, spec.bucket, d_payload, nullptr, nullptr, kStream);
+      cuda::sign_encode(d_in, n, spec.bucket, d_payload, nullptr, nullptr, work_stream());
       return WireHeader{WireCodec::sign, 0, 1, n, payload, spec.bucket};
     }
     case CodecKind::topk: {
@@ -213,10 +215,10 @@ WireHeader encode_payload(const CompressionSpec& spec, const float* d_in, std::s
       DeviceScratch scratch(kEntriesSlot + workspace_bytes, op);
       auto* const d_entries = scratch.as<std::uint64_t>();
       cuda::topk_select(d_in, n, k, options, d_payload, d_entries,
-                        scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, kStream);
+                        scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, work_stream());
       std::uint64_t entries = 0;
       check_cuda(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
-                                 static_cast<cudaStream_t>(kStream)),
+                                 static_cast<cudaStream_t>(work_stream())),
                  op, "reading the entry count");
       synchronize(op);
       GZ_REQUIRE(entries <= k, ErrorCode::internal, op, ": the device selected ", entries,
@@ -234,7 +236,7 @@ WireHeader encode_payload(const CompressionSpec& spec, const float* d_in, std::s
       std::array<std::byte, kernels::kRandkKeyBytes> key_bytes{};
       kernels::randk_write_key(key, key_bytes.data());
       copy_to_device(d_payload, key_bytes.data(), key_bytes.size(), op);
-      cuda::randk_gather(d_in, n, key, k, half, d_payload + kernels::kRandkKeyBytes, kStream);
+      cuda::randk_gather(d_in, n, key, k, half, d_payload + kernels::kRandkKeyBytes, work_stream());
       return WireHeader{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
                         kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
     }
@@ -255,7 +257,7 @@ struct DecodeTarget {
 void check_status(const int* d_status, const std::string& op, const char* (*describe)(int)) {
   int status = 0;
   check_cuda(cudaMemcpyAsync(&status, d_status, sizeof status, cudaMemcpyDeviceToHost,
-                             static_cast<cudaStream_t>(kStream)),
+                             static_cast<cudaStream_t>(work_stream())),
              op, "reading the validation status");
   synchronize(op);
   GZ_REQUIRE(status == 0, ErrorCode::malformed_message, op, ": ", describe(status));
@@ -303,7 +305,7 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
         copy_on_device(staging.as<float>(), d_payload, n * sizeof(float), op);
         values = staging.as<float>();
       }
-      cuda::ef_compensate(target.data, values, target.data, n, kStream);  // acc + value
+      cuda::ef_compensate(target.data, values, target.data, n, work_stream());  // acc + value
       return synchronize(op);
     }
     case CodecKind::fp16:
@@ -313,7 +315,7 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
       if (!target.accumulate) return widen_half_payload(d_payload, n, bf16, target.data, op);
       DeviceScratch widened(n * sizeof(float), op);
       widen_half_payload(d_payload, n, bf16, widened.as<float>(), op);
-      cuda::ef_compensate(target.data, widened.as<float>(), target.data, n, kStream);
+      cuda::ef_compensate(target.data, widened.as<float>(), target.data, n, work_stream());
       return synchronize(op);
     }
     case CodecKind::qsgd: {
@@ -333,7 +335,7 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
                  bucket, " (expected ", expected, ")");
       DeviceScratch status(sizeof(int), op);
       cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate,
-                        status.as<int>(), kStream);
+                        status.as<int>(), work_stream());
       return check_status(status.as<int>(), op, describe_qsgd_status);
     }
     case CodecKind::sign: {
@@ -349,7 +351,7 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
                  " (expected ", expected, ")");
       DeviceScratch status(sizeof(int), op);
       cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.as<int>(),
-                        kStream);
+                        work_stream());
       return check_status(status.as<int>(), op, describe_sign_status);
     }
     case CodecKind::topk: {
@@ -375,10 +377,10 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
         const std::byte* payloads[1] = {d_payload};
         const std::uint64_t entries[1] = {header.large_param};
         cuda::sparse_decode_add(payloads, entries, 1, wide, half, n, target.data, status.as<int>(),
-                                kStream);
+                                work_stream());
       } else {
         cuda::sparse_decode(d_payload, header.large_param, wide, half, n, target.data,
-                            status.as<int>(), kStream);
+                            status.as<int>(), work_stream());
       }
       return check_status(status.as<int>(), op, describe_sparse_status);
     }
@@ -397,8 +399,8 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
       const kernels::RandkKey key =
           kernels::randk_read_key(prefix.data() + kWireHeaderBytes);
       const std::byte* values = d_payload + kernels::kRandkKeyBytes;
-      if (target.accumulate) cuda::randk_scatter_add(values, k, half, key, n, target.data, kStream);
-      else cuda::randk_scatter(values, k, half, key, n, target.data, kStream);
+      if (target.accumulate) cuda::randk_scatter_add(values, k, half, key, n, target.data, work_stream());
+      else cuda::randk_scatter(values, k, half, key, n, target.data, work_stream());
       return synchronize(op);
     }
     case CodecKind::powersgd: break;
@@ -457,8 +459,10 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
   const std::size_t prefix_bytes = std::min(in.size(), prefix.size());
   if (prefix_bytes > 0) {
-    check_cuda(cudaMemcpy(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost), op,
-               "reading the message header");
+    check_cuda(cudaMemcpyAsync(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost,
+                               static_cast<cudaStream_t>(work_stream())),
+               op, "reading the message header");
+    synchronize(op);
   }
   const WireCodec expected_codec = [&] {
     switch (spec.codec) {
@@ -496,8 +500,8 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   decode_payload(spec, header, prefix, d_payload, DecodeTarget{decoded.as<float>(), out.count, false},
                  op);
   auto* const half = static_cast<std::uint16_t*>(out.data);
-  if (out.dtype == DType::f16) cuda::f32_to_f16(decoded.as<float>(), half, out.count, kStream);
-  else cuda::f32_to_bf16(decoded.as<float>(), half, out.count, kStream);
+  if (out.dtype == DType::f16) cuda::f32_to_f16(decoded.as<float>(), half, out.count, work_stream());
+  else cuda::f32_to_bf16(decoded.as<float>(), half, out.count, work_stream());
   synchronize(op);
 }
 
@@ -528,16 +532,16 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   float* const d_decoded = decoded.empty() ? d_compensated + count : decoded.data();
   copy_to_device(d_residual, residual.data(), count * sizeof(float), op);
   const F32Input gradient(chunk, op);
-  cuda::ef_compensate(gradient.data(), d_residual, d_compensated, count, kStream);
+  cuda::ef_compensate(gradient.data(), d_residual, d_compensated, count, work_stream());
 
   const Device device = chunk.device;
   const std::size_t bytes =
       codec.encode(ConstTensorView(d_compensated, count, DType::f32, device), out, ctx);
   codec.decode(out.first(bytes), TensorView{d_decoded, count, DType::f32, device});
-  cuda::ef_update(d_compensated, d_decoded, d_residual, count, kStream);
+  cuda::ef_update(d_compensated, d_decoded, d_residual, count, work_stream());
   if (count > 0) {
     check_cuda(cudaMemcpyAsync(residual.data(), d_residual, count * sizeof(float),
-                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(kStream)),
+                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(work_stream())),
                op, "copying the residual back");
   }
   synchronize(op);

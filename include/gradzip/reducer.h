@@ -50,6 +50,16 @@
 // run with every rank (as failed calls that every rank sees), so no rank waits forever. After
 // a failed step the tensors of unfinished buckets are unspecified; the next step starts clean.
 //
+// CUDA tensors. A Reducer holds host tensors or tensors of one CUDA device, not both. Their
+// groups are packed on the device; mark_ready records a CUDA event on
+// ReducerOptions::cuda_stream (the stream that produced the gradient), and the lane that runs
+// a chunk waits for the events of its tensors before reading them. Each lane runs its device
+// work (codecs, packing) on a non-blocking stream of its own, so compression overlaps the
+// kernels of backward, and its chunks travel over NCCL or staged as the communicator's
+// cuda_path says (gradzip/communicator.h). PowerSGD groups are reduced on the host (packed
+// into host memory and copied back). After wait() the results are in device memory; the
+// Reducer's device work is complete, so later work on any stream sees them.
+//
 // Thread safety: add, mark_ready, wait, step, stats and the checkpoint calls are for one thread
 // (the training loop's). The tensors handed to add() must stay valid, and must not be written
 // by the caller between their mark_ready and the end of wait().
@@ -92,6 +102,9 @@ struct ReducerOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;       // 25 MiB
   std::size_t chunk_bytes = std::size_t{4} << 20;         // 4 MiB
   int lanes = 2;                                          // communication threads, >= 1
+  // CUDA tensors: the stream (a cudaStream_t) whose work produces the gradients; mark_ready
+  // records an event on it. nullptr: the legacy default stream.
+  void* cuda_stream = nullptr;
 };
 
 // One group of one bucket as run in a step.
@@ -151,7 +164,8 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Registers a gradient (f32, f16 or bf16 host memory). `shape` (optional) must multiply to
+  // Registers a gradient (f32, f16 or bf16, in host memory or, for every tensor of the Reducer,
+  // on one CUDA device). `shape` (optional) must multiply to
   // tensor.count (else ErrorCode::size_mismatch); rules and PowerSGD use it. Other bad
   // arguments throw ErrorCode::invalid_argument. Names are unique and non-empty. Only before the
   // first mark_ready.

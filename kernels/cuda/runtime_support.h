@@ -12,6 +12,15 @@
 
 namespace gradzip::kernels::cuda {
 
+// The stream this thread's synchronous device work (the device codecs, the collectives' copies
+// and conversions) runs on: nullptr, the legacy default stream, unless a caller (a Reducer lane,
+// through collectives::ThreadStreamScope) set its own. That work synchronises its stream before
+// returning either way.
+inline void*& thread_work_stream() noexcept {
+  thread_local void* stream = nullptr;
+  return stream;
+}
+
 // Throws ErrorCode::unsupported naming `op`, `what` and CUDA's text unless status is success.
 inline void check_runtime(cudaError_t status, std::string_view op, std::string_view what) {
   GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": ", what, " failed: ",
@@ -47,6 +56,11 @@ inline void require_device_pointer(const void* pointer, int device, std::string_
   if (status != cudaSuccess) cudaGetLastError();  // leave no error for the next call to find
   const bool device_memory = status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
                                                        attributes.type == cudaMemoryTypeManaged);
+  // No driver or no device: CUDA work cannot run here at all.
+  GZ_REQUIRE(status != cudaErrorNoDevice && status != cudaErrorInsufficientDriver &&
+                 status != cudaErrorInitializationError,
+             ErrorCode::unsupported, op, ": the ", what, " is on CUDA device ", device,
+             ", but CUDA cannot run here (", cudaGetErrorString(status), ")");
   GZ_REQUIRE(status == cudaSuccess, ErrorCode::invalid_argument, op, ": the ", what,
              " cannot be checked as CUDA device memory of cuda:", device, " (",
              cudaGetErrorString(status), ")");

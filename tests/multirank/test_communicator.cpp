@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "collectives/device_memory.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
 #include "collectives/transport/mpi/mpi_transport.h"
@@ -413,12 +412,10 @@ TEST(Communicator, ArgumentErrorOnOneRankReachesEveryRank) {
       ErrorCode::invalid_spec, {me ? "nonsense" : rejected});
   TensorView on_device = host_view(data.data(), 7);
   if (me) on_device.device = Device{DeviceKind::cuda, 0};
-  // Host memory labelled CUDA: refused as not device memory where the build has CUDA, as
-  // unsupported where it has none.
+  // Host memory labelled CUDA: refused as not device memory where CUDA runs, as unsupported
+  // where it cannot (no CUDA in the build, or no device).
   expect_every_rank_throws([&] { comm.allreduce(on_device, "x", "none"); },
-                           collectives::device_memory_built() ? ErrorCode::invalid_argument
-                                                              : ErrorCode::unsupported,
-                           {"CUDA"});
+                           testing::fake_cuda_view_error(), {"CUDA"});
   comm.allreduce(host_view(data.data(), 7), "x", "none");
   for (float value : data) ASSERT_EQ(value, static_cast<float>(world_size()));
 }

@@ -1016,3 +1016,36 @@ TEST(Reducer, SavedErrorFeedbackStateResumesInANewReducer) {
 
 }  // namespace
 }  // namespace gradzip
+
+namespace gradzip {
+namespace {
+
+// A Reducer holds tensors of one place: a CUDA tensor after host ones is refused naming both,
+// and a host pointer labelled CUDA is refused as the codecs refuse it (no device here: the
+// device path itself is covered by tests/gpu/test_reducer_cuda.cpp).
+TEST(Reducer, TensorsOfDifferentPlacesAndFakeCudaPointersAreRefused) {
+  Communicator comm = Communicator::world();
+  std::vector<float> host(16, 1.0f);
+  {
+    Reducer reducer(comm, ReducerOptions{});
+    reducer.add("a", host_view(host.data(), host.size()));
+    std::string message;
+    EXPECT_EQ(testing::error_code_of(
+                  [&] {
+                    reducer.add("b", TensorView{host.data(), host.size(), DType::f32,
+                                                Device{DeviceKind::cuda, 0}});
+                  },
+                  &message),
+              ErrorCode::invalid_argument);
+    EXPECT_NE(message.find("cuda:0, the tensors added before it in host memory"), std::string::npos)
+        << message;
+  }
+  Reducer reducer(comm, ReducerOptions{});
+  EXPECT_EQ(testing::error_code_of([&] {
+              reducer.add("c", TensorView{host.data(), host.size(), DType::f32, Device{DeviceKind::cuda, 0}});
+            }),
+            testing::fake_cuda_view_error());
+}
+
+}  // namespace
+}  // namespace gradzip
