@@ -201,50 +201,64 @@ CollectiveStats start_stats(const Call& call, const Transport& transport) {
 }
 
 // Where one call's f32 working values live and what moves them. Host tensors: the tensor
-// itself (f32) or the state's f32 scratch, over the host transport. CUDA tensors run over NCCL
-// on device memory when the call allows it (why_not_nccl), else they are staged: copied into
-// the state's host staging buffer and then treated as a host tensor.
+// itself (f32) or the state's f32 scratch, over the host transport. CUDA tensors run on device
+// memory over NCCL (or CUDA-aware MPI) when cuda_route allows it, else they are staged: copied
+// into the state's host staging buffer and then treated as a host tensor.
 struct CallMemory {
   Transport* transport = nullptr;
-  Device device{};          // cuda: the NCCL path, data is device memory
+  Device device{};          // cuda: data is device memory (NCCL or CUDA-aware MPI)
   std::span<float> data;    // the f32 values the algorithm works on
   TensorView host;          // host paths: the host-side tensor (the user's, or the staging copy)
 };
 
-// Empty when a CUDA call whose algorithm is `algorithm` (nullopt: the uncompressed transport
-// sum) under `spec` can run over NCCL on device memory; else why it is staged. The same on
-// every rank: the call check has compared everything that decides it (spec, count, step,
-// cuda_path). cuda_path nccl in a build without NCCL throws unsupported.
-// `shared_index`: random-k's own path (run_flat_allreduce's auto choice for randk).
-std::string why_not_nccl(const CommunicatorState& state, const CompressionSpec& spec,
-                         std::optional<Algorithm> algorithm, bool shared_index = false) {
-  if (state.cuda_path() == CudaPath::staged) return "cuda_path is staged";
-  if (!nccl_transport_built()) {
-    GZ_REQUIRE(state.cuda_path() != CudaPath::nccl, ErrorCode::unsupported,
-               "cuda_path is nccl, but this gradzip was built without NCCL");
-    return "this build has no NCCL";
+// How a CUDA tensor's call travels.
+struct CudaRoute {
+  enum class Kind { nccl, cuda_aware_mpi, staged } kind = Kind::staged;
+  std::string why_staged;  // for Kind::staged: the reason, for the stats' note
+};
+
+// The route of a CUDA call whose algorithm is `algorithm` (nullopt: the uncompressed transport
+// sum) under `spec`: on device memory over NCCL when the build has it, else over the host
+// transport when MPI is CUDA-aware, else staged; random-k's shared-index path
+// (`shared_index`), the hierarchical all-reduce and cuda_path staged are always staged. The
+// same on every rank: the call check has compared everything that decides it (spec, count,
+// step, cuda_path; the build and MPI library are the same everywhere). cuda_path nccl in a
+// build without NCCL throws unsupported.
+CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec,
+                     std::optional<Algorithm> algorithm, bool shared_index = false) {
+  const auto staged = [](std::string why) { return CudaRoute{CudaRoute::Kind::staged, std::move(why)}; };
+  if (state.cuda_path() == CudaPath::staged) return staged("cuda_path is staged");
+  GZ_REQUIRE(state.cuda_path() != CudaPath::nccl || nccl_transport_built(), ErrorCode::unsupported,
+             "cuda_path is nccl, but this gradzip was built without NCCL");
+  if (algorithm && shared_index) return staged("random-k's shared-index path runs on host memory");
+  if (algorithm && *algorithm == Algorithm::hier)
+    return staged("the hierarchical all-reduce runs on host memory");
+  if (nccl_transport_built()) {
+    // NCCL receives exactly the size the sender sends, and the ring does not exchange sizes.
+    if (algorithm && *algorithm == Algorithm::ring && spec.codec == CodecKind::topk && spec.approx)
+      return staged("approximate top-k messages vary in size, which the ring over NCCL cannot receive");
+    return CudaRoute{CudaRoute::Kind::nccl, ""};
   }
-  if (!algorithm) return "";
-  if (shared_index) return "random-k's shared-index path runs on host memory";
-  if (*algorithm == Algorithm::hier) return "the hierarchical all-reduce runs on host memory";
-  // NCCL receives exactly the size the sender sends, and the ring does not exchange sizes.
-  if (*algorithm == Algorithm::ring && spec.codec == CodecKind::topk && spec.approx)
-    return "approximate top-k messages vary in size, which the ring over NCCL cannot receive";
-  return "";
+  if (state.cuda_path() == CudaPath::automatic &&
+      state.transport().moves_device_memory())
+    return CudaRoute{CudaRoute::Kind::cuda_aware_mpi, ""};
+  return staged("this build has no NCCL and MPI is not CUDA-aware");
 }
 
 // Prepares elements [begin, end) of the call's tensor (the rest is left for the algorithm to
-// overwrite). For CUDA tensors `why_staged` (from why_not_nccl) picks the path; both paths say
-// in the stats' note which they took.
+// overwrite). For CUDA tensors `route` (cuda_route) picks the path; every path of a CUDA
+// tensor says in the stats' note which it took.
 CallMemory open_call_memory(CommunicatorState& state, const TensorView& tensor, std::size_t begin,
-                            std::size_t end, std::string_view why_staged, CollectiveStats& stats) {
+                            std::size_t end, const CudaRoute& route, CollectiveStats& stats) {
   CallMemory memory;
   memory.transport = &state.transport();
   memory.host = tensor;
-  if (tensor.device.kind == DeviceKind::cuda && why_staged.empty()) {
-    memory.transport = &state.nccl_transport(tensor.device.index);
+  if (tensor.device.kind == DeviceKind::cuda && route.kind != CudaRoute::Kind::staged) {
+    const bool nccl = route.kind == CudaRoute::Kind::nccl;
+    if (nccl) memory.transport = &state.nccl_transport(tensor.device.index);
     memory.device = tensor.device;
-    stats.note += detail::concat(stats.note.empty() ? "" : "; ", "over NCCL");
+    stats.note += detail::concat(stats.note.empty() ? "" : "; ",
+                                 nccl ? "over NCCL" : "over CUDA-aware MPI");
     float* const data = tensor.dtype == DType::f32
                             ? static_cast<float*>(tensor.data)
                             : state.device_f32_scratch(tensor.device.index, tensor.count);
@@ -262,7 +276,7 @@ CallMemory open_call_memory(CommunicatorState& state, const TensorView& tensor, 
                           (end - begin) * element, tensor.device.index, "staging a CUDA tensor");
     }
     stats.note += detail::concat(stats.note.empty() ? "" : "; ", "staged through host memory (",
-                                 why_staged, ")");
+                                 route.why_staged, ")");
     memory.host = TensorView{staging.data(), tensor.count, tensor.dtype, Device{}};
   }
   if (memory.host.dtype == DType::f32) {
@@ -355,11 +369,11 @@ CompressionSpec sharded_spec(const ShardedChoice& choice, const CompressionSpec&
   return choice.warmup ? warmup_spec(spec) : spec;
 }
 
-// why_not_nccl for CUDA tensors; empty (unused) for host tensors.
+// cuda_route for CUDA tensors; unused for host tensors.
 template <typename... Args>
-std::string staging_reason(const CommunicatorState& state, const TensorView& tensor, Args&&... args) {
-  if (tensor.device.kind != DeviceKind::cuda) return "";
-  return why_not_nccl(state, std::forward<Args>(args)...);
+CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor, Args&&... args) {
+  if (tensor.device.kind != DeviceKind::cuda) return CudaRoute{};
+  return cuda_route(state, std::forward<Args>(args)...);
 }
 
 CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
@@ -381,7 +395,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
                               spec.codec == CodecKind::randk;
     const CallMemory memory =
         open_call_memory(state, call.tensor, 0, count,
-                         staging_reason(state, call.tensor, spec, algorithm, shared_index), stats);
+                         route_of(state, call.tensor, spec, algorithm, shared_index), stats);
     divide_for_average(memory, call.op);
     if (choice.path == AllreducePath::transport_sum) {
       StageTimer communicate(stats.communicate_seconds);
@@ -405,7 +419,7 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
     const CallMemory memory = open_call_memory(
-        state, call.tensor, 0, count, staging_reason(state, call.tensor, spec, choice.algorithm), stats);
+        state, call.tensor, 0, count, route_of(state, call.tensor, spec, choice.algorithm), stats);
     divide_for_average(memory, call.op);
     ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);
     if (choice.algorithm == Algorithm::sra)
@@ -428,7 +442,7 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
     const CallMemory memory = open_call_memory(
         state, call.tensor, shard_begin(count, transport.size(), transport.rank()),
         shard_begin(count, transport.size(), transport.rank() + 1),
-        staging_reason(state, call.tensor, spec, Algorithm::allgather), stats);
+        route_of(state, call.tensor, spec, Algorithm::allgather), stats);
     ReduceJob job = make_job(state, spec, memory, allgather_residual_key(call.name), call.name,
                              step, stats);
     compressed_allgather(job);

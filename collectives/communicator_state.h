@@ -27,6 +27,7 @@ class CommunicatorState {
   CommunicatorState(std::unique_ptr<Transport> transport, CommunicatorOptions options);
 
   Transport& transport() noexcept { return *transport_; }
+  const Transport& transport() const noexcept { return *transport_; }
   const CompressionSpec& default_spec() const noexcept { return default_spec_; }
   error_feedback::ResidualStore& residuals() noexcept { return residuals_; }
 

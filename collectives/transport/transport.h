@@ -82,6 +82,10 @@ class Transport {
   // later waits (the batch would never complete): it posts each ring step's receive at that
   // step instead of all of them up front. MPI: false.
   virtual bool waits_complete_whole_batches() const noexcept { return false; }
+  // True when the spans given to isend, irecv, allgatherv, alltoallv and allreduce_f32_sum may
+  // be CUDA device memory (NCCL; MPI when the library is CUDA-aware). allgather_u64 always
+  // takes host memory.
+  virtual bool moves_device_memory() const noexcept { return false; }
   // Starts the operations posted so far without waiting for them, so that work done before the
   // next wait overlaps their transfer (NCCL: launches them as one group). A no-op where
   // posting starts them (MPI).

@@ -11,9 +11,11 @@
 //     residuals stay in host memory, copied per encode); the NCCL communicator of a device is
 //     made at the first such call (a collective; rank 0's unique id travels over the host
 //     transport); stats.note says "over NCCL";
-//   - otherwise (random-k's shared-index path, algo=hier, cuda_path staged) staged: copied to
-//     host memory, reduced like host tensors, copied back (stats.note says "staged through
-//     host memory" and why).
+//   - in a build without NCCL, the same calls over MPI on device memory when Open MPI reports
+//     itself CUDA-aware (MPIX_Query_cuda_support); stats.note says "over CUDA-aware MPI";
+//   - otherwise (random-k's shared-index path, algo=hier, cuda_path staged, neither NCCL nor
+//     CUDA-aware MPI) staged: copied to host memory, reduced like host tensors, copied back
+//     (stats.note says "staged through host memory" and why).
 // Device work runs on the legacy default stream of the tensor's device (after all earlier work
 // of blocking streams). A build without CUDA refuses CUDA tensors with ErrorCode::unsupported on
 // every rank. Every rank of a call must pass the same kind of memory (the mismatch check
@@ -84,7 +86,7 @@ struct CollectiveStats {
 
 // How collectives move CUDA tensors.
 enum class CudaPath : std::uint8_t {
-  automatic,  // NCCL for the calls it serves when the build has NCCL, else staged
+  automatic,  // NCCL for the calls it serves when the build has NCCL, else CUDA-aware MPI, else staged
   nccl,       // as automatic, but a build without NCCL refuses CUDA tensors (unsupported)
   staged,     // always through host memory and the host transport
 };

@@ -1,5 +1,9 @@
 #include "collectives/transport/mpi/mpi_transport.h"
 
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's MPIX_CUDA_AWARE_SUPPORT
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -65,6 +69,20 @@ void ensure_mpi_initialized() {
   });
 }
 
+namespace {
+
+// Whether this MPI library moves CUDA device memory: Open MPI's extension says at compile
+// time whether it was built so and at run time whether the loaded library supports it.
+bool mpi_is_cuda_aware() noexcept {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
 MpiTransport::MpiTransport(MPI_Comm comm) {
   ensure_mpi_initialized();
   check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
@@ -72,12 +90,14 @@ MpiTransport::MpiTransport(MPI_Comm comm) {
   MPI_Comm_size(comm_, &size_);
   // Errors come back as return codes so they become gradzip::Error with context.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  cuda_aware_ = mpi_is_cuda_aware();
 }
 
 MpiTransport::MpiTransport(MPI_Comm comm, Adopt) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  cuda_aware_ = mpi_is_cuda_aware();
 }
 
 MpiTransport::~MpiTransport() {

@@ -44,6 +44,9 @@ class MpiTransport final : public Transport {
 
   void set_idle_waits(bool idle_waits) override { idle_waits_ = idle_waits; }
   bool concurrent_use_supported() const override;
+  // Open MPI built CUDA-aware (MPIX_CUDA_AWARE_SUPPORT) and reporting it at run time
+  // (MPIX_Query_cuda_support); false for other MPI libraries.
+  bool moves_device_memory() const noexcept override { return cuda_aware_; }
 
   MPI_Comm comm() const noexcept { return comm_; }
 
@@ -74,6 +77,7 @@ class MpiTransport final : public Transport {
   int size_ = 1;
   std::vector<Pending> pending_;
   bool idle_waits_ = false;
+  bool cuda_aware_ = false;
 };
 
 // Calls MPI_Init_thread (MPI_THREAD_MULTIPLE requested) unless MPI is already initialised,
