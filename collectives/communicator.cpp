@@ -256,6 +256,9 @@ CallMemory open_call_memory(CommunicatorState& state, const TensorView& tensor, 
   if (tensor.device.kind == DeviceKind::cuda && route.kind != CudaRoute::Kind::staged) {
     const bool nccl = route.kind == CudaRoute::Kind::nccl;
     if (nccl) memory.transport = &state.nccl_transport(tensor.device.index);
+    // The transport may read the tensor from a stream of its own: the work that produced it
+    // (earlier work of blocking streams, as the contract says) must be done first.
+    finish_queued_work(tensor.device.index, "a collective on a CUDA tensor");
     memory.device = tensor.device;
     stats.note += detail::concat(stats.note.empty() ? "" : "; ",
                                  nccl ? "over NCCL" : "over CUDA-aware MPI");

@@ -26,6 +26,11 @@ void copy_device_to_host(void* host, const void* device_data, std::size_t bytes,
 void copy_host_to_device(void* device_data, const void* host, std::size_t bytes, int device,
                          std::string_view op);
 
+// Waits until the thread's work stream of `device` has finished what was queued on it: with the
+// legacy default stream (the default), all earlier work of the device's blocking streams, so a
+// transport with a stream of its own (NCCL) then reads the application's finished data.
+void finish_queued_work(int device, std::string_view op);
+
 // device_data[0, bytes) = 0 (so f32 arrays become +0.0f).
 void zero_on_device(void* device_data, std::size_t bytes, int device);
 // to[0, bytes) = from[0, bytes), both memory of `device` (they may not overlap).

@@ -25,6 +25,17 @@ void synchronize(std::string_view op, const char* what) {
   check_runtime(cudaStreamSynchronize(work_stream()), op, what);
 }
 
+// For destructors: runs `release` with `device` current and restores the caller's device,
+// throwing nothing (a failing CUDA call leaves the resource to the process's end).
+template <typename Release>
+void release_on(int device, Release release) noexcept {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return;
+  if (previous != device) cudaSetDevice(device);
+  release();
+  if (previous != device) cudaSetDevice(previous);
+}
+
 void copy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, int device,
           std::string_view op) {
   if (bytes == 0) return;
@@ -48,6 +59,11 @@ void copy_device_to_host(void* host, const void* device_data, std::size_t bytes,
 void copy_host_to_device(void* device_data, const void* host, std::size_t bytes, int device,
                          std::string_view op) {
   copy(device_data, host, bytes, cudaMemcpyHostToDevice, device, op);
+}
+
+void finish_queued_work(int device, std::string_view op) {
+  const CurrentDevice current(device, op);
+  synchronize(op, "the work queued before the call");
 }
 
 void zero_on_device(void* device_data, std::size_t bytes, int device) {
@@ -111,12 +127,10 @@ DeviceStream::DeviceStream(int device, std::string_view op) : device_(device) {
 }
 
 DeviceStream::~DeviceStream() {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) return;
-  if (previous != device_) cudaSetDevice(device_);
-  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-  if (previous != device_) cudaSetDevice(previous);
+  release_on(device_, [&] {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  });
 }
 
 ThreadStreamScope::ThreadStreamScope(void* stream) noexcept
@@ -162,11 +176,7 @@ DeviceAllocation::DeviceAllocation(std::size_t bytes, int device, std::string_vi
 }
 
 DeviceAllocation::~DeviceAllocation() {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) return;
-  if (previous != device_) cudaSetDevice(device_);
-  cudaFreeAsync(data_, work_stream());
-  if (previous != device_) cudaSetDevice(previous);
+  release_on(device_, [&] { cudaFreeAsync(data_, work_stream()); });
 }
 
 }  // namespace gradzip::collectives

@@ -21,6 +21,7 @@ void copy_device_to_host(void*, const void*, std::size_t, int device, std::strin
 void copy_host_to_device(void*, const void*, std::size_t, int device, std::string_view op) {
   refuse(op, device);
 }
+void finish_queued_work(int device, std::string_view op) { refuse(op, device); }
 void zero_on_device(void*, std::size_t, int device) { refuse("zero_on_device", device); }
 void copy_on_device(void*, const void*, std::size_t, int device) { refuse("copy_on_device", device); }
 void require_device_pointer(const void*, int device, std::string_view op, std::string_view) {
