@@ -57,6 +57,11 @@ CommunicatorState::CommunicatorState(std::unique_ptr<Transport> transport, Commu
       cuda_path_(options.cuda_path) {}
 
 Transport& CommunicatorState::nccl_transport(int device) {
+  if (transport_->device_only() >= 0) {
+    GZ_REQUIRE(device == transport_->device_only(), ErrorCode::internal, "nccl_transport: cuda:",
+               device, " on a communicator of cuda:", transport_->device_only());
+    return *transport_;
+  }
   if (const auto found = nccl_transports_.find(device); found != nccl_transports_.end())
     return *found->second;
   return *nccl_transports_.emplace(device, make_nccl_transport(*transport_, device)).first->second;
@@ -179,6 +184,15 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
   if (!call.error) {
     try {
       check_arguments(call);
+      const int only = state.transport().device_only();
+      GZ_REQUIRE(only < 0 || (call.tensor.device.kind == DeviceKind::cuda &&
+                              call.tensor.device.index == only),
+                 ErrorCode::invalid_argument, collective_kind_name(call.kind), " of '", call.name,
+                 "': this communicator was made from an ncclComm_t of cuda:", only,
+                 " and reduces tensors of that device only; the tensor is ",
+                 call.tensor.device.kind == DeviceKind::cpu
+                     ? std::string("in host memory")
+                     : detail::concat("on cuda:", call.tensor.device.index));
     } catch (const Error& error) {
       call.error = error;
     }
@@ -226,7 +240,12 @@ struct CudaRoute {
 // build without NCCL throws unsupported.
 CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec,
                      std::optional<Algorithm> algorithm, bool shared_index = false) {
-  const auto staged = [](std::string why) { return CudaRoute{CudaRoute::Kind::staged, std::move(why)}; };
+  const auto staged = [&](std::string why) {
+    GZ_REQUIRE(state.transport().device_only() < 0, ErrorCode::unsupported,
+               "this communicator was made from an ncclComm_t and has no host transport, but ",
+               why);
+    return CudaRoute{CudaRoute::Kind::staged, std::move(why)};
+  };
   if (state.cuda_path() == CudaPath::staged) return staged("cuda_path is staged");
   GZ_REQUIRE(state.cuda_path() != CudaPath::nccl || nccl_transport_built(), ErrorCode::unsupported,
              "cuda_path is nccl, but this gradzip was built without NCCL");
@@ -469,6 +488,13 @@ CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, s
 CommunicatorState& state_of(Communicator& communicator) noexcept { return *communicator.state_; }
 
 }  // namespace collectives
+
+Communicator Communicator::from_nccl(void* nccl_comm, CommunicatorOptions options) {
+  // NCCL for every CUDA call: there is no host transport to stage through.
+  options.cuda_path = CudaPath::nccl;
+  return collectives::make_communicator(collectives::adopt_nccl_communicator(nccl_comm),
+                                        std::move(options));
+}
 
 std::string CollectiveStats::to_string() const {
   char numbers[160];

@@ -57,7 +57,8 @@ class CommunicatorState {
 
   CudaPath cuda_path() const noexcept { return cuda_path_; }
   // The NCCL transport of CUDA device `device` over this communicator's ranks, made at the first
-  // call (a collective over transport(): every rank asks in the same call) and kept.
+  // call (a collective over transport(): every rank asks in the same call) and kept; for a
+  // communicator made from an ncclComm_t (transport().device_only() >= 0), that transport.
   Transport& nccl_transport(int device);
   // f32 working memory on CUDA device `device` for f16 / bf16 tensors on the NCCL path, at
   // least `count` floats, kept between calls.

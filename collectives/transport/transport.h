@@ -86,6 +86,9 @@ class Transport {
   // be CUDA device memory (NCCL; MPI when the library is CUDA-aware). allgather_u64 always
   // takes host memory.
   virtual bool moves_device_memory() const noexcept { return false; }
+  // The CUDA device whose memory this transport moves exclusively (NCCL), or -1 when it moves
+  // host memory (MPI, CUDA-aware or not).
+  virtual int device_only() const noexcept { return -1; }
   // Starts the operations posted so far without waiting for them, so that work done before the
   // next wait overlaps their transfer (NCCL: launches them as one group). A no-op where
   // posting starts them (MPI).

@@ -114,6 +114,14 @@ class Communicator {
   // the communicator; its traffic never matches the application's.
   static Communicator from_mpi(int fortran_comm_handle, CommunicatorOptions options = {});
 
+  // A communicator over the application's NCCL communicator (an ncclComm_t, passed as void*
+  // so that this header needs no NCCL header). It reduces CUDA tensors of that communicator's
+  // device, over NCCL; host tensors, tensors of another device and the calls that need host
+  // memory (random-k's shared-index path, algo=hier) are refused with ErrorCode::invalid_argument
+  // or unsupported on every rank. The application keeps ownership: the NCCL communicator must
+  // outlive this one. A build without NCCL throws ErrorCode::unsupported.
+  static Communicator from_nccl(void* nccl_comm, CommunicatorOptions options = {});
+
   explicit Communicator(std::unique_ptr<collectives::CommunicatorState> state);
   ~Communicator();
   Communicator(Communicator&&) noexcept;

@@ -13,6 +13,9 @@
 #include "collectives/transport/nccl_transport_factory.h"
 #include "collectives/transport/self_transport.h"
 #include "gpu_test_support.h"
+#ifdef GRADZIP_HAVE_NCCL
+#include <nccl.h>
+#endif
 #include "gradzip/communicator.h"
 #include "gradzip/error.h"
 
@@ -172,6 +175,49 @@ TEST_F(CommunicatorCudaTest, ShardedCollectivesOverNcclEqualTheHostResult) {
     ASSERT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0);
   }
 }
+
+#ifdef GRADZIP_HAVE_NCCL
+TEST_F(CommunicatorCudaTest, ACommunicatorFromAnNcclCommReducesItsDevicesTensorsOnly) {
+  ncclComm_t nccl = nullptr;
+  const int devices[1] = {0};
+  ASSERT_EQ(ncclCommInitAll(&nccl, 1, devices), ncclSuccess);
+  {
+    Communicator device_side = Communicator::from_nccl(nccl);
+    Communicator host_side = self_communicator();
+    const std::size_t count = 70001;
+    const std::vector<float> input = gpu_test::gaussian(count, 17);
+    for (const char* spec : {"qsgd:bits=4", "topk:ratio=0.01,ef=on", "none"}) {
+      SCOPED_TRACE(spec);
+      std::vector<float> want = input;
+      host_side.allreduce(host_view(want.data(), count), "g", spec, ReduceOp::average);
+      DeviceArray<float> d_tensor(input);
+      const CollectiveStats stats = device_side.allreduce(
+          TensorView{d_tensor.get(), count, DType::f32, Device{DeviceKind::cuda, 0}}, "g", spec,
+          ReduceOp::average);
+      EXPECT_TRUE(note_says(stats, "over NCCL")) << stats.note;
+      const std::vector<float> got = d_tensor.download();
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), count * sizeof(float)), 0);
+    }
+    std::vector<float> host(8, 1.0f);
+    try {
+      device_side.allreduce(host_view(host.data(), host.size()), "h", "none");
+      ADD_FAILURE() << "a host tensor was accepted";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::invalid_argument);
+      EXPECT_TRUE(std::string(error.what()).find("made from an ncclComm_t") != std::string::npos) << error.what();
+    }
+    DeviceArray<float> d_small(std::vector<float>(64, 1.0f));
+    try {
+      device_side.allreduce(TensorView{d_small.get(), 64, DType::f32, Device{DeviceKind::cuda, 0}}, "r",
+                            "randk:ratio=0.5,min_bytes=0");
+      ADD_FAILURE() << "random-k's host path was accepted without a host transport";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::unsupported) << error.what();
+    }
+  }
+  ncclCommDestroy(nccl);
+}
+#endif
 
 TEST_F(CommunicatorCudaTest, HostMemoryCalledCudaIsRefused) {
   Communicator communicator = self_communicator();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/communicator_state.h"
+#include "collectives/transport/nccl_transport_factory.h"
 #include "collectives/transport/self_transport.h"
 #include "gradzip/error.h"
 
@@ -83,6 +84,25 @@ TEST(SelfTransport, ACommunicatorOverItGivesTheOneRankResult) {
   EXPECT_NE(quantised, values);
   for (std::size_t i = 0; i < values.size(); ++i) {
     EXPECT_LE(std::abs(quantised[i] - values[i]), 0.7f / 7.0f) << i;
+  }
+}
+
+}  // namespace
+}  // namespace gradzip
+
+namespace gradzip {
+namespace {
+
+TEST(CommunicatorFromNccl, RefusesANullCommunicatorOrABuildWithoutNccl) {
+  try {
+    Communicator::from_nccl(nullptr);
+    FAIL() << "a null ncclComm_t was accepted";
+  } catch (const Error& error) {
+    // With NCCL in the build: the null handle; without: the build.
+    const bool built = collectives::nccl_transport_built();
+    EXPECT_EQ(error.code(), built ? ErrorCode::invalid_argument : ErrorCode::unsupported);
+    EXPECT_NE(std::string(error.what()).find(built ? "is null" : "without NCCL"), std::string::npos)
+        << error.what();
   }
 }
 

@@ -118,6 +118,7 @@ class NcclTransport final : public Transport {
   // Posted operations start at the next wait, as one group, and a wait covers its whole group.
   bool waits_complete_whole_batches() const noexcept override { return true; }
   bool moves_device_memory() const noexcept override { return true; }
+  int device_only() const noexcept override { return device_; }
   // Launches the recorded operations as one group now (what the next wait would do).
   void start_posted() override;
 
