@@ -158,19 +158,6 @@ void widen_half_payload(const std::byte* d_payload, std::size_t count, bool bf16
   else cuda::f16_to_f32(source, d_out, count, work_stream());
 }
 
-const char* codec_op_name(CodecKind kind) {
-  switch (kind) {
-    case CodecKind::none: return "none";
-    case CodecKind::fp16: return "fp16";
-    case CodecKind::bf16: return "bf16";
-    case CodecKind::qsgd: return "qsgd";
-    case CodecKind::sign: return "sign";
-    case CodecKind::topk: return "topk";
-    case CodecKind::randk: return "randk";
-    case CodecKind::powersgd: return "powersgd";
-  }
-  return "codec";
-}
 
 // ---- encode ------------------------------------------------------------------------------------
 
@@ -415,7 +402,7 @@ bool device_codecs_built() noexcept { return true; }
 std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std::byte> out,
                           const EncodeContext& ctx) {
   const CompressionSpec& spec = codec.spec();
-  const std::string op = std::string(codec_op_name(spec.codec)) + ".encode";
+  const std::string op = std::string(codec_kind_name(spec.codec)) + ".encode";
   GZ_REQUIRE(in.data != nullptr || in.count == 0, ErrorCode::invalid_argument, op,
              ": null data pointer for ", in.count, " elements");
   const std::size_t capacity = codec.max_encoded_bytes(in.count);
@@ -441,7 +428,7 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
                    bool accumulate) {
   const CompressionSpec& spec = codec.spec();
   const std::string op =
-      std::string(codec_op_name(spec.codec)) + (accumulate ? ".decode_add" : ".decode");
+      std::string(codec_kind_name(spec.codec)) + (accumulate ? ".decode_add" : ".decode");
   GZ_REQUIRE(out.data != nullptr || out.count == 0, ErrorCode::invalid_argument, op,
              ": null output pointer for ", out.count, " elements");
   GZ_REQUIRE(!accumulate || out.dtype == DType::f32, ErrorCode::invalid_argument, op,
@@ -514,7 +501,7 @@ void require_device_tensor(ConstTensorView view, std::string_view op) {
 std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
                                    std::span<float> residual, std::span<std::byte> out,
                                    const EncodeContext& ctx, std::span<float> decoded) {
-  const std::string op = "ef.encode (" + codec.name() + ")";
+  const std::string op = "ef.encode (" + std::string(codec_kind_name(codec.spec().codec)) + ")";
   const std::size_t count = chunk.count;
   GZ_REQUIRE(residual.size() == count, ErrorCode::internal, op, ": a residual slice of ",
              residual.size(), " elements for a chunk of ", count);

@@ -9,13 +9,15 @@ bool device_codecs_built() noexcept { return false; }
 
 std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std::byte> /*out*/,
                           const EncodeContext& /*ctx*/) {
-  GZ_THROW(ErrorCode::unsupported, codec.name(), ".encode: the tensor is on CUDA device ",
+  GZ_THROW(ErrorCode::unsupported, codec_kind_name(codec.spec().codec),
+           ".encode: the tensor is on CUDA device ",
            in.device.index, "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
 }
 
 void device_decode(const Codec& codec, std::span<const std::byte> /*in*/, TensorView out,
                    bool accumulate) {
-  GZ_THROW(ErrorCode::unsupported, codec.name(), accumulate ? ".decode_add" : ".decode",
+  GZ_THROW(ErrorCode::unsupported, codec_kind_name(codec.spec().codec),
+           accumulate ? ".decode_add" : ".decode",
            ": the tensor is on CUDA device ", out.device.index,
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
 }
@@ -28,7 +30,7 @@ void require_device_tensor(ConstTensorView view, std::string_view op) {
 std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
                                    std::span<float> /*residual*/, std::span<std::byte> /*out*/,
                                    const EncodeContext& /*ctx*/, std::span<float> /*decoded*/) {
-  GZ_THROW(ErrorCode::unsupported, "ef.encode with ", codec.name(),
+  GZ_THROW(ErrorCode::unsupported, "ef.encode with ", codec_kind_name(codec.spec().codec),
            ": the tensor is on CUDA device ", chunk.device.index,
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
 }

@@ -146,7 +146,9 @@ TEST(BatchedTransport, AllreduceAlgorithmsGiveThePlainResult) {
             pair.batched.allreduce(host_view(batched.data(), count), name, spec, ReduceOp::average);
         EXPECT_EQ(got.algorithm, want.algorithm);
         EXPECT_EQ(got.sent_bytes(), want.sent_bytes());
-        ASSERT_EQ(std::memcmp(plain.data(), batched.data(), count * sizeof(float)), 0);
+        if (count > 0) {
+          ASSERT_EQ(std::memcmp(plain.data(), batched.data(), count * sizeof(float)), 0);
+        }
       }
     }
   }
