@@ -8,8 +8,10 @@ packages=(
   build-essential cmake             # compiler and build system
   libgtest-dev libgmock-dev         # GoogleTest (CMake package GTest)
   libopenmpi-dev openmpi-bin        # Open MPI transport and mpirun
-  libeigen3-dev                     # Eigen: PowerSGD's dense products (pipeline/)
-  python3                           # helper scripts
+  libeigen3-dev                     # Eigen: PowerSGD's dense products (pipeline/), the MLP example
+  zlib1g-dev                        # reading the gzip-compressed IDX files of Fashion-MNIST
+  dataset-fashion-mnist             # the real data of the convergence experiments and the demo
+  python3 python3-matplotlib        # helper scripts, convergence plots
 )
 
 missing=()
