@@ -25,6 +25,10 @@
 #   sign_noef: sign:ef=off                              topk1_ef: topk:ratio=0.01,ef=on
 #   topk1_noef: topk:ratio=0.01,ef=off                  topk01_ef: topk:ratio=0.001,ef=on
 #   randk1_ef: randk:ratio=0.01,ef=on                   powersgd4: powersgd:rank=4
+#   topk1_ef_warm: topk:ratio=0.01,ef=on,warmup=125,ramp=250 (DGC-style: half an epoch dense,
+#                  then the ratio falls from 25% to 1% over one epoch)
+#   sign_ef_mc, topk1_ef_mc, topk01_ef_mc, randk1_ef_mc: as without _mc, with momentum
+#                  correction (each rank's momentum goes through the Reducer, DGC)
 #
 # The dataset directory is $GRADZIP_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist
 # (Debian's dataset-fashion-mnist). mpirun is $MPIEXEC if set; Python is $PYTHON if set, else
@@ -34,7 +38,8 @@
 set -euo pipefail
 
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
-labels=(none fp16 bf16 qsgd4 qsgd2 sign_ef sign_noef topk1_ef topk1_noef topk01_ef randk1_ef powersgd4)
+labels=(none fp16 bf16 qsgd4 qsgd2 sign_ef sign_noef topk1_ef topk1_noef topk01_ef randk1_ef powersgd4
+        topk1_ef_warm sign_ef_mc topk1_ef_mc topk01_ef_mc randk1_ef_mc)
 declare -A spec_of=(
   [none]=none
   [fp16]=fp16
@@ -48,7 +53,14 @@ declare -A spec_of=(
   [topk01_ef]=topk:ratio=0.001,ef=on
   [randk1_ef]=randk:ratio=0.01,ef=on
   [powersgd4]=powersgd:rank=4
+  [topk1_ef_warm]=topk:ratio=0.01,ef=on,warmup=125,ramp=250
+  [sign_ef_mc]=sign:ef=on
+  [topk1_ef_mc]=topk:ratio=0.01,ef=on
+  [topk01_ef_mc]=topk:ratio=0.001,ef=on
+  [randk1_ef_mc]=randk:ratio=0.01,ef=on
 )
+# Labels ending in _mc train with momentum correction (--momentum-correction on).
+momentum_correction_of() { [[ $1 == *_mc ]] && echo on || echo off; }
 
 quick=0
 epochs=
@@ -151,7 +163,8 @@ for label in "${selected[@]}"; do
   status=0
   "$mpiexec" -np "$ranks" --oversubscribe --bind-to none \
     "$train" --data "$data_dir" --spec "$spec" --label "$label" --epochs "$epochs" \
-    --seed "$seed" --csv "$csv" >"$log" 2>&1 || status=$?
+    --seed "$seed" --momentum-correction "$(momentum_correction_of "$label")" \
+    --csv "$csv" >"$log" 2>&1 || status=$?
   elapsed=$((SECONDS - start))
   if ((status != 0)) || [[ ! -s "$csv" ]]; then
     if ((status != 0)); then

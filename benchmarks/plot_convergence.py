@@ -21,9 +21,13 @@ import sys
 HEADER = ["label", "spec", "ranks", "epoch", "step", "train_loss", "test_loss",
           "test_accuracy", "bytes_sent", "compression_ratio", "wall_seconds"]
 
+# Accuracy plots start here; a run that ends below it is marked as diverged.
+DIVERGED_ACCURACY = 0.70
+
 # convergence.sh's order; labels not listed here follow in alphabetical order.
 LABEL_ORDER = ["none", "fp16", "bf16", "qsgd4", "qsgd2", "sign_ef", "sign_noef", "topk1_ef",
-               "topk1_noef", "topk01_ef", "randk1_ef", "powersgd4"]
+               "topk1_noef", "topk01_ef", "randk1_ef", "powersgd4", "topk1_ef_warm",
+               "sign_ef_mc", "topk1_ef_mc", "topk01_ef_mc", "randk1_ef_mc"]
 
 
 class CsvError(Exception):
@@ -129,7 +133,8 @@ def table(runs):
                      f"{last['wall_seconds']:.1f} | {last['epoch']} |")
     ranks = sorted({rows[-1]["ranks"] for rows in runs.values()})
     caption = (f"Fashion-MNIST, {'/'.join(map(str, ranks))} ranks; the last row of each CSV. "
-               "Gap: accuracy minus `none`'s; bytes and ratio are cumulative over the run.")
+               "Gap: accuracy minus `none`'s; bytes and ratio are cumulative over the run. "
+               "Labels ending in _mc trained with momentum correction.")
     return caption + "\n\n" + "\n".join(lines) + "\n"
 
 
@@ -160,14 +165,19 @@ def plot(runs, out):
             xs = [x for x, _ in points]
             ys = [100.0 * y if y_column == "test_accuracy" else y for _, y in points]
             style = "--" if label.endswith("_noef") else "-"
+            diverged = rows[-1]["test_accuracy"] < DIVERGED_ACCURACY
             ax.plot(xs, ys, style, marker="o", markersize=3, color=colors[(2 * i) % 20 + (i // 10) % 2],
-                    label=f"{label} ({rows[-1]['spec']})")
+                    label=f"{label} ({rows[-1]['spec']})" + (" diverged: below the chart" if diverged else ""))
         if x_column == "bytes_sent":
             ax.set_xscale("log")
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if y_column == "train_loss":
             ax.set_yscale("log")  # a diverged run (signSGD without EF) stays on the chart
+        else:
+            # Keep the useful range readable: a run that diverged (final accuracy under
+            # DIVERGED_ACCURACY) falls below it and says so in the legend.
+            ax.set_ylim(bottom=100.0 * DIVERGED_ACCURACY)
         ax.set_xlabel(axis_names[x_column])
         ax.set_ylabel(axis_names[y_column])
         ax.set_title(f"{title} (Fashion-MNIST, {ranks} ranks)")

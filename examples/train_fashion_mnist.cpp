@@ -14,7 +14,9 @@
 // Options (defaults in brackets):
 //   --data DIR        the four IDX files [$GRADZIP_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist]
 //   --spec SPEC       the Reducer's model spec [none]
-//   --epochs N [5]  --batch GLOBAL_BATCH [240]  --lr LR [0.05]  --momentum M [0.9]  --seed S [1]
+//   --epochs N [5]  --batch GLOBAL_BATCH [240]  --lr LR [0.1]  --momentum M [0.9]  --seed S [1]
+//   --schedule cosine|constant   the learning rate over the run [cosine: from LR down to 0]
+//   --momentum-correction on|off  each rank's momentum goes through the Reducer (DGC) [off]
 //   --max-steps N     stop after N steps in all [no limit]
 //   --lanes L         the Reducer's communication threads [2]
 //   --csv FILE        rank 0 writes one row per epoch [none]
@@ -69,6 +71,13 @@ std::size_t parse_whole(std::string_view flag, const char* text) {
   return static_cast<std::size_t>(value);
 }
 
+bool parse_switch(std::string_view flag, const char* text) {
+  const std::string_view value = text;
+  if (value == "on") return true;
+  if (value == "off") return false;
+  usage_error(std::string(flag) + " takes on or off, got '" + text + "'");
+}
+
 Arguments parse(int argc, char** argv) {
   Arguments args;
   for (int i = 1; i < argc; ++i) {
@@ -82,6 +91,8 @@ Arguments parse(int argc, char** argv) {
     else if (flag == "--lr") args.train.lr = static_cast<float>(parse_number(flag, value));
     else if (flag == "--momentum") args.train.momentum = static_cast<float>(parse_number(flag, value));
     else if (flag == "--seed") args.train.seed = parse_whole(flag, value);
+    else if (flag == "--schedule") args.train.schedule = value;
+    else if (flag == "--momentum-correction") args.train.momentum_correction = parse_switch(flag, value);
     else if (flag == "--max-steps") args.train.max_steps = parse_whole(flag, value);
     else if (flag == "--lanes") args.train.lanes = static_cast<int>(parse_whole(flag, value));
     else if (flag == "--csv") args.csv = value;

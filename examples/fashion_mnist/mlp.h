@@ -79,6 +79,8 @@ class MomentumSgd {
  public:
   MomentumSgd(float lr, float momentum, float weight_decay = 0.0f);
   void step(Mlp& model);   // uses the gradients currently in the model
+  // The learning rate of the following steps (schedules change it between steps).
+  void set_learning_rate(float lr) noexcept { lr_ = lr; }
 
  private:
   float lr_, momentum_, weight_decay_;

@@ -1,6 +1,8 @@
 #include "examples/fashion_mnist/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 
 #include "gradzip/error.h"
@@ -48,6 +50,16 @@ void train(Communicator& communicator, Mlp& model, const ImageSet& train, const 
              train.count, " training images for a global batch of ", options.global_batch);
   const std::size_t local_batch = options.global_batch / ranks;
   const std::size_t steps_per_epoch = train.count / options.global_batch;
+  GZ_REQUIRE(options.schedule == "cosine" || options.schedule == "constant",
+             ErrorCode::invalid_argument, "train: learning-rate schedule '", options.schedule,
+             "' (accepted: cosine, constant)");
+  std::size_t total_steps = steps_per_epoch * options.epochs;
+  if (options.max_steps != 0) total_steps = std::min(total_steps, options.max_steps);
+  const auto learning_rate = [&](std::size_t step) {
+    if (options.schedule == "constant" || total_steps == 0) return options.lr;
+    const double progress = static_cast<double>(step) / static_cast<double>(total_steps);
+    return static_cast<float>(options.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
+  };
 
   ReducerOptions reducer_options;
   reducer_options.spec = options.spec;
@@ -60,7 +72,28 @@ void train(Communicator& communicator, Mlp& model, const ImageSet& train, const 
     reducer.add(weight_name(l), host_view(model.weight_grad(l), model.weight_count(l)), {out, in});
     reducer.add(bias_name(l), host_view(model.bias_grad(l), model.bias_count(l)), {out});
   }
-  MomentumSgd optimizer(options.lr, options.momentum);
+  // With momentum correction the momentum lives in `local_velocity` (per rank, before the
+  // Reducer) and the optimizer is plain SGD on what the Reducer averaged.
+  MomentumSgd optimizer(options.lr, options.momentum_correction ? 0.0f : options.momentum);
+  std::vector<std::vector<float>> local_velocity;
+  if (options.momentum_correction) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      local_velocity.emplace_back(model.weight_count(l), 0.0f);
+      local_velocity.emplace_back(model.bias_count(l), 0.0f);
+    }
+  }
+  // The gradient buffer of layer l's weight (part 0) or bias (part 1) becomes the rank's
+  // momentum u = momentum * u + g.
+  const auto correct_momentum = [&](std::size_t layer) {
+    for (std::size_t part = 0; part < 2; ++part) {
+      std::vector<float>& velocity = local_velocity[2 * layer + part];
+      float* const gradient = part == 0 ? model.weight_grad(layer) : model.bias_grad(layer);
+      for (std::size_t i = 0; i < velocity.size(); ++i) {
+        velocity[i] = options.momentum * velocity[i] + gradient[i];
+        gradient[i] = velocity[i];
+      }
+    }
+  };
 
   std::vector<float> batch_images(local_batch * features);
   std::vector<std::uint8_t> batch_labels(local_batch);
@@ -86,10 +119,12 @@ void train(Communicator& communicator, Mlp& model, const ImageSet& train, const 
       // Backward hands each layer to the Reducer as soon as its gradients exist.
       const float loss = model.forward_backward(
           batch_images.data(), batch_labels.data(), local_batch, [&](std::size_t layer) {
+            if (options.momentum_correction) correct_momentum(layer);
             reducer.mark_ready(weight_name(layer));
             reducer.mark_ready(bias_name(layer));
           });
       reducer.wait();  // every gradient is now the average over the ranks
+      optimizer.set_learning_rate(learning_rate(step));
       optimizer.step(model);
       const ReducerStats& stats = reducer.stats();
       bytes_sent += stats.sent_bytes;

@@ -20,9 +20,18 @@ struct TrainOptions {
   std::string spec = "none";          // the Reducer's model spec (default rules apply)
   std::size_t epochs = 5;
   std::size_t global_batch = 240;     // images per step over all ranks; a multiple of the rank count
-  float lr = 0.05f;
+  float lr = 0.1f;                    // peak learning rate
+  // "cosine": lr * (1 + cos(pi * t / T)) / 2 at step t of T (the run's steps), which ends the run
+  // near lr 0 so the final accuracy is not the noise of one large step; "constant": lr.
+  std::string schedule = "cosine";
   float momentum = 0.9f;
   std::uint64_t seed = 1;             // weights and the shuffle of every epoch
+  // Momentum correction (Lin et al., "Deep Gradient Compression", ICLR 2018): every rank keeps
+  // its own momentum u = momentum * u + g and hands u, not g, to the Reducer; the update is then
+  // plain SGD on the averaged u. Without compression this is the same as momentum on the
+  // averaged gradient (the average of the ranks' u is the global momentum); with sparsifying
+  // codecs and error feedback it keeps the momentum from amplifying the delayed residuals.
+  bool momentum_correction = false;
   std::size_t max_steps = 0;          // stop after this many steps in all (0: no limit)
   int lanes = 2;                      // the Reducer's communication threads
   bool evaluate = true;               // test loss and accuracy after every epoch

@@ -89,5 +89,41 @@ TEST(FashionMnistTraining, DataParallelNoneEqualsOneRankOverTheSameGlobalBatches
   EXPECT_GT(moved, 1e-3f);
 }
 
+// Momentum correction without compression is momentum on the averaged gradient: the average
+// of the ranks' momenta u_r = m u_r + g_r is the momentum of the averaged gradient. So a
+// P-rank run with it matches a one-rank run without it, up to f32 reassociation.
+TEST(FashionMnistTraining, MomentumCorrectionWithoutCompressionIsGlobalMomentum) {
+  const ImageSet train = synthetic_images(600, 11);
+  const ImageSet test = synthetic_images(100, 12);
+  examples::TrainOptions options;
+  options.spec = "none";
+  options.epochs = 1;
+  options.global_batch = 60;
+  options.max_steps = 8;
+  options.evaluate = false;
+  const std::vector<std::size_t> sizes = {784, 32, 10};
+
+  Communicator world = Communicator::world();
+  options.momentum_correction = true;
+  Mlp corrected(sizes, 5);
+  examples::train(world, corrected, train, test, options, [](const examples::EpochReport&) {});
+
+  Communicator alone = collectives::make_communicator(std::make_unique<collectives::SelfTransport>());
+  options.momentum_correction = false;
+  Mlp global(sizes, 5);
+  examples::train(alone, global, train, test, options, [](const examples::EpochReport&) {});
+
+  // The same bound and reasoning as above (u and v differ by reassociated sums only).
+  for (std::size_t l = 0; l < global.layer_count(); ++l) {
+    float scale = 0;
+    float worst = 0;
+    for (std::size_t i = 0; i < global.weight_count(l); ++i) {
+      scale = std::max(scale, std::abs(global.weight(l)[i]));
+      worst = std::max(worst, std::abs(corrected.weight(l)[i] - global.weight(l)[i]));
+    }
+    EXPECT_LE(worst, 1e-4f * scale) << "weight of layer " << l;
+  }
+}
+
 }  // namespace
 }  // namespace gradzip
