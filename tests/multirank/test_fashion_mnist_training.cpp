@@ -41,15 +41,23 @@ ImageSet synthetic_images(std::size_t count, std::uint64_t seed) {
   return set;
 }
 
+// Uncompressed training of `max_steps` steps over global batches of 60 images (divisible by
+// 1 .. 5 ranks; 10 steps per epoch of the 600 synthetic images), no evaluation.
+examples::TrainOptions uncompressed_steps(std::size_t max_steps) {
+  examples::TrainOptions options;
+  options.spec = "none";
+  options.global_batch = 60;
+  options.epochs = max_steps / 10 + 1;
+  options.max_steps = max_steps;
+  options.evaluate = false;
+  return options;
+}
+
 TEST(FashionMnistTraining, DataParallelNoneEqualsOneRankOverTheSameGlobalBatches) {
   const ImageSet train = synthetic_images(600, 7);
   const ImageSet test = synthetic_images(100, 8);
-  examples::TrainOptions options;
-  options.spec = "none";
-  options.epochs = 2;
-  options.global_batch = 60;  // divisible by 1 .. 5 ranks
-  options.max_steps = 14;     // into the second epoch (10 steps per epoch): a reshuffle too
-  options.evaluate = false;
+  // Into the second epoch: a reshuffle too.
+  const examples::TrainOptions options = uncompressed_steps(14);
   const std::vector<std::size_t> sizes = {784, 64, 32, 10};
 
   Communicator world = Communicator::world();
@@ -95,12 +103,7 @@ TEST(FashionMnistTraining, DataParallelNoneEqualsOneRankOverTheSameGlobalBatches
 TEST(FashionMnistTraining, MomentumCorrectionWithoutCompressionIsGlobalMomentum) {
   const ImageSet train = synthetic_images(600, 11);
   const ImageSet test = synthetic_images(100, 12);
-  examples::TrainOptions options;
-  options.spec = "none";
-  options.epochs = 1;
-  options.global_batch = 60;
-  options.max_steps = 8;
-  options.evaluate = false;
+  examples::TrainOptions options = uncompressed_steps(8);
   const std::vector<std::size_t> sizes = {784, 32, 10};
 
   Communicator world = Communicator::world();
