@@ -3,7 +3,8 @@
 # and train a 784-512-256-10 MLP on the real Fashion-MNIST with 4 data-parallel MPI ranks twice,
 # uncompressed (`none`) and with top-k 1% + error feedback through gradzip's Reducer
 # (examples/train_fashion_mnist.cpp), then print test accuracy, bytes sent per rank and time
-# side by side. GRADZIP_DEMO_RANKS=N changes the ranks (default 4), GRADZIP_DEMO_EPOCHS=N the
+# side by side. Both runs use momentum correction (each rank's momentum goes through the
+# Reducer, as Deep Gradient Compression does; for `none` it is plain momentum SGD). GRADZIP_DEMO_RANKS=N changes the ranks (default 4), GRADZIP_DEMO_EPOCHS=N the
 # epochs (default 2). scripts/allreduce-demo.sh is the earlier demo: one step of ResNet-50
 # gradients with every codec next to MPI_Allreduce.
 set -euo pipefail
@@ -21,7 +22,8 @@ for run in "none none" "topk1_ef topk:ratio=0.01,ef=on"; do
   read -r label spec <<<"$run"
   echo "== $ranks ranks, $epochs epochs, spec '$spec'"
   mpirun -np "$ranks" --oversubscribe --bind-to none build/bin/train_fashion_mnist \
-    --spec "$spec" --label "$label" --epochs "$epochs" --csv "$out/$label.csv"
+    --spec "$spec" --label "$label" --epochs "$epochs" --momentum-correction on \
+    --csv "$out/$label.csv"
 done
 # Side by side, from the two CSVs' last rows.
 python3 - "$out/none.csv" "$out/topk1_ef.csv" <<'PY'
