@@ -1,0 +1,250 @@
+// gradzip._gradzip: the Python binding (pybind11). python/gradzip/__init__.py re-exports it;
+// python/gradzip/torch.py builds the DDP communication hook on it.
+//
+// Tensors: any contiguous f32 / f16 NumPy array (buffer protocol) or torch tensor (f32, f16,
+// bf16; CPU, or CUDA in builds with CUDA), used in place without a copy. Anything else raises
+// TypeError (not an array, a dtype gradzip does not reduce) or ValueError (not contiguous, not
+// writable) naming what was wrong. gradzip's own errors raise gradzip.Error (a RuntimeError) with
+// the library's message; its `code` attribute is the error code's name.
+// Collective calls release the GIL while they run, so a Python thread can drive them while others
+// keep going (the DDP hook's communication thread does).
+#include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator_state.h"
+#include "gradzip/codec.h"
+#include "gradzip/communicator.h"
+#include "gradzip/compression_spec.h"
+#include "gradzip/error.h"
+#include "gradzip/version.h"
+
+namespace py = pybind11;
+
+namespace gradzip {
+namespace {
+
+// The TensorView of a torch tensor, read through its Python attributes (no torch headers).
+TensorView torch_view(py::handle tensor, const char* what) {
+  if (!tensor.attr("is_contiguous")().cast<bool>()) {
+    throw py::value_error(std::string(what) +
+                          " is a non-contiguous torch tensor; pass tensor.contiguous() (gradzip "
+                          "reduces contiguous memory in place)");
+  }
+  const std::string dtype = py::str(tensor.attr("dtype"));
+  DType kind;
+  if (dtype == "torch.float32") kind = DType::f32;
+  else if (dtype == "torch.float16") kind = DType::f16;
+  else if (dtype == "torch.bfloat16") kind = DType::bf16;
+  else throw py::type_error(std::string(what) + " has dtype " + dtype +
+                            "; gradzip reduces torch.float32, torch.float16 and torch.bfloat16");
+  const py::object device = tensor.attr("device");
+  const std::string device_type = py::str(device.attr("type"));
+  Device where{};
+  if (device_type == "cuda") {
+    const py::object index = device.attr("index");
+    where = Device{DeviceKind::cuda, index.is_none() ? 0 : index.cast<int>()};
+  } else if (device_type != "cpu") {
+    throw py::type_error(std::string(what) + " is on device '" + device_type +
+                         "'; gradzip takes CPU and CUDA tensors");
+  }
+  const auto address = tensor.attr("data_ptr")().cast<std::uintptr_t>();
+  const auto count = tensor.attr("numel")().cast<std::size_t>();
+  return TensorView{reinterpret_cast<void*>(address), count, kind, where};
+}
+
+// The TensorView of an object with the buffer protocol (NumPy arrays): C-contiguous f32 or f16.
+TensorView buffer_view(py::handle object, bool writable, const char* what) {
+  if (!PyObject_CheckBuffer(object.ptr())) {
+    throw py::type_error(std::string(what) + " is a " + std::string(py::str(py::type::of(object).attr("__name__"))) +
+                         "; gradzip takes NumPy arrays and torch tensors");
+  }
+  py::buffer buffer = py::reinterpret_borrow<py::buffer>(object);
+  py::buffer_info info;
+  try {
+    info = buffer.request(writable);
+  } catch (const py::error_already_set&) {
+    throw py::value_error(std::string(what) + " is read-only; gradzip writes the result in place");
+  }
+  DType kind;
+  if (info.format == py::format_descriptor<float>::format() && info.itemsize == 4) kind = DType::f32;
+  else if (info.format == "e" && info.itemsize == 2) kind = DType::f16;
+  else throw py::type_error(std::string(what) + " has element format '" + info.format +
+                            "'; gradzip reduces float32 and float16 arrays (bfloat16 through torch)");
+  // C-contiguous: each stride is the product of the later extents times the element size.
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t d = info.ndim; d-- > 0;) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      throw py::value_error(std::string(what) +
+                            " is not C-contiguous; pass numpy.ascontiguousarray(...) (gradzip "
+                            "reduces contiguous memory in place)");
+    }
+    expected *= info.shape[d];
+  }
+  return TensorView{info.ptr, static_cast<std::size_t>(info.size), kind, Device{}};
+}
+
+TensorView view_of(py::handle object, bool writable, const char* what) {
+  const bool is_torch = py::hasattr(object, "data_ptr") && py::hasattr(object, "is_contiguous");
+  return is_torch ? torch_view(object, what) : buffer_view(object, writable, what);
+}
+
+ReduceOp reduce_op_of(const std::string& op) {
+  if (op == "sum") return ReduceOp::sum;
+  if (op == "average" || op == "avg" || op == "mean") return ReduceOp::average;
+  throw py::value_error("reduce op '" + op + "' (accepted: sum, average)");
+}
+
+py::dict stats_dict(const CollectiveStats& stats) {
+  py::dict d;
+  d["algorithm"] = stats.algorithm;
+  d["spec"] = stats.spec;
+  d["count"] = stats.count;
+  d["ranks"] = stats.ranks;
+  d["sent_bytes"] = stats.sent_bytes();
+  d["sent_header_bytes"] = stats.sent_header_bytes;
+  d["sent_index_bytes"] = stats.sent_index_bytes;
+  d["sent_payload_bytes"] = stats.sent_payload_bytes;
+  d["received_bytes"] = stats.received_bytes;
+  d["compression_ratio"] = stats.compression_ratio;
+  d["encode_seconds"] = stats.encode_seconds;
+  d["communicate_seconds"] = stats.communicate_seconds;
+  d["decode_seconds"] = stats.decode_seconds;
+  d["total_seconds"] = stats.total_seconds;
+  d["note"] = stats.note;
+  return d;
+}
+
+}  // namespace
+}  // namespace gradzip
+
+PYBIND11_MODULE(_gradzip, m) {
+  using namespace gradzip;
+  m.doc() = "gradzip: compressed gradient all-reduce over MPI (C++ core, pybind11 binding)";
+  m.attr("__version__") = std::to_string(GRADZIP_VERSION_MAJOR) + "." +
+                          std::to_string(GRADZIP_VERSION_MINOR) + "." +
+                          std::to_string(GRADZIP_VERSION_PATCH);
+
+  static py::exception<Error> error_type(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr pointer) {
+    try {
+      if (pointer) std::rethrow_exception(pointer);
+    } catch (const Error& error) {
+      py::object exception = py::reinterpret_borrow<py::object>(error_type.ptr())(error.what());
+      exception.attr("code") = error_code_name(error.code());
+      PyErr_SetObject(error_type.ptr(), exception.ptr());
+    }
+  });
+
+  m.def("parse_spec", [](const std::string& spec) { return CompressionSpec::parse(spec).to_string(); },
+        py::arg("spec"), "The canonical form of a compression spec (gradzip.Error if it does not parse).");
+
+  py::class_<Communicator>(m, "Communicator", R"(Compressed collectives over MPI_COMM_WORLD.
+
+Initialises MPI (MPI_THREAD_MULTIPLE) unless the application did. Every rank calls every
+collective in the same order with the same name, size, dtype, spec and op.)")
+      .def(py::init([](const std::string& default_spec) {
+             CommunicatorOptions options;
+             options.default_spec = default_spec;
+             return Communicator::world(std::move(options));
+           }),
+           py::arg("default_spec") = "none")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def(
+          "allreduce",
+          [](Communicator& communicator, py::handle tensor, const std::string& name,
+             std::optional<std::string> spec, const std::string& op) {
+            const TensorView view = view_of(tensor, true, "the tensor");
+            const ReduceOp reduce = reduce_op_of(op);
+            CollectiveStats stats;
+            {
+              py::gil_scoped_release release;
+              stats = spec ? communicator.allreduce(view, name, *spec, reduce)
+                           : communicator.allreduce(view, name, reduce);
+            }
+            return stats_dict(stats);
+          },
+          py::arg("tensor"), py::arg("name"), py::arg("spec") = py::none(), py::arg("op") = "sum",
+          R"(In-place all-reduce of `tensor` (NumPy array or torch tensor) under `name` (which keys
+error feedback and the random streams); `spec` defaults to the communicator's default spec,
+`op` is "sum" or "average". Returns what this rank did: algorithm, bytes, ratio, times.)")
+      .def("save_residuals", &Communicator::save_residuals, py::arg("path"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("load_residuals", &Communicator::load_residuals, py::arg("path"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "residual_names",
+          [](Communicator& communicator) { return collectives::state_of(communicator).residuals().names(); },
+          "Names of the error-feedback residuals this rank holds.")
+      .def(
+          "residual",
+          [](Communicator& communicator, const std::string& name) -> py::object {
+            const error_feedback::ResidualStore& store = collectives::state_of(communicator).residuals();
+            if (!store.contains(name)) return py::none();
+            const std::span<const float> values = store.residual(name);
+            py::array_t<float> copy(static_cast<py::ssize_t>(values.size()));
+            if (!values.empty()) std::memcpy(copy.mutable_data(), values.data(), values.size_bytes());
+            return copy;
+          },
+          py::arg("name"), "A copy of the residual `name` (float32 array), or None.")
+      .def(
+          "set_residual",
+          [](Communicator& communicator, const std::string& name,
+             py::array_t<float, py::array::c_style | py::array::forcecast> values) {
+            error_feedback::ResidualStore& store = collectives::state_of(communicator).residuals();
+            const std::span<float> target = store.residual(name, static_cast<std::size_t>(values.size()));
+            if (!target.empty()) std::memcpy(target.data(), values.data(), target.size_bytes());
+          },
+          py::arg("name"), py::arg("values"),
+          "Sets the residual `name` (registering it with values' size; a registered residual of "
+          "another size follows the store's resize policy).")
+      .def("shard_begin", &Communicator::shard_begin, py::arg("count"), py::arg("rank"));
+
+  py::class_<Codec, std::shared_ptr<Codec>>(m, "Codec", "One compression spec's encoder and decoder.")
+      .def(py::init([](const std::string& spec) { return std::shared_ptr<Codec>(make_codec(spec)); }),
+           py::arg("spec"))
+      .def_property_readonly("spec", &Codec::name)
+      .def("max_encoded_bytes", &Codec::max_encoded_bytes, py::arg("count"))
+      .def(
+          "encode",
+          [](const Codec& codec, py::handle tensor, std::uint64_t seed, std::uint32_t step,
+             std::uint32_t tensor_id, std::uint64_t element_offset) {
+            const TensorView view = view_of(tensor, false, "the tensor");
+            std::string message(codec.max_encoded_bytes(view.count), '\0');
+            std::size_t bytes = 0;
+            {
+              py::gil_scoped_release release;
+              bytes = codec.encode(view, std::as_writable_bytes(std::span(message.data(), message.size())),
+                                   EncodeContext{seed, step, tensor_id, element_offset});
+            }
+            message.resize(bytes);
+            return py::bytes(message);
+          },
+          py::arg("tensor"), py::arg("seed") = 0, py::arg("step") = 0, py::arg("tensor_id") = 0,
+          py::arg("element_offset") = 0, "The message (bytes) encoding `tensor` (host memory).")
+      .def(
+          "decode",
+          [](const Codec& codec, const py::bytes& message, py::handle out) {
+            const TensorView view = view_of(out, true, "the output");
+            const std::string_view bytes = message;
+            py::gil_scoped_release release;
+            codec.decode(std::as_bytes(std::span(bytes.data(), bytes.size())), view);
+          },
+          py::arg("message"), py::arg("out"), "Decodes `message` into `out` (its element count must match).")
+      .def(
+          "decode_add",
+          [](const Codec& codec, const py::bytes& message, py::handle accumulator) {
+            const TensorView view = view_of(accumulator, true, "the accumulator");
+            const std::string_view bytes = message;
+            py::gil_scoped_release release;
+            codec.decode_add(std::as_bytes(std::span(bytes.data(), bytes.size())), view);
+          },
+          py::arg("message"), py::arg("accumulator"), "accumulator += decode(message) (float32).");
+}
