@@ -1,0 +1,163 @@
+"""gradzip as a PyTorch DistributedDataParallel communication hook.
+
+    import gradzip.torch
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = gradzip.torch.GradzipState(model, spec="topk:ratio=0.01,ef=on", warmup=100)
+    ddp.register_comm_hook(state, gradzip.torch.hook)
+
+Run under mpirun: gradzip's collectives go over MPI (gradzip initialises it), whatever backend
+the process group uses (gloo here). Every rank must build the same model and state.
+
+- hook(state, bucket) averages the bucket's flat gradient buffer with gradzip and returns a
+  torch.futures.Future that gradzip's communication thread completes, so DDP goes on with
+  backward (and launches the next buckets) while the bucket is compressed and sent.
+- Buckets are all-reduced under names made of their parameters' names, and error-feedback
+  residuals are kept per bucket name. When DDP rebuilds its buckets (after the first
+  iteration), a bucket with a new set of parameters starts from the residual slices its
+  parameters had in the old buckets, so no residual is lost.
+- state_dict() / load_state_dict() hold the residuals per parameter name (and the iteration),
+  so a checkpoint survives any bucket layout.
+- warmup=N: the first N iterations run uncompressed (spec "none", no error feedback).
+"""
+import hashlib
+import queue
+import threading
+
+import numpy as np
+import torch
+
+from . import _gradzip
+
+
+class _CommunicationThread:
+    """One thread that runs gradzip's calls in submission order (DDP submits the buckets in the
+    same order on every rank, so every rank's collectives pair up)."""
+
+    def __init__(self):
+        self._tasks = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="gradzip-communication", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            task = self._tasks.get()
+            task()
+
+    def submit(self, task):
+        self._tasks.put(task)
+
+
+class GradzipState:
+    """The hook's state: the spec, warm-up, the communicator and the bucket layouts.
+
+    model: the module DDP wraps (its named_parameters() name the residuals).
+    spec: a gradzip compression spec, e.g. "topk:ratio=0.01,ef=on" (checked here).
+    warmup: iterations run uncompressed first.
+    communicator: a gradzip.Communicator (default: a new one over MPI_COMM_WORLD).
+    """
+
+    def __init__(self, model, spec="none", warmup=0, communicator=None):
+        self.spec = _gradzip.parse_spec(spec)
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        self.warmup = int(warmup)
+        self.communicator = communicator if communicator is not None else _gradzip.Communicator()
+        self.iteration = 0
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        # bucket index -> (bucket name, ((parameter name, offset, numel), ...)) as last seen
+        self._layouts = {}
+        # parameter name -> residual slice (float32) waiting for the bucket that holds it
+        self._pending = {}
+        self.last_stats = {}  # bucket index -> the stats dict of its latest call
+        self._thread = _CommunicationThread()
+
+    # ---- layouts and residuals ---------------------------------------------------------------
+
+    def _layout_of(self, bucket):
+        buffer = bucket.buffer()
+        base = buffer.data_ptr()
+        size = buffer.element_size()
+        layout = []
+        for parameter, gradient in zip(bucket.parameters(), bucket.gradients()):
+            name = self._names.get(id(parameter))
+            if name is None:
+                raise ValueError("gradzip.torch: a bucket holds a parameter that is not in the model "
+                                 "given to GradzipState (pass the module DDP wraps)")
+            layout.append((name, (gradient.data_ptr() - base) // size, gradient.numel()))
+        return tuple(layout)
+
+    @staticmethod
+    def _bucket_name(index, layout):
+        digest = hashlib.sha1("|".join(f"{n}:{k}" for n, _, k in layout).encode()).hexdigest()[:12]
+        return f"ddp.bucket{index}.{digest}"
+
+    def _parameter_residuals(self):
+        """The residual slice of every parameter in the current buckets, by parameter name."""
+        slices = {}
+        for name, layout in self._layouts.values():
+            values = self.communicator.residual(name)
+            if values is None:
+                continue
+            for parameter, offset, numel in layout:
+                slices[parameter] = values[offset:offset + numel].copy()
+        return slices
+
+    def _prepare(self, index, layout, numel):
+        """The bucket's name; on a new layout, its residual assembled from the old buckets'.
+        Runs on the communication thread, the only one that touches the communicator while
+        DDP runs."""
+        known = self._layouts.get(index)
+        if known is not None and known[1] == layout:
+            return known[0]
+        name = self._bucket_name(index, layout)
+        carried = self._parameter_residuals()
+        carried.update(self._pending)
+        if any(parameter in carried for parameter, _, _ in layout):
+            residual = np.zeros(numel, dtype=np.float32)
+            for parameter, offset, numel in layout:
+                if parameter in carried:
+                    residual[offset:offset + numel] = carried[parameter]
+                    self._pending.pop(parameter, None)
+            self.communicator.set_residual(name, residual)
+        self._layouts[index] = (name, layout)
+        return name
+
+    def state_dict(self):
+        """Residuals per parameter name, the iteration and the settings (NumPy arrays)."""
+        residuals = dict(self._pending)
+        residuals.update(self._parameter_residuals())
+        return {"spec": self.spec, "warmup": self.warmup, "iteration": self.iteration,
+                "residuals": residuals}
+
+    def load_state_dict(self, state):
+        """Restores what state_dict() returned: the residuals reach their buckets at the next
+        call of each (whatever the bucket layout is by then)."""
+        if _gradzip.parse_spec(state["spec"]) != self.spec:
+            raise ValueError(f"gradzip.torch: the checkpoint's spec '{state['spec']}' is not this "
+                             f"state's '{self.spec}'")
+        self.iteration = int(state["iteration"])
+        self._pending = {name: np.asarray(values, dtype=np.float32).copy()
+                         for name, values in state["residuals"].items()}
+        self._layouts = {}  # every bucket re-assembles its residual from the checkpoint
+
+
+def hook(state, bucket):
+    """DDP communication hook: average bucket.buffer() with gradzip; returns a Future of it."""
+    buffer = bucket.buffer()
+    index = bucket.index()
+    layout = state._layout_of(bucket)
+    spec = "none" if state.iteration < state.warmup else state.spec
+    if bucket.is_last():
+        state.iteration += 1
+    future = torch.futures.Future()
+
+    def communicate():
+        try:
+            name = state._prepare(index, layout, buffer.numel())
+            state.last_stats[index] = state.communicator.allreduce(buffer, name, spec, op="average")
+            future.set_result(buffer)
+        except Exception as error:  # the future carries it to DDP's wait
+            future.set_exception(error)
+
+    state._thread.submit(communicate)
+    return future
