@@ -12,6 +12,9 @@ packages=(
   zlib1g-dev                        # reading the gzip-compressed IDX files of Fashion-MNIST
   dataset-fashion-mnist             # the real data of the convergence experiments and the demo
   python3 python3-matplotlib        # helper scripts, convergence plots
+  python3-dev pybind11-dev          # the Python module (python/)
+  python3-numpy python3-pytest      # its tests
+  python3-torch                     # the DDP communication hook and its tests (PyTorch 1.13, CPU)
 )
 
 missing=()
