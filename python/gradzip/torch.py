@@ -103,22 +103,27 @@ class GradzipState:
         return slices
 
     def _prepare(self, index, layout, numel):
-        """The bucket's name; on a new layout, its residual assembled from the old buckets'.
-        Runs on the communication thread, the only one that touches the communicator while
-        DDP runs."""
+        """The bucket's name; on a new layout, its residual assembled per parameter.
+
+        Runs on the communication thread, the only one that touches the communicator while DDP
+        runs. A layout not seen at this index means DDP rebuilt its buckets (or this is the first
+        call): every parameter's residual moves to _pending first, so a bucket that takes
+        parameters from a bucket not re-prepared yet still finds them, and the old layouts are
+        forgotten. The new bucket's residual is always set (zeros where nothing is carried), so a
+        name left in the communicator by an earlier state never leaks in.
+        """
         known = self._layouts.get(index)
         if known is not None and known[1] == layout:
             return known[0]
+        self._pending.update(self._parameter_residuals())
+        self._layouts = {}
         name = self._bucket_name(index, layout)
-        carried = self._parameter_residuals()
-        carried.update(self._pending)
-        if any(parameter in carried for parameter, _, _ in layout):
-            residual = np.zeros(numel, dtype=np.float32)
-            for parameter, offset, numel in layout:
-                if parameter in carried:
-                    residual[offset:offset + numel] = carried[parameter]
-                    self._pending.pop(parameter, None)
-            self.communicator.set_residual(name, residual)
+        residual = np.zeros(numel, dtype=np.float32)
+        for parameter, offset, count in layout:
+            carried = self._pending.pop(parameter, None)
+            if carried is not None:
+                residual[offset:offset + count] = carried
+        self.communicator.set_residual(name, residual)
         self._layouts[index] = (name, layout)
         return name
 
