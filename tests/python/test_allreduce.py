@@ -93,8 +93,8 @@ def test_fp16_average_within_derived_bound(comm, rank, size, digests):
 def test_qsgd_average_within_derived_bound(comm, rank, size, digests):
     # SRA with qsgd:bits=8 (s = 127), M and A of the divided contributions x_r / P: the P worker
     # compressions err by <= scale/s <= M/s each; the owner's compression of the sum errs by
-    # <= (its bucket's max |sum|)/s <= (max_j A_j + P*M/s)/s. (docs/algorithms.md writes A_i of the
-    # element itself there, which is not a bound: qsgd's scale is its 512-element bucket's max.)
+    # <= (its bucket's max |sum|)/s <= (max_j A_j + P*M/s)/s (docs/algorithms.md's Â_i: qsgd's
+    # scale is its 512-element bucket's max, not the element's own value).
     # Plus P - 1 f32 adds (u * A each, at most).
     n = 50_000
     s = 127.0
