@@ -15,6 +15,7 @@ packages=(
   python3-dev pybind11-dev          # the Python module (python/)
   python3-numpy python3-pytest      # its tests
   python3-torch                     # the DDP communication hook and its tests (PyTorch 1.13, CPU)
+  clang libclang-rt-14-dev          # libFuzzer for the decoders' fuzz targets (tests/fuzz)
 )
 
 missing=()

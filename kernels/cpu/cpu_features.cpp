@@ -1,5 +1,9 @@
 #include "kernels/cpu/cpu_features.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -34,16 +38,23 @@ std::string_view isa_name(Isa isa) noexcept {
   return "unknown";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+static bool cpu_has_f16c() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 Isa detected_isa() noexcept {
   static const Isa detected = [] {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
+    const bool f16c = cpu_has_f16c();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("f16c"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && f16c)
       return Isa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
       return Isa::avx2;
 #endif
     return Isa::scalar;
