@@ -30,10 +30,7 @@ using testing::identical_on_all_ranks;
 using testing::world_rank;
 using testing::world_size;
 
-const char* const kAllCodecs[] = {"none",        "fp16",        "bf16",        "qsgd:bits=1",
-                                  "qsgd:bits=2", "qsgd:bits=4", "qsgd:bits=8", "sign",
-                                  "topk",        "topk:approx=on", "topk:values=fp16",
-                                  "randk",       "randk:values=fp16"};
+using testing::kAllCodecs;
 // "auto" runs with min_bytes=0 so that small tensors take the codec's own algorithm instead of
 // the uncompressed MPI all-reduce.
 const char* const kAlgorithms[] = {"auto", "ring", "sra", "allgather", "hier"};

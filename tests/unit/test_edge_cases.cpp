@@ -29,10 +29,7 @@ using testing::HostTensor;
 using testing::same_bits;
 using testing::ScopedIsa;
 
-const char* const kAllCodecs[] = {"none",        "fp16",        "bf16",        "qsgd:bits=1",
-                                  "qsgd:bits=2", "qsgd:bits=4", "qsgd:bits=8", "sign",
-                                  "topk",        "topk:approx=on", "topk:values=fp16",
-                                  "randk",       "randk:values=fp16"};
+using testing::kAllCodecs;
 
 std::uint32_t bits_of(float x) {
   std::uint32_t b;
