@@ -391,11 +391,12 @@ CompressionSpec sharded_spec(const ShardedChoice& choice, const CompressionSpec&
   return choice.warmup ? warmup_spec(spec) : spec;
 }
 
-// cuda_route for CUDA tensors; unused for host tensors.
-template <typename... Args>
-CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor, Args&&... args) {
+// cuda_route for CUDA tensors; the default (unused) route for host tensors.
+CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,
+                   const CompressionSpec& spec, std::optional<Algorithm> algorithm,
+                   bool shared_index = false) {
   if (tensor.device.kind != DeviceKind::cuda) return CudaRoute{};
-  return cuda_route(state, std::forward<Args>(args)...);
+  return cuda_route(state, spec, algorithm, shared_index);
 }
 
 CollectiveStats run_allreduce(CommunicatorState& state, Call call) {

@@ -12,7 +12,8 @@ namespace gradzip::compressors {
 
 inline void require_host(const ConstTensorView& view, std::string_view op) {
   GZ_REQUIRE(view.device.kind == DeviceKind::cpu, ErrorCode::unsupported, op,
-             ": the tensor is on a CUDA device; this build's codecs take host memory");
+             ": the tensor is on a CUDA device; this codec object takes host memory (the codecs "
+             "make_codec() returns take CUDA tensors too)");
   GZ_REQUIRE(view.data != nullptr || view.count == 0, ErrorCode::invalid_argument, op,
              ": null data pointer for ", view.count, " elements");
 }

@@ -46,17 +46,14 @@ constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
 // default the legacy default stream of the current device.
 void* work_stream() noexcept { return cuda::thread_work_stream(); }
 
-void check_cuda(cudaError_t status, const std::string& op, const char* what) {
-  cuda::check_runtime(status, op, what);
-}
-
+using cuda::check_runtime;
 using DeviceScope = cuda::CurrentDevice;
 
 // Scratch from the stream-ordered pool, freed (in stream order) when the scope ends.
 class DeviceScratch {
  public:
   DeviceScratch(std::size_t bytes, const std::string& op) {
-    if (bytes > 0) check_cuda(cudaMallocAsync(&data_, bytes, static_cast<cudaStream_t>(work_stream())), op,
+    if (bytes > 0) check_runtime(cudaMallocAsync(&data_, bytes, static_cast<cudaStream_t>(work_stream())), op,
                               "cudaMallocAsync of scratch");
   }
   ~DeviceScratch() {
@@ -74,26 +71,21 @@ class DeviceScratch {
   void* data_ = nullptr;
 };
 
-void require_device_memory(const void* pointer, int device, const std::string& op,
-                           const char* what) {
-  cuda::require_device_pointer(pointer, device, op, what);
-}
-
 void synchronize(const std::string& op) {
-  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(work_stream())), op,
+  check_runtime(cudaStreamSynchronize(static_cast<cudaStream_t>(work_stream())), op,
              "the device work (cudaStreamSynchronize)");
 }
 
 void copy_to_device(void* d_out, const void* host, std::size_t bytes, const std::string& op) {
   if (bytes == 0) return;
-  check_cuda(cudaMemcpyAsync(d_out, host, bytes, cudaMemcpyHostToDevice,
+  check_runtime(cudaMemcpyAsync(d_out, host, bytes, cudaMemcpyHostToDevice,
                              static_cast<cudaStream_t>(work_stream())),
              op, "copying to the device");
 }
 
 void copy_on_device(void* d_out, const void* d_in, std::size_t bytes, const std::string& op) {
   if (bytes == 0) return;
-  check_cuda(cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice,
+  check_runtime(cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice,
                              static_cast<cudaStream_t>(work_stream())),
              op, "a device-to-device copy");
 }
@@ -204,7 +196,7 @@ WireHeader encode_payload(const CompressionSpec& spec, const float* d_in, std::s
       cuda::topk_select(d_in, n, k, options, d_payload, d_entries,
                         scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, work_stream());
       std::uint64_t entries = 0;
-      check_cuda(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
+      check_runtime(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
                                  static_cast<cudaStream_t>(work_stream())),
                  op, "reading the entry count");
       synchronize(op);
@@ -243,7 +235,7 @@ struct DecodeTarget {
 // Reads the device status word after the work and throws when the payload check failed.
 void check_status(const int* d_status, const std::string& op, const char* (*describe)(int)) {
   int status = 0;
-  check_cuda(cudaMemcpyAsync(&status, d_status, sizeof status, cudaMemcpyDeviceToHost,
+  check_runtime(cudaMemcpyAsync(&status, d_status, sizeof status, cudaMemcpyDeviceToHost,
                              static_cast<cudaStream_t>(work_stream())),
              op, "reading the validation status");
   synchronize(op);
@@ -411,8 +403,8 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
   GZ_REQUIRE(aligned(in.data, dtype_size(in.dtype)), ErrorCode::invalid_argument, op,
              ": the input tensor is not aligned to its ", dtype_size(in.dtype), "-byte elements");
   const DeviceScope scope(in.device.index, op);
-  require_device_memory(out.data(), in.device.index, op, "output message buffer");
-  if (in.count > 0) require_device_memory(in.data, in.device.index, op, "input tensor");
+  cuda::require_device_pointer(out.data(), in.device.index, op, "output message buffer");
+  if (in.count > 0) cuda::require_device_pointer(in.data, in.device.index, op, "input tensor");
 
   const F32Input values(in, op);
   const WireHeader header =
@@ -439,14 +431,14 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   GZ_REQUIRE(aligned(out.data, dtype_size(out.dtype)), ErrorCode::invalid_argument, op,
              ": the output tensor is not aligned to its ", dtype_size(out.dtype), "-byte elements");
   const DeviceScope scope(out.device.index, op);
-  if (!in.empty()) require_device_memory(in.data(), out.device.index, op, "message");
-  if (out.count > 0) require_device_memory(out.data, out.device.index, op, "output tensor");
+  if (!in.empty()) cuda::require_device_pointer(in.data(), out.device.index, op, "message");
+  if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "output tensor");
 
   // The header (and randk's key) on the host, checked like the host decoders check it.
   std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
   const std::size_t prefix_bytes = std::min(in.size(), prefix.size());
   if (prefix_bytes > 0) {
-    check_cuda(cudaMemcpyAsync(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost,
+    check_runtime(cudaMemcpyAsync(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost,
                                static_cast<cudaStream_t>(work_stream())),
                op, "reading the message header");
     synchronize(op);
@@ -495,7 +487,7 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
 void require_device_tensor(ConstTensorView view, std::string_view op) {
   const std::string name(op);
   const DeviceScope scope(view.device.index, name);
-  if (view.count > 0) require_device_memory(view.data, view.device.index, name, "tensor");
+  if (view.count > 0) cuda::require_device_pointer(view.data, view.device.index, name, "tensor");
 }
 
 std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
@@ -508,8 +500,8 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   GZ_REQUIRE(chunk.data != nullptr || count == 0, ErrorCode::invalid_argument, op,
              ": null data pointer for ", count, " elements");
   const DeviceScope scope(chunk.device.index, op);
-  if (count > 0) require_device_memory(chunk.data, chunk.device.index, op, "input tensor");
-  if (!decoded.empty()) require_device_memory(decoded.data(), chunk.device.index, op, "decoded output");
+  if (count > 0) cuda::require_device_pointer(chunk.data, chunk.device.index, op, "input tensor");
+  if (!decoded.empty()) cuda::require_device_pointer(decoded.data(), chunk.device.index, op, "decoded output");
 
   // e, c = g + e and (unless the caller takes it) D(message), each `count` floats.
   const std::size_t floats = checked_product(count, decoded.empty() ? 3 : 2, op);
@@ -527,7 +519,7 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   codec.decode(out.first(bytes), TensorView{d_decoded, count, DType::f32, device});
   cuda::ef_update(d_compensated, d_decoded, d_residual, count, work_stream());
   if (count > 0) {
-    check_cuda(cudaMemcpyAsync(residual.data(), d_residual, count * sizeof(float),
+    check_runtime(cudaMemcpyAsync(residual.data(), d_residual, count * sizeof(float),
                                cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(work_stream())),
                op, "copying the residual back");
   }
