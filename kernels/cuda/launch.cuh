@@ -56,6 +56,15 @@ inline bool require_encode_buffers(const char* op, const float* d_in, const std:
   return true;
 }
 
+// Decoders: the validation status starts at 0 (ok) on `stream`, before the validation pass
+// ORs or writes its findings into it. A null status is a caller bug (invalid_argument).
+inline void reset_decode_status(const char* op, int* d_status, cudaStream_t stream) {
+  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, op, ": null status");
+  const cudaError_t reset = cudaMemsetAsync(d_status, 0, sizeof(int), stream);
+  GZ_REQUIRE(reset == cudaSuccess, ErrorCode::unsupported, op, ": clearing the status failed: ",
+             cudaGetErrorString(reset));
+}
+
 inline bool aligned_to(const void* pointer, std::size_t width) {
   return reinterpret_cast<std::uintptr_t>(pointer) % width == 0;
 }

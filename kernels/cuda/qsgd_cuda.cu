@@ -235,13 +235,10 @@ void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::s
                  float* d_out, bool accumulate, int* d_status, void* stream) {
   constexpr const char* kOp = "cuda.qsgd_decode";
   check_shape(kOp, count, bits, bucket);
-  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, kOp, ": null status");
   GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
              kOp, ": null payload or output for ", count, " elements");
   const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t reset = cudaMemsetAsync(d_status, 0, sizeof(int), s);
-  GZ_REQUIRE(reset == cudaSuccess, ErrorCode::unsupported, kOp, ": clearing the status failed: ",
-             cudaGetErrorString(reset));
+  reset_decode_status(kOp, d_status, s);
   if (count == 0) return;
   const std::size_t num_buckets = num_buckets_for(count, bucket);
   const std::size_t code_bytes = code_bytes_for(count, bits);

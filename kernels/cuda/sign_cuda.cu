@@ -160,13 +160,10 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
                  bool accumulate, int* d_status, void* stream) {
   constexpr const char* kOp = "cuda.sign_decode";
   sign_payload_bytes(count, bucket);  // validates bucket and the size
-  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, kOp, ": null status");
   GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
              kOp, ": null payload or output for ", count, " elements");
   const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t reset = cudaMemsetAsync(d_status, 0, sizeof(int), s);
-  GZ_REQUIRE(reset == cudaSuccess, ErrorCode::unsupported, kOp, ": clearing the status failed: ",
-             cudaGetErrorString(reset));
+  reset_decode_status(kOp, d_status, s);
   if (count == 0) return;
   const std::size_t num_buckets = num_buckets_for(count, bucket);
   const auto* bits = reinterpret_cast<const unsigned char*>(d_payload + num_buckets * sizeof(float));

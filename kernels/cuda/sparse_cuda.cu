@@ -113,13 +113,6 @@ void check_payload(const char* op, std::size_t r, const std::byte* d_payload, st
              " of ", m, " entries is null");
 }
 
-void reset_status(const char* op, int* d_status, cudaStream_t stream) {
-  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, op, ": d_status is null");
-  const cudaError_t status = cudaMemsetAsync(d_status, 0, sizeof(int), stream);
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, op, ": status reset failed: ",
-             cudaGetErrorString(status));
-}
-
 }  // namespace
 
 void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,
@@ -137,7 +130,7 @@ void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* 
   GZ_REQUIRE(!any_entries || d_acc != nullptr, ErrorCode::invalid_argument, op,
              ": d_acc is null");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  reset_status(op, d_status, cuda_stream);
+  reset_decode_status(op, d_status, cuda_stream);
   for (std::size_t r = 0; r < payload_count; ++r) {
     if (entries[r] > 0) validate(d_payloads[r], entries[r], wide_indices, n, d_status, cuda_stream, op);
   }
@@ -154,7 +147,7 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
   check_payload(op, 0, d_payload, entries, wide_indices, n);
   GZ_REQUIRE(n == 0 || d_out != nullptr, ErrorCode::invalid_argument, op, ": d_out is null");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  reset_status(op, d_status, cuda_stream);
+  reset_decode_status(op, d_status, cuda_stream);
   if (entries > 0) validate(d_payload, entries, wide_indices, n, d_status, cuda_stream, op);
   if (n == 0) return;
   zero_kernel<<<grid_for(n), kThreads, 0, cuda_stream>>>(d_out, n, d_status);
