@@ -163,7 +163,7 @@ void check_arguments(const Call& call) {
                "': the tensor is on CUDA device ", tensor.device.index,
                "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
     require_device_pointer(tensor.data, tensor.device.index, std::string(op) + " of '" +
-                           std::string(call.name) + "'", "tensor");
+                           std::string(call.name) + "'", "the tensor");
   }
   GZ_REQUIRE(tensor.dtype == DType::f32 || tensor.dtype == DType::f16 || tensor.dtype == DType::bf16,
              ErrorCode::invalid_argument, op, " of '", call.name, "': dtype ",

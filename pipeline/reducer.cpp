@@ -276,7 +276,7 @@ void ReducerState::add(std::string name, TensorView tensor, std::vector<std::siz
              describe_memory(memory_), "; a Reducer holds tensors of one place");
   if (tensor.device.kind == DeviceKind::cuda && tensor.count > 0) {
     collectives::require_device_pointer(tensor.data, tensor.device.index,
-                                        detail::concat("Reducer::add('", name, "')"), "tensor");
+                                        detail::concat("Reducer::add('", name, "')"), "the tensor");
   }
   memory_ = tensor.device;
   memory_known_ = true;

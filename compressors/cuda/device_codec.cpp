@@ -403,8 +403,8 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
   GZ_REQUIRE(aligned(in.data, dtype_size(in.dtype)), ErrorCode::invalid_argument, op,
              ": the input tensor is not aligned to its ", dtype_size(in.dtype), "-byte elements");
   const DeviceScope scope(in.device.index, op);
-  cuda::require_device_pointer(out.data(), in.device.index, op, "output message buffer");
-  if (in.count > 0) cuda::require_device_pointer(in.data, in.device.index, op, "input tensor");
+  cuda::require_device_pointer(out.data(), in.device.index, op, "the output message buffer");
+  if (in.count > 0) cuda::require_device_pointer(in.data, in.device.index, op, "the input tensor");
 
   const F32Input values(in, op);
   const WireHeader header =
@@ -431,8 +431,8 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   GZ_REQUIRE(aligned(out.data, dtype_size(out.dtype)), ErrorCode::invalid_argument, op,
              ": the output tensor is not aligned to its ", dtype_size(out.dtype), "-byte elements");
   const DeviceScope scope(out.device.index, op);
-  if (!in.empty()) cuda::require_device_pointer(in.data(), out.device.index, op, "message");
-  if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "output tensor");
+  if (!in.empty()) cuda::require_device_pointer(in.data(), out.device.index, op, "the message");
+  if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "the output tensor");
 
   // The header (and randk's key) on the host, checked like the host decoders check it.
   std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
@@ -487,7 +487,7 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
 void require_device_tensor(ConstTensorView view, std::string_view op) {
   const std::string name(op);
   const DeviceScope scope(view.device.index, name);
-  if (view.count > 0) cuda::require_device_pointer(view.data, view.device.index, name, "tensor");
+  if (view.count > 0) cuda::require_device_pointer(view.data, view.device.index, name, "the tensor");
 }
 
 std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
@@ -500,8 +500,8 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   GZ_REQUIRE(chunk.data != nullptr || count == 0, ErrorCode::invalid_argument, op,
              ": null data pointer for ", count, " elements");
   const DeviceScope scope(chunk.device.index, op);
-  if (count > 0) cuda::require_device_pointer(chunk.data, chunk.device.index, op, "input tensor");
-  if (!decoded.empty()) cuda::require_device_pointer(decoded.data(), chunk.device.index, op, "decoded output");
+  if (count > 0) cuda::require_device_pointer(chunk.data, chunk.device.index, op, "the input tensor");
+  if (!decoded.empty()) cuda::require_device_pointer(decoded.data(), chunk.device.index, op, "the decoded output");
 
   // e, c = g + e and (unless the caller takes it) D(message), each `count` floats.
   const std::size_t floats = checked_product(count, decoded.empty() ? 3 : 2, op);

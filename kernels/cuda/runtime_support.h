@@ -46,29 +46,41 @@ class CurrentDevice {
   bool changed_ = false;
 };
 
-// Throws ErrorCode::invalid_argument naming `op` and `what` unless `pointer` is device (or
-// managed) memory usable on `device`: how a host buffer passed where the tensor's device memory
-// belongs is refused before any kernel touches it.
+// What cudaPointerGetAttributes says a pointer is, in words for error messages.
+inline const char* memory_kind(cudaMemoryType type) noexcept {
+  switch (type) {
+    case cudaMemoryTypeUnregistered: return "pageable host memory";
+    case cudaMemoryTypeHost: return "pinned host memory";
+    case cudaMemoryTypeDevice: return "device memory";
+    case cudaMemoryTypeManaged: return "managed memory";
+  }
+  return "memory of unknown kind";
+}
+
+// Throws ErrorCode::invalid_argument naming `op`, `what` (e.g. "the tensor") and the kind of
+// memory it is unless `pointer` is device (or managed) memory usable on `device`: how a host
+// buffer passed where device memory belongs is refused before any kernel or transfer touches it.
+// ErrorCode::unsupported when CUDA cannot run here at all (no driver, no device).
 inline void require_device_pointer(const void* pointer, int device, std::string_view op,
                                    std::string_view what) {
   cudaPointerAttributes attributes{};
   const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
   if (status != cudaSuccess) cudaGetLastError();  // leave no error for the next call to find
-  const bool device_memory = status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice ||
-                                                       attributes.type == cudaMemoryTypeManaged);
-  // No driver or no device: CUDA work cannot run here at all.
   GZ_REQUIRE(status != cudaErrorNoDevice && status != cudaErrorInsufficientDriver &&
                  status != cudaErrorInitializationError,
-             ErrorCode::unsupported, op, ": the ", what, " is on CUDA device ", device,
+             ErrorCode::unsupported, op, ": ", what, " is on CUDA device ", device,
              ", but CUDA cannot run here (", cudaGetErrorString(status), ")");
-  GZ_REQUIRE(status == cudaSuccess, ErrorCode::invalid_argument, op, ": the ", what,
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::invalid_argument, op, ": ", what,
              " cannot be checked as CUDA device memory of cuda:", device, " (",
              cudaGetErrorString(status), ")");
-  GZ_REQUIRE(device_memory, ErrorCode::invalid_argument, op, ": the ", what,
-             " is not CUDA device memory (the tensor is on cuda:", device, ")");
+  const bool device_memory =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  GZ_REQUIRE(device_memory, ErrorCode::invalid_argument, op, ": ", what, " is ",
+             memory_kind(attributes.type), ", not CUDA device memory (it must be device memory on cuda:",
+             device, ")");
   GZ_REQUIRE(attributes.type == cudaMemoryTypeManaged || attributes.device == device,
-             ErrorCode::invalid_argument, op, ": the ", what, " is on cuda:", attributes.device,
-             ", the tensor on cuda:", device);
+             ErrorCode::invalid_argument, op, ": ", what, " is device memory of cuda:",
+             attributes.device, "; it must be device memory on cuda:", device);
 }
 
 }  // namespace gradzip::kernels::cuda

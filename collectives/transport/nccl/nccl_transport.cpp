@@ -9,19 +9,10 @@
 
 #include "collectives/transport/nccl/nccl_layout.h"
 #include "gradzip/error.h"
+#include "kernels/cuda/runtime_support.h"
 
 namespace gradzip::collectives {
 namespace {
-
-const char* memory_kind(cudaMemoryType type) {
-  switch (type) {
-    case cudaMemoryTypeUnregistered: return "pageable host memory";
-    case cudaMemoryTypeHost: return "pinned host memory";
-    case cudaMemoryTypeDevice: return "device memory";
-    case cudaMemoryTypeManaged: return "managed memory";
-  }
-  return "memory of unknown kind";
-}
 
 std::string cuda_error_text(cudaError_t status) {
   return detail::concat(cudaGetErrorName(status), ": ", cudaGetErrorString(status));
@@ -147,27 +138,10 @@ void NcclTransport::require_device_memory(const void* pointer, std::size_t bytes
   if (bytes == 0) return;
   // The first and the last byte: a span that runs past its allocation is caught too when
   // nothing CUDA knows follows it.
-  const void* ends[2] = {pointer, static_cast<const std::byte*>(pointer) + (bytes - 1)};
-  for (const void* end : ends) {
-    cudaPointerAttributes attributes{};
-    const cudaError_t status = cudaPointerGetAttributes(&attributes, end);
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      GZ_THROW(ErrorCode::invalid_argument, op, " (", describe(), "): ", what, " (", bytes,
-               " bytes at ", pointer, ") is not memory CUDA can describe (",
-               cuda_error_text(status), "); the NCCL transport needs device memory on cuda:",
-               device_);
-    }
-    const bool device_memory = attributes.type == cudaMemoryTypeDevice ||
-                               attributes.type == cudaMemoryTypeManaged;
-    GZ_REQUIRE(device_memory, ErrorCode::invalid_argument, op, " (", describe(), "): ", what,
-               " (", bytes, " bytes at ", pointer, ") is ", memory_kind(attributes.type),
-               "; the NCCL transport needs device memory on cuda:", device_);
-    GZ_REQUIRE(attributes.device == device_, ErrorCode::invalid_argument, op, " (", describe(),
-               "): ", what, " (", bytes, " bytes at ", pointer, ") is ",
-               memory_kind(attributes.type), " of cuda:", attributes.device,
-               "; the NCCL transport needs memory on cuda:", device_);
-  }
+  const std::string where = detail::concat(op, " (", describe(), ")");
+  kernels::cuda::require_device_pointer(pointer, device_, where, what);
+  kernels::cuda::require_device_pointer(static_cast<const std::byte*>(pointer) + (bytes - 1), device_,
+                                        where, what);
 }
 
 // ---- streams, events, scratch -----------------------------------------------------------------
