@@ -15,6 +15,8 @@ const char* error_code_name(ErrorCode code) noexcept {
     case ErrorCode::io_error: return "io_error";
     case ErrorCode::unsupported: return "unsupported";
     case ErrorCode::internal: return "internal";
+    case ErrorCode::timeout: return "timeout";
+    case ErrorCode::nonfinite: return "nonfinite";
   }
   return "unknown";
 }

@@ -17,6 +17,8 @@ enum class ErrorCode {
   io_error,           // a file could not be read or written
   unsupported,        // a valid request this build cannot serve
   internal,           // a broken invariant inside gradzip: a bug
+  timeout,            // a blocking wait passed its deadline (CommunicatorOptions::timeout_seconds)
+  nonfinite,          // non-finite input under nonfinite=error
 };
 
 const char* error_code_name(ErrorCode code) noexcept;
