@@ -30,6 +30,10 @@ constexpr std::uint64_t kHeaderBytes = 4 + 4 + 4 + 4 + 8;
 constexpr std::uint64_t kChecksumBytes = 8;
 // Smallest record: a 1-byte name and zero values.
 constexpr std::uint64_t kMinRecordBytes = 4 + 1 + 8;
+// The first version, which has no counters section.
+constexpr std::uint32_t kVersionWithoutCounters = 1;
+// A counter record: name length, a 1-byte name at least, and its value.
+constexpr std::uint64_t kMinCounterBytes = 4 + 1 + 8;
 
 // FNV-1a 64. Byte-serial (about 1 GB/s): checkpoints are written rarely, and the format stays
 // simple to verify from any language.
@@ -143,7 +147,7 @@ class CheckpointReader {
     // left() >= 8: the tensor count and element count checks kept room for the checksum.
     GZ_REQUIRE(left() == kChecksumBytes, ErrorCode::io_error, "ResidualStore::load: '", path_,
                "' is corrupt: ", left() - kChecksumBytes,
-               " unexpected bytes between the last tensor record (ending at offset ", offset_,
+               " unexpected bytes between the last record (ending at offset ", offset_,
                ") and the ", kChecksumBytes, "-byte checksum");
     std::uint64_t stored;
     read_all(&stored, sizeof stored);
@@ -237,7 +241,11 @@ std::span<float> ResidualStore::residual(std::string_view name, std::size_t coun
   auto found = residuals_.find(name);
   if (found == residuals_.end()) {
     found = residuals_.emplace(std::string(name), std::vector<float>(count, 0.0f)).first;
-  } else if (found->second.size() != count) {
+    last_use_.insert_or_assign(found->first, clock_);
+    return found->second;
+  }
+  last_use_.find(name)->second = clock_;
+  if (found->second.size() != count) {
     GZ_REQUIRE(policy_ == ResizePolicy::reset, ErrorCode::size_mismatch,
                "ResidualStore::residual: tensor '", name, "' changed size from ",
                found->second.size(), " to ", count,
@@ -275,9 +283,26 @@ std::size_t ResidualStore::total_bytes() const noexcept {
   return bytes;
 }
 
-void ResidualStore::clear() noexcept { residuals_.clear(); }
+void ResidualStore::clear() noexcept {
+  residuals_.clear();
+  last_use_.clear();
+}
 
-void ResidualStore::save(const std::filesystem::path& path) const {
+std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept) {
+  std::size_t released = 0;
+  for (auto use = last_use_.begin(); use != last_use_.end();) {
+    if (use->second >= oldest_kept) {
+      ++use;
+      continue;
+    }
+    residuals_.erase(residuals_.find(use->first));
+    use = last_use_.erase(use);
+    ++released;
+  }
+  return released;
+}
+
+void ResidualStore::save(const std::filesystem::path& path, const Counters& counters) const {
   const std::string target = path.string();
   const std::filesystem::path temporary = temporary_path_for(path);
   const std::string temporary_name = temporary.string();
@@ -301,6 +326,15 @@ void ResidualStore::save(const std::filesystem::path& path) const {
       writer.integer<std::uint64_t>(values.size());
       writer.bytes(values.data(), values.size() * sizeof(float));
     }
+    writer.integer<std::uint64_t>(counters.size());
+    for (const auto& [name, value] : counters) {
+      GZ_REQUIRE(!name.empty() && name.size() <= std::numeric_limits<std::uint32_t>::max(),
+                 ErrorCode::invalid_argument, "ResidualStore::save: a counter name of ",
+                 name.size(), " bytes (must be 1 to 2^32-1)");
+      writer.integer<std::uint32_t>(static_cast<std::uint32_t>(name.size()));
+      writer.bytes(name.data(), name.size());
+      writer.integer<std::uint64_t>(value);
+    }
     writer.checksum();
     GZ_REQUIRE(::fsync(fd.get()) == 0, ErrorCode::io_error, "ResidualStore::save: cannot flush '",
                temporary_name, "' to disk: ", system_reason(errno));
@@ -318,7 +352,7 @@ void ResidualStore::save(const std::filesystem::path& path) const {
   sync_directory_of(path);
 }
 
-void ResidualStore::load(const std::filesystem::path& path) {
+void ResidualStore::load(const std::filesystem::path& path, Counters* counters) {
   const std::string name_of_file = path.string();
   FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   GZ_REQUIRE(fd.get() >= 0, ErrorCode::io_error, "ResidualStore::load: cannot open '",
@@ -339,9 +373,10 @@ void ResidualStore::load(const std::filesystem::path& path) {
   // Another version may lay out everything after this field differently: refuse before reading
   // on.
   const auto version = reader.integer<std::uint32_t>("the format version");
-  GZ_REQUIRE(version == kFormatVersion, ErrorCode::invalid_argument, "ResidualStore::load: '",
-             name_of_file, "' has checkpoint format version ", version,
-             "; this build reads version ", kFormatVersion);
+  GZ_REQUIRE(version == kFormatVersion || version == kVersionWithoutCounters,
+             ErrorCode::invalid_argument, "ResidualStore::load: '", name_of_file,
+             "' has checkpoint format version ", version, "; this build reads versions ",
+             kVersionWithoutCounters, " and ", kFormatVersion);
   const auto file_world_size = reader.integer<std::uint32_t>("the world size");
   const auto file_rank = reader.integer<std::uint32_t>("the rank");
   const auto tensor_count = reader.integer<std::uint64_t>("the tensor count");
@@ -375,6 +410,31 @@ void ResidualStore::load(const std::filesystem::path& path) {
     reader.bytes(values.data(), values.size() * sizeof(float), "tensor values");
     loaded.emplace_hint(loaded.end(), std::move(name), std::move(values));
   }
+  Counters loaded_counters;
+  if (version != kVersionWithoutCounters) {
+    const auto counter_count = reader.integer<std::uint64_t>("the counter count");
+    GZ_REQUIRE(reader.left() >= kChecksumBytes &&
+                   counter_count <= (reader.left() - kChecksumBytes) / kMinCounterBytes,
+               ErrorCode::io_error, "ResidualStore::load: '", name_of_file, "' is corrupt: ",
+               counter_count, " counters cannot fit in its ", file_bytes, " bytes");
+    for (std::uint64_t c = 0; c < counter_count; ++c) {
+      const auto name_bytes = reader.integer<std::uint32_t>("a counter name length");
+      // A counter needs its name, its 8-byte value, and the file its 8-byte checksum.
+      const std::uint64_t room = reader.left() >= 16 ? reader.left() - 16 : 0;
+      GZ_REQUIRE(name_bytes >= 1 && name_bytes <= room, ErrorCode::io_error,
+                 "ResidualStore::load: '", name_of_file, "' is corrupt: counter ", c,
+                 " has a name length of ", name_bytes, " bytes at offset ", reader.offset() - 4,
+                 " (must be 1..", room, ")");
+      std::string name(name_bytes, '\0');
+      reader.bytes(name.data(), name.size(), "a counter name");
+      GZ_REQUIRE(loaded_counters.empty() || std::prev(loaded_counters.end())->first < name,
+                 ErrorCode::io_error, "ResidualStore::load: '", name_of_file,
+                 "' is corrupt: counter '", name, "' does not follow '",
+                 std::prev(loaded_counters.end())->first, "' in strictly increasing name order");
+      const auto value = reader.integer<std::uint64_t>("a counter value");
+      loaded_counters.emplace_hint(loaded_counters.end(), std::move(name), value);
+    }
+  }
   reader.verify_checksum();
 
   GZ_REQUIRE(file_world_size == world_size_, ErrorCode::size_mismatch, "ResidualStore::load: '",
@@ -386,9 +446,13 @@ void ResidualStore::load(const std::filesystem::path& path) {
 
   if (residuals_.empty()) {
     residuals_ = std::move(loaded);
+    last_use_.clear();
+    for (const auto& entry : residuals_) last_use_.emplace_hint(last_use_.end(), entry.first, clock_);
+    if (counters != nullptr) *counters = std::move(loaded_counters);
     return;
   }
   require_same_tensors(loaded, residuals_, name_of_file);
+  if (counters != nullptr) *counters = std::move(loaded_counters);
   // Same names and counts: copy into the existing buffers so that spans stay valid.
   auto source = loaded.begin();
   for (auto& entry : residuals_) {

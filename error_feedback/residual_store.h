@@ -10,12 +10,12 @@
 // buffers never overlap).
 //
 // Reference validity: a span returned by residual(name, count) stays valid, and keeps pointing
-// at the tensor's residual, until that same name is resized under ResizePolicy::reset, or until
-// clear() or destruction. Creating other tensors never moves existing buffers; load() into a
+// at the tensor's residual, until that same name is resized under ResizePolicy::reset or
+// released (release_unused_before), or until clear() or destruction. Creating other tensors never moves existing buffers; load() into a
 // store that already holds the checkpoint's tensors copies the values into the existing buffers,
 // so spans stay valid across it too.
 //
-// Checkpoint file format (version 1). Integers and f32 values are little-endian:
+// Checkpoint file format (version 2). Integers and f32 values are little-endian:
 //
 //   offset  size  field
 //   0       4     magic "GZEF"
@@ -25,7 +25,14 @@
 //   16      8     u64 number of tensors N
 //   24      ...   N records, sorted by name (byte-wise, strictly increasing):
 //                   u32 name length L (>= 1), L name bytes, u64 element count C, C f32 values
+//   ...     8     u64 number of counters M
+//   ...     ...   M records, sorted by name (byte-wise, strictly increasing):
+//                   u32 name length L (>= 1), L name bytes, u64 value
 //   end-8   8     u64 checksum: FNV-1a 64 over every byte before it
+//
+// Counters are what the store's owner needs beside the residuals to continue a run exactly (the
+// Communicator's per-name call numbers, the Reducer's step); the store does not interpret them.
+// Version 1 is version 2 without the counters section (and its count); load() reads both.
 //
 // save() writes the whole file to a temporary file in the target's directory, fsyncs it and
 // renames it over the target, so a crash leaves either the old checkpoint or the new one,
@@ -48,8 +55,10 @@ namespace gradzip::error_feedback {
 
 class ResidualStore {
  public:
-  // The checkpoint format version save() writes and load() reads.
-  static constexpr std::uint32_t kFormatVersion = 1;
+  // The checkpoint format version save() writes; load() reads it and version 1.
+  static constexpr std::uint32_t kFormatVersion = 2;
+  // Named u64 values saved beside the residuals (format above).
+  using Counters = std::map<std::string, std::uint64_t, std::less<>>;
 
   // `world_size` >= 1 and `rank` < world_size (else ErrorCode::invalid_argument). Both are
   // recorded in checkpoints: a rank's residuals belong to that rank of that world.
@@ -84,18 +93,28 @@ class ResidualStore {
   // Forgets every tensor; every span handed out dangles.
   void clear() noexcept;
 
-  // Writes the checkpoint (format above). Throws ErrorCode::io_error naming the path and the
+  // Use stamps, for releasing the residuals of tensors that are no longer reduced. Every
+  // residual(name, count) call stamps the tensor with the current use clock (0 until set;
+  // tensors taken from a checkpoint by load() get the clock at load time).
+  // release_unused_before(t) forgets every tensor whose stamp is older than t (their spans
+  // dangle) and returns how many it forgot. The Communicator sets the clock to its call number
+  // (gradzip/communicator.h, CommunicatorOptions::release_unused_after_calls).
+  void set_use_clock(std::uint64_t now) noexcept { clock_ = now; }
+  std::size_t release_unused_before(std::uint64_t oldest_kept);
+
+  // Writes the checkpoint (format above) with `counters` (names non-empty). Throws ErrorCode::io_error naming the path and the
   // system's reason when the file cannot be written; the target is then left as it was and
   // the temporary file is removed.
-  void save(const std::filesystem::path& path) const;
+  void save(const std::filesystem::path& path, const Counters& counters = {}) const;
 
   // Reads a checkpoint written by save(). The whole file is read and verified before the store
   // changes; on any failure the store is unchanged. Refusals:
   //   io_error          the file cannot be opened or read; it is shorter than its fields say;
-  //                     the magic is wrong; a name length or element count exceeds the bytes
-  //                     left in the file (checked before allocating); names are not strictly
-  //                     increasing; bytes trail the last record; the checksum differs.
-  //   invalid_argument  another format version (checked right after the magic, before anything
+  //                     the magic is wrong; a name length, element count or counter count
+  //                     exceeds the bytes left in the file (checked before allocating); names
+  //                     are not strictly increasing; bytes trail the last record; the checksum
+  //                     differs.
+  //   invalid_argument  a format version other than 1 and 2 (checked right after the magic, before anything
   //                     that version may lay out differently); another rank; the store is
   //                     non-empty and a tensor name is in one of {file, store} only (the
   //                     message names the first such name in sorted order).
@@ -103,7 +122,9 @@ class ResidualStore {
   //                     element count in the file (the message names it and both counts).
   // An empty store takes the file's tensors; a non-empty store must hold exactly the file's
   // tensors with the same counts and gets their values copied into its existing buffers.
-  void load(const std::filesystem::path& path);
+  // `counters`, when given, receives the file's counters (none for a version 1 file), only when
+  // the load succeeds.
+  void load(const std::filesystem::path& path, Counters* counters = nullptr);
 
  private:
   // std::less<> lets lookups take a string_view without building a std::string.
@@ -113,6 +134,9 @@ class ResidualStore {
   std::uint32_t rank_;
   ResizePolicy policy_;
   Buffers residuals_;
+  // The use clock and each tensor's last stamp (same keys as residuals_).
+  std::uint64_t clock_ = 0;
+  std::map<std::string, std::uint64_t, std::less<>> last_use_;
 };
 
 }  // namespace gradzip::error_feedback

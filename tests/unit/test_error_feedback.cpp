@@ -317,7 +317,7 @@ TEST(ResidualStoreCheckpoint, FileLayoutIsTheDocumentedOne) {
   store.save(dir / "ef.bin");
 
   std::vector<unsigned char> expected = {'G', 'Z', 'E', 'F'};
-  append_le<std::uint32_t>(expected, 1);  // version
+  append_le<std::uint32_t>(expected, 2);  // version
   append_le<std::uint32_t>(expected, 3);  // world size
   append_le<std::uint32_t>(expected, 2);  // rank
   append_le<std::uint64_t>(expected, 2);  // tensors
@@ -329,10 +329,87 @@ TEST(ResidualStoreCheckpoint, FileLayoutIsTheDocumentedOne) {
   append_le<std::uint32_t>(expected, 1);
   expected.push_back('c');
   append_le<std::uint64_t>(expected, 0);
+  append_le<std::uint64_t>(expected, 0);  // counters
   append_le<std::uint64_t>(expected, fnv1a64(expected.data(), expected.size()));
 
   EXPECT_EQ(read_bytes(dir / "ef.bin"), expected);
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"ef.bin"})) << "a temporary file was left";
+
+  // With counters: they follow the tensors, sorted by name.
+  store.save(dir / "counted.bin", {{"zz", 7}, {"a", std::uint64_t{1} << 40}});
+  expected.resize(expected.size() - 16);  // drop "0 counters" and the checksum
+  append_le<std::uint64_t>(expected, 2);
+  append_le<std::uint32_t>(expected, 1);
+  expected.push_back('a');
+  append_le<std::uint64_t>(expected, std::uint64_t{1} << 40);
+  append_le<std::uint32_t>(expected, 2);
+  expected.insert(expected.end(), {'z', 'z'});
+  append_le<std::uint64_t>(expected, 7);
+  append_le<std::uint64_t>(expected, fnv1a64(expected.data(), expected.size()));
+  EXPECT_EQ(read_bytes(dir / "counted.bin"), expected);
+}
+
+TEST(ResidualStoreCheckpoint, CountersRoundTripAndVersionOneFilesStillLoad) {
+  TempDir dir;
+  ResidualStore store(2, 0, ResizePolicy::error);
+  fill(store, "w", 3, 0.25f);
+  const ResidualStore::Counters counters = {{"step", 123456789012ull}, {"w", 17}};
+  store.save(dir / "ef.bin", counters);
+  ResidualStore fresh(2, 0, ResizePolicy::error);
+  ResidualStore::Counters loaded = {{"stale", 1}};
+  fresh.load(dir / "ef.bin", &loaded);
+  EXPECT_EQ(loaded, counters);
+  EXPECT_EQ(fresh.residual("w")[2], 0.75f);  // fill: base + i/4
+
+  // A version 1 file (written by hand: no counters section) loads, with no counters.
+  std::vector<unsigned char> v1 = {'G', 'Z', 'E', 'F'};
+  append_le<std::uint32_t>(v1, 1);
+  append_le<std::uint32_t>(v1, 2);
+  append_le<std::uint32_t>(v1, 0);
+  append_le<std::uint64_t>(v1, 1);
+  append_le<std::uint32_t>(v1, 1);
+  v1.push_back('w');
+  append_le<std::uint64_t>(v1, 1);
+  append_le<std::uint32_t>(v1, kernels::float_bits(-3.5f));
+  append_le<std::uint64_t>(v1, fnv1a64(v1.data(), v1.size()));
+  write_bytes(dir / "v1.bin", v1);
+  ResidualStore old(2, 0, ResizePolicy::error);
+  old.load(dir / "v1.bin", &loaded);
+  EXPECT_TRUE(loaded.empty());
+  EXPECT_EQ(old.residual("w")[0], -3.5f);
+
+  // A counter with an empty name cannot be saved.
+  EXPECT_EQ(error_of([&] { store.save(dir / "bad.bin", {{"", 1}}); }).code,
+            ErrorCode::invalid_argument);
+}
+
+TEST(ResidualStore, ReleasesExactlyTheTensorsUnusedSinceTheGivenClock) {
+  ResidualStore store(1, 0, ResizePolicy::error);
+  store.set_use_clock(5);
+  fill(store, "a", 2, 1.0f);
+  fill(store, "b", 2, 2.0f);
+  store.set_use_clock(9);
+  store.residual("b", 2);  // b used again at 9
+  fill(store, "c", 2, 3.0f);
+  EXPECT_EQ(store.release_unused_before(5), 0u);  // nothing older than 5
+  EXPECT_EQ(store.release_unused_before(9), 1u);  // a (last used at 5)
+  EXPECT_EQ(store.names(), (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(store.residual("b")[1], 2.25f) << "kept tensors keep their values (fill: base + i/4)";
+  EXPECT_EQ(store.total_bytes(), 4 * sizeof(float));
+  // A released name comes back as a fresh zero residual.
+  store.set_use_clock(10);
+  EXPECT_EQ(store.residual("a", 2)[0], 0.0f);
+  EXPECT_EQ(store.release_unused_before(10), 2u);  // b and c (9)
+  EXPECT_EQ(store.names(), (std::vector<std::string>{"a"}));
+  // Tensors a load brings in count as used at the load's clock.
+  TempDir dir;
+  store.save(dir / "ef.bin");
+  ResidualStore loaded(1, 0, ResizePolicy::error);
+  loaded.set_use_clock(20);
+  loaded.load(dir / "ef.bin");
+  EXPECT_EQ(loaded.release_unused_before(20), 0u);
+  EXPECT_EQ(loaded.release_unused_before(21), 1u);
+  EXPECT_EQ(loaded.size(), 0u);
 }
 
 TEST(ResidualStoreCheckpoint, RoundTripRestoresEveryValueBitForBit) {
@@ -407,7 +484,7 @@ class CheckpointRefusal : public ::testing::Test {
     fill(writer, "encoder.weight", 5, -1.0f);
     writer.save(good_path());
     good_ = read_bytes(good_path());
-    ASSERT_EQ(good_.size(), 24u + (4 + 12 + 8 + 28) + (4 + 14 + 8 + 20) + 8);
+    ASSERT_EQ(good_.size(), 24u + (4 + 12 + 8 + 28) + (4 + 14 + 8 + 20) + 8 + 8);
     // A store with other values for the same tensors, and an empty store.
     fill(populated_, "decoder.bias", 7, 9.0f);
     fill(populated_, "encoder.weight", 5, 19.0f);
@@ -463,8 +540,8 @@ TEST_F(CheckpointRefusal, NonexistentPathAndDirectory) {
 }
 
 TEST_F(CheckpointRefusal, AnotherFormatVersion) {
-  expect_refused(good_with<std::uint32_t>(kVersionOffset, 2), ErrorCode::invalid_argument, {"version 2", "reads version 1"},
-                 "version 2");
+  expect_refused(good_with<std::uint32_t>(kVersionOffset, 3), ErrorCode::invalid_argument,
+                 {"version 3", "reads versions 1 and 2"}, "version 3");
 }
 
 TEST_F(CheckpointRefusal, AnotherWorldSize) {
@@ -515,7 +592,7 @@ TEST_F(CheckpointRefusal, TrailingBytes) {
   auto bytes = good_;
   bytes.insert(bytes.end() - 8, {0, 0, 0, 0});
   rehash(bytes);
-  expect_refused(bytes, ErrorCode::io_error, {"4 unexpected bytes between the last tensor record"},
+  expect_refused(bytes, ErrorCode::io_error, {"4 unexpected bytes between the last record"},
                  "4 extra bytes");
 }
 
@@ -554,6 +631,30 @@ TEST_F(CheckpointRefusal, CorruptLengthsAreBoundedByTheFileSizeBeforeAllocating)
                  "tensor count 2^64-1");
   expect_refused(good_with<std::uint64_t>(kTensorCountOffset, 3), ErrorCode::io_error,
                  {"bad.bin"}, "tensor count 3 of 2");
+  // The counter count sits just before the checksum (the file has no counters).
+  expect_refused(good_with<std::uint64_t>(good_.size() - 16, ~std::uint64_t{0}),
+                 ErrorCode::io_error, {"18446744073709551615 counters cannot fit"},
+                 "counter count 2^64-1");
+}
+
+TEST_F(CheckpointRefusal, CountersOutOfOrderOrWithEmptyNames) {
+  ResidualStore writer(3, 1, ResizePolicy::error);
+  fill(writer, "decoder.bias", 7, 0.5f);
+  fill(writer, "encoder.weight", 5, -1.0f);
+  writer.save(good_path(), {{"a", 1}, {"b", 2}});
+  const auto counted = read_bytes(good_path());
+  // Counter records: 8-byte count, then (4 + 1 + 8) bytes each, then the checksum.
+  const std::size_t first_name = counted.size() - 8 - 2 * 13 + 4;
+  auto swapped = counted;
+  std::swap(swapped[first_name], swapped[first_name + 13]);  // "b" before "a"
+  rehash(swapped);
+  expect_refused(swapped, ErrorCode::io_error, {"counter 'a'", "strictly increasing"},
+                 "unsorted counters");
+  auto empty_name = counted;
+  put_le<std::uint32_t>(empty_name, first_name - 4, 0);
+  rehash(empty_name);
+  expect_refused(empty_name, ErrorCode::io_error, {"counter 0 has a name length of 0"},
+                 "empty counter name");
 }
 
 TEST_F(CheckpointRefusal, NamesOutOfOrder) {
