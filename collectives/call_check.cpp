@@ -1,5 +1,6 @@
 #include "collectives/call_check.h"
 
+#include <algorithm>
 #include <array>
 #include <span>
 #include <string>
@@ -19,8 +20,11 @@ enum Field : std::size_t {
   kStep,
   kMemory,  // CallDescription::memory: host, or CUDA and its path
   kError,   // 0: arguments valid; else ErrorCode + 1
+  kNonfiniteCount,  // from here on: reported, not compared
+  kNonfiniteFirst,
   kFieldCount,
 };
+constexpr std::size_t kComparedFields = kNonfiniteCount;
 using Record = std::array<std::uint64_t, kFieldCount>;
 
 // The texts behind the fingerprints and the error code, gathered only when the check fails.
@@ -145,10 +149,11 @@ std::uint64_t fingerprint64(std::string_view text) noexcept {
   return hash;
 }
 
-void check_call(Transport& transport, const CallDescription& call) {
+std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescription& call) {
   if (transport.size() == 1) {  // nobody to disagree with or to tell
     if (call.local_error != nullptr) throw *call.local_error;
-    return;
+    if (call.nonfinite_count == 0) return {};
+    return {NonfiniteInput{0, call.nonfinite_count, call.nonfinite_first}};
   }
   const Record mine = {
       fingerprint64(call.name),
@@ -160,6 +165,8 @@ void check_call(Transport& transport, const CallDescription& call) {
       call.step,
       call.memory,
       call.local_error != nullptr ? static_cast<std::uint64_t>(call.local_error->code()) + 1 : 0,
+      call.nonfinite_count,
+      call.nonfinite_first,
   };
   const std::size_t ranks = static_cast<std::size_t>(transport.size());
   std::vector<std::uint64_t> gathered(kFieldCount * ranks);
@@ -170,10 +177,19 @@ void check_call(Transport& transport, const CallDescription& call) {
   bool any_error = false;
   for (std::size_t r = 0; r < ranks; ++r) {
     for (std::size_t f = 0; f < kFieldCount; ++f) records[r][f] = gathered[r * kFieldCount + f];
-    all_agree = all_agree && records[r] == mine;
+    all_agree = all_agree && std::equal(records[r].begin(), records[r].begin() + kComparedFields,
+                                        mine.begin());
     any_error = any_error || records[r][kError] != 0;
   }
-  if (all_agree && !any_error) return;
+  if (all_agree && !any_error) {
+    std::vector<NonfiniteInput> nonfinite;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (records[r][kNonfiniteCount] == 0) continue;
+      nonfinite.push_back(NonfiniteInput{static_cast<int>(r), records[r][kNonfiniteCount],
+                                         records[r][kNonfiniteFirst]});
+    }
+    return nonfinite;
+  }
 
   // Every rank reaches this point together: the decision above used the same records.
   const std::vector<RankTexts> texts = gather_texts(transport, call);

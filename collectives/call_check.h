@@ -3,12 +3,14 @@
 // lesson from Horovod: a rank that submits another tensor must be named, not waited for).
 //
 // Protocol, every collective call, on every rank:
-//   1. all-gather a fixed record of 9 u64 (Transport::allgather_u64): fingerprint of the tensor
+//   1. all-gather a fixed record of 11 u64 (Transport::allgather_u64): fingerprint of the tensor
 //      name, element count, dtype, reduce op, collective kind, fingerprint of the canonical spec
 //      string, the name's call number (step), where the tensor lives (host or CUDA memory: the
-//      paths differ, CUDA tensors may run over NCCL), and this rank's argument error code
-//      (0 = none);
-//   2. if every record is equal and no rank reported an argument error: return;
+//      paths differ, CUDA tensors may run over NCCL), this rank's argument error code
+//      (0 = none), and, outside the comparison, this rank's count of non-finite input elements
+//      and the index of its first one (the nonfinite= policy of compression_spec.h);
+//   2. if every compared field is equal and no rank reported an argument error: return which
+//      ranks reported non-finite input (the same list on every rank);
 //   3. otherwise (all ranks see the same records, so all take this branch together) all-gather
 //      the name, spec and error texts (sizes first), and throw on every rank:
 //        - a rank whose own arguments were invalid rethrows its own error;
@@ -19,7 +21,7 @@
 //          rank 0,2,3: 4097; rank 1: 4096".
 //
 // With one rank there is nobody to disagree with: the check only rethrows a local error.
-// Cost: one all-gather of 72 bytes per rank per call (a few microseconds on shared memory, one
+// Cost: one all-gather of 88 bytes per rank per call (a few microseconds on shared memory, one
 // latency-bound collective across nodes), paid on every call so that a rank that skips or
 // reorders calls is caught on the very call where it happens. The texts travel only when the
 // check fails.
@@ -28,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "collectives/transport/transport.h"
 #include "gradzip/communicator.h"
@@ -60,9 +63,22 @@ struct CallDescription {
   // This rank's argument error, or null: it is rethrown here, after the exchange, so that the
   // other ranks learn about it instead of waiting for this rank forever.
   const Error* local_error = nullptr;
+  // Non-finite elements (NaN, +-Inf) in this rank's input (for all-gather: its own shard) and
+  // the index of the first one in the tensor; not compared between ranks.
+  std::uint64_t nonfinite_count = 0;
+  std::uint64_t nonfinite_first = 0;
 };
 
-// Runs the protocol above over `transport` (a collective: every rank must call it).
-void check_call(Transport& transport, const CallDescription& call);
+// A rank whose input holds non-finite elements, as its record reported it.
+struct NonfiniteInput {
+  int rank = 0;
+  std::uint64_t count = 0;
+  std::uint64_t first = 0;  // index in the tensor
+};
+
+// Runs the protocol above over `transport` (a collective: every rank must call it). Returns
+// the ranks with non-finite input, in rank order (empty when none): every rank gets the same
+// list. With one rank: this rank's own count.
+std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescription& call);
 
 }  // namespace gradzip::collectives

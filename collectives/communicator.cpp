@@ -6,8 +6,10 @@
 #include "gradzip/communicator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -19,6 +21,7 @@
 #include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/nonfinite_cpu.h"
 #include "kernels/tunables.h"
 
 namespace gradzip {
@@ -54,7 +57,11 @@ CommunicatorState::CommunicatorState(std::unique_ptr<Transport> transport, Commu
       default_spec_(resolve_default_spec(options)),
       residuals_(static_cast<std::uint32_t>(transport_->size()),
                  static_cast<std::uint32_t>(transport_->rank()), ResizePolicy::error),
-      cuda_path_(options.cuda_path) {}
+      cuda_path_(options.cuda_path),
+      release_window_(options.release_unused_after_calls) {
+  deadline_policy_ = resolve_deadline_policy(options);
+  transport_->set_deadline_policy(deadline_policy_);
+}
 
 Transport& CommunicatorState::nccl_transport(int device) {
   if (transport_->device_only() >= 0) {
@@ -64,7 +71,9 @@ Transport& CommunicatorState::nccl_transport(int device) {
   }
   if (const auto found = nccl_transports_.find(device); found != nccl_transports_.end())
     return *found->second;
-  return *nccl_transports_.emplace(device, make_nccl_transport(*transport_, device)).first->second;
+  std::unique_ptr<Transport> made = make_nccl_transport(*transport_, device);
+  made->set_deadline_policy(deadline_policy_);
+  return *nccl_transports_.emplace(device, std::move(made)).first->second;
 }
 
 float* CommunicatorState::device_f32_scratch(int device, std::size_t count) {
@@ -79,13 +88,46 @@ float* CommunicatorState::device_f32_scratch(int device, std::size_t count) {
 
 std::uint32_t CommunicatorState::step_of(std::string_view name) const {
   const auto found = steps_.find(name);
-  return found == steps_.end() ? 0 : found->second;
+  return found == steps_.end() ? 0 : found->second.step;
 }
 
 void CommunicatorState::count_call(std::string_view name) {
   auto found = steps_.find(name);
-  if (found == steps_.end()) found = steps_.emplace(std::string(name), 0).first;
-  ++found->second;
+  if (found == steps_.end()) found = steps_.emplace(std::string(name), NameUse{}).first;
+  ++found->second.step;
+  found->second.last_use = calls_started_ - 1;  // the call start_call opened
+}
+
+void CommunicatorState::start_call() {
+  const std::uint64_t call = calls_started_++;
+  if (release_window_ != 0 && call != 0 && call % release_window_ == 0) {
+    // The window [call - N, call) just ended: forget what it did not use.
+    const std::uint64_t oldest_kept = call - release_window_;
+    residuals_.release_unused_before(oldest_kept);
+    std::erase_if(steps_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
+  }
+  residuals_.set_use_clock(call);
+}
+
+void CommunicatorState::save_checkpoint(const std::string& path) const {
+  error_feedback::ResidualStore::Counters call_numbers;
+  for (const auto& [name, use] : steps_) call_numbers.emplace_hint(call_numbers.end(), name, use.step);
+  residuals_.save(path, call_numbers);
+}
+
+void CommunicatorState::load_checkpoint(const std::string& path) {
+  error_feedback::ResidualStore::Counters call_numbers;
+  residuals_.load(path, &call_numbers);
+  for (const auto& [name, value] : call_numbers) {
+    GZ_REQUIRE(value <= UINT32_MAX, ErrorCode::io_error, "Communicator::load_residuals: '",
+               path, "' gives tensor '", name, "' the call number ", value,
+               ", beyond the 32-bit counter");
+  }
+  steps_.clear();
+  // Loaded names count as used now, so the next window does not release them at once.
+  const std::uint64_t now = calls_started_ == 0 ? 0 : calls_started_ - 1;
+  for (const auto& [name, value] : call_numbers)
+    steps_.emplace_hint(steps_.end(), name, NameUse{static_cast<std::uint32_t>(value), now});
 }
 
 const Codec& CommunicatorState::codec_for(const CompressionSpec& spec) {
@@ -105,6 +147,8 @@ CommunicatorState::NodeTransports& CommunicatorState::node_transports(std::uint3
   node.intra = ranks_per_node == 0 ? transport_->split_by_node()
                                    : transport_->split(rank / per_node, rank);
   node.inter = transport_->split(node.intra->rank(), rank);
+  node.intra->set_deadline_policy(deadline_policy_);
+  node.inter->set_deadline_policy(deadline_policy_);
   return nodes_.emplace(ranks_per_node, std::move(node)).first->second;
 }
 
@@ -134,16 +178,19 @@ struct Call {
   std::optional<Error> error;           // this rank's first argument error
   // The step given by the caller (allreduce_at_step); empty: the name's call number.
   std::optional<std::uint32_t> explicit_step;
+  // Set by begin_call: the ranks whose input holds NaN or Inf (the same on every rank).
+  std::vector<NonfiniteInput> nonfinite;
 };
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    const CompressionSpec& spec) {
-  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt};
+  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}};
 }
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    std::string_view spec_text) {
-  Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt, std::nullopt};
+  Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt,
+            std::nullopt, {}};
   try {
     call.spec = CompressionSpec::parse(spec_text);
     call.spec_text = call.spec->to_string();
@@ -197,11 +244,37 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
       call.error = error;
     }
   }
+  // This rank's non-finite input, counted only when its arguments are valid (a bad pointer
+  // must not be read): the whole tensor, or for an all-gather the rank's own shard.
+  NonfiniteInput mine;
+  if (!call.error && call.tensor.count > 0) {
+    try {
+      const Transport& transport = state.transport();
+      const bool shard_only = call.kind == CollectiveKind::allgather;
+      const std::size_t begin =
+          shard_only ? shard_begin(call.tensor.count, transport.size(), transport.rank()) : 0;
+      const std::size_t end = shard_only ? shard_begin(call.tensor.count, transport.size(),
+                                                       transport.rank() + 1)
+                                         : call.tensor.count;
+      if (call.tensor.device.kind == DeviceKind::cuda) {
+        const NonfiniteOnDevice found = count_nonfinite_on_device(call.tensor, begin, end);
+        mine = NonfiniteInput{0, found.count, begin + found.first};
+      } else {
+        const kernels::cpu::NonfiniteCount found =
+            kernels::cpu::count_nonfinite(call.tensor, begin, end - begin);
+        mine = NonfiniteInput{0, found.count, begin + found.first};
+      }
+    } catch (const Error& error) {
+      call.error = error;
+    }
+  }
+  state.start_call();
   const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.step_of(call.name);
-  check_call(state.transport(),
-             CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
-                             call.spec_text, step, memory_field(state, call.tensor),
-                             call.error ? &*call.error : nullptr});
+  call.nonfinite =
+      check_call(state.transport(),
+                 CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
+                                 call.spec_text, step, memory_field(state, call.tensor),
+                                 call.error ? &*call.error : nullptr, mine.count, mine.first});
   if (!call.explicit_step) state.count_call(call.name);
   return step;
 }
@@ -375,9 +448,16 @@ CompressionSpec warmup_spec(const CompressionSpec& spec) {
 template <typename Body>
 CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
   CollectiveStats stats = start_stats(call, state.transport());
+  // What a timeout report names (collectives/transport/deadline.h): this call, its step and its
+  // number among the communicator's calls (begin_call's start_call opens calls_started() + 1).
+  const OperationScope operation(CurrentOperation{
+      collective_kind_name(call.kind), call.name,
+      call.explicit_step ? *call.explicit_step : state.step_of(call.name),
+      state.calls_started() + 1, "the call check"});
   {
     StageTimer total(stats.total_seconds);
     const std::uint32_t step = begin_call(state, call);
+    set_operation_phase("the data exchange");
     body(step, stats);
   }
   return stats;
@@ -399,8 +479,104 @@ CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,
   return cuda_route(state, spec, algorithm, shared_index);
 }
 
+// "1,3": the ranks of `inputs`.
+std::string rank_list(const std::vector<NonfiniteInput>& inputs) {
+  std::string out;
+  for (const NonfiniteInput& input : inputs) out += detail::concat(out.empty() ? "" : ",", input.rank);
+  return out;
+}
+
+// The nonfinite= policy (compression_spec.h) of a call whose input holds NaN or Inf on some
+// rank. call.nonfinite came out of the call check, so it is the same on every rank and every
+// rank takes the same branch. Returns false when no rank has non-finite input (the call runs
+// as usual); else runs the policy and returns true, or throws (nonfinite=error). No branch
+// adds, updates or even registers an error-feedback residual (worker or server side): a NaN
+// must never reach one.
+bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint32_t step,
+                          CollectiveStats& stats) {
+  if (call.nonfinite.empty()) return false;
+  const CompressionSpec& spec = *call.spec;
+  const TensorView& tensor = call.tensor;
+  const std::size_t count = tensor.count;
+  const std::string ranks = rank_list(call.nonfinite);
+  switch (spec.nonfinite) {
+    case NonfinitePolicy::error: {
+      std::string found;
+      for (const NonfiniteInput& input : call.nonfinite) {
+        found += detail::concat(found.empty() ? "" : "; ", "rank ", input.rank, ": ", input.count,
+                                " non-finite element(s), the first at index ", input.first);
+      }
+      GZ_THROW(ErrorCode::nonfinite, collective_kind_name(call.kind), " of '", call.name,
+               "' on rank ", state.transport().rank(), ": NaN or Inf in the input of rank(s) ",
+               ranks, " (", found, "); the spec says nonfinite=error, so nothing was reduced "
+               "and the tensor is left as passed");
+    }
+    case NonfinitePolicy::skip: {
+      // Zero bits are +0 in f32, f16 and bf16: the same finite result on every rank.
+      if (tensor.device.kind == DeviceKind::cuda) {
+        zero_on_device(tensor.data, tensor.size_bytes(), tensor.device.index);
+      } else if (count > 0) {
+        std::memset(tensor.data, 0, tensor.size_bytes());
+      }
+      stats.algorithm = "skip";
+      stats.skipped = true;
+      stats.note = detail::concat("non-finite input on rank(s) ", ranks,
+                                  ": skipped (nonfinite=skip), the tensor is zeros on every rank; "
+                                  "error feedback untouched");
+      return true;
+    }
+    case NonfinitePolicy::propagate: break;
+  }
+  // propagate: the raw input, uncompressed, without error feedback, so the NaN / Inf land
+  // where a plain all-reduce puts them.
+  stats.note = detail::concat("non-finite input on rank(s) ", ranks,
+                              ": reduced uncompressed; error feedback untouched");
+  const CompressionSpec dense = warmup_spec(spec);
+  const Transport& transport = state.transport();
+  switch (call.kind) {
+    case CollectiveKind::allreduce: {
+      stats.algorithm = "mpi";
+      const CallMemory memory = open_call_memory(state, tensor, 0, count,
+                                                 route_of(state, tensor, dense, std::nullopt), stats);
+      divide_for_average(memory, call.op);
+      {
+        StageTimer communicate(stats.communicate_seconds);
+        memory.transport->allreduce_f32_sum(memory.data);
+      }
+      close_call_memory(memory, tensor, 0, count);
+      return true;
+    }
+    case CollectiveKind::reduce_scatter: {
+      stats.algorithm = "ring";
+      const CallMemory memory = open_call_memory(
+          state, tensor, 0, count, route_of(state, tensor, dense, Algorithm::ring), stats);
+      divide_for_average(memory, call.op);
+      ReduceJob job = make_job(state, dense, memory, std::string(call.name), call.name, step, stats);
+      ring_reduce_scatter(job);
+      const Transport& moved_by = *memory.transport;
+      close_call_memory(memory, tensor, shard_begin(count, moved_by.size(), moved_by.rank()),
+                        shard_begin(count, moved_by.size(), moved_by.rank() + 1));
+      return true;
+    }
+    case CollectiveKind::allgather: {
+      stats.algorithm = "allgather";
+      const CallMemory memory = open_call_memory(
+          state, tensor, shard_begin(count, transport.size(), transport.rank()),
+          shard_begin(count, transport.size(), transport.rank() + 1),
+          route_of(state, tensor, dense, Algorithm::allgather), stats);
+      ReduceJob job = make_job(state, dense, memory, allgather_residual_key(call.name), call.name,
+                               step, stats);
+      compressed_allgather(job);
+      close_call_memory(memory, tensor, 0, count);
+      return true;
+    }
+  }
+  return true;
+}
+
 CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
+    if (run_nonfinite_policy(state, call, step, stats)) return;
     const CompressionSpec& spec = *call.spec;
     const std::size_t count = call.tensor.count;
     const AllreduceChoice choice = choose_allreduce(spec, count, step);
@@ -438,6 +614,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
 
 CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
+    if (run_nonfinite_policy(state, call, step, stats)) return;
     const ShardedChoice choice = choose_reduce_scatter(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
@@ -457,6 +634,7 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
 
 CollectiveStats run_allgather(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
+    if (run_nonfinite_policy(state, call, step, stats)) return;
     Transport& transport = state.transport();
     const ShardedChoice choice = choose_allgather(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
@@ -556,11 +734,9 @@ std::size_t Communicator::shard_begin(std::size_t count, int r) const noexcept {
   return collectives::shard_begin(count, size(), r);
 }
 
-void Communicator::save_residuals(const std::string& path) const {
-  state_->residuals().save(path);
-}
+void Communicator::save_residuals(const std::string& path) const { state_->save_checkpoint(path); }
 
-void Communicator::load_residuals(const std::string& path) { state_->residuals().load(path); }
+void Communicator::load_residuals(const std::string& path) { state_->load_checkpoint(path); }
 
 const CompressionSpec& Communicator::default_spec() const noexcept {
   return state_->default_spec();

@@ -36,6 +36,17 @@ class CommunicatorState {
   std::uint32_t step_of(std::string_view name) const;
   void count_call(std::string_view name);
 
+  // Opens call number calls_started() (every collective, on every rank, in the same order):
+  // at the end of each window of release_unused_after_calls calls, releases the residuals and
+  // call numbers of the names no call used in that window (CommunicatorOptions), then stamps
+  // this call's uses with its number.
+  void start_call();
+  std::uint64_t calls_started() const noexcept { return calls_started_; }
+
+  // Checkpoint of the residuals and call numbers (Communicator::save_residuals / load_residuals).
+  void save_checkpoint(const std::string& path) const;
+  void load_checkpoint(const std::string& path);
+
   // The codec of a spec, made once per canonical spec string and kept (at most
   // kMaxCachedCodecs; the cache starts over when full).
   const Codec& codec_for(const CompressionSpec& spec);
@@ -56,6 +67,9 @@ class CommunicatorState {
   std::vector<std::byte>& host_staging() noexcept { return host_staging_; }
 
   CudaPath cuda_path() const noexcept { return cuda_path_; }
+  // The deadline of every wait (CommunicatorOptions::timeout_seconds / on_timeout,
+  // GRADZIP_TIMEOUT_S), applied to transport() and to every transport made from it here.
+  const DeadlinePolicy& deadline_policy() const noexcept { return deadline_policy_; }
   // The NCCL transport of CUDA device `device` over this communicator's ranks, made at the first
   // call (a collective over transport(): every rank asks in the same call) and kept; for a
   // communicator made from an ncclComm_t (transport().device_only() >= 0), that transport.
@@ -70,12 +84,19 @@ class CommunicatorState {
   std::unique_ptr<Transport> transport_;
   CompressionSpec default_spec_;
   error_feedback::ResidualStore residuals_;
-  std::map<std::string, std::uint32_t, std::less<>> steps_;
+  struct NameUse {
+    std::uint32_t step = 0;     // call number of the name's next call
+    std::uint64_t last_use = 0; // the communicator call that last counted it
+  };
+  std::map<std::string, NameUse, std::less<>> steps_;
+  std::uint64_t calls_started_ = 0;
   std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs_;
   std::map<std::uint32_t, NodeTransports> nodes_;
   std::vector<float> f32_scratch_;
   std::vector<std::byte> host_staging_;
   CudaPath cuda_path_ = CudaPath::automatic;
+  std::uint64_t release_window_ = 0;  // CommunicatorOptions::release_unused_after_calls
+  DeadlinePolicy deadline_policy_;
   std::map<int, std::unique_ptr<Transport>> nccl_transports_;
   std::map<int, std::unique_ptr<DeviceAllocation>> device_scratch_;
 };

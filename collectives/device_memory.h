@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #include "gradzip/tensor_view.h"
@@ -46,6 +47,14 @@ void require_device_pointer(const void* pointer, int device, std::string_view op
 void widen_on_device(const TensorView& tensor, std::size_t begin, std::size_t end, float* d_f32);
 // Elements [begin, end) of d_f32 back into `tensor` (f16 / bf16, rounded to nearest even).
 void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor);
+// Non-finite elements (NaN, +-Inf) among elements [begin, end) of a CUDA tensor: their count
+// and the first one's index relative to `begin` (kernels/cuda/nonfinite_cuda.h).
+struct NonfiniteOnDevice {
+  std::uint64_t count = 0;
+  std::uint64_t first = 0;
+};
+NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t begin,
+                                            std::size_t end);
 // d_data[i] /= divisor on `device` (the bits of the host's division).
 void divide_on_device(float* d_data, std::size_t count, float divisor, int device);
 

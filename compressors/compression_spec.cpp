@@ -34,8 +34,8 @@ const std::vector<CodecEntry>& codec_table() {
   return table;
 }
 
-constexpr std::array<std::string_view, 7> kSharedKeys = {
-    "ef", "ef_resize", "algo", "warmup", "min_bytes", "seed", "ranks_per_node"};
+constexpr std::array<std::string_view, 8> kSharedKeys = {
+    "ef", "ef_resize", "algo", "warmup", "min_bytes", "seed", "ranks_per_node", "nonfinite"};
 
 const CodecEntry& entry_for(CodecKind kind) {
   for (const CodecEntry& entry : codec_table())
@@ -130,6 +130,15 @@ std::string_view algorithm_name(Algorithm algo) noexcept {
   return "unknown";
 }
 
+std::string_view nonfinite_policy_name(NonfinitePolicy policy) noexcept {
+  switch (policy) {
+    case NonfinitePolicy::propagate: return "propagate";
+    case NonfinitePolicy::error: return "error";
+    case NonfinitePolicy::skip: return "skip";
+  }
+  return "unknown";
+}
+
 CompressionSpec CompressionSpec::parse(std::string_view text) {
   const std::string_view spec = trim(text);
   GZ_REQUIRE(!spec.empty(), ErrorCode::invalid_spec,
@@ -208,6 +217,11 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
     } else if (key == "ranks_per_node") {
       result.ranks_per_node =
           static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, 1u << 20));
+    } else if (key == "nonfinite") {
+      result.nonfinite = parse_choice<NonfinitePolicy>(spec, key, value,
+                                                       {{"propagate", NonfinitePolicy::propagate},
+                                                        {"error", NonfinitePolicy::error},
+                                                        {"skip", NonfinitePolicy::skip}});
     } else {
       GZ_THROW(ErrorCode::internal, "compression spec: key '", key, "' accepted but not handled");
     }
@@ -254,6 +268,7 @@ std::string CompressionSpec::to_string() const {
   options.push_back(detail::concat("min_bytes=", min_bytes));
   options.push_back(detail::concat("seed=", seed));
   options.push_back(detail::concat("ranks_per_node=", ranks_per_node));
+  options.push_back(detail::concat("nonfinite=", nonfinite_policy_name(nonfinite)));
   for (std::size_t i = 0; i < options.size(); ++i) out += (i == 0 ? ":" : ",") + options[i];
   return out;
 }

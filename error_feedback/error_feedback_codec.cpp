@@ -7,6 +7,7 @@
 #include "compressors/device_codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::error_feedback {
 
@@ -78,13 +79,18 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
   // the residual's memory (its old value is already folded into g'), which saves a second
   // scratch buffer, unless the caller wants D(message) itself; decoders validate before
   // writing, so a throwing decode leaves e (and `decoded`) as they were.
+  // Residuals never hold non-finite values (kernels/nonfinite_math.h): an element of e that
+  // comes out NaN or Inf (a non-finite input under nonfinite=propagate never gets here, but a
+  // finite one whose encode overflowed might) is stored as 0, so one bad step cannot poison
+  // every later one. The device path (device_feedback_encode) applies the same rule.
   const std::span<const std::byte> message(out.data(), message_bytes);
   if (decoded.empty()) {
     codec_->decode(message, TensorView{e, count, DType::f32, Device{}});
-    for (std::size_t i = 0; i < count; ++i) e[i] = corrected[i] - e[i];
+    for (std::size_t i = 0; i < count; ++i) e[i] = kernels::finite_or_zero(corrected[i] - e[i]);
   } else {
     codec_->decode(message, TensorView{decoded.data(), count, DType::f32, Device{}});
-    for (std::size_t i = 0; i < count; ++i) e[i] = corrected[i] - decoded[i];
+    for (std::size_t i = 0; i < count; ++i)
+      e[i] = kernels::finite_or_zero(corrected[i] - decoded[i]);
   }
   return message_bytes;
 }

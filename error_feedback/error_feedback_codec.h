@@ -4,6 +4,11 @@
 //   message = C(g')     (the wrapped codec's encode)
 //   e  = g' - D(message) (the wrapped codec's decode of the bytes just written)
 //
+// Residuals never hold non-finite values: an element of e that comes out NaN or Inf is stored
+// as 0 (issue 8; the CUDA path does the same). The Communicator keeps non-finite inputs away
+// from error feedback altogether (the nonfinite= policy of compression_spec.h); the guard
+// covers finite inputs whose encode overflows.
+//
 // Summed over steps this telescopes: sum_t D(message_t) + e_T = sum_t g_t (exactly in real
 // arithmetic; in f32 up to one rounding of each + and -), so whatever a lossy codec drops is
 // delivered later instead of lost.

@@ -4,6 +4,13 @@
 //
 // NaN handling: a NaN stays a NaN of the same sign, its payload truncated to the top bits
 // and the quiet bit set (what F16C does).
+//
+// Narrowing SATURATES finite values (issue 8): a finite f32 beyond the format's largest finite
+// value (f16: 65504; bf16: 0x7F7F, about 3.39e38), which IEEE round-to-nearest would turn into
+// Inf, becomes that largest value with its sign; Inf stays Inf and NaN stays NaN. So a finite
+// partial sum re-encoded by a codec, or written back into an f16 / bf16 tensor, stays finite
+// ("finite inputs give finite results"). Every path (the scalar code here, the F16C / AVX-512
+// loops in kernels/cpu/cast_cpu_*.cpp, the CUDA kernels) gives these bits.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +27,9 @@ GZ_HOST_DEVICE GZ_INLINE std::uint16_t f32_to_f16_bits(float value) {
     if (magnitude == 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
     return static_cast<std::uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu));
   }
-  if (magnitude >= 0x47800000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // >= 65536
-  if (magnitude >= 0x38800000u) {  // normal in f16 (>= 2^-14); may round up to inf
+  // Finite beyond 65504 (0x477FE000): saturate to 65504 (0x7BFF) instead of rounding to Inf.
+  if (magnitude > 0x477FE000u) return static_cast<std::uint16_t>(sign | 0x7BFFu);
+  if (magnitude >= 0x38800000u) {  // normal in f16 (>= 2^-14), at most 65504: stays finite
     const std::uint32_t mantissa_odd = (magnitude >> 13) & 1u;
     const std::uint32_t rebased = magnitude - (112u << 23) + 0xFFFu + mantissa_odd;
     return static_cast<std::uint16_t>(sign | (rebased >> 13));
@@ -58,7 +66,12 @@ GZ_HOST_DEVICE GZ_INLINE float f16_bits_to_f32(std::uint16_t half) {
 
 GZ_HOST_DEVICE GZ_INLINE std::uint16_t f32_to_bf16_bits(float value) {
   const std::uint32_t bits = float_bits(value);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  // Finite values from halfway above bf16's largest finite (0x7F7F8000) round up to Inf under
+  // RNE: saturate them to 0x7F7F.
+  if (magnitude >= 0x7F7F8000u && magnitude < 0x7F800000u)
+    return static_cast<std::uint16_t>(((bits >> 16) & 0x8000u) | 0x7F7Fu);
   const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
   return static_cast<std::uint16_t>((bits + rounding) >> 16);
 }

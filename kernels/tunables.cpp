@@ -16,6 +16,10 @@ constexpr std::array kTunables = {
             "scalar. All give the same bits; forcing one is for testing and benchmarking."},
     Tunable{"GRADZIP_COMPRESSOR", "none",
             "Compression spec used when the application does not pass one (grammar in the README)."},
+    Tunable{"GRADZIP_TIMEOUT_S", "600",
+            "Deadline in seconds (fractional allowed) of every blocking wait; overrides "
+            "CommunicatorOptions::timeout_seconds. On expiry: a report, then MPI_Abort or an "
+            "ErrorCode::timeout exception (CommunicatorOptions::on_timeout)."},
 };
 
 }  // namespace

@@ -101,6 +101,9 @@ class ReducerState {
     step_ = step;
   }
   std::uint64_t step() const noexcept { return step_; }
+  // After wait() itself timed out, lanes may never finish: the destructor must not wait for
+  // them (Reducer::~Reducer then leaks this state instead of destroying it).
+  bool timed_out() const noexcept { return !timed_out_.empty(); }
   std::vector<std::vector<std::string>> bucket_names() const;
   const ReducerStats& stats() const noexcept { return stats_; }
   // Not const: it reads the lanes' stores through their (non-const) communicator states.
@@ -112,6 +115,7 @@ class ReducerState {
     Communicator communicator;
     std::thread thread;
     std::deque<Task> queue;  // guarded by ReducerState::mutex_
+    const Task* running = nullptr;  // the task the lane runs now, guarded by mutex_
   };
   // A group's packing buffer: host memory, or device memory for CUDA tensors (PowerSGD groups
   // are packed on the host in either case). Empty when every chunk is reduced in place.
@@ -125,6 +129,7 @@ class ReducerState {
   // Per step, per group: what its tasks did (guarded by mutex_).
   struct GroupProgress {
     CollectiveStats total;
+    std::uint64_t skipped_chunks = 0;  // chunk calls skipped under nonfinite=skip
     std::set<std::string> algorithms;
     std::string spec;
   };
@@ -154,6 +159,9 @@ class ReducerState {
   float* in_place_span(const GroupLayout& group, std::size_t begin, std::size_t count) const;
   std::string describe_task(const Task& task) const;
   void finish_step_stats(Clock::time_point wait_begin, Clock::time_point wait_end);
+  // Waits (holding `lock` on mutex_) until every task is done, or times out (see wait_for_tasks'
+  // definition): reports, then aborts the job or throws ErrorCode::timeout per the policy.
+  void wait_for_tasks(std::unique_lock<std::mutex>& lock);
   void require_idle(const char* op) const;
 
   Communicator& user_communicator_;
@@ -204,6 +212,8 @@ class ReducerState {
 
   std::vector<Lane> lanes_;
   ReducerStats stats_;
+  // The report of a timeout of wait() itself (throw mode); empty while none happened.
+  std::string timed_out_;
 };
 
 ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
@@ -232,6 +242,13 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
     duplicate->set_idle_waits(true);
     CommunicatorOptions lane_options;
     lane_options.cuda_path = collectives::state_of(communicator).cuda_path();
+    // The Reducer's chunk names are fixed for its life and all used every step; its state goes
+    // with it.
+    lane_options.release_unused_after_calls = 0;
+    // The user communicator's deadline and timeout action (the split inherits them too).
+    const collectives::DeadlinePolicy& policy = collectives::state_of(communicator).deadline_policy();
+    lane_options.timeout_seconds = policy.seconds;
+    lane_options.on_timeout = policy.action;
     lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate), lane_options), {}, {}});
   }
   for (std::size_t l = 0; l < lanes_.size(); ++l)
@@ -441,6 +458,7 @@ void ReducerState::lane_loop(std::size_t lane_index) {
       if (lane.queue.empty()) return;  // stopping, nothing left
       task = std::move(lane.queue.front());
       lane.queue.pop_front();
+      lane.running = &task;
     }
     std::optional<std::string> failure;
     std::optional<ErrorCode> code;
@@ -463,6 +481,7 @@ void ReducerState::lane_loop(std::size_t lane_index) {
       }
       if (--tasks_left_in_bucket_[task.bucket] == 0) bucket_done_time_[task.bucket] = Clock::now();
       --tasks_pending_;
+      lane.running = nullptr;
     }
     task_done_.notify_all();
   }
@@ -607,6 +626,7 @@ void ReducerState::record_progress(const Task& task, const CollectiveStats& stat
   std::lock_guard lock(mutex_);
   GroupProgress& progress = progress_[task.bucket][task.group];
   progress.algorithms.insert(stats.algorithm);
+  if (stats.skipped) ++progress.skipped_chunks;
   progress.total.sent_payload_bytes += sent;
   if (compressed) {
     progress.total.encoded_input_bytes += stats.encoded_input_bytes;
@@ -640,7 +660,55 @@ void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout&
   record_progress(task, stats, sent, true);
 }
 
+void ReducerState::wait_for_tasks(std::unique_lock<std::mutex>& lock) {
+  // The lanes' transports time out each of their waits within the deadline and report it as
+  // the task's error; this bounds what lies outside those waits (a lane stuck elsewhere, a
+  // transport without deadlines): wait fails when no task has finished for 1.2 x timeout + 1 s.
+  const collectives::DeadlinePolicy& policy =
+      collectives::state_of(user_communicator_).deadline_policy();
+  const auto patience = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(policy.seconds * 1.2 + 1.0));
+  std::size_t last_pending = tasks_pending_;
+  Clock::time_point last_progress = Clock::now();
+  while (tasks_pending_ != 0) {
+    task_done_.wait_until(lock, last_progress + patience);
+    if (tasks_pending_ != last_pending) {
+      last_pending = tasks_pending_;
+      last_progress = Clock::now();
+    } else if (Clock::now() - last_progress >= patience) {
+      break;
+    }
+  }
+  if (tasks_pending_ == 0) return;
+
+  const collectives::Transport& transport = collectives::state_of(user_communicator_).transport();
+  std::string report = detail::concat(
+      "gradzip: timeout in Reducer::wait (step ", step_, ", rank ", transport.rank(), " of ",
+      transport.size(), "): no chunk finished for ",
+      std::chrono::duration<double>(Clock::now() - last_progress).count(), " s (limit 1.2 x ",
+      policy.seconds, " s + 1 s); ", tasks_pending_, " task(s) unfinished\n");
+  for (std::size_t l = 0; l < lanes_.size(); ++l) {
+    const Lane& lane = lanes_[l];
+    report += detail::concat("  lane ", l, ": ",
+                             lane.running ? "running " + describe_task(*lane.running) : "idle");
+    if (!lane.queue.empty()) {
+      report += detail::concat("; ", lane.queue.size(), " queued, next ",
+                               describe_task(lane.queue.front()));
+    }
+    report += "\n";
+  }
+  collectives::note_timeout();
+  collectives::write_timeout_report(report);
+  if (policy.action == TimeoutAction::abort) {
+    collectives::state_of(user_communicator_).transport().abort_job();
+  }
+  timed_out_ = report;
+  throw Error(ErrorCode::timeout, report);
+}
+
 void ReducerState::wait() {
+  GZ_REQUIRE(timed_out_.empty(), ErrorCode::timeout, "Reducer::wait: this Reducer timed out "
+             "earlier; end the job (", timed_out_.substr(0, timed_out_.find('\n')), ")");
   const Clock::time_point wait_begin = Clock::now();
   if (!frozen_) freeze();
   // Tensors never marked: their buckets still run, as calls this rank fails on purpose, so that
@@ -664,7 +732,7 @@ void ReducerState::wait() {
   std::optional<ErrorCode> code;
   {
     std::unique_lock lock(mutex_);
-    task_done_.wait(lock, [&] { return tasks_pending_ == 0; });
+    wait_for_tasks(lock);
     errors.swap(errors_);
     code = first_error_code_;
     first_error_code_.reset();
@@ -714,6 +782,7 @@ void ReducerState::finish_step_stats(Clock::time_point wait_begin, Clock::time_p
       out.encoded_input_bytes = progress.total.encoded_input_bytes;
       out.encoded_message_bytes = progress.total.encoded_message_bytes;
       bucket.sent_bytes += out.sent_bytes;
+      stats.skipped_chunks += progress.skipped_chunks;
       encoded_input += out.encoded_input_bytes;
       encoded_message += out.encoded_message_bytes;
       bucket.groups.push_back(std::move(out));
@@ -740,7 +809,9 @@ std::vector<std::vector<std::string>> ReducerState::bucket_names() const {
 }
 
 // Lane l's residual "key" is saved as "lane<l>|key": the keys of different lanes never collide
-// and load() knows where each belongs.
+// and load() knows where each belongs. The step is the counter "step".
+constexpr std::string_view kStepCounter = "step";
+
 void ReducerState::save(const std::string& path) {
   require_idle("save_state");
   const Communicator& first = lanes_.front().communicator;
@@ -754,7 +825,7 @@ void ReducerState::save(const std::string& path) {
       std::copy(values.begin(), values.end(), copy.begin());
     }
   }
-  merged.save(path);
+  merged.save(path, {{std::string(kStepCounter), step_}});
 }
 
 void ReducerState::load(const std::string& path) {
@@ -762,7 +833,8 @@ void ReducerState::load(const std::string& path) {
   const Communicator& first = lanes_.front().communicator;
   error_feedback::ResidualStore loaded(static_cast<std::uint32_t>(first.size()),
                                        static_cast<std::uint32_t>(first.rank()), ResizePolicy::error);
-  loaded.load(path);
+  error_feedback::ResidualStore::Counters counters;
+  loaded.load(path, &counters);
   // Check every key before changing any lane.
   std::vector<std::pair<std::size_t, std::string>> targets;
   for (const std::string& key : loaded.names()) {
@@ -783,6 +855,8 @@ void ReducerState::load(const std::string& path) {
     const std::span<float> destination = store.residual(targets[i].second, values.size());
     std::copy(values.begin(), values.end(), destination.begin());
   }
+  // A version 1 file has no step: the caller restores it with set_step, as before.
+  if (const auto step = counters.find(kStepCounter); step != counters.end()) step_ = step->second;
 }
 
 }  // namespace pipeline
@@ -791,7 +865,12 @@ void ReducerState::load(const std::string& path) {
 
 Reducer::Reducer(Communicator& communicator, ReducerOptions options)
     : state_(std::make_unique<pipeline::ReducerState>(communicator, std::move(options))) {}
-Reducer::~Reducer() = default;
+Reducer::~Reducer() {
+  // A Reducer whose wait() timed out may have lanes stuck for good: joining them would hang,
+  // destroying their state under them would crash. The job is ending (see
+  // CommunicatorOptions::timeout_seconds); leak it.
+  if (state_ != nullptr && state_->timed_out()) static_cast<void>(state_.release());
+}
 
 void Reducer::add(std::string name, TensorView tensor, std::vector<std::size_t> shape) {
   state_->add(std::move(name), tensor, std::move(shape));
@@ -829,7 +908,7 @@ std::string ReducerStats::to_json() const {
   };
   std::string out = detail::concat(
       "{\"step\":", step, ",\"sent_bytes\":", sent_bytes, ",\"gradient_bytes\":", gradient_bytes,
-      ",\"compression_ratio\":", number(compression_ratio),
+      ",\"compression_ratio\":", number(compression_ratio), ",\"skipped_chunks\":", skipped_chunks,
       ",\"communication_seconds\":", number(communication_seconds),
       ",\"exposed_seconds\":", number(exposed_seconds), ",\"hidden_seconds\":",
       number(hidden_seconds), ",\"buckets\":[");

@@ -118,6 +118,7 @@ py::dict stats_dict(const CollectiveStats& stats) {
   d["decode_seconds"] = stats.decode_seconds;
   d["total_seconds"] = stats.total_seconds;
   d["note"] = stats.note;
+  d["skipped"] = stats.skipped;  // nonfinite=skip decided this call
   return d;
 }
 

@@ -7,6 +7,7 @@
 
 #include "gradzip/error.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/nonfinite_cuda.h"
 #include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/scale_cuda.h"
 
@@ -110,6 +111,16 @@ void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, co
   if (tensor.dtype == DType::f16) kernels::cuda::f32_to_f16(d_f32 + begin, half, count, work_stream());
   else kernels::cuda::f32_to_bf16(d_f32 + begin, half, count, work_stream());
   synchronize("narrow_on_device", "the conversion");
+}
+
+NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t begin,
+                                            std::size_t end) {
+  if (end <= begin) return {};
+  const CurrentDevice current(tensor.device.index, "count_nonfinite_on_device");
+  const auto* data = static_cast<const std::byte*>(tensor.data) + begin * dtype_size(tensor.dtype);
+  const kernels::cuda::DeviceNonfiniteCount found =
+      kernels::cuda::count_nonfinite(data, end - begin, tensor.dtype, work_stream());
+  return NonfiniteOnDevice{found.count, found.first};
 }
 
 void divide_on_device(float* d_data, std::size_t count, float divisor, int device) {

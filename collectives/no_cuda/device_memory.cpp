@@ -35,6 +35,9 @@ void narrow_on_device(const float*, std::size_t, std::size_t, const TensorView& 
   refuse("narrow_on_device", tensor.device.index);
 }
 void divide_on_device(float*, std::size_t, float, int device) { refuse("divide_on_device", device); }
+NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t, std::size_t) {
+  refuse("count_nonfinite_on_device", tensor.device.index);
+}
 
 DeviceStream::DeviceStream(int device, std::string_view op) { refuse(op, device); }
 DeviceStream::~DeviceStream() = default;

@@ -9,6 +9,11 @@
 // - Point-to-point: post with isend / irecv, complete with wait. A receive matches the send of
 //   the same (peer, tag) pair in posting order. A message is at most kMaxMessageBytes.
 // - Failures throw gradzip::Error naming the operation, this rank, the peer and the sizes.
+// - Deadlines (collectives/transport/deadline.h): every wait that can block (wait and the
+//   collectives) ends within the policy's seconds (plus the report's grace window); on expiry
+//   the transport reports and aborts the job or throws ErrorCode::timeout, per the policy.
+//   split / split_by_node (setup) may block without a deadline; their results inherit the
+//   policy.
 #pragma once
 
 #include <climits>
@@ -17,6 +22,8 @@
 #include <memory>
 #include <span>
 #include <string>
+
+#include "collectives/transport/deadline.h"
 
 namespace gradzip::collectives {
 
@@ -68,11 +75,18 @@ class Transport {
 
   // Waiting policy. false (the default): waits may spin (lowest latency). true: waits poll
   // with short sleeps between polls, so a thread waiting for the wire leaves the CPU to other
-  // threads (the Reducer's lanes, which wait while backward computes); the collectives that
-  // only move bytes then run as their non-blocking forms. Either way the results are the same
-  // bits (allreduce_f32_sum keeps the blocking form, whose summation order MPI may choose
-  // differently from the non-blocking one).
+  // threads (the Reducer's lanes, which wait while backward computes). Either way the results
+  // are the same bits (MPI: the collectives always run as their non-blocking forms, polled
+  // against the deadline, whatever the policy).
   virtual void set_idle_waits(bool idle_waits) { (void)idle_waits; }
+  // The deadline of this transport's waits and what a timeout does (what CommunicatorState
+  // applies from CommunicatorOptions). Transports that never block ignore it.
+  virtual void set_deadline_policy(const DeadlinePolicy& policy) { (void)policy; }
+  virtual DeadlinePolicy deadline_policy() const { return {}; }
+  // Ends the whole job at once after a timeout that the caller (Reducer::wait) detected itself
+  // under TimeoutAction::abort: MPI_Abort over MPI; std::abort elsewhere (the launcher ends the
+  // other processes).
+  [[noreturn]] virtual void abort_job() noexcept;
   // Whether different Transport objects (duplicates, splits) may be used from different
   // threads at the same time. MPI: only under MPI_THREAD_MULTIPLE.
   virtual bool concurrent_use_supported() const { return true; }

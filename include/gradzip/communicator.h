@@ -22,16 +22,34 @@
 // compares it, and the cuda_path option).
 // Results are byte-identical on every rank.
 //
-// The mismatch check costs one extra all-gather of 72 bytes per rank on every call (with more
+// The mismatch check costs one extra all-gather of 88 bytes per rank on every call (with more
 // than one rank). A rank whose own arguments are bad (empty name, device memory, a spec that
 // does not parse) throws its error after that exchange, and the other ranks throw the same
 // error code naming that rank, so no rank is left waiting.
-// When a call throws, the tensor's contents are unspecified.
+// When a call throws, the tensor's contents are unspecified (except nonfinite=error, below).
+//
+// Non-finite input (the spec's nonfinite= key, compression_spec.h): before the mismatch check
+// every rank counts the NaN / Inf elements of its input (an all-gather: of its own shard), and
+// the check tells every rank who has any. When some rank does:
+//   propagate (default): the call runs uncompressed ("mpi" for all-reduce, the ring with codec
+//              none for reduce-scatter / all-gather) on the raw input, without adding or updating
+//              any error-feedback residual: the NaN / Inf land where a plain all-reduce puts them,
+//              the same bytes on every rank; stats.note names the ranks;
+//   skip:      no data moves; the tensor is zeros on every rank (a finite, identical result),
+//              residuals untouched, stats.skipped is true, stats.note names the ranks;
+//   error:     every rank throws ErrorCode::nonfinite naming the ranks, their counts and first
+//              indices; the tensor is left as passed.
+// The name's call number advances in every case. Independently of the policy, error-feedback
+// residuals never hold non-finite values (an element that comes out NaN or Inf is stored as 0),
+// and narrowing to f16 / bf16 saturates finite values at the format's largest finite value, so
+// finite inputs give finite results and finite residuals on every codec.
 //
 // A tensor's name keys its error-feedback residuals, its random streams and the check. The
 // random streams use (spec seed, the name's call number, a hash of the name); the call number
 // counts the calls of that name on this communicator (all collectives and specs together) and
-// starts at 0 in a new communicator (a residual checkpoint does not hold it).
+// starts at 0 in a new communicator. save_residuals / load_residuals checkpoint the residuals
+// and the call numbers, so that a run restarted from a checkpoint continues byte-identically.
+// The state of names that stop being used is released (CommunicatorOptions).
 #pragma once
 
 #include <cstddef>
@@ -53,8 +71,9 @@ enum class ReduceOp : std::uint8_t {
 // What one collective call did on this rank.
 struct CollectiveStats {
   // "ring", "sra", "allgather", "randk", "hier/<inner>", or "mpi": the transport's own
-  // uncompressed all-reduce (small tensors, warm-up), whose bytes are MPI's business and are
-  // not counted below.
+  // uncompressed all-reduce (small tensors, warm-up, non-finite input under
+  // nonfinite=propagate), whose bytes are MPI's business and are not counted below; "skip":
+  // skipped under nonfinite=skip.
   std::string algorithm;
   std::string spec;       // canonical spec string
   std::size_t count = 0;  // elements of the tensor
@@ -74,8 +93,12 @@ struct CollectiveStats {
   double communicate_seconds = 0;
   double decode_seconds = 0;
   double total_seconds = 0;
-  // Why the algorithm was chosen or changed (e.g. sparse union too dense -> dense ring).
+  // Why the algorithm was chosen or changed (e.g. sparse union too dense -> dense ring; "non-finite
+  // input on rank(s) 1,3: ..." when the nonfinite= policy decided).
   std::string note;
+  // True when some rank's input held NaN or Inf and the spec says nonfinite=skip: no data
+  // moved, the tensor is zeros on every rank and no residual changed.
+  bool skipped = false;
 
   std::uint64_t sent_bytes() const noexcept {
     return sent_header_bytes + sent_index_bytes + sent_payload_bytes;
@@ -91,11 +114,46 @@ enum class CudaPath : std::uint8_t {
   staged,     // always through host memory and the host transport
 };
 
+// What a rank does when one of its blocking waits passes the deadline.
+enum class TimeoutAction : std::uint8_t {
+  abort,        // print the report to stderr and end the whole job (MPI_Abort, exit code 124)
+  throw_error,  // print the report and throw gradzip::Error(ErrorCode::timeout) with its text
+};
+
 struct CommunicatorOptions {
   // Spec used when a call passes none. GRADZIP_COMPRESSOR, when set, overrides it. Parsed when
   // the communicator is made (a bad spec throws invalid_spec there).
   std::string default_spec = "none";
   CudaPath cuda_path = CudaPath::automatic;
+  // Per-name state follows the live tensor set: the state of a name (its error-feedback
+  // residuals, worker and server side, all-gather and hierarchical ones included, and its call
+  // number) that no call has used for a whole window of this many calls of the communicator is
+  // released at the end of that window, i.e. after between N and 2N - 1 unused calls. Windows
+  // are counted in calls (every collective of the communicator, failed ones included), so every
+  // rank releases the same names at the same call. A released name that comes back starts
+  // anew: zero residuals, call number 0 (so warm-up runs again). 0: keep everything.
+  std::uint64_t release_unused_after_calls = 10000;
+  // Deadline of every blocking wait (each transport completion: point-to-point waits and the
+  // collectives the algorithms run; Reducer::wait), in seconds. GRADZIP_TIMEOUT_S, when set,
+  // overrides it (fractional seconds allowed; a value that is not a finite positive number
+  // throws invalid_argument naming the variable when the communicator is made); <= 0 means
+  // GRADZIP_TIMEOUT_S if set, else 600. Splits and the Reducer's lanes inherit the deadline.
+  // On expiry the rank writes one block to stderr, starting "gradzip: timeout", naming this
+  // rank, the operation (the call, its tensor name, step and the communicator's call sequence
+  // number), how long it waited, the peers and bytes of every request still pending, and the
+  // ranks that never reached the operation (or are dead), also as MPI_COMM_WORLD ranks; ranks
+  // that timed out too are named as such (they tell each other over a side communicator during
+  // a grace window of min(5% of the timeout, 5 s), so a rank fails within 1.05 x timeout).
+  // Then it acts per on_timeout. With throw_error, the transport that timed out is dead: every
+  // later call on it throws ErrorCode::timeout ("this communicator timed out earlier") without
+  // calling MPI, and gradzip's own MPI_Finalize at exit is skipped (it could wait for the
+  // operation that never finished). After a timeout the application should end the job (exit
+  // without MPI_Finalize, or MPI_Abort); the communicator cannot be used again.
+  // NCCL transports time out the same way without naming missing ranks; they abort an NCCL
+  // communicator they own (ncclCommAbort) first, and in abort mode end this process
+  // (std::abort; the launcher then ends the job).
+  double timeout_seconds = 0;
+  TimeoutAction on_timeout = TimeoutAction::abort;
 };
 
 class Communicator;
@@ -169,8 +227,11 @@ class Communicator {
   // First element of rank r's shard of a tensor of `count` elements (r in [0, size()]).
   std::size_t shard_begin(std::size_t count, int r) const noexcept;
 
-  // Checkpoint the error-feedback residuals (worker and server side) of this rank
-  // (error_feedback/residual_store.h has the file format and the refusals of load).
+  // Checkpoint the error-feedback residuals (worker and server side) and the per-name call
+  // numbers of this rank (error_feedback/residual_store.h has the file format and the refusals
+  // of load; a checkpoint of another world size or rank is refused). Loading replaces every
+  // call number with the file's (a version 1 file has none: all restart at 0). Local: no
+  // communication; every rank loads its own file at the same point of the call sequence.
   void save_residuals(const std::string& path) const;
   void load_residuals(const std::string& path);
 

@@ -24,6 +24,17 @@
 //   seed=N               seed of the counter-based generator [0]
 //   ranks_per_node=L     hierarchical all-reduce: L consecutive ranks form a node; 0 = detect
 //                        nodes from shared memory [0]
+//   nonfinite=propagate|error|skip  what a collective does when any rank's input holds a NaN
+//                        or Inf (every rank counts its own before the call check, and all
+//                        ranks decide together) [propagate]:
+//                          propagate: reduced uncompressed (the transport's sum; the ring
+//                                     without a codec for reduce-scatter / all-gather), error
+//                                     feedback neither added nor updated: the NaN / Inf land
+//                                     where a plain all-reduce puts them, on every rank;
+//                          skip:      nothing moves, the tensor is zeros on every rank,
+//                                     residuals untouched, CollectiveStats::skipped is set;
+//                          error:     every rank throws ErrorCode::nonfinite naming the ranks,
+//                                     counts and first indices; the tensor is left as passed
 //
 // Unknown codecs, unknown keys, repeated keys and bad values throw gradzip::Error
 // (ErrorCode::invalid_spec) naming what was wrong and listing what is accepted.
@@ -41,9 +52,11 @@ namespace gradzip {
 enum class CodecKind : std::uint8_t { none, fp16, bf16, qsgd, sign, topk, randk, powersgd };
 enum class Algorithm : std::uint8_t { auto_select, ring, sra, allgather, hier };
 enum class ResizePolicy : std::uint8_t { error, reset };
+enum class NonfinitePolicy : std::uint8_t { propagate, error, skip };
 
 std::string_view codec_kind_name(CodecKind kind) noexcept;
 std::string_view algorithm_name(Algorithm algo) noexcept;
+std::string_view nonfinite_policy_name(NonfinitePolicy policy) noexcept;
 
 struct CompressionSpec {
   CodecKind codec = CodecKind::none;
@@ -70,6 +83,7 @@ struct CompressionSpec {
   std::size_t min_bytes = 65536;
   std::uint64_t seed = 0;
   std::uint32_t ranks_per_node = 0;
+  NonfinitePolicy nonfinite = NonfinitePolicy::propagate;
 
   // Parses a spec string (grammar above). Throws gradzip::Error on any bad input.
   static CompressionSpec parse(std::string_view text);

@@ -49,6 +49,12 @@
 // also throws, naming them, when some tensors were never marked ready: their buckets are still
 // run with every rank (as failed calls that every rank sees), so no rank waits forever. After
 // a failed step the tensors of unfinished buckets are unspecified; the next step starts clean.
+// Timeouts (CommunicatorOptions::timeout_seconds, on_timeout of the communicator given here):
+// the lanes' waits have the communicator's deadline, and wait() rethrows their
+// ErrorCode::timeout (throw mode) or the job ends (abort mode); wait() itself also gives up,
+// naming the chunks still running or queued, when no chunk has finished for 1.2 x the timeout
+// + 1 s. After a timeout the Reducer cannot be used again (its destructor then does not wait
+// for the lanes); end the job.
 //
 // CUDA tensors. A Reducer holds host tensors or tensors of one CUDA device, not both. Their
 // groups are packed on the device; mark_ready records a CUDA event on
@@ -144,6 +150,11 @@ struct ReducerStats {
   double exposed_seconds = 0;
   // communication_seconds - exposed_seconds (never negative).
   double hidden_seconds = 0;
+  // Chunk calls of this step skipped under nonfinite=skip (compression_spec.h): some rank's
+  // gradient held NaN or Inf, so those chunks are zeros on every rank. A training loop should
+  // skip its optimizer step when this is non-zero: every rank sees the same value, but buckets
+  // reduced earlier in the step ran normally (and updated their error-feedback residuals).
+  std::uint64_t skipped_chunks = 0;
   std::vector<ReducerBucketStats> buckets;
 
   // One JSON object: the fields above, buckets and groups included.
@@ -181,8 +192,8 @@ class Reducer {
   void wait();
 
   // Advances the step counter (after wait(); during a step: ErrorCode::invalid_argument).
-  // set_step restores it, e.g. from a checkpoint (save_state does not hold it). Every rank
-  // must be at the same step.
+  // load_state restores it from a checkpoint; set_step sets it. Every rank must be at the same
+  // step.
   void step();
   void set_step(std::uint64_t step);
   std::uint64_t current_step() const noexcept;
@@ -192,8 +203,11 @@ class Reducer {
 
   const ReducerStats& stats() const noexcept;
 
-  // Checkpoint of every lane's error-feedback state (residuals and PowerSGD's Q), one file per
-  // rank in the residual store's format. Valid for the same registrations and options.
+  // Checkpoint of every lane's error-feedback state (residuals and PowerSGD's Q) and the step,
+  // one file per rank in the residual store's format (counter "step"). Valid for the same
+  // registrations, options and world size (another world size or rank is refused). After
+  // load_state the next steps give the bytes an uninterrupted run would have given (the random
+  // streams depend only on the spec's seed, the step and the chunk).
   void save_state(const std::string& path) const;
   void load_state(const std::string& path);
 

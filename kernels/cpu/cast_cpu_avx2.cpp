@@ -1,5 +1,7 @@
 // AVX2 + F16C paths of the host dtype conversions (contracts in cast_cpu_simd.h).
 //
+// Finite values beyond the 16-bit format's range are first clamped to its largest finite value
+// (saturate_finite), so the results saturate exactly as cast_math.h does.
 // f16: vcvtps2ph with imm 0 rounds to nearest even whatever MXCSR says and ignores FTZ;
 // f32 denormals are far below binary16's range, so DAZ cannot change a result either.
 // vcvtph2ps is exact and quiets NaNs as cast_math.h does. bf16 uses integer ops only, the
@@ -58,9 +60,24 @@ inline void store16(std::byte* out16, std::size_t i, std::uint16_t bits) noexcep
   std::memcpy(out16 + 2 * i, &bits, sizeof bits);
 }
 
+// cast_math.h's saturation, before the rounding: lanes whose magnitude is finite and above
+// `above` get the magnitude `limit` (keeping their sign), so RNE cannot carry them to Inf.
+// f16: above = limit = 0x477FE000 (65504); bf16: above = 0x7F7F7FFF, limit = 0x7F7F0000.
+inline __m256i saturate_finite(__m256i bits, int above, int limit) noexcept {
+  const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
+  // Signed compares are right: magnitudes are below 2^31.
+  const __m256i beyond = _mm256_and_si256(
+      _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(above)),
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), magnitude));
+  const __m256i limited = _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(INT32_MIN)),
+                                          _mm256_set1_epi32(limit));
+  return _mm256_blendv_epi8(bits, limited, beyond);
+}
+
 // 8 f32 bit patterns -> their bf16 bits in the low half of each 32-bit lane (high half 0):
 // NaN -> (bits | quiet bit) >> 16, else (bits + 0x7FFF + lsb) >> 16 (f32_to_bf16_bits).
 inline __m256i bf16_bits_of(__m256i bits) noexcept {
+  bits = saturate_finite(bits, 0x7F7F7FFF, 0x7F7F0000);
   const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
   // Signed compare is right: both sides are below 2^31.
   const __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));
@@ -82,7 +99,9 @@ inline __m256i bf16x8_of(const float* in) noexcept {
 }
 
 inline __m128i f16x8_of(const float* in) noexcept {
-  return _mm256_cvtps_ph(_mm256_loadu_ps(in), kRoundNearestEven);
+  const __m256i bits = saturate_finite(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)),
+                                       0x477FE000, 0x477FE000);
+  return _mm256_cvtps_ph(_mm256_castsi256_ps(bits), kRoundNearestEven);
 }
 
 inline __m128i load16x8(const std::byte* in16) noexcept {

@@ -1,5 +1,7 @@
 // AVX-512 (F/BW/VL) + F16C paths of the host dtype conversions (contracts in cast_cpu_simd.h).
 //
+// Finite values beyond the 16-bit format's range are first clamped to its largest finite value
+// (saturate_finite), so the results saturate exactly as cast_math.h does.
 // f16: vcvtps2ph with imm 0 rounds to nearest even whatever MXCSR says and ignores FTZ;
 // f32 denormals are far below binary16's range, so DAZ cannot change a result either.
 // vcvtph2ps is exact and quiets NaNs as cast_math.h does. bf16 uses integer ops only, the
@@ -58,9 +60,25 @@ inline __mmask16 first_lanes(std::size_t count) noexcept {
   return static_cast<__mmask16>((1u << count) - 1u);
 }
 
+// cast_math.h's saturation, before the rounding: lanes whose magnitude is finite and above
+// `above` get the magnitude `limit` (keeping their sign), so RNE cannot carry them to Inf.
+// f16: above = limit = 0x477FE000 (65504); bf16: above = 0x7F7F7FFF, limit = 0x7F7F0000.
+inline __m512i saturate_finite(__m512i bits, int above, int limit) noexcept {
+  const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 beyond = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(above)) &
+                           _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F800000));
+  return _mm512_mask_ternarylogic_epi32(bits, beyond, _mm512_set1_epi32(INT32_MIN),
+                                        _mm512_set1_epi32(limit), 0xEA);
+}
+
+inline __m512 saturate_f16_range(__m512 values) noexcept {
+  return _mm512_castsi512_ps(saturate_finite(_mm512_castps_si512(values), 0x477FE000, 0x477FE000));
+}
+
 // 16 f32 bit patterns -> their bf16 bits in the HIGH half of each 32-bit lane:
 // NaN -> bits | quiet bit, else bits + 0x7FFF + lsb (f32_to_bf16_bits() before its >> 16).
 inline __m512i bf16_bits_high(__m512i bits) noexcept {
+  bits = saturate_finite(bits, 0x7F7F7FFF, 0x7F7F0000);
   const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
   const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F800000));
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
@@ -86,7 +104,7 @@ inline __m512i join(__m256i low, __m256i high) noexcept {
 }
 
 inline __m256i f16x16_of(const float* in) noexcept {
-  return _mm512_cvtps_ph(_mm512_loadu_ps(in), kRoundNearestEven);
+  return _mm512_cvtps_ph(saturate_f16_range(_mm512_loadu_ps(in)), kRoundNearestEven);
 }
 
 inline __m512 bf16_to_f32x16(__m256i bf16) noexcept {
@@ -161,7 +179,8 @@ void f32_to_f16_bytes(const float* in, std::byte* out16, std::size_t count,
     for (; i + 16 <= end; i += 16) store16x16(out16 + 2 * i, f16x16_of(in + i));
     if (i < end) {
       const __mmask16 lanes = first_lanes(end - i);
-      const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(lanes, in + i), kRoundNearestEven);
+      const __m256i h = _mm512_cvtps_ph(saturate_f16_range(_mm512_maskz_loadu_ps(lanes, in + i)),
+                                          kRoundNearestEven);
       _mm256_mask_storeu_epi16(out16 + 2 * i, lanes, h);
     }
   });

@@ -8,17 +8,19 @@
 #include "gradzip/error.h"
 #include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
 using namespace detail;  // kernels/cuda/launch.cuh
 
-// Sub = false: out = a + b; Sub = true: out = a - b.
+// Sub = false: out = a + b; Sub = true (the residual update): out = a - b, stored as 0 when
+// it is not finite (kernels/nonfinite_math.h: residuals never hold NaN or Inf).
 template <bool Sub>
 __device__ __forceinline__ float combine(float a, float b) {
   if constexpr (Sub) {
-    return a - b;
+    return finite_or_zero(a - b);
   } else {
     return a + b;
   }

@@ -18,7 +18,6 @@
 
 #include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
-#include "kernels/cast_math.h"
 #include "tests/multirank/multirank_support.h"
 #include "tests/unit/test_support.h"
 
@@ -159,22 +158,14 @@ TEST(CollectiveEdgeCases, Fp16AverageOfNearMaxValuesIsFiniteAndClose) {
 }
 
 // The same check for SRA (f32 and f16 tensors) and the sparse all-gather into an f16 tensor.
-// KNOWN BUG (skipped at the rank counts that trigger it): the elements equal to +-65504 on every
-// rank. Each rank encodes y = 65504 / P, which f16 rounds up for P = 3 (21834.67 -> 21840) and
-// P = 5 (13100.8 -> 13104); the sum of the P decoded values is then 65520 = P * f16(65504 / P),
-// exactly f16's overflow threshold. SRA re-encodes that reduced shard in fp16 -> +-Inf (f32
-// tensors too); the all-gather (and its dense-ring fallback at 5 ranks) sums in f32 (65520,
-// finite) but the write-back into an f16 tensor rounds 65520 -> +-Inf. The exact average, 65504,
-// is representable, and the ring path stays finite. P = 1, 2, 4 run (f16(65504 / P) is exact).
+// The elements equal to +-65504 on every rank are the hard case: each rank encodes
+// y = 65504 / P, which f16 rounds up for P = 3 (21834.67 -> 21840) and P = 5 (13100.8 ->
+// 13104), so the sum of the P decoded values is 65520 = P * f16(65504 / P), f16's IEEE
+// overflow threshold. SRA re-encodes that reduced shard in fp16, and the all-gather writes it
+// back into an f16 tensor: both narrowings saturate finite values (kernels/cast_math.h), so the
+// result is 65504 (the exact average), inside the bound above, at every rank count. (Before
+// the saturating narrow this gave +-Inf at 3 and 5 ranks.)
 TEST(CollectiveEdgeCases, Fp16AverageOfMaxValuesThroughSraAndAllgather) {
-  const int ranks = world_size();
-  const float y = kernels::f16_bits_to_f32(kernels::f32_to_f16_bits(65504.0f / static_cast<float>(ranks)));
-  if (static_cast<double>(y) * ranks >= 65520.0) {
-    GTEST_SKIP() << "known bug: fp16 + ReduceOp::average of 65504 on every rank gives Inf through "
-                    "SRA and through the all-gather into an f16 tensor at "
-                 << ranks << " ranks (" << ranks << " * f16(65504 / " << ranks << ") = "
-                 << static_cast<double>(y) * ranks << " >= 65520, the f16 overflow threshold)";
-  }
   Communicator comm = Communicator::world();
   for (const DType dtype : {DType::f32, DType::f16}) check_near_max_average(comm, "sra", dtype);
   check_near_max_average(comm, "allgather", DType::f16);

@@ -996,9 +996,9 @@ TEST(Reducer, SavedErrorFeedbackStateResumesInANewReducer) {
   Gradients resumed(mixed_model());
   Reducer resumed_reducer(resumed_comm, options);
   resumed.register_with(resumed_reducer);
+  EXPECT_EQ(resumed_reducer.current_step(), 0u);
   resumed_reducer.load_state(path);
-  resumed_reducer.set_step(1);  // save_state does not hold the step
-  EXPECT_EQ(resumed_reducer.current_step(), 1u);
+  EXPECT_EQ(resumed_reducer.current_step(), 1u) << "the checkpoint holds the step";
   fill_with_gaussians(resumed, 111);
   run_step(resumed_reducer, resumed, backward_order(resumed));
   expect_results(resumed, original.all_values());

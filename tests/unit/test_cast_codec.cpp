@@ -93,7 +93,9 @@ std::uint16_t reference_round(const Format16& format, float value) {
   if (fraction > 0.5 || (fraction == 0.5 && whole_is_odd)) whole += 1.0;
   const double rounded = whole * quantum;  // exact
   if (rounded >= std::ldexp(1.0, max_exponent + 1)) {
-    return static_cast<std::uint16_t>(sign | all_ones_exponent);
+    // Saturation (cast_math.h, issue 8): a finite value that rounds beyond the format's range
+    // becomes its largest finite value, all ones below the all-ones exponent.
+    return static_cast<std::uint16_t>(sign | (all_ones_exponent - 1u));
   }
   if (rounded < std::ldexp(1.0, min_normal_exponent)) {  // subnormal (or zero)
     return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(whole));
@@ -233,8 +235,14 @@ std::vector<float> special_values() {
           65519.99f,
           65520.0f,
           -65520.0f,
+          65536.0f,
+          -1.0e9f,
+          kernels::bits_float(0x477FE001u),  // just above 65504
+          kernels::bits_float(0x7F7F7FFFu),  // just below halfway: bf16 rounds down
           kernels::bits_float(0x7F7F8000u),  // halfway from bf16's largest finite to inf
+          kernels::bits_float(0xFF7F8001u),
           std::numeric_limits<float>::max(),
+          -std::numeric_limits<float>::max(),
           inf,
           -inf,
           kernels::bits_float(0x7FC00000u),
@@ -251,13 +259,17 @@ TEST(CastReference, AgreesWithHandDerivedBits) {
   EXPECT_EQ(reference_round(kBinary16, 1.0f), 0x3C00);
   EXPECT_EQ(reference_round(kBinary16, -2.0f), 0xC000);
   EXPECT_EQ(reference_round(kBinary16, 65504.0f), 0x7BFF);
-  EXPECT_EQ(reference_round(kBinary16, 65520.0f), 0x7C00);
+  EXPECT_EQ(reference_round(kBinary16, 65520.0f), 0x7BFF);   // saturates (IEEE: 0x7C00)
+  EXPECT_EQ(reference_round(kBinary16, -1.0e30f), 0xFBFF);
+  EXPECT_EQ(reference_round(kBinary16, std::numeric_limits<float>::infinity()), 0x7C00);
   EXPECT_EQ(reference_round(kBinary16, std::ldexp(1.0f, -24)), 0x0001);
   EXPECT_EQ(reference_round(kBinary16, std::ldexp(1.0f, -14)), 0x0400);
   EXPECT_EQ(reference_round(kBfloat16, 1.0f), 0x3F80);
   EXPECT_EQ(reference_round(kBfloat16, -3.0f), 0xC040);
   EXPECT_EQ(reference_round(kBfloat16, kernels::bits_float(0x00010000u)), 0x0001);
-  EXPECT_EQ(reference_round(kBfloat16, std::numeric_limits<float>::max()), 0x7F80);
+  EXPECT_EQ(reference_round(kBfloat16, std::numeric_limits<float>::max()), 0x7F7F);  // saturates
+  EXPECT_EQ(reference_round(kBfloat16, -std::numeric_limits<float>::max()), 0xFF7F);
+  EXPECT_EQ(reference_round(kBfloat16, -std::numeric_limits<float>::infinity()), 0xFF80);
   EXPECT_EQ(kernels::float_bits(reference_widen(kBinary16, 0x3C00)), 0x3F800000u);
   EXPECT_EQ(kernels::float_bits(reference_widen(kBinary16, 0x0001)), kernels::float_bits(std::ldexp(1.0f, -24)));
   EXPECT_EQ(kernels::float_bits(reference_widen(kBinary16, 0x7BFF)), kernels::float_bits(65504.0f));
@@ -365,10 +377,12 @@ TEST(CastKernels, F32ToF16BoundaryValues) {
           {65504.0f, 0x7BFF, "max half"},
           {-65504.0f, 0xFBFF, "-max half"},
           {65519.99f, 0x7BFF, "just below the overflow threshold"},
-          {65520.0f, 0x7C00, "65520 ties to even: inf"},
-          {-65520.0f, 0xFC00, "-65520 ties to -inf"},
-          {65536.0f, 0x7C00, "2^16"},
-          {1e30f, 0x7C00, "far beyond range"},
+          // Finite values that IEEE RNE would carry to Inf saturate (cast_math.h).
+          {65520.0f, 0x7BFF, "65520 (IEEE: ties to even, inf) saturates"},
+          {-65520.0f, 0xFBFF, "-65520 saturates to -max half"},
+          {65536.0f, 0x7BFF, "2^16 saturates"},
+          {1e30f, 0x7BFF, "far beyond range saturates"},
+          {-std::numeric_limits<float>::max(), 0xFBFF, "-FLT_MAX saturates"},
           {std::ldexp(1.0f, -24), 0x0001, "smallest subnormal 2^-24"},
           {std::ldexp(1.0f, -25), 0x0000, "2^-25 ties to 0"},
           {-std::ldexp(1.0f, -25), 0x8000, "-2^-25 ties to -0"},
@@ -406,9 +420,11 @@ TEST(CastKernels, F32ToBf16BoundaryValues) {
           {std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f), 0x3F81, "just above a tie"},
           {kernels::bits_float(0x7F7F0000u), 0x7F7F, "largest finite bf16"},
           {kernels::bits_float(0x7F7F7FFFu), 0x7F7F, "just below the overflow tie"},
-          {kernels::bits_float(0x7F7F8000u), 0x7F80, "overflow tie rounds to inf (even)"},
-          {std::numeric_limits<float>::max(), 0x7F80, "FLT_MAX"},
-          {-std::numeric_limits<float>::max(), 0xFF80, "-FLT_MAX"},
+          // Finite values that IEEE RNE would carry to Inf saturate (cast_math.h).
+          {kernels::bits_float(0x7F7F7FFFu), 0x7F7F, "just below the overflow tie: max bf16"},
+          {kernels::bits_float(0x7F7F8000u), 0x7F7F, "overflow tie (IEEE: inf) saturates"},
+          {std::numeric_limits<float>::max(), 0x7F7F, "FLT_MAX saturates"},
+          {-std::numeric_limits<float>::max(), 0xFF7F, "-FLT_MAX saturates"},
           {kernels::bits_float(0x00000001u), 0x0000, "smallest f32 denormal"},
           {kernels::bits_float(0x00008000u), 0x0000, "denormal tie to 0 (even)"},
           {kernels::bits_float(0x00008001u), 0x0001, "denormal just above a tie"},
@@ -441,14 +457,17 @@ TEST(CastKernels, EveryMidpointRoundsToEvenAndItsNeighboursToTheNearer) {
                                     ? std::ldexp(1.0, format->bias + 1)  // where inf "starts"
                                     : static_cast<double>(reference_widen(*format, high));
       const auto midpoint = static_cast<float>((low_value + high_value) / 2);  // exact
-      const auto even = static_cast<std::uint16_t>((low & 1u) == 0 ? low : high);
+      // Past the largest finite value the result saturates (cast_math.h): what IEEE rounds
+      // to inf comes out as the largest finite value.
+      const auto up = static_cast<std::uint16_t>(high == largest_finite + 1 ? largest_finite : high);
+      const auto even = static_cast<std::uint16_t>((low & 1u) == 0 ? low : up);
       for (const std::uint16_t sign : {std::uint16_t{0}, std::uint16_t{0x8000}}) {
         const float signed_midpoint = sign ? -midpoint : midpoint;
         const float outward = std::nextafter(signed_midpoint, sign ? -INFINITY : INFINITY);
         const float inward = std::nextafter(signed_midpoint, 0.0f);
         values.insert(values.end(), {signed_midpoint, outward, inward});
         expected.insert(expected.end(), {static_cast<std::uint16_t>(sign | even),
-                                         static_cast<std::uint16_t>(sign | high),
+                                         static_cast<std::uint16_t>(sign | up),
                                          static_cast<std::uint16_t>(sign | low)});
       }
     }
@@ -785,8 +804,9 @@ TEST(CastCodec, DecodeAddAddsTheExactDecodedValues) {
 
 TEST(CastCodec, MessageLayoutIsTheDocumentedOne) {
   const float values[] = {1.0f, -2.0f, 65520.0f};
-  // fp16: 1 -> 0x3C00, -2 -> 0xC000, 65520 -> 0x7C00 (inf); bf16: 0x3F80, 0xC000, 0x4780.
-  const unsigned char fp16_payload[] = {0x00, 0x3C, 0x00, 0xC0, 0x00, 0x7C};
+  // fp16: 1 -> 0x3C00, -2 -> 0xC000, 65520 -> 0x7BFF (saturated; IEEE would give inf);
+  // bf16: 0x3F80, 0xC000, 0x4780.
+  const unsigned char fp16_payload[] = {0x00, 0x3C, 0x00, 0xC0, 0xFF, 0x7B};
   const unsigned char bf16_payload[] = {0x80, 0x3F, 0x00, 0xC0, 0x80, 0x47};
   for (const auto& tested : kCodecs) {
     const auto codec = make_codec(tested.spec);
@@ -888,9 +908,9 @@ TEST(CastCodec, SpecialValuesFollowTheDocumentedRules) {
     EXPECT_EQ(decoded[1], -inf);
     EXPECT_TRUE(std::isnan(decoded[2]));
     EXPECT_EQ(kernels::float_bits(decoded[3]), 0x80000000u);
-    if (tested.format == DType::f16) {  // beyond binary16's range
-      EXPECT_EQ(decoded[4], inf);
-      EXPECT_EQ(decoded[5], -inf);
+    if (tested.format == DType::f16) {  // beyond binary16's range: saturated, finite
+      EXPECT_EQ(decoded[4], 65504.0f);
+      EXPECT_EQ(decoded[5], -65504.0f);
     } else {  // 1e6 = 0x49742400 -> bf16 0x4974 (the dropped half 0x2400 < 0x8000)
       EXPECT_EQ(kernels::float_bits(decoded[4]), 0x49740000u);
       EXPECT_EQ(kernels::float_bits(decoded[5]), 0xC9740000u);

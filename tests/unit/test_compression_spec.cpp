@@ -36,6 +36,7 @@ TEST(CompressionSpec, DefaultsPerCodec) {
   EXPECT_EQ(none.ranks_per_node, 0u);
   EXPECT_EQ(none.seed, 0u);
   EXPECT_EQ(none.ef_resize, ResizePolicy::error);
+  EXPECT_EQ(none.nonfinite, NonfinitePolicy::propagate);
 }
 
 TEST(CompressionSpec, EveryKeyParses) {
@@ -68,19 +69,34 @@ TEST(CompressionSpec, EveryKeyParses) {
     EXPECT_EQ(CompressionSpec::parse(std::string("none:algo=") + text).algo, algo) << text;
   }
   EXPECT_EQ(CompressionSpec::parse("  topk : ratio = 0.5 , ef = off ").ratio, 0.5);
+  // nonfinite is a shared key: every codec takes each value.
+  for (const char* codec : {"none", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "powersgd"}) {
+    for (auto [text, policy] : {std::pair{"propagate", NonfinitePolicy::propagate},
+                                {"error", NonfinitePolicy::error}, {"skip", NonfinitePolicy::skip}}) {
+      const auto spec = CompressionSpec::parse(std::string(codec) + ":nonfinite=" + text);
+      EXPECT_EQ(spec.nonfinite, policy) << codec << " " << text;
+      EXPECT_NE(spec.to_string().find(std::string(",nonfinite=") + text), std::string::npos)
+          << spec.to_string();
+    }
+  }
 }
 
 TEST(CompressionSpec, CanonicalStringRoundTrips) {
   for (const char* text : {"none", "fp16", "bf16:ef=on", "qsgd:bits=2,bucket=64", "sign:ef=off",
                            "topk:ratio=0.001", "topk:k=3,approx=on,values=fp16", "randk:ratio=0.5",
-                           "topk:ratio=0.01,ramp=50", "randk:ramp=7",
+                           "topk:ratio=0.01,ramp=50", "randk:ramp=7", "sign:nonfinite=skip",
+                           "qsgd:nonfinite=error",
                            "powersgd:rank=8,warmup=10", "none:algo=hier,min_bytes=1,seed=9"}) {
     const auto spec = CompressionSpec::parse(text);
     EXPECT_EQ(CompressionSpec::parse(spec.to_string()), spec) << text << " -> " << spec.to_string();
   }
   EXPECT_EQ(CompressionSpec::parse("qsgd:bits=4").to_string(),
             "qsgd:bits=4,bucket=512,ef=off,ef_resize=error,algo=auto,warmup=0,min_bytes=65536,"
-            "seed=0,ranks_per_node=0");
+            "seed=0,ranks_per_node=0,nonfinite=propagate");
+  // Specs differing only in the policy have different canonical strings, so the call check
+  // (which compares them) refuses ranks that disagree on it.
+  EXPECT_NE(CompressionSpec::parse("fp16:nonfinite=skip").to_string(),
+            CompressionSpec::parse("fp16").to_string());
 }
 
 TEST(CompressionSpec, KForClampsToOneAndN) {
@@ -127,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"topk:ratio=0.1,", "not key=value"},
         BadSpec{"topk:bits=4", "unknown key 'bits' for codec 'topk'; accepted keys: ratio, k, "
                                "approx, values, ramp, ef, ef_resize, algo, warmup, min_bytes, seed, "
-                               "ranks_per_node"},
+                               "ranks_per_node, nonfinite"},
         BadSpec{"fp16:ratio=0.1", "unknown key 'ratio' for codec 'fp16'"},
         BadSpec{"qsgd:bits=0", "integer in [1, 8]"}, BadSpec{"qsgd:bits=9", "integer in [1, 8]"},
         BadSpec{"qsgd:bits=4.5", "bad value '4.5'"}, BadSpec{"qsgd:bits=-1", "bad value '-1'"},
@@ -143,6 +159,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"none:warmup=-3", "warmup"}, BadSpec{"none:warmup=4294967296", "warmup"},
         BadSpec{"none:seed=18446744073709551616", "seed"},
         BadSpec{"none:ranks_per_node=-1", "ranks_per_node"},
+        BadSpec{"fp16:nonfinite=ignore", "one of: propagate, error, skip"},
+        BadSpec{"sign:nonfinite=skip,nonfinite=error", "given twice"},
         BadSpec{"topk:ratio=0.1,ratio=0.2", "given twice"},
         BadSpec{"qsgd:bits=1,ef=on", "use 'sign' for 1-bit with error feedback"}));
 

@@ -766,24 +766,38 @@ TEST(ErrorFeedback, NoneCodecSendsGPlusEAndLeavesAZeroResidual) {
   for (float e : store.residual("w")) ASSERT_EQ(kernels::float_bits(e), 0u);
 }
 
-TEST(ErrorFeedback, NonFiniteGradientsPoisonOnlyTheirOwnResidualElements) {
-  // Defined behaviour: a NaN or infinite gradient element makes that element's residual NaN
-  // (NaN - NaN, inf - inf) until the caller clears or resets it; the other elements are
-  // unaffected under an element-wise codec. Callers skip steps with non-finite gradients
-  // (as mixed-precision training does) rather than feed them in.
+TEST(ErrorFeedback, NonFiniteValuesNeverEnterTheResidual) {
+  // Residuals never hold NaN or Inf (issue 8): an element whose residual comes out non-finite
+  // (NaN - NaN, inf - inf) is stored as +0, the others are unaffected. fp16: 1 + 2^-12 encodes
+  // as 1 (the residual is 2^-12, exact); 1e6 saturates to 65504 (residual 1e6 - 65504, finite).
   ResidualStore store(1, 0, ResizePolicy::error);
-  ErrorFeedbackCodec ef(make_codec("none"), store);
-  std::vector<float> grad(8, 1.0f);
+  ErrorFeedbackCodec ef(make_codec("fp16"), store);
+  const float small = 1.0f + 0x1p-12f;
+  std::vector<float> grad(8, small);
   grad[2] = std::numeric_limits<float>::quiet_NaN();
   grad[5] = -std::numeric_limits<float>::infinity();
+  grad[6] = 1.0e6f;
   std::vector<std::byte> out(ef.max_encoded_bytes(8));
   ef.encode("w", host_view(grad.data(), 8), out, {});
   const auto residual = store.residual("w");
   for (std::size_t i = 0; i < 8; ++i) {
     if (i == 2 || i == 5) {
-      EXPECT_TRUE(std::isnan(residual[i])) << i;
-    } else {
       EXPECT_EQ(kernels::float_bits(residual[i]), 0u) << i;
+    } else if (i == 6) {
+      EXPECT_EQ(residual[i], 1.0e6f - 65504.0f) << i;
+    } else {
+      EXPECT_EQ(residual[i], 0x1p-12f) << i;
+    }
+  }
+  // The next finite step starts those elements from 0: 1 + 2^-12 + 2^-12 = 1 + 2^-11, a tie
+  // between 1 and 1 + 2^-10 that rounds to even (1), residual 2^-11; elements 2 and 5 hold 2^-12.
+  std::fill(grad.begin(), grad.end(), small);
+  ef.encode("w", host_view(grad.data(), 8), out, {});
+  for (std::size_t i = 0; i < 8; ++i) {
+    if (i == 2 || i == 5) {
+      EXPECT_EQ(residual[i], 0x1p-12f) << i;
+    } else if (i != 6) {
+      EXPECT_EQ(residual[i], 0x1p-11f) << i;
     }
   }
 }

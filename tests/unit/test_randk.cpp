@@ -494,7 +494,8 @@ TEST(RandkCodec, DecodesIntoHalfPrecisionOutputs) {
 
 TEST(RandkCodec, NanAndInfAreCarriedAsValues) {
   // Indices never depend on the values; values are copied (f32) or rounded by the
-  // integer-only RNE cast (f16): NaN stays a quiet NaN, Inf stays Inf, |x| >= 65520 becomes Inf.
+  // integer-only RNE cast (f16): NaN stays a quiet NaN, Inf stays Inf, finite |x| >= 65520
+  // saturates to +-65504 (0x7BFF / 0xFBFF).
   const float nan = kernels::bits_float(0x7FC00001u);
   const std::vector<float> data = {nan,     INFINITY, -INFINITY, 1.0e6f,
                                    -1.0e6f, 65519.0f, 65520.0f,  -0.0f};
@@ -506,8 +507,8 @@ TEST(RandkCodec, NanAndInfAreCarriedAsValues) {
 
   const auto f16_codec = make_codec("randk:ratio=1.0,values=fp16");
   const auto f16_message = testing::encode_message(*f16_codec, host_view(data.data(), n), {});
-  const std::uint16_t expected_f16[] = {0x7E00, 0x7C00, 0xFC00, 0x7C00,
-                                        0xFC00, 0x7BFF, 0x7C00, 0x8000};
+  const std::uint16_t expected_f16[] = {0x7E00, 0x7C00, 0xFC00, 0x7BFF,
+                                        0xFBFF, 0x7BFF, 0x7BFF, 0x8000};
   for (std::size_t i = 0; i < n; ++i) {
     EXPECT_EQ(read_at<std::uint16_t>(f16_message, kWireHeaderBytes + kKeyBytes + 2 * i),
               expected_f16[i])

@@ -385,11 +385,10 @@ TEST(TopkValues, Fp16ValuesRoundToNearestEven) {
   // f16 has 10 fraction bits: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 (-> even: 1);
   // 1 + 3 * 2^-11 is halfway between 1 + 2^-10 and 1 + 2^-9 (-> even: 1 + 2^-9); 65519 is
   // below the halfway point 65520 to the next binade (-> 65504, the largest f16); 70000
-  // overflows to Inf; 2^-25 is halfway between 0 and the smallest subnormal 2^-24 (-> 0).
+  // saturates to 65504 (narrowing never turns a finite value into Inf); 2^-25 is halfway between 0 and the smallest subnormal 2^-24 (-> 0).
   const std::vector<float> x = {1.0f + 0x1p-11f, -(1.0f + 3 * 0x1p-11f), 65519.0f, 70000.0f,
                                 0x1p-25f};
-  const std::vector<float> expected = {1.0f, -(1.0f + 0x1p-9f), 65504.0f,
-                                       std::numeric_limits<float>::infinity(), 0.0f};
+  const std::vector<float> expected = {1.0f, -(1.0f + 0x1p-9f), 65504.0f, 65504.0f, 0.0f};
   const auto codec = make_codec("topk:ratio=1,values=fp16");
   const auto message = encode_all_isas(*codec, host_view(x.data(), x.size()));
   EXPECT_EQ(message.size(), kWireHeaderBytes + 5 * (4 + 2));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <numeric>
 #include <thread>
 
@@ -45,7 +46,8 @@ struct GroupErrors {
 
 }  // namespace
 
-NcclTransport::NcclTransport(ncclComm_t comm, bool owns_comm) : comm_(comm), owns_comm_(owns_comm) {
+NcclTransport::NcclTransport(ncclComm_t comm, bool owns_comm)
+    : comm_(comm), owns_comm_(owns_comm), policy_(resolve_deadline_policy({})) {
   GZ_REQUIRE(comm != nullptr, ErrorCode::invalid_argument,
              "NcclTransport: the NCCL communicator is null");
   try {
@@ -129,8 +131,42 @@ void NcclTransport::check_nccl(ncclResult_t status, std::string_view op, const c
 }
 
 void NcclTransport::require_usable(std::string_view op) const {
+  GZ_REQUIRE(failure_.empty(), ErrorCode::timeout, op, " (", describe(),
+             "): this communicator timed out earlier (", failure_, "); end the job");
   GZ_REQUIRE(!broken_, ErrorCode::unsupported, op, " (", describe(),
              "): the transport failed earlier; its NCCL communicator can no longer be used");
+}
+
+void NcclTransport::time_out(std::string_view op, double waited_seconds) {
+  char waited[32], limit[32];
+  std::snprintf(waited, sizeof waited, "%.3f", waited_seconds);
+  std::snprintf(limit, sizeof limit, "%.3f", policy_.seconds);
+  std::string report = detail::concat("gradzip: timeout on ", describe(), ": ", op,
+                                      " did not complete within ", limit, " s (waited ", waited,
+                                      " s)\n  during: ", describe_current_operation(), "\n");
+  for (const Pending& pending : pending_) {
+    if (!pending.active || pending.batch == kImmediate) continue;
+    report += pending.receive ? detail::concat("  still pending: receive of ", pending.bytes,
+                                               " bytes from rank ", pending.peer, "\n")
+                              : detail::concat("  still pending: send of ", pending.bytes,
+                                               " bytes to rank ", pending.peer, "\n");
+  }
+  report += "  missing ranks: unknown (NCCL has no side channel to ask the others)\n";
+  report += owns_comm_ ? "  the NCCL communicator is aborted (ncclCommAbort)\n"
+                       : "  the NCCL communicator belongs to the application: abort it\n";
+  report += policy_.action == TimeoutAction::abort
+                ? "  action: ending this process (CommunicatorOptions::on_timeout = abort)\n"
+                : "  action: throwing ErrorCode::timeout; this communicator is dead, end the job\n";
+  note_timeout();
+  write_timeout_report(report);
+  if (owns_comm_ && !comm_aborted_) {
+    ncclCommAbort(comm_);
+    comm_aborted_ = true;
+  }
+  broken_ = true;
+  if (policy_.action == TimeoutAction::abort) abort_job();
+  failure_ = report.substr(0, report.find('\n'));
+  throw Error(ErrorCode::timeout, report);
 }
 
 void NcclTransport::require_device_memory(const void* pointer, std::size_t bytes,
@@ -163,6 +199,9 @@ void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
   // microseconds), then sleeps doubling from 2 us to 100 us, as in the MPI transport.
   constexpr int kSpinPolls = 64;
   constexpr auto kLongestSleep = std::chrono::microseconds(100);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const auto limit = std::chrono::duration<double>(policy_.seconds);
   auto sleep = std::chrono::microseconds(2);
   for (int polls = 0;; ++polls) {
     const cudaError_t status = cudaEventQuery(event);
@@ -173,6 +212,9 @@ void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
     if (async_error != ncclSuccess && async_error != ncclInProgress) {
       check_nccl(async_error, op, "an NCCL operation (asynchronous error)");
     }
+    // A cudaEventQuery costs microseconds: reading the clock at every poll is cheap beside it.
+    if (const auto waited = Clock::now() - start; waited >= limit)
+      time_out(op, std::chrono::duration<double>(waited).count());
     if (!idle_waits_) {
       std::this_thread::yield();
     } else if (polls >= kSpinPolls) {
@@ -438,7 +480,9 @@ std::unique_ptr<Transport> NcclTransport::split(int color, int key) {
   check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "split", "ncclCommSplit");
   GZ_REQUIRE(sub != nullptr, ErrorCode::internal, "split (", describe(), "): ncclCommSplit with color ",
              color, " returned no communicator");
-  return std::make_unique<NcclTransport>(sub, true);
+  auto result = std::make_unique<NcclTransport>(sub, true);
+  result->set_deadline_policy(policy_);
+  return result;
 }
 
 std::unique_ptr<Transport> NcclTransport::split_by_node() {

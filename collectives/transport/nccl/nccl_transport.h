@@ -29,8 +29,14 @@
 //   one is left to the application, which should abort it), throws ErrorCode::unsupported
 //   naming the operation, the rank and NCCL's or CUDA's error text, and every later call on
 //   the transport throws. set_idle_waits(true): sleeps of 2 us growing to 100 us between polls;
-//   false (the default): std::this_thread::yield between polls. There is no timeout: a peer
-//   that never posts its side hangs the wait, as with MPI.
+//   false (the default): std::this_thread::yield between polls.
+// - Deadlines: every wait (the polls above) ends within the deadline policy (set by the
+//   Communicator; inherited by splits; default GRADZIP_TIMEOUT_S, else 600 s, abort). On expiry
+//   it writes a "gradzip: timeout" report to stderr (the operation, the Communicator call, the
+//   point-to-point requests still pending; NCCL has no side channel, so it cannot tell which
+//   peer is missing), aborts an owned communicator (ncclCommAbort; an adopted one is left to
+//   the application), and then ends this process (std::abort; abort mode) or throws
+//   ErrorCode::timeout (throw mode), after which every call on the transport throws.
 // - allgatherv: padded to the largest block (nccl_layout.h) through a device scratch buffer the
 //   transport owns and grows; all.size() must be at least sum(counts) (bytes past it are left
 //   alone). alltoallv: one group of ncclSend/ncclRecv per peer with a non-zero count (self
@@ -114,6 +120,8 @@ class NcclTransport final : public Transport {
   std::unique_ptr<Transport> split_by_node() override;
 
   void set_idle_waits(bool idle_waits) override { idle_waits_ = idle_waits; }
+  void set_deadline_policy(const DeadlinePolicy& policy) override { policy_ = policy; }
+  DeadlinePolicy deadline_policy() const override { return policy_; }
   bool concurrent_use_supported() const override { return true; }
   // Posted operations start at the next wait, as one group, and a wait covers its whole group.
   bool waits_complete_whole_batches() const noexcept override { return true; }
@@ -164,6 +172,8 @@ class NcclTransport final : public Transport {
   void check_cuda(cudaError_t status, std::string_view op, const char* call);
   void check_nccl(ncclResult_t status, std::string_view op, const char* call);
   [[noreturn]] void fail(std::string_view op, const std::string& what);
+  // The timeout report, the abort of an owned communicator, then std::abort or the exception.
+  [[noreturn]] void time_out(std::string_view op, double waited_seconds);
   void release_cuda_resources() noexcept;
 
   ncclComm_t comm_ = nullptr;
@@ -178,6 +188,8 @@ class NcclTransport final : public Transport {
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   bool idle_waits_ = false;
+  DeadlinePolicy policy_;
+  std::string failure_;  // why the transport is broken (a timeout's first line), if it says
 
   std::vector<Pending> pending_;
   std::vector<std::size_t> unlaunched_;  // indices into pending_, in posting order

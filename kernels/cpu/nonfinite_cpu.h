@@ -1,0 +1,23 @@
+// Counting the non-finite elements (NaN, +-Inf) of a host tensor, on the raw bits
+// (kernels/nonfinite_math.h): what every rank does before a collective's call check so that
+// all ranks learn who holds non-finite input (the nonfinite= policy of compression_spec.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gradzip/tensor_view.h"
+
+namespace gradzip::kernels::cpu {
+
+struct NonfiniteCount {
+  std::uint64_t count = 0;  // non-finite elements
+  std::uint64_t first = 0;  // index of the first one (relative to `begin`); 0 when count == 0
+};
+
+// Elements [begin, begin + count) of `tensor` (host memory; f32, f16 or bf16; any alignment
+// of the data that the dtype allows). A branch-free counting loop the compiler vectorises; the
+// first index is searched only when the count is non-zero.
+NonfiniteCount count_nonfinite(ConstTensorView tensor, std::size_t begin, std::size_t count) noexcept;
+
+}  // namespace gradzip::kernels::cpu

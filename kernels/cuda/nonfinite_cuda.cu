@@ -1,0 +1,92 @@
+// One grid-stride pass: each thread counts its non-finite elements and remembers its first
+// (a thread visits its indices in increasing order); then one atomicAdd and one atomicMin per
+// thread that found any. Non-finite gradients are rare, so the atomics cost nothing in the
+// common case.
+#include <cuda_runtime.h>
+
+#include "gradzip/error.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/nonfinite_cuda.h"
+#include "kernels/cuda/runtime_support.h"
+#include "kernels/nonfinite_math.h"
+
+namespace gradzip::kernels::cuda {
+namespace {
+
+using detail::global_thread;
+using detail::grid_threads;
+
+__device__ __forceinline__ bool nonfinite_at(const std::uint32_t* d_data, std::uint64_t i) {
+  return f32_bits_nonfinite(d_data[i]);
+}
+
+template <DType Kind>
+__device__ __forceinline__ bool nonfinite_at(const std::uint16_t* d_data, std::uint64_t i) {
+  return Kind == DType::bf16 ? bf16_bits_nonfinite(d_data[i]) : f16_bits_nonfinite(d_data[i]);
+}
+
+// d_result[0] += non-finite count; d_result[1] = min(d_result[1], first index).
+template <DType Kind, typename Bits>
+__global__ void count_nonfinite_kernel(const Bits* d_data, std::size_t count,
+                                       unsigned long long* d_result) {
+  unsigned long long found = 0;
+  unsigned long long first = ~0ull;
+  for (std::uint64_t i = global_thread(); i < count; i += grid_threads()) {
+    bool nonfinite;
+    if constexpr (Kind == DType::f32) nonfinite = nonfinite_at(d_data, i);
+    else nonfinite = nonfinite_at<Kind>(d_data, i);
+    if (nonfinite) {
+      if (found == 0) first = i;
+      ++found;
+    }
+  }
+  if (found != 0) {
+    atomicAdd(&d_result[0], found);
+    atomicMin(&d_result[1], first);
+  }
+}
+
+}  // namespace
+
+DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
+                                     void* stream) {
+  if (count == 0) return {};
+  const char* const op = "cuda.count_nonfinite";
+  GZ_REQUIRE(d_data != nullptr, ErrorCode::invalid_argument, op, ": null data for ", count,
+             " elements");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  unsigned long long* d_result = nullptr;
+  check_runtime(cudaMallocAsync(reinterpret_cast<void**>(&d_result), 2 * sizeof(unsigned long long),
+                                cuda_stream),
+                op, "cudaMallocAsync");
+  const unsigned long long initial[2] = {0, ~0ull};
+  unsigned long long result[2] = {0, 0};
+  cudaError_t status = cudaMemcpyAsync(d_result, initial, sizeof initial, cudaMemcpyHostToDevice,
+                                       cuda_stream);
+  if (status == cudaSuccess) {
+    const unsigned blocks = detail::grid_for(count);
+    switch (dtype) {
+      case DType::f32:
+        count_nonfinite_kernel<DType::f32><<<blocks, detail::kThreads, 0, cuda_stream>>>(
+            static_cast<const std::uint32_t*>(d_data), count, d_result);
+        break;
+      case DType::f16:
+        count_nonfinite_kernel<DType::f16><<<blocks, detail::kThreads, 0, cuda_stream>>>(
+            static_cast<const std::uint16_t*>(d_data), count, d_result);
+        break;
+      case DType::bf16:
+        count_nonfinite_kernel<DType::bf16><<<blocks, detail::kThreads, 0, cuda_stream>>>(
+            static_cast<const std::uint16_t*>(d_data), count, d_result);
+        break;
+    }
+    status = cudaGetLastError();
+    if (status == cudaSuccess)
+      status = cudaMemcpyAsync(result, d_result, sizeof result, cudaMemcpyDeviceToHost, cuda_stream);
+    if (status == cudaSuccess) status = cudaStreamSynchronize(cuda_stream);
+  }
+  cudaFreeAsync(d_result, cuda_stream);
+  check_runtime(status, op, "counting non-finite elements");
+  return DeviceNonfiniteCount{result[0], result[0] == 0 ? 0 : result[1]};
+}
+
+}  // namespace gradzip::kernels::cuda

@@ -1,0 +1,23 @@
+// Counting the non-finite elements (NaN, +-Inf) of a device array on the raw bits
+// (kernels/nonfinite_math.h), the CUDA twin of kernels/cpu/nonfinite_cpu.h. Host-callable; no
+// CUDA headers needed by includers (the stream is a cudaStream_t cast to void*, nullptr = the
+// default stream). Synchronous: it returns the count, so it waits for the stream. count == 0
+// launches nothing. Launch failures: gradzip::Error(unsupported).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gradzip/dtype.h"
+
+namespace gradzip::kernels::cuda {
+
+struct DeviceNonfiniteCount {
+  std::uint64_t count = 0;  // non-finite elements
+  std::uint64_t first = 0;  // index of the first one; 0 when count == 0
+};
+
+// Elements [0, count) of d_data, of `dtype` (f32, f16 or bf16).
+DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype, void* stream);
+
+}  // namespace gradzip::kernels::cuda

@@ -1,0 +1,200 @@
+// The life of per-name state in a Communicator: the release rule of names that stop being used
+// (CommunicatorOptions::release_unused_after_calls) and checkpoints that carry the call numbers,
+// so that a communicator restored from a checkpoint continues byte-identically.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator_state.h"
+#include "error_feedback/residual_store.h"
+#include "gradzip/communicator.h"
+#include "gradzip/error.h"
+#include "tests/multirank/multirank_support.h"
+#include "tests/unit/test_support.h"
+
+namespace gradzip {
+namespace {
+
+using testing::gaussian_contribution;
+using testing::identical_on_all_ranks;
+using testing::world_rank;
+using testing::world_size;
+
+Communicator world_with_window(std::uint64_t window) {
+  CommunicatorOptions options;
+  options.release_unused_after_calls = window;
+  return Communicator::world(options);
+}
+
+// Every residual key of the store that contains `name` (worker, SRA server, all-gather and
+// hierarchical keys all do; the tests' names are not part of one another's keys).
+std::set<std::string> keys_of(Communicator& comm, const std::string& name) {
+  std::set<std::string> keys;
+  for (const std::string& key : collectives::state_of(comm).residuals().names())
+    if (key.find(name) != std::string::npos) keys.insert(key);
+  return keys;
+}
+
+void reduce(Communicator& comm, const std::string& name, std::size_t count, std::uint64_t seed,
+            const std::string& spec) {
+  std::vector<float> values = gaussian_contribution(count, world_rank(), seed);
+  comm.allreduce(host_view(values.data(), values.size()), name, spec, ReduceOp::average);
+}
+
+// qsgd through SRA with error feedback: every rank keeps a worker residual, and owners of a
+// chunk a server residual, so the rule is checked on both kinds of key.
+constexpr const char* kSraSpec = "qsgd:bits=4,ef=on,algo=sra,min_bytes=0";
+
+TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
+  Communicator comm = world_with_window(4);
+  collectives::CommunicatorState& state = collectives::state_of(comm);
+  // Calls 0, 1: "grad_x"; calls 2 .. 11: "grad_y". Window N = 4: at the start of call 4 the window
+  // [0, 4) used both; at the start of call 8 the window [4, 8) did not use "grad_x": released there.
+  reduce(comm, "grad_x", 1000, 1, kSraSpec);
+  reduce(comm, "grad_x", 1000, 2, kSraSpec);
+  const std::set<std::string> a_keys = keys_of(comm, "grad_x");
+  ASSERT_FALSE(a_keys.empty());
+  EXPECT_TRUE(a_keys.count("grad_x")) << "worker residual";
+  if (world_size() > 1) EXPECT_TRUE(a_keys.count("sra-server:grad_x")) << "server residual";
+  EXPECT_EQ(state.step_of("grad_x"), 2u);
+  for (int call = 2; call < 8; ++call) reduce(comm, "grad_y", 1000, 10 + call, kSraSpec);
+  EXPECT_EQ(keys_of(comm, "grad_x"), a_keys) << "unused for 6 calls (< 2 windows): still kept";
+  EXPECT_EQ(state.step_of("grad_x"), 2u);
+  reduce(comm, "grad_y", 1000, 30, kSraSpec);  // call 8 ends the window [4, 8)
+  EXPECT_TRUE(keys_of(comm, "grad_x").empty());
+  EXPECT_EQ(state.step_of("grad_x"), 0u) << "its call number is released too";
+  EXPECT_EQ(state.step_of("grad_y"), 7u);
+  EXPECT_FALSE(keys_of(comm, "grad_y").empty());
+
+  // "grad_x" comes back as new: call number 0 on every rank (the call check compares it), a zero
+  // residual, so its result equals a fresh communicator's first call of "grad_x".
+  std::vector<float> again = gaussian_contribution(1000, world_rank(), 1);
+  comm.allreduce(host_view(again.data(), again.size()), "grad_x", kSraSpec, ReduceOp::average);
+  Communicator fresh = world_with_window(4);
+  std::vector<float> first = gaussian_contribution(1000, world_rank(), 1);
+  fresh.allreduce(host_view(first.data(), first.size()), "grad_x", kSraSpec, ReduceOp::average);
+  EXPECT_TRUE(testing::same_bits(again, first));
+  EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(again)));
+}
+
+TEST(ResidualRelease, ZeroKeepsEverything) {
+  Communicator comm = world_with_window(0);
+  reduce(comm, "old", 500, 1, kSraSpec);
+  for (int call = 0; call < 40; ++call) reduce(comm, "new", 500, 2 + call, kSraSpec);
+  EXPECT_TRUE(keys_of(comm, "old").count("old"));
+  EXPECT_EQ(collectives::state_of(comm).step_of("old"), 1u);
+}
+
+TEST(ResidualRelease, ResidualMemoryFollowsAChangingTensorSet) {
+  // Sets of 3 tensors (total 3000 elements) replaced every 20 steps; window 3 steps' worth of
+  // calls (9). A set's state goes between 9 and 17 calls after its last use, so at any time the
+  // store holds the live set and at most the previous one.
+  constexpr std::uint64_t kWindow = 9;
+  Communicator comm = world_with_window(kWindow);
+  collectives::CommunicatorState& state = collectives::state_of(comm);
+  const std::size_t sizes[3][3] = {{1000, 1500, 500}, {500, 1000, 1500}, {1500, 500, 1000}};
+  const std::string spec = "topk:ratio=0.05,min_bytes=0";
+  const std::size_t worker_bytes_of_a_set = 3000 * sizeof(float);
+  std::size_t most_bytes = 0;
+  for (int step = 0; step < 200; ++step) {
+    const int set = step / 20;
+    for (int t = 0; t < 3; ++t) {
+      const std::string name = "set" + std::to_string(set) + ".t" + std::to_string(t);
+      reduce(comm, name, sizes[set % 3][t], 100 + step, spec);
+    }
+    most_bytes = std::max(most_bytes, state.residuals().total_bytes());
+    // The live set is always there; any other set is the previous one, within the window.
+    for (const std::string& key : state.residuals().names()) {
+      const int owner = std::stoi(key.substr(3, key.find('.') - 3));
+      EXPECT_TRUE(owner == set || (owner == set - 1 && step % 20 < 6))
+          << "step " << step << " holds '" << key << "'";
+    }
+  }
+  EXPECT_EQ(most_bytes, 2 * worker_bytes_of_a_set);
+  EXPECT_EQ(state.residuals().total_bytes(), worker_bytes_of_a_set);
+}
+
+// A scratch directory per test and rank, removed at the end.
+class ScratchDirectory {
+ public:
+  ScratchDirectory()
+      : path_(std::filesystem::temp_directory_path() /
+              ("gradzip-test-lifecycle-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(CommunicatorCheckpoint, ARestoredCommunicatorContinuesByteIdentically) {
+  // Stochastic codecs draw from (seed, the name's call number, name): the checkpoint must carry
+  // the call numbers, not only the residuals.
+  const ScratchDirectory scratch;
+  const std::string path = scratch.file("ef-rank" + std::to_string(world_rank()));
+  const std::vector<std::string> specs = {"qsgd:bits=2,ef=on,min_bytes=0",
+                                          "randk:ratio=0.05,min_bytes=0",
+                                          "topk:ratio=0.02,min_bytes=0,warmup=3",
+                                          "sign:algo=sra,min_bytes=0"};
+  constexpr std::size_t kCount = 3001;
+  Communicator original = Communicator::world();
+  for (int step = 0; step < 4; ++step)
+    for (std::size_t s = 0; s < specs.size(); ++s)
+      reduce(original, "t" + std::to_string(s), kCount, 7 * step + s, specs[s]);
+  original.save_residuals(path);
+
+  Communicator restored = Communicator::world();
+  restored.load_residuals(path);
+  Communicator cold = Communicator::world();  // no checkpoint: must differ somewhere
+  bool cold_differs = false;
+  for (int step = 4; step < 10; ++step) {
+    for (std::size_t s = 0; s < specs.size(); ++s) {
+      const std::string name = "t" + std::to_string(s);
+      std::vector<float> a = gaussian_contribution(kCount, world_rank(), 7 * step + s);
+      std::vector<float> b = a, c = a;
+      original.allreduce(host_view(a.data(), a.size()), name, specs[s], ReduceOp::average);
+      restored.allreduce(host_view(b.data(), b.size()), name, specs[s], ReduceOp::average);
+      cold.allreduce(host_view(c.data(), c.size()), name, specs[s], ReduceOp::average);
+      EXPECT_TRUE(testing::same_bits(a, b)) << specs[s] << " step " << step;
+      cold_differs = cold_differs || !testing::same_bits(a, c);
+    }
+  }
+  EXPECT_TRUE(cold_differs) << "the comparison above could pass without the checkpoint";
+  EXPECT_EQ(collectives::state_of(restored).step_of("t0"), 10u);
+}
+
+TEST(CommunicatorCheckpoint, AnotherWorldSizeIsRefusedNamingBoth) {
+  const ScratchDirectory scratch;
+  const std::string path = scratch.file("ef-rank" + std::to_string(world_rank()));
+  // A checkpoint written by a store of world size + 1 (what a job of another size writes).
+  error_feedback::ResidualStore other(static_cast<std::uint32_t>(world_size() + 1),
+                                      static_cast<std::uint32_t>(world_rank()), ResizePolicy::error);
+  other.residual("w", 4);
+  other.save(path, {{"w", 3}});
+  Communicator comm = Communicator::world();
+  try {
+    comm.load_residuals(path);
+    ADD_FAILURE() << "a checkpoint of another world size loaded";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::size_mismatch);
+    const std::string text = error.what();
+    EXPECT_NE(text.find("world of " + std::to_string(world_size() + 1) + " ranks"), std::string::npos) << text;
+    EXPECT_NE(text.find("world of " + std::to_string(world_size())), std::string::npos) << text;
+  }
+  EXPECT_EQ(collectives::state_of(comm).step_of("w"), 0u) << "a refused load changes nothing";
+}
+
+}  // namespace
+}  // namespace gradzip
