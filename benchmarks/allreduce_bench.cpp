@@ -179,6 +179,61 @@ std::uint64_t ring_bytes(const Codec& codec, int ranks, int r, std::size_t n,
   return bytes;
 }
 
+// The ranks of the halving/doubling all-reduce (collectives/halving_doubling_allreduce.cpp):
+// P' = the largest power of two <= P take part, the x = P - P' odd ranks below 2x are folded
+// into the even rank below them.
+struct HalvingDoublingRanks {
+  int p2 = 1, extra = 0, steps = 0;
+  explicit HalvingDoublingRanks(int ranks) {
+    while (2 * p2 <= ranks) p2 *= 2;
+    extra = ranks - p2;
+    while ((1 << steps) < p2) ++steps;
+  }
+};
+
+// Halving/doubling at rank r: a folded rank sends its whole tensor once; index h sends one
+// message of the range it gives away at each halving step, then while doubling the blocks
+// [h & ~(m-1), +m) it holds for m = 1, 2, ..., P'/2 (each block's message as its owner
+// encoded it), and, with a folded partner, all P' block messages once more.
+std::uint64_t halving_doubling_bytes(const Codec& codec, int ranks, int r, std::size_t n) {
+  const HalvingDoublingRanks hd(ranks);
+  if (r < 2 * hd.extra && r % 2 == 1) return codec.max_encoded_bytes(n);
+  const int h = r < 2 * hd.extra ? r / 2 : r - hd.extra;
+  const auto range_bytes = [&](int lo, int hi) {
+    return codec.max_encoded_bytes(chunk_begin(n, hd.p2, hi) - chunk_begin(n, hd.p2, lo));
+  };
+  const auto blocks_bytes = [&](int lo, int hi) {
+    std::uint64_t bytes = 0;
+    for (int b = lo; b < hi; ++b) bytes += range_bytes(b, b + 1);
+    return bytes;
+  };
+  std::uint64_t bytes = 0;
+  int lo = 0;
+  for (int k = 0; k < hd.steps; ++k) {
+    const int m = hd.p2 >> (k + 1);
+    const bool upper = (h & m) != 0;
+    bytes += upper ? range_bytes(lo, lo + m) : range_bytes(lo + m, lo + 2 * m);
+    if (upper) lo += m;
+  }
+  for (int m = 1; m < hd.p2; m *= 2) bytes += blocks_bytes(h & ~(m - 1), (h & ~(m - 1)) + m);
+  if (r < 2 * hd.extra) bytes += blocks_bytes(0, hd.p2);
+  return bytes;
+}
+
+// Binomial tree at rank r (collectives/tree_allreduce.cpp): ranks != 0 send their f32 partial
+// sum once (codec none); every rank forwards rank 0's message to its children r + m for
+// m < lowbit(r) (every m < P for rank 0).
+std::uint64_t tree_bytes(const Codec& codec, int ranks, int r, std::size_t n) {
+  const std::unique_ptr<Codec> none = make_codec(CompressionSpec{});
+  int lowest = 1;
+  while (lowest < ranks) lowest *= 2;
+  if (r != 0) lowest = r & -r;
+  std::uint64_t bytes = r != 0 ? none->max_encoded_bytes(n) : 0;
+  for (int m = lowest / 2; m >= 1; m /= 2)
+    if (r + m < ranks) bytes += codec.max_encoded_bytes(n);
+  return bytes;
+}
+
 // Bytes the rank at position r of `ranks` hands to the transport in one flat all-reduce of n
 // elements by `algo` (a CollectiveStats name), counted the way the algorithm calls
 // count_sent(). Message sizes are the codec's max_encoded_bytes(count): the exact size for
@@ -203,6 +258,8 @@ std::uint64_t flat_bytes(const Codec& codec, const std::string& algo, int ranks,
   if (algo == "allgather->ring") return ring_bytes(*none, ranks, r, n);
   // An uncompressed ring over the k values at the shared indices.
   if (algo == "randk") return ring_bytes(*none, ranks, r, codec.spec().k_for(n));
+  if (algo == "rhd") return halving_doubling_bytes(codec, ranks, r, n);
+  if (algo == "tree") return tree_bytes(codec, ranks, r, n);
   // The transport's own uncompressed all-reduce: gradzip does not count its bytes.
   if (algo == "mpi") return 0;
   GZ_THROW(ErrorCode::internal, "allreduce: no byte count theory for algorithm '", algo,
@@ -342,6 +399,13 @@ double compression_error(const CompressionSpec& spec, double y_max) {
 //   randk      every rank keeps the same indices: a dropped element errs by |sum_r x_r,i| <= A,
 //              a kept one by the P - 1 f32 adds of the inner ring (+ f16 rounding of the sum)
 //   mpi        the transport's f32 sum: P - 1 adds
+//   rhd        the x fold messages of single contributions (e(M) each, one f32 add); halving
+//              step k: P'/2^(k+1) messages hold an element, each a partial sum of at most
+//              w 2^k contributions (w = 2 with folds) plus the error so far E,
+//              |y| <= Y_k = min(w 2^k M, A) + E, each decode_add one f32 add (<= 2^-24 (A + E));
+//              the owner's encode e(A + E). Top-k / random-k with f32 values decode each
+//              element to its value or 0, so every partial sum is a subset sum: A plus the adds
+//   tree       the exact f32 reduce (P - 1 adds) and rank 0's one encode e(A + adds)
 double flat_error_bound(const CompressionSpec& spec, const std::string& algo, int ranks,
                         double max_magnitude, double max_sum_magnitude) {
   const double P = ranks, M = max_magnitude, A = max_sum_magnitude;
@@ -367,6 +431,20 @@ double flat_error_bound(const CompressionSpec& spec, const std::string& algo, in
   }
   if (algo == "randk") return A + adds;
   if (algo == "mpi") return adds;
+  if (algo == "rhd") {
+    if ((spec.codec == CodecKind::topk || spec.codec == CodecKind::randk) && spec.values == DType::f32)
+      return A + 2 * adds;
+    const HalvingDoublingRanks hd(ranks);
+    double error = hd.extra * (compression_error(spec, M) + kF32Unit * A);
+    const double w = hd.extra > 0 ? 2 : 1;
+    for (int k = 0; k < hd.steps; ++k) {
+      const double messages = hd.p2 >> (k + 1);
+      const double y = std::min(w * (1 << k) * M, A) + error;
+      error += messages * (compression_error(spec, y) + kF32Unit * (A + error));
+    }
+    return (error + compression_error(spec, (A + error) * (1 + 0x1p-20))) * (1 + 0x1p-20);
+  }
+  if (algo == "tree") return (adds + compression_error(spec, (A + adds) * (1 + 0x1p-20))) * (1 + 0x1p-20);
   return HUGE_VAL;  // an algorithm this benchmark has no bound for: the check fails visibly
 }
 

@@ -54,6 +54,8 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
     case Algorithm::ring:
     case Algorithm::sra:
     case Algorithm::allgather:
+    case Algorithm::rhd:
+    case Algorithm::tree:
       choice.path = AllreducePath::flat;
       choice.algorithm = spec.algo;
       choice.name = std::string(algorithm_name(spec.algo));
@@ -83,7 +85,8 @@ ShardedChoice choose_reduce_scatter(const CompressionSpec& spec, std::uint32_t s
                     default_flat_algorithm(spec.codec) == Algorithm::sra);
   choice.algorithm = sra ? Algorithm::sra : Algorithm::ring;
   choice.name = sra ? "sra" : "ring";
-  if (spec.algo == Algorithm::allgather || spec.algo == Algorithm::hier)
+  if (spec.algo == Algorithm::allgather || spec.algo == Algorithm::hier ||
+      spec.algo == Algorithm::rhd || spec.algo == Algorithm::tree)
     choice.note = detail::concat("algo=", algorithm_name(spec.algo),
                                  " has no reduce-scatter: ring");
   return choice;

@@ -10,13 +10,14 @@
 //   algo=auto                              -> run_flat_allreduce(auto): ring for none / fp16 /
 //                                             bf16, SRA for qsgd / sign, sparse all-gather for
 //                                             top-k, the shared-index path for random-k
-//   algo=ring | sra | allgather            -> that flat algorithm, at any size
+//   algo=ring | sra | allgather | rhd | tree -> that flat algorithm, at any size
 //   algo=hier                              -> hierarchical_allreduce with the codec's default
 //                                             flat algorithm across nodes (auto)
 //   codec powersgd                         -> ErrorCode::unsupported (a Reducer-level
 //                                             compressor: it needs whole matrices)
 // Reduce-scatter (choose_reduce_scatter): SRA's first half for qsgd and sign or algo=sra, the
-// ring's first half otherwise (there is no sparse or hierarchical reduce-scatter); during
+// ring's first half otherwise (there is no sparse, hierarchical, halving/doubling or tree
+// reduce-scatter); during
 // warm-up the codec is `none`. All-gather always runs compressed_allgather (codec `none`
 // during warm-up).
 #pragma once

@@ -95,6 +95,39 @@ void MessageBuffer::assign(std::span<const std::byte> from) {
   else std::memcpy(data_, from.data(), from.size());
 }
 
+PendingRequests::~PendingRequests() {
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    if (!completed_[i]) {
+      try {
+        transport_.wait(requests_[i]);
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is already leaving
+      }
+    }
+  }
+}
+
+std::size_t PendingRequests::add(Transport::Request request) {
+  requests_.push_back(request);
+  completed_.push_back(false);
+  return requests_.size() - 1;
+}
+
+std::size_t PendingRequests::wait(std::size_t handle) {
+  completed_[handle] = true;  // the transport forgets the request even when wait throws
+  return transport_.wait(requests_[handle]);
+}
+
+std::size_t PendingRequests::timed_wait(std::size_t handle, CollectiveStats& stats) {
+  StageTimer timer(stats.communicate_seconds);
+  return wait(handle);
+}
+
+std::size_t PendingRequests::wait_receive(std::size_t handle, CollectiveStats& stats) {
+  const std::size_t bytes = timed_wait(handle, stats);
+  stats.received_bytes += bytes;
+  return bytes;
+}
+
 void fill_zero(std::span<float> data, Device where) {
   if (where.kind == DeviceKind::cuda) zero_on_device(data.data(), data.size_bytes(), where.index);
   else std::fill(data.begin(), data.end(), 0.0f);
@@ -137,9 +170,11 @@ void run_flat_allreduce(ReduceJob& job, Algorithm algo) {
     case Algorithm::allgather:
       job.stats.algorithm = "allgather";
       return sparse_allgather_allreduce(job);
+    case Algorithm::rhd: job.stats.algorithm = "rhd"; return halving_doubling_allreduce(job);
+    case Algorithm::tree: job.stats.algorithm = "tree"; return tree_allreduce(job);
     default:
       GZ_THROW(ErrorCode::invalid_argument, "run_flat_allreduce of '", job.name, "': algorithm '",
-               algorithm_name(algo), "' is not a flat algorithm (ring, sra or allgather)");
+               algorithm_name(algo), "' is not a flat algorithm (ring, sra, allgather, rhd or tree)");
   }
 }
 

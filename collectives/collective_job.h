@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
@@ -54,6 +55,12 @@ std::size_t shard_begin(std::size_t count, int ranks, int r) noexcept;
 
 // Key of SRA's owner-side (server) residual of a tensor, in the same store as the worker's.
 std::string server_residual_key(std::string_view name);
+// Keys of the halving/doubling all-reduce's residuals beside the worker's "<name>": the
+// re-encode of halving step k >= 1 ("rhd-step<k>:<name>") and the owner's encode of its
+// reduced block ("rhd-owner:<name>"); and the tree's root encode ("tree-root:<name>").
+std::string halving_step_residual_key(int step, std::string_view name);
+std::string halving_owner_residual_key(std::string_view name);
+std::string tree_root_residual_key(std::string_view name);
 
 // The encode context for a message encoded on `rank` of chunk [element_offset, ...).
 // Stochastic rounding draws independent numbers on every rank (the seed is mixed with the
@@ -91,6 +98,31 @@ class MessageBuffer {
   std::size_t size_ = 0;
 };
 
+// The requests a phase has posted and not yet completed. If an exception leaves the phase
+// early, the destructor completes them (ignoring their own errors) so that no transfer
+// outlives the buffers it reads or writes.
+class PendingRequests {
+ public:
+  explicit PendingRequests(Transport& transport) : transport_(transport) {}
+  PendingRequests(const PendingRequests&) = delete;
+  PendingRequests& operator=(const PendingRequests&) = delete;
+  ~PendingRequests();
+
+  // Remembers a posted request; returns the handle wait() takes.
+  std::size_t add(Transport::Request request);
+  // Completes request `handle`; returns the bytes it moved.
+  std::size_t wait(std::size_t handle);
+  // wait(), its time added to stats.communicate_seconds.
+  std::size_t timed_wait(std::size_t handle, CollectiveStats& stats);
+  // timed_wait() of a receive, its bytes also added to stats.received_bytes.
+  std::size_t wait_receive(std::size_t handle, CollectiveStats& stats);
+
+ private:
+  Transport& transport_;
+  std::vector<Transport::Request> requests_;
+  std::vector<bool> completed_;
+};
+
 // data[i] = +0.0f; `data` is host memory or memory of `where`.
 void fill_zero(std::span<float> data, Device where);
 
@@ -117,6 +149,11 @@ void sra_allreduce(ReduceJob& job);                      // sra_allreduce.cpp
 void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (first half)
 void sparse_allgather_allreduce(ReduceJob& job);         // sparse_allgather.cpp
 void compressed_allgather(ReduceJob& job);               // allgather.cpp
+// Recursive halving reduce-scatter then recursive doubling all-gather (Rabenseifner), one
+// re-encode per halving step; non-powers of two fold the extra ranks in first.
+void halving_doubling_allreduce(ReduceJob& job);         // halving_doubling_allreduce.cpp
+// Binomial-tree reduce to rank 0 (uncompressed f32), one encode there, binomial broadcast.
+void tree_allreduce(ReduceJob& job);                     // tree_allreduce.cpp
 // Reduce-scatter inside the node (uncompressed), `inner` across nodes on each shard, all-gather
 // inside the node (uncompressed). `intra` / `inter` are the node and cross-node transports.
 void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter,

@@ -307,8 +307,8 @@ struct CudaRoute {
 // The route of a CUDA call whose algorithm is `algorithm` (nullopt: the uncompressed transport
 // sum) under `spec`: on device memory over NCCL when the build has it, else over the host
 // transport when MPI is CUDA-aware, else staged; random-k's shared-index path
-// (`shared_index`), the hierarchical all-reduce and cuda_path staged are always staged. The
-// same on every rank: the call check has compared everything that decides it (spec, count,
+// (`shared_index`), the hierarchical, halving/doubling and tree all-reduces and cuda_path
+// staged are always staged. The same on every rank: the call check has compared everything that decides it (spec, count,
 // step, cuda_path; the build and MPI library are the same everywhere). cuda_path nccl in a
 // build without NCCL throws unsupported.
 CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec,
@@ -325,6 +325,10 @@ CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec
   if (algorithm && shared_index) return staged("random-k's shared-index path runs on host memory");
   if (algorithm && *algorithm == Algorithm::hier)
     return staged("the hierarchical all-reduce runs on host memory");
+  // Halving/doubling parses the concatenated messages it forwards by their headers, and the
+  // tree is meant for small tensors: both run on host memory.
+  if (algorithm && (*algorithm == Algorithm::rhd || *algorithm == Algorithm::tree))
+    return staged(detail::concat("the ", algorithm_name(*algorithm), " all-reduce runs on host memory"));
   if (nccl_transport_built()) {
     // NCCL receives exactly the size the sender sends, and the ring does not exchange sizes.
     if (algorithm && *algorithm == Algorithm::ring && spec.codec == CodecKind::topk && spec.approx)

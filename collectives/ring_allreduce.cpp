@@ -66,44 +66,6 @@ constexpr int kAllgatherTag = 101;
 // c mod ranks in [0, ranks), for negative c too.
 int ring_position(int c, int ranks) { return ((c % ranks) + ranks) % ranks; }
 
-// The requests a phase has posted and not yet completed. If an exception leaves the phase
-// early, the destructor completes them (ignoring their own errors) so that no transfer
-// outlives the buffers it reads or writes.
-class PendingRequests {
- public:
-  explicit PendingRequests(Transport& transport) : transport_(transport) {}
-  PendingRequests(const PendingRequests&) = delete;
-  PendingRequests& operator=(const PendingRequests&) = delete;
-  ~PendingRequests() {
-    for (std::size_t i = 0; i < requests_.size(); ++i) {
-      if (!completed_[i]) {
-        try {
-          transport_.wait(requests_[i]);
-        } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is already leaving
-        }
-      }
-    }
-  }
-
-  // Remembers a posted request; returns the handle wait() takes.
-  std::size_t add(Transport::Request request) {
-    requests_.push_back(request);
-    completed_.push_back(false);
-    return requests_.size() - 1;
-  }
-
-  // Completes request `handle`; returns the bytes it moved.
-  std::size_t wait(std::size_t handle) {
-    completed_[handle] = true;  // the transport forgets the request even when wait throws
-    return transport_.wait(requests_[handle]);
-  }
-
- private:
-  Transport& transport_;
-  std::vector<Transport::Request> requests_;
-  std::vector<bool> completed_;
-};
-
 // The message memory of a ring call, kept per thread from call to call. Memory fresh from the
 // allocator costs a page fault per 4 KiB on first touch, which for dense codecs (a `none` or
 // fp16 encode is a copy) costs more than the copy itself; reusing it makes the encodes and
@@ -306,15 +268,12 @@ class RingAllreduce {
   }
 
   std::size_t timed_wait(PendingRequests& pending, std::size_t handle) {
-    StageTimer timer(job_.stats.communicate_seconds);
-    return pending.wait(handle);
+    return pending.timed_wait(handle, job_.stats);
   }
 
   // Completes a receive, counts its bytes and returns them.
   std::size_t wait_receive(PendingRequests& pending, std::size_t handle) {
-    const std::size_t bytes = timed_wait(pending, handle);
-    job_.stats.received_bytes += bytes;
-    return bytes;
+    return pending.wait_receive(handle, job_.stats);
   }
 
   ReduceJob& job_;

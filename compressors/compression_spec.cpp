@@ -126,6 +126,8 @@ std::string_view algorithm_name(Algorithm algo) noexcept {
     case Algorithm::sra: return "sra";
     case Algorithm::allgather: return "allgather";
     case Algorithm::hier: return "hier";
+    case Algorithm::rhd: return "rhd";
+    case Algorithm::tree: return "tree";
   }
   return "unknown";
 }
@@ -207,7 +209,9 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
                                              {"ring", Algorithm::ring},
                                              {"sra", Algorithm::sra},
                                              {"allgather", Algorithm::allgather},
-                                             {"hier", Algorithm::hier}});
+                                             {"hier", Algorithm::hier},
+                                             {"rhd", Algorithm::rhd},
+                                             {"tree", Algorithm::tree}});
     } else if (key == "warmup") {
       result.warmup = static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, UINT32_MAX));
     } else if (key == "min_bytes") {

@@ -17,7 +17,9 @@
 // Shared keys, accepted after every codec:
 //   ef=on|off            error feedback [on for sign, topk, randk, powersgd; off otherwise]
 //   ef_resize=error|reset what the residual store does when a tensor changes size [error]
-//   algo=auto|ring|sra|allgather|hier  collective algorithm [auto]
+//   algo=auto|ring|sra|allgather|hier|rhd|tree  collective algorithm [auto]; rhd = recursive
+//                        halving/doubling, tree = binomial tree (all-reduce only; algo=auto
+//                        does not pick them)
 //   warmup=STEPS         dense steps before compression starts [0]
 //   min_bytes=N          with algo=auto, tensors smaller than this go uncompressed through the
 //                        transport's own all-reduce [65536]
@@ -50,7 +52,7 @@
 namespace gradzip {
 
 enum class CodecKind : std::uint8_t { none, fp16, bf16, qsgd, sign, topk, randk, powersgd };
-enum class Algorithm : std::uint8_t { auto_select, ring, sra, allgather, hier };
+enum class Algorithm : std::uint8_t { auto_select, ring, sra, allgather, hier, rhd, tree };
 enum class ResizePolicy : std::uint8_t { error, reset };
 enum class NonfinitePolicy : std::uint8_t { propagate, error, skip };
 

@@ -32,7 +32,7 @@ using testing::world_size;
 using testing::kAllCodecs;
 // "auto" runs with min_bytes=0 so that small tensors take the codec's own algorithm instead of
 // the uncompressed MPI all-reduce.
-const char* const kAlgorithms[] = {"auto", "ring", "sra", "allgather", "hier"};
+const char* const kAlgorithms[] = {"auto", "ring", "sra", "allgather", "hier", "rhd", "tree"};
 
 std::string with_options(const std::string& codec, const std::string& options) {
   return codec + (codec.find(':') == std::string::npos ? ":" : ",") + options;

@@ -23,7 +23,8 @@ constexpr CodecKind kElementCodecs[] = {CodecKind::none, CodecKind::fp16, CodecK
                                         CodecKind::qsgd, CodecKind::sign, CodecKind::topk,
                                         CodecKind::randk};
 constexpr Algorithm kAlgorithms[] = {Algorithm::auto_select, Algorithm::ring, Algorithm::sra,
-                                     Algorithm::allgather, Algorithm::hier};
+                                     Algorithm::allgather, Algorithm::hier, Algorithm::rhd,
+                                     Algorithm::tree};
 
 // The flat algorithm algo=auto runs per codec, by its stats name.
 std::string auto_name(CodecKind codec) {
@@ -73,6 +74,8 @@ TEST(AlgorithmChoice, AllreduceTableForEveryCodecAlgorithmAndSize) {
           case Algorithm::ring:
           case Algorithm::sra:
           case Algorithm::allgather:
+          case Algorithm::rhd:
+          case Algorithm::tree:
             // An explicit flat algorithm runs at every size.
             EXPECT_EQ(choice.path, AllreducePath::flat);
             EXPECT_EQ(choice.algorithm, algo);
@@ -149,8 +152,10 @@ TEST(AlgorithmChoice, ReduceScatterUsesSraForQsgdAndSignOrWhenAsked) {
       EXPECT_EQ(choice.algorithm, sra ? Algorithm::sra : Algorithm::ring);
       EXPECT_EQ(choice.name, sra ? "sra" : "ring");
       EXPECT_FALSE(choice.warmup);
-      // algo=allgather / hier have no reduce-scatter: the note says the ring runs instead.
-      EXPECT_EQ(choice.note.empty(), algo != Algorithm::allgather && algo != Algorithm::hier)
+      // algo=allgather / hier / rhd / tree have no reduce-scatter: the note says the ring runs
+      // instead.
+      EXPECT_EQ(choice.note.empty(), algo == Algorithm::auto_select || algo == Algorithm::ring ||
+                                         algo == Algorithm::sra)
           << choice.note;
     }
   }

@@ -65,7 +65,8 @@ TEST(CompressionSpec, EveryKeyParses) {
   EXPECT_EQ(CompressionSpec::parse("sign:ranks_per_node=2").ranks_per_node, 2u);
   for (auto [text, algo] : {std::pair{"auto", Algorithm::auto_select}, {"ring", Algorithm::ring},
                             {"sra", Algorithm::sra}, {"allgather", Algorithm::allgather},
-                            {"hier", Algorithm::hier}}) {
+                            {"hier", Algorithm::hier}, {"rhd", Algorithm::rhd},
+                            {"tree", Algorithm::tree}}) {
     EXPECT_EQ(CompressionSpec::parse(std::string("none:algo=") + text).algo, algo) << text;
   }
   EXPECT_EQ(CompressionSpec::parse("  topk : ratio = 0.5 , ef = off ").ratio, 0.5);
@@ -154,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"topk:approx=yes", "one of: on, off"},
         BadSpec{"topk:values=bf16", "one of: fp32, fp16"},
         BadSpec{"powersgd:rank=0", "rank"}, BadSpec{"sign:ef=true", "one of: on, off"},
-        BadSpec{"none:algo=tree", "one of: auto, ring, sra, allgather, hier"},
+        BadSpec{"none:algo=butterfly", "one of: auto, ring, sra, allgather, hier, rhd, tree"},
         BadSpec{"none:ef_resize=grow", "one of: error, reset"},
         BadSpec{"none:warmup=-3", "warmup"}, BadSpec{"none:warmup=4294967296", "warmup"},
         BadSpec{"none:seed=18446744073709551616", "seed"},
