@@ -5,6 +5,7 @@
 //   mpirun -np P gradzip-bench overlap [--model small|25m] [--batch N] [--codec SPEC]...
 //                                      [--iters N] [--json FILE]  (Reducer options: --help)
 //   gradzip-bench kernels [--size N] [--repeat R] [--kernel NAME]... [--list] [--json FILE]
+//   gradzip-bench model [--codec SPEC]... [--ranks LIST] [--gbps LIST] [--validate FILE]...
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -16,6 +17,7 @@ namespace gradzip::bench {
 int run_codecs(int argc, char** argv);
 int run_allreduce(int argc, char** argv);  // allreduce_bench.cpp; needs a build with MPI
 int run_overlap(int argc, char** argv);    // overlap_bench.cpp; needs a build with MPI
+int run_model(int argc, char** argv);      // model/model_bench.cpp
 #if GRADZIP_HAVE_CUDA
 int run_kernels(int argc, char** argv);    // kernels_bench.cpp, compiled only with CUDA
 #else
@@ -47,6 +49,9 @@ void print_usage(std::FILE* out) {
                "  kernels    the CUDA kernels at 2^28 f32 elements: time, GB/s of the bytes each\n"
                "             must move, and the fraction of a device-to-device copy measured in\n"
                "             the same run (needs a build with CUDA; without a device, says why)\n"
+               "  model      the alpha-beta-gamma cost model: gamma of each codec measured here,\n"
+               "             validation against measured all-reduce rows, projection to 4096\n"
+               "             ranks and 400 Gbit/s, break-even link bandwidth per codec\n"
                "run 'gradzip-bench SUBCOMMAND --help' for its options\n");
 }
 
@@ -63,6 +68,7 @@ int main(int argc, char** argv) {
     if (command == "allreduce") return gradzip::bench::run_allreduce(argc - 1, argv + 1);
     if (command == "overlap") return gradzip::bench::run_overlap(argc - 1, argv + 1);
     if (command == "kernels") return gradzip::bench::run_kernels(argc - 1, argv + 1);
+    if (command == "model") return gradzip::bench::run_model(argc - 1, argv + 1);
     if (command == "--help" || command == "-h") {
       print_usage(stdout);
       return 0;

@@ -1,0 +1,402 @@
+// gradzip-bench model: the α-β-γ cost model of collectives/cost_model.h put to work
+// (docs/cost-model.md).
+//   1. γ of every codec, measured here (encode with error feedback where the spec has it,
+//      decode_add, f32 add);
+//   2. validation: every row of `gradzip-bench allreduce --json` files (measured, e.g. on the
+//      emulated cluster) against the model's time for the same algorithm, codec, size and rank
+//      count, with the link given by --link-gbps / --link-latency-us; the relative error per
+//      row and its median and maximum;
+//   3. projection: for model sizes (ResNet-50, BERT-large, 7B), link speeds and P = 2 .. 4096,
+//      each codec's cheapest algorithm and its speedup over the dense f32 all-reduce (`none`:
+//      the cheapest of ring, rhd, tree) and the dense 16-bit one (`fp16`: ring or rhd), the
+//      baselines a user already has;
+//   4. break-even: per codec and P, the link bandwidth above which the codec no longer beats
+//      each baseline.
+// Single process, no MPI.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "benchmarks/bench_support.h"
+#include "collectives/cost_model.h"
+#include "gradzip/codec.h"
+#include "gradzip/compression_spec.h"
+#include "gradzip/error.h"
+
+namespace gradzip::bench {
+namespace {
+
+using collectives::CodecCost;
+using collectives::CostEstimate;
+using collectives::LinkModel;
+using collectives::ModeledAlgorithm;
+
+struct ModelSize {
+  std::string name;
+  std::size_t parameters;
+};
+
+struct Options {
+  bool help = false;
+  std::vector<std::string> codecs = {"fp16", "qsgd:bits=4", "qsgd:bits=8", "sign",
+                                     "topk:ratio=0.01", "randk:ratio=0.01"};
+  std::vector<int> ranks = {2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+  std::vector<double> gbps = {1, 10, 25, 100, 400};
+  double latency_us = 10;  // α of the projection's links
+  std::vector<ModelSize> models = {{"resnet50", 25557032},
+                                   {"bert-large", 340000000},
+                                   {"7b", 7000000000}};
+  std::size_t sample = std::size_t{1} << 22;
+  std::vector<std::string> validate;  // allreduce --json files
+  double link_gbps = 1;               // link of the validation measurements
+  double link_latency_us = 50;
+  double link_efficiency = 1448.0 / 1538.0;  // TCP payload per wire byte at MTU 1500
+  std::string csv_path;
+};
+
+void print_help() {
+  std::printf(
+      "usage: gradzip-bench model [--codec SPEC]... [--ranks P,P,...] [--gbps G,G,...]\n"
+      "                           [--latency-us A] [--sample N] [--csv FILE]\n"
+      "                           [--validate FILE]... [--link-gbps G] [--link-latency-us A]\n"
+      "                           [--link-efficiency F]\n"
+      "  --codec SPEC        codecs to model (default fp16, qsgd:bits=4, qsgd:bits=8, sign,\n"
+      "                      topk:ratio=0.01, randk:ratio=0.01); the baselines none and fp16\n"
+      "                      (dense rings) are always modelled\n"
+      "  --ranks LIST        rank counts of the projection (default 2,4,...,4096)\n"
+      "  --gbps LIST         link speeds of the projection in Gbit/s (default 1,10,25,100,400)\n"
+      "  --latency-us A      α of the projection's links (default 10)\n"
+      "  --sample N          elements per γ measurement (default 2^22)\n"
+      "  --csv FILE          every projected point (model, gbps, ranks, spec, algorithm,\n"
+      "                      seconds, speedups) for plotting\n"
+      "  --validate FILE     rows of `gradzip-bench allreduce --json` to compare with the model\n"
+      "  --link-gbps G       nominal link speed of those measurements (default 1)\n"
+      "  --link-latency-us A α of those measurements (default 50)\n"
+      "  --link-efficiency F payload bytes per wire byte (default 1448/1538: TCP at MTU 1500)\n");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  std::string part;
+  while (std::getline(stream, part, ',')) parts.push_back(part);
+  return parts;
+}
+
+double parse_positive(const char* flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  GZ_REQUIRE(!text.empty() && end == text.c_str() + text.size() && std::isfinite(value) && value > 0,
+             ErrorCode::invalid_argument, "model: ", flag, " expects a positive number, got '",
+             text, "'");
+  return value;
+}
+
+Options parse(int argc, char** argv) {
+  Options options;
+  bool codecs_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> std::string {
+      GZ_REQUIRE(i + 1 < argc, ErrorCode::invalid_argument, "model: ", arg, " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      options.help = true;
+    } else if (arg == "--codec") {
+      if (!codecs_given) options.codecs.clear();
+      codecs_given = true;
+      options.codecs.push_back(value());
+    } else if (arg == "--ranks") {
+      options.ranks.clear();
+      for (const std::string& p : split_list(value()))
+        options.ranks.push_back(static_cast<int>(parse_count("model", p.c_str(), "--ranks")));
+      for (int p : options.ranks)
+        GZ_REQUIRE(p >= 2, ErrorCode::invalid_argument, "model: --ranks takes counts >= 2, got ", p);
+    } else if (arg == "--gbps") {
+      options.gbps.clear();
+      for (const std::string& g : split_list(value())) options.gbps.push_back(parse_positive("--gbps", g));
+    } else if (arg == "--latency-us") {
+      options.latency_us = parse_positive("--latency-us", value());
+    } else if (arg == "--sample") {
+      options.sample = parse_count("model", value().c_str(), "--sample");
+      GZ_REQUIRE(options.sample > 0, ErrorCode::invalid_argument, "model: --sample must be > 0");
+    } else if (arg == "--csv") {
+      options.csv_path = value();
+    } else if (arg == "--validate") {
+      options.validate.push_back(value());
+    } else if (arg == "--link-gbps") {
+      options.link_gbps = parse_positive("--link-gbps", value());
+    } else if (arg == "--link-latency-us") {
+      options.link_latency_us = parse_positive("--link-latency-us", value());
+    } else if (arg == "--link-efficiency") {
+      options.link_efficiency = parse_positive("--link-efficiency", value());
+    } else {
+      GZ_THROW(ErrorCode::invalid_argument, "model: unknown option '", arg, "' (see --help)");
+    }
+  }
+  return options;
+}
+
+// One codec: its spec, codec object and measured γ.
+struct ModeledCodec {
+  std::string text;
+  CompressionSpec spec;
+  std::unique_ptr<Codec> codec;
+  CodecCost cost;
+};
+
+ModeledCodec model_codec(const std::string& text, std::size_t sample) {
+  ModeledCodec modeled;
+  modeled.spec = CompressionSpec::parse(text);
+  GZ_REQUIRE(modeled.spec.codec != CodecKind::powersgd, ErrorCode::unsupported,
+             "model: powersgd is a Reducer-level compressor; the model covers the all-reduce "
+             "algorithms");
+  modeled.text = text;
+  modeled.codec = make_codec(modeled.spec);
+  modeled.cost = collectives::measure_codec_cost(*modeled.codec, sample);
+  return modeled;
+}
+
+LinkModel link_of(double gbps, double latency_us, double efficiency = 1.0) {
+  return LinkModel{latency_us * 1e-6, gbps * 1e9 / 8 * efficiency};
+}
+
+// ---- validation ---------------------------------------------------------------------------
+
+struct MeasuredRow {
+  std::string spec, algo;
+  int ranks = 0;
+  std::size_t bytes = 0;
+  double time_s = 0;
+};
+
+// The value of "key" in one line of allreduce --json output (one object per line).
+std::optional<std::string> json_field(const std::string& line, const std::string& key) {
+  const std::string quoted = "\"" + key + "\": ";
+  const std::size_t at = line.find(quoted);
+  if (at == std::string::npos) return std::nullopt;
+  std::size_t begin = at + quoted.size();
+  if (line[begin] == '"') {
+    const std::size_t end = line.find('"', begin + 1);
+    if (end == std::string::npos) return std::nullopt;
+    return line.substr(begin + 1, end - begin - 1);
+  }
+  std::size_t end = line.find_first_of(",}", begin);
+  return line.substr(begin, end - begin);
+}
+
+std::vector<MeasuredRow> read_measurements(const std::string& path) {
+  std::ifstream file(path);
+  GZ_REQUIRE(file.good(), ErrorCode::io_error, "model: cannot read --validate file '", path, "'");
+  std::vector<MeasuredRow> rows;
+  std::string line;
+  while (std::getline(file, line)) {
+    const auto spec = json_field(line, "spec"), algo = json_field(line, "algo"),
+               ranks = json_field(line, "ranks"), bytes = json_field(line, "bytes"),
+               time = json_field(line, "time_s");
+    if (!spec || !algo || !ranks || !bytes || !time) continue;
+    rows.push_back({*spec, *algo, std::atoi(ranks->c_str()),
+                    static_cast<std::size_t>(std::strtoull(bytes->c_str(), nullptr, 10)),
+                    std::strtod(time->c_str(), nullptr)});
+  }
+  GZ_REQUIRE(!rows.empty(), ErrorCode::io_error, "model: '", path,
+             "' holds no `gradzip-bench allreduce --json` rows");
+  return rows;
+}
+
+std::optional<ModeledAlgorithm> algorithm_of(const std::string& algo) {
+  if (algo == "ring") return ModeledAlgorithm::ring;
+  if (algo == "sra") return ModeledAlgorithm::sra;
+  if (algo == "allgather" || algo == "allgather->ring") return ModeledAlgorithm::allgather;
+  if (algo == "randk") return ModeledAlgorithm::randk;
+  if (algo == "rhd") return ModeledAlgorithm::rhd;
+  if (algo == "tree") return ModeledAlgorithm::tree;
+  return std::nullopt;  // "mpi", "hier/..." are not modelled per row
+}
+
+void run_validation(const Options& options, std::size_t sample) {
+  const LinkModel link = link_of(options.link_gbps, options.link_latency_us, options.link_efficiency);
+  std::printf("\n== validation: model against measured rows (link %.3g Gbit/s x %.4f payload "
+              "efficiency = %.1f MB/s, alpha %.0f us)\n",
+              options.link_gbps, options.link_efficiency, link.bytes_per_s / 1e6,
+              options.link_latency_us);
+  std::printf("%-30s %-16s %5s %10s %11s %11s %8s  %s\n", "spec", "algo", "ranks", "size",
+              "measured_s", "model_s", "error", "model: latency / transfer / compute");
+  std::vector<double> errors;
+  std::vector<std::unique_ptr<ModeledCodec>> cache;
+  for (const std::string& path : options.validate) {
+    for (const MeasuredRow& row : read_measurements(path)) {
+      const std::optional<ModeledAlgorithm> algorithm = algorithm_of(row.algo);
+      if (!algorithm || row.ranks < 2 || row.time_s <= 0) continue;
+      auto found = std::find_if(cache.begin(), cache.end(),
+                                [&](const auto& c) { return c->text == row.spec; });
+      if (found == cache.end()) {
+        cache.push_back(std::make_unique<ModeledCodec>(model_codec(row.spec, sample)));
+        found = cache.end() - 1;
+      }
+      const ModeledCodec& modeled = **found;
+      const CostEstimate estimate = collectives::estimate_allreduce(
+          *algorithm, *modeled.codec, modeled.cost, row.bytes / 4, row.ranks, link);
+      const double error = (estimate.seconds - row.time_s) / row.time_s;
+      errors.push_back(std::fabs(error));
+      std::printf("%-30s %-16s %5d %10s %11.4e %11.4e %+7.1f%%  %.2e / %.2e / %.2e\n",
+                  row.spec.c_str(), row.algo.c_str(), row.ranks, human_bytes(row.bytes).c_str(),
+                  row.time_s, estimate.seconds, 100 * error, estimate.latency_s,
+                  estimate.transfer_s, estimate.compute_s);
+    }
+  }
+  GZ_REQUIRE(!errors.empty(), ErrorCode::invalid_argument,
+             "model: no measured row has an algorithm the model covers");
+  std::sort(errors.begin(), errors.end());
+  std::printf("%zu rows: |error| median %.1f%%, 90th percentile %.1f%%, max %.1f%%\n",
+              errors.size(), 100 * errors[errors.size() / 2],
+              100 * errors[std::min(errors.size() - 1, errors.size() * 9 / 10)],
+              100 * errors.back());
+}
+
+// ---- projection -----------------------------------------------------------------------------
+
+// The time of `codec`'s cheapest algorithm.
+CostEstimate best_of(const ModeledCodec& codec, std::size_t count, int ranks, const LinkModel& link) {
+  return collectives::cheapest_allreduce(collectives::candidate_algorithms(codec.spec), *codec.codec,
+                                         codec.cost, count, ranks, link);
+}
+
+// The bandwidth (Gbit/s) at which `codec` and `baseline` take the same time, by bisection in
+// log space on [0.01, 1e5]; +inf when the codec wins over the whole range, 0 when it never does.
+double break_even_gbps(const ModeledCodec& codec, const ModeledCodec& baseline, std::size_t count,
+                       int ranks, double latency_us) {
+  const auto advantage = [&](double gbps) {
+    const LinkModel link = link_of(gbps, latency_us);
+    return best_of(baseline, count, ranks, link).seconds - best_of(codec, count, ranks, link).seconds;
+  };
+  double low = 0.01, high = 1e5;
+  if (advantage(low) <= 0) return 0;
+  if (advantage(high) > 0) return INFINITY;
+  for (int i = 0; i < 60; ++i) {
+    const double middle = std::sqrt(low * high);
+    (advantage(middle) > 0 ? low : high) = middle;
+  }
+  return std::sqrt(low * high);
+}
+
+std::string gbps_text(double gbps) {
+  if (gbps == 0) return "never";
+  if (std::isinf(gbps)) return ">1e5";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", gbps);
+  return text;
+}
+
+int run(const Options& options) {
+  std::printf("gradzip-bench model: alpha-beta-gamma cost of gradzip's all-reduce algorithms "
+              "(collectives/cost_model.h, docs/cost-model.md)\n\n== gamma, measured here on "
+              "%zu elements (ns per element)\n", options.sample);
+  std::printf("%-24s %10s %12s %8s\n", "spec", "encode", "decode_add", "add");
+  std::vector<std::unique_ptr<ModeledCodec>> codecs;
+  auto dense = std::make_unique<ModeledCodec>(model_codec("none", options.sample));
+  auto half = std::make_unique<ModeledCodec>(model_codec("fp16", options.sample));
+  for (const std::string& text : options.codecs) {
+    codecs.push_back(std::make_unique<ModeledCodec>(model_codec(text, options.sample)));
+    // A codec that is a baseline's spec shares the baseline's γ, so that it ties with it.
+    for (const ModeledCodec* baseline : {dense.get(), half.get()})
+      if (codecs.back()->spec == baseline->spec) codecs.back()->cost = baseline->cost;
+  }
+  for (const ModeledCodec* c : {dense.get(), half.get()})
+    std::printf("%-24s %10.3f %12.3f %8.3f\n", c->text.c_str(), c->cost.encode_s * 1e9,
+                c->cost.decode_add_s * 1e9, c->cost.add_s * 1e9);
+  for (const auto& c : codecs)
+    if (c->spec != dense->spec && c->spec != half->spec) std::printf("%-24s %10.3f %12.3f %8.3f\n", c->text.c_str(), c->cost.encode_s * 1e9,
+                c->cost.decode_add_s * 1e9, c->cost.add_s * 1e9);
+
+  if (!options.validate.empty()) run_validation(options, options.sample);
+
+  std::FILE* csv = nullptr;
+  if (!options.csv_path.empty()) {
+    csv = std::fopen(options.csv_path.c_str(), "w");
+    GZ_REQUIRE(csv != nullptr, ErrorCode::io_error, "model: cannot write --csv file '",
+               options.csv_path, "'");
+    std::fprintf(csv, "model,parameters,gbps,ranks,spec,algorithm,seconds,dense_f32_seconds,"
+                      "dense_f16_seconds,speedup_vs_f32,speedup_vs_f16\n");
+  }
+  std::printf("\n== projection: speedup of each codec's cheapest algorithm over the dense f32 "
+              "all-reduce / the dense 16-bit all-reduce, each with its own cheapest algorithm "
+              "(alpha %.0f us; the codec's algorithm in brackets)\n",
+              options.latency_us);
+  for (const ModelSize& model : options.models) {
+    for (double gbps : options.gbps) {
+      const LinkModel link = link_of(gbps, options.latency_us);
+      std::printf("\n%s (%zu parameters), %.3g Gbit/s\n%6s %11s %11s", model.name.c_str(),
+                  model.parameters, gbps, "P", "dense_f32_s", "dense_f16_s");
+      for (const auto& c : codecs) std::printf(" %22s", c->text.c_str());
+      std::printf("\n");
+      for (int ranks : options.ranks) {
+        const double f32 = best_of(*dense, model.parameters, ranks, link).seconds;
+        const double f16 = best_of(*half, model.parameters, ranks, link).seconds;
+        std::printf("%6d %11.4e %11.4e", ranks, f32, f16);
+        for (const auto& c : codecs) {
+          const CostEstimate best = best_of(*c, model.parameters, ranks, link);
+          char cell[64];
+          std::snprintf(cell, sizeof cell, "%.2f/%.2f [%s]", f32 / best.seconds,
+                        f16 / best.seconds, collectives::modeled_algorithm_name(best.algorithm));
+          std::printf(" %22s", cell);
+          if (csv != nullptr) {
+            std::fprintf(csv, "%s,%zu,%.6g,%d,%s,%s,%.6e,%.6e,%.6e,%.6g,%.6g\n", model.name.c_str(),
+                         model.parameters, gbps, ranks, c->text.c_str(),
+                         collectives::modeled_algorithm_name(best.algorithm), best.seconds, f32,
+                         f16, f32 / best.seconds, f16 / best.seconds);
+          }
+        }
+        std::printf("\n");
+      }
+    }
+  }
+  if (csv != nullptr) std::fclose(csv);
+
+  std::printf("\n== break-even link bandwidth (Gbit/s): above it the codec no longer beats the "
+              "dense f32 / the dense 16-bit all-reduce (alpha %.0f us; 'never': not even at "
+              "0.01 Gbit/s, '>1e5': still ahead at 1e5)\n", options.latency_us);
+  for (const ModelSize& model : options.models) {
+    std::printf("\n%s\n%6s", model.name.c_str(), "P");
+    for (const auto& c : codecs) std::printf(" %22s", c->text.c_str());
+    std::printf("\n");
+    for (int ranks : options.ranks) {
+      std::printf("%6d", ranks);
+      for (const auto& c : codecs) {
+        const std::string cell =
+            gbps_text(break_even_gbps(*c, *dense, model.parameters, ranks, options.latency_us)) +
+            " / " + gbps_text(break_even_gbps(*c, *half, model.parameters, ranks, options.latency_us));
+        std::printf(" %22s", cell.c_str());
+      }
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_model(int argc, char** argv) {
+  Options options;
+  try {
+    options = parse(argc, argv);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "gradzip-bench model: %s\n", error.what());
+    return 2;
+  }
+  if (options.help) {
+    print_help();
+    return 0;
+  }
+  return run(options);
+}
+
+}  // namespace gradzip::bench

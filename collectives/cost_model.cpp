@@ -1,0 +1,297 @@
+#include "collectives/cost_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "compressors/wire_format.h"
+#include "error_feedback/error_feedback_codec.h"
+#include "error_feedback/residual_store.h"
+#include "gradzip/error.h"
+
+namespace gradzip::collectives {
+namespace {
+
+constexpr double kHeader = static_cast<double>(compressors::kWireHeaderBytes);
+
+// Bytes of one message of m elements of `codec` (the header included).
+double message_bytes(const Codec& codec, double m) {
+  if (m <= 0) return kHeader;
+  return static_cast<double>(codec.max_encoded_bytes(static_cast<std::size_t>(std::ceil(m))));
+}
+
+// An uncompressed f32 message of m elements.
+double dense_bytes(double m) { return kHeader + 4.0 * m; }
+
+int ceil_log2(int p) {
+  int steps = 0;
+  while ((1 << steps) < p) ++steps;
+  return steps;
+}
+
+int floor_log2(int p) {
+  int steps = 0;
+  while ((2 << steps) <= p) ++steps;
+  return steps;
+}
+
+CostEstimate finish(ModeledAlgorithm algorithm, double latency, double transfer, double compute,
+                    double bytes) {
+  CostEstimate estimate;
+  estimate.algorithm = algorithm;
+  estimate.latency_s = latency;
+  estimate.transfer_s = transfer;
+  estimate.compute_s = compute;
+  estimate.seconds = latency + transfer + compute;
+  estimate.bytes_sent = bytes;
+  return estimate;
+}
+
+// Ring: 2(P − 1) steps of one chunk message each; P encodes of a chunk (P − 1 partial sums, the
+// owner's result), P − 1 decode_adds and P decodes (the all-gather, own chunk included).
+CostEstimate ring(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link,
+                  bool uncompressed) {
+  const double m = n / p;
+  const double steps = 2.0 * (p - 1);
+  const double bytes = steps * (uncompressed ? dense_bytes(m) : message_bytes(codec, m));
+  const double compute = uncompressed
+                             ? (p - 1) * m * cost.add_s
+                             : n * cost.encode_s + (2.0 * p - 1.0) * m * cost.decode_add_s;
+  return finish(ModeledAlgorithm::ring, steps * link.latency_s, bytes / link.bytes_per_s, compute,
+                bytes);
+}
+
+// Open MPI's all-to-all / all-gather of P − 1 blocks per rank: P − 1 message start-ups, the
+// blocks share the link.
+double exchange_latency(int p, const LinkModel& link) { return (p - 1) * link.latency_s; }
+// The 8-byte size all-gathers before SRA's and the all-gather's messages.
+double size_exchange_latency(int p, const LinkModel& link) { return ceil_log2(p) * link.latency_s; }
+
+// SRA: encode n once, all-to-all of P − 1 chunk messages, the owner decode_adds P and encodes
+// its sum, all-gather of P − 1 messages, every rank decodes P chunks.
+CostEstimate sra(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
+  const double m = n / p;
+  const double bytes = 2.0 * (p - 1) * message_bytes(codec, m);
+  const double latency = 2 * exchange_latency(p, link) + 2 * size_exchange_latency(p, link);
+  const double compute = (n + m) * cost.encode_s + 2.0 * n * cost.decode_add_s;
+  return finish(ModeledAlgorithm::sra, latency, bytes / link.bytes_per_s, compute, bytes);
+}
+
+// Sparse all-gather: encode n once, all-gather P − 1 whole-tensor messages, decode_add P; or,
+// when the dense ring moves fewer bytes (the library's rule, sparse_allgather.cpp), the
+// uncompressed ring over the decoded messages.
+CostEstimate allgather(const Codec& codec, const CodecCost& cost, double n, int p,
+                       const LinkModel& link) {
+  const double whole = message_bytes(codec, n);
+  const double gathered = (p - 1) * whole;
+  const double dense_ring = 2.0 * (p - 1) * kHeader + 2.0 * (p - 1) * 4.0 * n / p;
+  if (p > 1 && dense_ring < gathered) {
+    CostEstimate estimate = ring(codec, cost, n, p, link, /*uncompressed=*/true);
+    estimate.algorithm = ModeledAlgorithm::allgather;
+    estimate.compute_s += n * (cost.encode_s + cost.decode_add_s);
+    estimate.seconds = estimate.latency_s + estimate.transfer_s + estimate.compute_s;
+    estimate.dense_switch = true;
+    return estimate;
+  }
+  const double latency = exchange_latency(p, link) + size_exchange_latency(p, link);
+  const double compute = n * cost.encode_s + p * n * cost.decode_add_s;
+  return finish(ModeledAlgorithm::allgather, latency, gathered / link.bytes_per_s, compute, gathered);
+}
+
+// Random-k: select k of n (encode), an uncompressed ring over the k values, decode.
+CostEstimate randk(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
+  const double k = static_cast<double>(codec.spec().k_for(static_cast<std::size_t>(n)));
+  CostEstimate inner = ring(codec, cost, k, p, link, /*uncompressed=*/true);
+  inner.algorithm = ModeledAlgorithm::randk;
+  inner.compute_s += n * (cost.encode_s + cost.decode_add_s);
+  inner.seconds = inner.latency_s + inner.transfer_s + inner.compute_s;
+  return inner;
+}
+
+// Recursive halving / doubling over the largest power of two p2 <= P (r = P − p2 extra ranks
+// fold their encoded vector into a partner first and get the result's messages at the end):
+// halving step j (1..log2 p2) sends e(n / 2^j) and decode_adds as much; the owner encodes its
+// n / p2 segment once; doubling step j forwards 2^(j−1) segment messages; every rank decodes
+// p2 segments.
+CostEstimate rhd(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
+  const int levels = floor_log2(p);
+  const int p2 = 1 << levels;
+  const bool folded = p2 != p;
+  double bytes = 0, compute = 0;
+  double half = n;
+  for (int j = 1; j <= levels; ++j) {
+    half /= 2;
+    bytes += message_bytes(codec, half);
+    compute += half * (cost.encode_s + cost.decode_add_s);
+  }
+  const double segment = n / p2;
+  bytes += (p2 - 1) * message_bytes(codec, segment);
+  compute += segment * cost.encode_s + n * cost.decode_add_s;
+  double steps = 2.0 * levels;
+  if (folded) {  // the fold (one encoded vector in) and the unfold (p2 segment messages out)
+    steps += 2;
+    bytes += message_bytes(codec, n) + p2 * message_bytes(codec, segment);
+    compute += n * (cost.encode_s + cost.decode_add_s);
+  }
+  return finish(ModeledAlgorithm::rhd, steps * link.latency_s, bytes / link.bytes_per_s, compute,
+                bytes);
+}
+
+// Binomial reduce to rank 0 in f32 (⌈log2 P⌉ full-vector steps, an add each), rank 0 encodes
+// the exact sum once, binomial broadcast of that message (⌈log2 P⌉ steps), every rank decodes.
+CostEstimate tree(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
+  const double levels = ceil_log2(p);
+  const double bytes = levels * (dense_bytes(n) + message_bytes(codec, n));
+  const double compute = levels * n * cost.add_s + n * (cost.encode_s + cost.decode_add_s);
+  return finish(ModeledAlgorithm::tree, 2 * levels * link.latency_s, bytes / link.bytes_per_s,
+                compute, bytes);
+}
+
+CostEstimate flat_default(const Codec& codec, const CodecCost& cost, double n, int p,
+                          const LinkModel& link) {
+  switch (codec.spec().codec) {
+    case CodecKind::qsgd:
+    case CodecKind::sign: return sra(codec, cost, n, p, link);
+    case CodecKind::topk: return allgather(codec, cost, n, p, link);
+    case CodecKind::randk: return randk(codec, cost, n, p, link);
+    case CodecKind::none: return ring(codec, cost, n, p, link, /*uncompressed=*/true);
+    default: return ring(codec, cost, n, p, link, /*uncompressed=*/false);
+  }
+}
+
+// Hierarchical: a ring reduce-scatter (f32) inside each node of L ranks, the codec's flat
+// algorithm across the P / L nodes on n / L elements, an all-gather (f32) inside the node.
+CostEstimate hier(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link,
+                  const HierarchyModel& hierarchy) {
+  const int per_node = std::max(1, std::min(hierarchy.ranks_per_node, p));
+  const int nodes = std::max(1, p / per_node);
+  const double node_steps = per_node - 1;
+  const double shard = n / per_node;
+  const double intra_bytes = 2.0 * node_steps * dense_bytes(shard);
+  const double intra_latency = 2.0 * node_steps * hierarchy.intra.latency_s;
+  const double intra_transfer = intra_bytes / hierarchy.intra.bytes_per_s;
+  const double intra_compute = node_steps * shard * cost.add_s;
+  CostEstimate across = nodes > 1 ? flat_default(codec, cost, shard, nodes, link) : CostEstimate{};
+  CostEstimate estimate = finish(ModeledAlgorithm::hier, intra_latency + across.latency_s,
+                                 intra_transfer + across.transfer_s,
+                                 intra_compute + across.compute_s, intra_bytes + across.bytes_sent);
+  return estimate;
+}
+
+}  // namespace
+
+const char* modeled_algorithm_name(ModeledAlgorithm algorithm) noexcept {
+  switch (algorithm) {
+    case ModeledAlgorithm::ring: return "ring";
+    case ModeledAlgorithm::sra: return "sra";
+    case ModeledAlgorithm::allgather: return "allgather";
+    case ModeledAlgorithm::randk: return "randk";
+    case ModeledAlgorithm::rhd: return "rhd";
+    case ModeledAlgorithm::tree: return "tree";
+    case ModeledAlgorithm::hier: return "hier";
+  }
+  return "?";
+}
+
+CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
+                                const CodecCost& cost, std::size_t count, int ranks,
+                                const LinkModel& link, const HierarchyModel& hierarchy) {
+  GZ_REQUIRE(ranks >= 1, ErrorCode::invalid_argument, "estimate_allreduce: ", ranks, " ranks");
+  GZ_REQUIRE(link.latency_s >= 0 && link.bytes_per_s > 0, ErrorCode::invalid_argument,
+             "estimate_allreduce: link latency ", link.latency_s, " s and bandwidth ",
+             link.bytes_per_s, " B/s (need latency >= 0, bandwidth > 0)");
+  if (ranks == 1 || count == 0) {
+    CostEstimate none;
+    none.algorithm = algorithm;
+    return none;
+  }
+  const double n = static_cast<double>(count);
+  const bool uncompressed = codec.spec().codec == CodecKind::none;
+  switch (algorithm) {
+    case ModeledAlgorithm::ring: return ring(codec, cost, n, ranks, link, uncompressed);
+    case ModeledAlgorithm::sra: return sra(codec, cost, n, ranks, link);
+    case ModeledAlgorithm::allgather: return allgather(codec, cost, n, ranks, link);
+    case ModeledAlgorithm::randk: return randk(codec, cost, n, ranks, link);
+    case ModeledAlgorithm::rhd: return rhd(codec, cost, n, ranks, link);
+    case ModeledAlgorithm::tree: return tree(codec, cost, n, ranks, link);
+    case ModeledAlgorithm::hier: return hier(codec, cost, n, ranks, link, hierarchy);
+  }
+  return {};
+}
+
+std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec) {
+  using A = ModeledAlgorithm;
+  switch (spec.codec) {
+    case CodecKind::randk: return {A::randk};
+    case CodecKind::topk: return {A::allgather, A::ring, A::rhd, A::tree};
+    case CodecKind::qsgd:
+    case CodecKind::sign: return {A::sra, A::ring, A::rhd, A::tree};
+    default: return {A::ring, A::sra, A::rhd, A::tree};
+  }
+}
+
+CostEstimate cheapest_allreduce(const std::vector<ModeledAlgorithm>& candidates,
+                                const Codec& codec, const CodecCost& cost, std::size_t count,
+                                int ranks, const LinkModel& link, const HierarchyModel& hierarchy) {
+  GZ_REQUIRE(!candidates.empty(), ErrorCode::invalid_argument, "cheapest_allreduce: no candidates");
+  CostEstimate best = estimate_allreduce(candidates.front(), codec, cost, count, ranks, link, hierarchy);
+  for (std::size_t i = 1; i < candidates.size(); ++i) {
+    const CostEstimate other = estimate_allreduce(candidates[i], codec, cost, count, ranks, link, hierarchy);
+    if (other.seconds < best.seconds) best = other;
+  }
+  return best;
+}
+
+CodecCost measure_codec_cost(const Codec& codec, std::size_t sample, int repeats) {
+  GZ_REQUIRE(sample > 0 && repeats > 0, ErrorCode::invalid_argument, "measure_codec_cost: sample ",
+             sample, ", repeats ", repeats);
+  using Clock = std::chrono::steady_clock;
+  // Deterministic N(0, 1)-like data: a sum of uniforms is enough for timing.
+  std::vector<float> data(sample), accumulator(sample, 0.0f), other(sample, 0.0f);
+  std::uint64_t state = 0x2545F4914F6CDD1Dull;
+  for (float& v : data) {
+    double sum = 0;
+    for (int i = 0; i < 4; ++i) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      sum += static_cast<double>(state >> 11) * 0x1.0p-53 - 0.5;
+    }
+    v = static_cast<float>(sum * 1.7320508);
+  }
+  std::vector<std::byte> message(codec.max_encoded_bytes(sample));
+  const ConstTensorView input{data.data(), sample, DType::f32, Device{}};
+  const EncodeContext ctx{codec.spec().seed, 0, 1, 0};
+  const auto fastest = [&](auto&& run) {
+    double best = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      const auto start = Clock::now();
+      run();
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    return best / static_cast<double>(sample);
+  };
+  std::size_t bytes = 0;
+  CodecCost cost;
+  if (codec.spec().error_feedback) {
+    // Error feedback's encode: g' = g + e, encode, decode, e = g' - D(C(g')).
+    error_feedback::ResidualStore store(1, 0, ResizePolicy::error);
+    error_feedback::ErrorFeedbackCodec feedback(std::shared_ptr<const Codec>(&codec, [](const Codec*) {}),
+                                                store);
+    cost.encode_s = fastest([&] {
+      bytes = feedback.encode("gamma", input, message, ctx);
+    });
+  } else {
+    cost.encode_s = fastest([&] { bytes = codec.encode(input, message, ctx); });
+  }
+  const std::span<const std::byte> encoded(message.data(), bytes);
+  cost.decode_add_s = fastest([&] { codec.decode_add(encoded, accumulator.data(), sample); });
+  cost.add_s = fastest([&] {
+    for (std::size_t i = 0; i < sample; ++i) other[i] += data[i];
+  });
+  return cost;
+}
+
+}  // namespace gradzip::collectives

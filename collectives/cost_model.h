@@ -1,0 +1,92 @@
+// The α-β-γ cost model of gradzip's all-reduce algorithms (docs/cost-model.md): how long one
+// compressed all-reduce of n f32 elements takes on P ranks, from
+//   α  the start-up time of one message (software and wire latency),
+//   β  the time per byte of a rank's link (1 / bandwidth, each direction, full duplex),
+//   γ  the codec's time per element to encode, and to decode-and-add one message,
+// and the exact message sizes of the codec (Codec::max_encoded_bytes, docs/algorithms.md).
+//
+// Every algorithm is modelled on its critical path as gradzip runs it: a sequence of steps,
+// each sending one message (or, for the all-to-all and all-gather of SRA and the sparse
+// all-gather, P − 1 messages that share the link) and doing its encodes and decodes before or
+// after the transfer, without overlap. The model is what benchmarks/model/ projects to large
+// clusters and validates against the emulated-cluster measurements (docs/results.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gradzip/codec.h"
+#include "gradzip/compression_spec.h"
+
+namespace gradzip::collectives {
+
+struct LinkModel {
+  double latency_s = 50e-6;       // α
+  double bytes_per_s = 125e6;     // 1 / β (1 Gbit/s)
+};
+
+// γ of one codec, in seconds per f32 element.
+struct CodecCost {
+  double encode_s = 0;      // encode (with error feedback when the spec has it: g + e, encode,
+                            // decode, e update)
+  double decode_add_s = 0;  // decode_add of a message of m elements, per element
+  double add_s = 0;         // one f32 add of a vector (the uncompressed reductions)
+};
+
+// The algorithms the model knows (the names are CollectiveStats::algorithm's).
+enum class ModeledAlgorithm : std::uint8_t {
+  ring,       // ring reduce-scatter + all-gather, re-encoding partial sums (codec `none`: plain)
+  sra,        // scatter-reduce-allgather: encode once, owner re-encodes the sum
+  allgather,  // sparse all-gather of whole-tensor messages (with the dense switch)
+  randk,      // random-k's shared-index path: a ring over k values
+  rhd,        // recursive halving (re-encoding) + doubling (forwarding), Rabenseifner
+  tree,       // binomial reduce in f32, the sum encoded once, binomial broadcast of the message
+  hier,       // uncompressed inside nodes, the codec's flat algorithm across nodes
+};
+
+const char* modeled_algorithm_name(ModeledAlgorithm algorithm) noexcept;
+
+// Two links for the hierarchical all-reduce: inside a node (shared memory, NVLink) and across.
+struct HierarchyModel {
+  int ranks_per_node = 8;
+  LinkModel intra{1e-6, 50e9};
+};
+
+struct CostEstimate {
+  ModeledAlgorithm algorithm = ModeledAlgorithm::ring;
+  double seconds = 0;     // latency_s + transfer_s + compute_s
+  double latency_s = 0;   // α times the sequential message start-ups
+  double transfer_s = 0;  // β times the bytes on the critical path
+  double compute_s = 0;   // γ terms
+  double bytes_sent = 0;  // bytes this rank sends (docs/algorithms.md's count)
+  bool dense_switch = false;  // allgather: the dense ring would run instead
+};
+
+// The modelled time of one all-reduce of `count` elements on `ranks` ranks with `codec`
+// (whose spec() gives the algorithm's parameters) and its γ. `hierarchy` is used by hier only.
+// ranks >= 1; one rank costs 0.
+CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
+                                const CodecCost& cost, std::size_t count, int ranks,
+                                const LinkModel& link, const HierarchyModel& hierarchy = {});
+
+// The flat algorithms that run `spec`'s codec on P ranks with a link each: random-k: its
+// shared-index path; top-k: the sparse all-gather, ring, rhd, tree; the others: ring (SRA
+// first for qsgd and sign), SRA, rhd, tree. hier is not among them: it needs the node
+// structure (algo=hier says it; HierarchyModel describes it to the model).
+std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec);
+
+// The cheapest of `candidates` (ties: the earlier one).
+CostEstimate cheapest_allreduce(const std::vector<ModeledAlgorithm>& candidates,
+                                const Codec& codec, const CodecCost& cost, std::size_t count,
+                                int ranks, const LinkModel& link,
+                                const HierarchyModel& hierarchy = {});
+
+// Measures γ of `codec` on this CPU: encode and decode_add of `sample` elements of N(0, 1)
+// data, the fastest of `repeats` runs each (error feedback's extra passes included when the
+// spec has ef=on), and f32 adds. A few milliseconds for sample = 2^20.
+CodecCost measure_codec_cost(const Codec& codec, std::size_t sample = std::size_t{1} << 20,
+                             int repeats = 3);
+
+}  // namespace gradzip::collectives

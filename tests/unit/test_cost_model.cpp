@@ -1,0 +1,153 @@
+// The α-β-γ cost model (collectives/cost_model.h): every algorithm's terms against the
+// formulas of docs/cost-model.md, worked by hand for small cases with round parameters.
+#include "collectives/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "gradzip/codec.h"
+#include "gradzip/error.h"
+
+namespace gradzip {
+namespace {
+
+using collectives::CodecCost;
+using collectives::CostEstimate;
+using collectives::LinkModel;
+using collectives::ModeledAlgorithm;
+
+// α = 1 s, B = 1 byte/s: latency counts start-ups, transfer counts bytes.
+constexpr LinkModel kUnitLink{1.0, 1.0};
+// γ = 1 s per element for every operation, so compute counts element operations.
+constexpr CodecCost kUnitCost{1.0, 1.0, 1.0};
+
+CostEstimate estimate(ModeledAlgorithm algorithm, const std::string& spec, std::size_t n, int p,
+                      const CodecCost& cost = kUnitCost, const LinkModel& link = kUnitLink) {
+  const std::unique_ptr<Codec> codec = make_codec(spec);
+  return collectives::estimate_allreduce(algorithm, *codec, cost, n, p, link);
+}
+
+void expect_terms(const CostEstimate& e, double latency, double transfer, double compute) {
+  EXPECT_DOUBLE_EQ(e.latency_s, latency);
+  EXPECT_DOUBLE_EQ(e.transfer_s, transfer);
+  EXPECT_DOUBLE_EQ(e.compute_s, compute);
+  EXPECT_DOUBLE_EQ(e.seconds, latency + transfer + compute);
+}
+
+TEST(CostModel, UncompressedRing) {
+  // P = 4, n = 1000: 6 steps of 32 + 4·250 bytes; 3 adds of 250 elements.
+  const CostEstimate e = estimate(ModeledAlgorithm::ring, "none", 1000, 4);
+  expect_terms(e, 6, 6 * 1032.0, 3 * 250.0);
+  EXPECT_DOUBLE_EQ(e.bytes_sent, 6 * 1032.0);
+}
+
+TEST(CostModel, CompressedRingAndSra) {
+  // fp16, e(m) = 32 + 2m; P = 4, n = 1000, m = 250: e = 532.
+  expect_terms(estimate(ModeledAlgorithm::ring, "fp16", 1000, 4), 6, 6 * 532.0,
+               1000 + 7 * 250.0);
+  // SRA: 2·3 exchange start-ups + 2·⌈log2 4⌉ size exchanges; 2·3 messages; (n + m) encodes,
+  // 2n decode_adds.
+  expect_terms(estimate(ModeledAlgorithm::sra, "fp16", 1000, 4), 6 + 4, 6 * 532.0,
+               1250 + 2000.0);
+}
+
+TEST(CostModel, SparseAllgatherAndItsDenseSwitch) {
+  // top-k k = 10 of 1000 (f32 values, u32 indices): e(n) = 32 + 80 = 112; P = 4: 3 messages.
+  expect_terms(estimate(ModeledAlgorithm::allgather, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,
+               1000 + 4 * 1000.0);
+  // k = 500 of 1000: (P−1)·e(n) = 3·(32 + 4000) exceeds the dense ring's 6·32 + 6·1000 = 6192:
+  // the uncompressed ring runs over the decoded messages.
+  const CostEstimate dense = estimate(ModeledAlgorithm::allgather, "topk:k=500", 1000, 4);
+  EXPECT_TRUE(dense.dense_switch);
+  expect_terms(dense, 6, 6 * 1032.0, 3 * 250.0 + 1000 * 2.0);
+}
+
+TEST(CostModel, RandomKRunsARingOverItsValues) {
+  // k = 100 of 1000 at P = 4: an uncompressed ring over 100 values (m = 25), plus selection and
+  // scatter of n.
+  expect_terms(estimate(ModeledAlgorithm::randk, "randk:k=100", 1000, 4), 6, 6 * (32 + 100.0),
+               3 * 25.0 + 2000.0);
+}
+
+TEST(CostModel, HalvingDoublingPowerOfTwoAndFolded) {
+  // P = 4, none (e(m) = 32 + 4m), n = 1000: halving sends e(500) + e(250), doubling 3·e(250);
+  // compute: (500 + 250)·2 halving, 250 encodes, 1000 decode_adds.
+  const double halving = (32 + 2000.0) + (32 + 1000.0);
+  expect_terms(estimate(ModeledAlgorithm::rhd, "none", 1000, 4), 4, halving + 3 * 1032.0,
+               1500 + 250 + 1000.0);
+  // P = 5 = 4 + 1: the same on the 4 ranks, plus the fold (e(n)) and the unfold (4·e(250)),
+  // 2 more start-ups and n·(encode + decode_add).
+  expect_terms(estimate(ModeledAlgorithm::rhd, "none", 1000, 5), 6,
+               halving + 3 * 1032.0 + 4032.0 + 4 * 1032.0, 1500 + 250 + 1000.0 + 2000.0);
+}
+
+TEST(CostModel, BinomialTreeReducesInF32AndBroadcastsOneMessage) {
+  // P = 5: ⌈log2 5⌉ = 3 levels down with the f32 vector (32 + 4000 bytes, an add each), 3 up
+  // with the message of the sum (fp16: 32 + 2000); one encode and one decode of n.
+  expect_terms(estimate(ModeledAlgorithm::tree, "fp16", 1000, 5), 6, 3 * 4032.0 + 3 * 2032.0,
+               3000 + 2000.0);
+}
+
+TEST(CostModel, OneRankOrNoElementsCostNothingAndBadLinksAreRefused) {
+  for (const CostEstimate& e : {estimate(ModeledAlgorithm::ring, "fp16", 1000, 1),
+                                estimate(ModeledAlgorithm::sra, "sign", 0, 8)}) {
+    EXPECT_EQ(e.seconds, 0.0);
+  }
+  try {
+    estimate(ModeledAlgorithm::ring, "none", 10, 2, kUnitCost, LinkModel{1e-6, 0});
+    ADD_FAILURE() << "a zero bandwidth was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::invalid_argument);
+  }
+}
+
+TEST(CostModel, LatencyFavoursFewStepsAndBandwidthFavoursFewBytes) {
+  const std::unique_ptr<Codec> none = make_codec("none");
+  const auto cheapest = [&](std::size_t n, const LinkModel& link) {
+    return collectives::cheapest_allreduce(collectives::candidate_algorithms(none->spec()), *none,
+                                           CodecCost{}, n, 64, link)
+        .algorithm;
+  };
+  // 16 elements at α = 1 ms: start-ups decide. Ring and SRA: 126 or more; tree and rhd: 12
+  // each, and then bytes decide: the tree moves 12 vectors of 32 + 64 bytes (1152), rhd's
+  // doubling alone forwards 63 messages of 36 bytes (a one-element segment's header): the tree.
+  EXPECT_EQ(cheapest(16, LinkModel{1e-3, 1e9}), ModeledAlgorithm::tree);
+  // 2^26 elements at 1 Gbit/s and α = 1 µs: bytes only; the tree sends 12 whole vectors and
+  // loses; ring and rhd send the same bytes, rhd with fewer start-ups.
+  EXPECT_EQ(cheapest(std::size_t{1} << 26, LinkModel{1e-6, 125e6}), ModeledAlgorithm::rhd);
+  // Tree against ring alone, small tensor, high latency: the tree.
+  const CostEstimate tree = collectives::estimate_allreduce(ModeledAlgorithm::tree, *none,
+                                                            CodecCost{}, 16, 64, LinkModel{1e-3, 1e9});
+  const CostEstimate ring = collectives::estimate_allreduce(ModeledAlgorithm::ring, *none,
+                                                            CodecCost{}, 16, 64, LinkModel{1e-3, 1e9});
+  EXPECT_LT(tree.seconds, ring.seconds);
+}
+
+TEST(CostModel, CandidatesFollowTheCodec) {
+  using A = ModeledAlgorithm;
+  EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("none")),
+            (std::vector<A>{A::ring, A::sra, A::rhd, A::tree}));
+  EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("randk")),
+            (std::vector<A>{A::randk}));
+  EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("topk")),
+            (std::vector<A>{A::allgather, A::ring, A::rhd, A::tree}));
+  EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("sign")),
+            (std::vector<A>{A::sra, A::ring, A::rhd, A::tree}));
+}
+
+TEST(CostModel, MeasuredGammaIsPositiveAndErrorFeedbackCostsMore) {
+  const std::unique_ptr<Codec> plain = make_codec("sign:ef=off");
+  const std::unique_ptr<Codec> feedback = make_codec("sign:ef=on");
+  const CodecCost without = collectives::measure_codec_cost(*plain, 1 << 16, 3);
+  const CodecCost with = collectives::measure_codec_cost(*feedback, 1 << 16, 3);
+  EXPECT_GT(without.encode_s, 0);
+  EXPECT_GT(without.decode_add_s, 0);
+  EXPECT_GT(without.add_s, 0);
+  // Error feedback adds a decode and two passes over the tensor to the encode.
+  EXPECT_GT(with.encode_s, without.encode_s);
+}
+
+}  // namespace
+}  // namespace gradzip
