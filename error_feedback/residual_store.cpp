@@ -180,6 +180,27 @@ class CheckpointReader {
   Fnv1a64 hash_;
 };
 
+// Reads the name of a record (u32 length L, L bytes) of kind `kind` ("tensor", "counter"),
+// the `index`-th of its section: the record needs its name, 8 more bytes (an element count or
+// a value) and the file's 8-byte checksum, so L is bounded by the bytes left before allocating;
+// names strictly increase after `previous` (null for the first).
+std::string read_record_name(CheckpointReader& reader, const char* kind, std::uint64_t index,
+                             const std::string* previous, const std::string& path) {
+  const auto name_bytes = reader.integer<std::uint32_t>(std::string("a ") + kind + " name length");
+  const std::uint64_t room = reader.left() >= 16 ? reader.left() - 16 : 0;
+  GZ_REQUIRE(name_bytes >= 1 && name_bytes <= room, ErrorCode::io_error,
+             "ResidualStore::load: '", path, "' is corrupt: ", kind, " ", index,
+             " has a name length of ", name_bytes, " bytes at offset ", reader.offset() - 4,
+             " (must be 1..", room, ")");
+  std::string name(name_bytes, '\0');
+  reader.bytes(name.data(), name.size(), std::string("a ") + kind + " name");
+  GZ_REQUIRE(previous == nullptr || *previous < name, ErrorCode::io_error,
+             "ResidualStore::load: '", path, "' is corrupt: ", kind, " '", name,
+             "' does not follow '", previous == nullptr ? std::string() : *previous,
+             "' in strictly increasing name order");
+  return name;
+}
+
 // A name for the temporary file unique within this host: directory of the target, process id,
 // and a per-process counter (two saves to one path from one process never share it).
 std::filesystem::path temporary_path_for(const std::filesystem::path& path) {
@@ -387,19 +408,8 @@ void ResidualStore::load(const std::filesystem::path& path, Counters* counters) 
 
   Buffers loaded;
   for (std::uint64_t t = 0; t < tensor_count; ++t) {
-    const auto name_bytes = reader.integer<std::uint32_t>("a tensor name length");
-    // A record needs its name, an 8-byte count, and the file its 8-byte checksum.
-    const std::uint64_t room = reader.left() >= 16 ? reader.left() - 16 : 0;
-    GZ_REQUIRE(name_bytes >= 1 && name_bytes <= room, ErrorCode::io_error,
-               "ResidualStore::load: '", name_of_file, "' is corrupt: tensor ", t,
-               " has a name length of ", name_bytes, " bytes at offset ", reader.offset() - 4,
-               " (must be 1..", room, ")");
-    std::string name(name_bytes, '\0');
-    reader.bytes(name.data(), name.size(), "a tensor name");
-    GZ_REQUIRE(loaded.empty() || std::prev(loaded.end())->first < name, ErrorCode::io_error,
-               "ResidualStore::load: '", name_of_file, "' is corrupt: tensor '", name,
-               "' does not follow '", std::prev(loaded.end())->first,
-               "' in strictly increasing name order");
+    std::string name = read_record_name(
+        reader, "tensor", t, loaded.empty() ? nullptr : &std::prev(loaded.end())->first, name_of_file);
     const auto count = reader.integer<std::uint64_t>("a tensor element count");
     // left() >= 8 here: the name length check kept room for this count and the checksum.
     const std::uint64_t value_room = (reader.left() - kChecksumBytes) / sizeof(float);
@@ -418,19 +428,9 @@ void ResidualStore::load(const std::filesystem::path& path, Counters* counters) 
                ErrorCode::io_error, "ResidualStore::load: '", name_of_file, "' is corrupt: ",
                counter_count, " counters cannot fit in its ", file_bytes, " bytes");
     for (std::uint64_t c = 0; c < counter_count; ++c) {
-      const auto name_bytes = reader.integer<std::uint32_t>("a counter name length");
-      // A counter needs its name, its 8-byte value, and the file its 8-byte checksum.
-      const std::uint64_t room = reader.left() >= 16 ? reader.left() - 16 : 0;
-      GZ_REQUIRE(name_bytes >= 1 && name_bytes <= room, ErrorCode::io_error,
-                 "ResidualStore::load: '", name_of_file, "' is corrupt: counter ", c,
-                 " has a name length of ", name_bytes, " bytes at offset ", reader.offset() - 4,
-                 " (must be 1..", room, ")");
-      std::string name(name_bytes, '\0');
-      reader.bytes(name.data(), name.size(), "a counter name");
-      GZ_REQUIRE(loaded_counters.empty() || std::prev(loaded_counters.end())->first < name,
-                 ErrorCode::io_error, "ResidualStore::load: '", name_of_file,
-                 "' is corrupt: counter '", name, "' does not follow '",
-                 std::prev(loaded_counters.end())->first, "' in strictly increasing name order");
+      std::string name = read_record_name(
+          reader, "counter", c,
+          loaded_counters.empty() ? nullptr : &std::prev(loaded_counters.end())->first, name_of_file);
       const auto value = reader.integer<std::uint64_t>("a counter value");
       loaded_counters.emplace_hint(loaded_counters.end(), std::move(name), value);
     }

@@ -1,10 +1,22 @@
 #include "tests/multirank/multirank_support.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <random>
+#include <system_error>
 
 namespace gradzip::testing {
+
+ScratchDirectory::ScratchDirectory(const std::string& prefix)
+    : path_(std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid()))) {
+  std::filesystem::create_directories(path_);
+}
+
+ScratchDirectory::~ScratchDirectory() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
 
 int world_rank() {
   int rank = 0;

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,6 +32,20 @@ std::vector<float> gaussian_contribution(std::size_t count, int rank, std::uint6
 // computed locally on every rank.
 std::vector<double> exact_sum(std::size_t count, int ranks, std::uint64_t seed,
                               std::vector<float> (*contribution)(std::size_t, int, std::uint64_t));
+
+// A directory of this process's own (`<temp>/<prefix>-<pid>`), removed with its files when the
+// object goes: checkpoints of one rank per test.
+class ScratchDirectory {
+ public:
+  explicit ScratchDirectory(const std::string& prefix);
+  ~ScratchDirectory();
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // A transport that forwards every call to an inner one. Tests that damage messages derive from
 // it and override only the calls they tamper with (always on every rank alike, so every rank

@@ -957,26 +957,8 @@ TEST(Reducer, LaneCountDoesNotChangeResults) {
   }
 }
 
-// A directory of this rank's own, removed with its files at the end of the test.
-class ScratchDirectory {
- public:
-  ScratchDirectory()
-      : path_(std::filesystem::temp_directory_path() /
-              ("gradzip-test-reducer-" + std::to_string(::getpid()))) {
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
 TEST(Reducer, SavedErrorFeedbackStateResumesInANewReducer) {
-  const ScratchDirectory scratch;
+  const testing::ScratchDirectory scratch("gradzip-test-reducer");
   const std::string path = scratch.file("state-rank" + std::to_string(world_rank()));
   const ReducerOptions options = small_options("topk:ratio=0.1,min_bytes=0");
 

@@ -121,28 +121,10 @@ TEST(ResidualRelease, ResidualMemoryFollowsAChangingTensorSet) {
   EXPECT_EQ(state.residuals().total_bytes(), worker_bytes_of_a_set);
 }
 
-// A scratch directory per test and rank, removed at the end.
-class ScratchDirectory {
- public:
-  ScratchDirectory()
-      : path_(std::filesystem::temp_directory_path() /
-              ("gradzip-test-lifecycle-" + std::to_string(::getpid()))) {
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
 TEST(CommunicatorCheckpoint, ARestoredCommunicatorContinuesByteIdentically) {
   // Stochastic codecs draw from (seed, the name's call number, name): the checkpoint must carry
   // the call numbers, not only the residuals.
-  const ScratchDirectory scratch;
+  const testing::ScratchDirectory scratch("gradzip-test-lifecycle");
   const std::string path = scratch.file("ef-rank" + std::to_string(world_rank()));
   const std::vector<std::string> specs = {"qsgd:bits=2,ef=on,min_bytes=0",
                                           "randk:ratio=0.05,min_bytes=0",
@@ -176,7 +158,7 @@ TEST(CommunicatorCheckpoint, ARestoredCommunicatorContinuesByteIdentically) {
 }
 
 TEST(CommunicatorCheckpoint, AnotherWorldSizeIsRefusedNamingBoth) {
-  const ScratchDirectory scratch;
+  const testing::ScratchDirectory scratch("gradzip-test-lifecycle");
   const std::string path = scratch.file("ef-rank" + std::to_string(world_rank()));
   // A checkpoint written by a store of world size + 1 (what a job of another size writes).
   error_feedback::ResidualStore other(static_cast<std::uint32_t>(world_size() + 1),
