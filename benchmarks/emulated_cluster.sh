@@ -6,6 +6,7 @@
 #
 #   sudo benchmarks/emulated_cluster.sh [--ranks N] [--rate RATE] [--bench PATH]
 #                                       [--command CMD] [-- BENCH ARGS...]
+#   sudo benchmarks/emulated_cluster.sh [--ranks N] [--rate RATE] --exec -- PROGRAM [ARGS...]
 #
 #   --ranks N     ranks, one namespace each (default 4)
 #   --rate RATE   tc rate of every link, both directions (default 1gbit; at 10gbit the 2 cores,
@@ -14,6 +15,10 @@
 #   --command CMD the gradzip-bench command to run: allreduce (default) or overlap
 #   --mtu BYTES   MTU of the links (default 1500; 9000 = jumbo frames, as HPC Ethernet often
 #                 runs: a sixth of the packets, so far less kernel CPU per byte on this host)
+#   --exec -- PROGRAM ARGS  run PROGRAM ARGS as every rank instead of gradzip-bench (e.g.
+#                 /usr/bin/python3 benchmarks/peers/ddp_peers.py); each rank's environment also
+#                 has MASTER_ADDR=198.18.0.1 (rank 0) and GLOO_SOCKET_IFNAME=gzn<rank> (its link),
+#                 so that torch.distributed's gloo talks over the emulated links too
 #   BENCH ARGS    arguments of `gradzip-bench allreduce` (default: --size 67108864 and the
 #                 issue's codecs none, fp16, qsgd:bits=4, qsgd:bits=8, sign, topk:ratio=0.01,
 #                 randk:ratio=0.01)
@@ -35,6 +40,8 @@ bench="$root_dir/build/bin/gradzip-bench"
 bench_args=()
 command=allreduce
 mtu=1500
+program=()  # --exec: what every rank runs instead of gradzip-bench
+exec_mode=0
 
 # The comment block above, without the '#'.
 usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -47,11 +54,16 @@ while (($#)); do
     --command) command="${2:?--command needs a value}"; shift 2 ;;
     --mtu) mtu="${2:?--mtu needs a value}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
+    --exec) exec_mode=1; shift; [[ "${1:-}" == -- ]] && shift; program=("$@"); break ;;
     --) shift; bench_args=("$@"); break ;;
     *) bench_args=("$@"); break ;;
   esac
 done
-if ((${#bench_args[@]} == 0)) && [[ "$command" == allreduce ]]; then
+if ((exec_mode && ${#program[@]} == 0)); then
+  echo "emulated_cluster: --exec needs a program: --exec -- PROGRAM [ARGS...]" >&2
+  exit 2
+fi
+if ((${#program[@]} == 0 && ${#bench_args[@]} == 0)) && [[ "$command" == allreduce ]]; then
   bench_args=(--size 67108864)
   for spec in none fp16 qsgd:bits=4 qsgd:bits=8 sign topk:ratio=0.01 randk:ratio=0.01; do
     bench_args+=(--codec "$spec")
@@ -73,7 +85,7 @@ fi
 for tool in ip tc mpirun; do
   command -v "$tool" >/dev/null || { echo "emulated_cluster: '$tool' not found" >&2; exit 2; }
 done
-if [[ ! -x "$bench" ]]; then
+if ((${#program[@]} == 0)) && [[ ! -x "$bench" ]]; then
   echo "emulated_cluster: $bench not found; build first (scripts/configure-and-build.sh)" >&2
   exit 2
 fi
@@ -131,7 +143,8 @@ done
 
 cat >"$workdir/in_namespace.sh" <<'EOF'
 #!/usr/bin/env bash
-# Runs one MPI rank inside its own namespace.
+# Runs one MPI rank inside its own namespace (gloo: rank 0's address, this rank's link).
+export MASTER_ADDR=198.18.0.1 GLOO_SOCKET_IFNAME="gzn$OMPI_COMM_WORLD_RANK"
 exec ip netns exec "gzns$OMPI_COMM_WORLD_RANK" "$@"
 EOF
 chmod +x "$workdir/in_namespace.sh"
@@ -139,12 +152,15 @@ chmod +x "$workdir/in_namespace.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Without this, ranks inside the namespaces fail in MPI_Init ("OPAL ERROR: Unreachable").
 export PMIX_MCA_ptl_tcp_if_include="$bridge"
-echo "emulated_cluster: $ranks ranks, $rate links, gradzip-bench $command ${bench_args[*]}" >&2
+if ((${#program[@]} == 0)); then
+  program=("$bench" "$command" "${bench_args[@]}")
+fi
+echo "emulated_cluster: $ranks ranks, $rate links, ${program[*]}" >&2
 # mpirun runs in the background and the script waits for it, so that INT / TERM reach the
 # traps at once (bash runs traps only between commands) and teardown can stop it first.
 mpirun -np "$ranks" --oversubscribe --bind-to none \
   --mca btl tcp,self --mca btl_tcp_if_include 198.18.0.0/24 \
   --mca oob_tcp_if_include "$bridge" -x PMIX_MCA_ptl_tcp_if_include \
-  "$workdir/in_namespace.sh" "$bench" "$command" "${bench_args[@]}" &
+  "$workdir/in_namespace.sh" "${program[@]}" &
 mpirun_pid=$!
 wait "$mpirun_pid"

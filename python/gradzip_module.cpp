@@ -24,6 +24,7 @@
 #include "gradzip/compression_spec.h"
 #include "gradzip/error.h"
 #include "gradzip/version.h"
+#include "pipeline/powersgd.h"
 
 namespace py = pybind11;
 
@@ -113,6 +114,7 @@ py::dict stats_dict(const CollectiveStats& stats) {
   d["sent_payload_bytes"] = stats.sent_payload_bytes;
   d["received_bytes"] = stats.received_bytes;
   d["compression_ratio"] = stats.compression_ratio;
+  d["encoded_message_bytes"] = stats.encoded_message_bytes;
   d["encode_seconds"] = stats.encode_seconds;
   d["communicate_seconds"] = stats.communicate_seconds;
   d["decode_seconds"] = stats.decode_seconds;
@@ -206,7 +208,51 @@ error feedback and the random streams); `spec` defaults to the communicator's de
           py::arg("name"), py::arg("values"),
           "Sets the residual `name` (registering it with values' size; a registered residual of "
           "another size follows the store's resize policy).")
-      .def("shard_begin", &Communicator::shard_begin, py::arg("count"), py::arg("rank"));
+      .def("shard_begin", &Communicator::shard_begin, py::arg("count"), py::arg("rank"))
+      .def(
+          "powersgd_allreduce",
+          [](Communicator& communicator, py::handle tensor, const std::string& group_name,
+             const std::string& spec,
+             const std::vector<std::tuple<std::string, std::size_t, std::size_t, std::size_t>>& matrices,
+             std::uint32_t step) {
+            const TensorView view = view_of(tensor, true, "the tensor");
+            if (view.dtype != DType::f32 || view.device.kind != DeviceKind::cpu) {
+              throw py::type_error("powersgd_allreduce takes a float32 CPU tensor (PowerSGD's "
+                                   "products run on the host)");
+            }
+            const CompressionSpec parsed = CompressionSpec::parse(spec);
+            // A matrix outside the tensor is this rank's own error: it goes to the P call as the
+            // preset error, so every rank throws instead of the others waiting for this one.
+            std::optional<Error> preset;
+            std::vector<pipeline::PowerSgdMatrix> parts;
+            for (const auto& [name, offset, rows, cols] : matrices) {
+              if (offset > view.count || rows * cols > view.count - offset) {
+                preset = Error(ErrorCode::invalid_argument,
+                               "powersgd_allreduce of '" + group_name + "': matrix '" + name + "' (" +
+                                   std::to_string(rows) + " x " + std::to_string(cols) + " at offset " +
+                                   std::to_string(offset) + ") lies outside the tensor of " +
+                                   std::to_string(view.count) + " elements");
+                parts.clear();
+                break;
+              }
+              parts.push_back(pipeline::PowerSgdMatrix{
+                  name, {static_cast<float*>(view.data) + offset, rows * cols}, rows, cols});
+            }
+            CollectiveStats stats;
+            {
+              py::gil_scoped_release release;
+              stats = pipeline::powersgd_allreduce(collectives::state_of(communicator), parts, parsed,
+                                                   group_name, step, preset ? &*preset : nullptr);
+            }
+            return stats_dict(stats);
+          },
+          py::arg("tensor"), py::arg("group_name"), py::arg("spec"), py::arg("matrices"),
+          py::arg("step"),
+          R"(One PowerSGD step (pipeline/powersgd.h) over the matrices of a flat float32 CPU
+`tensor`: `matrices` lists (name, offset, rows, cols), row-major at element `offset`; each is
+replaced by the rank-R approximation of the average over ranks. Residuals and Q are kept per
+matrix name ("powersgd:<name>", "powersgd-q:<name>"); `spec` is a powersgd spec, `step` the
+training step. Every rank passes the same names, shapes and order. Returns the stats.)");
 
   py::class_<Codec, std::shared_ptr<Codec>>(m, "Codec", "One compression spec's encoder and decoder.")
       .def(py::init([](const std::string& spec) { return std::shared_ptr<Codec>(make_codec(spec)); }),

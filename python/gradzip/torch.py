@@ -18,6 +18,10 @@ the process group uses (gloo here). Every rank must build the same model and sta
 - state_dict() / load_state_dict() hold the residuals per parameter name (and the iteration),
   so a checkpoint survives any bucket layout.
 - warmup=N: the first N iterations run uncompressed (spec "none", no error feedback).
+- spec powersgd:rank=R: each parameter of two or more dimensions (rows = shape[0]) is reduced
+  by PowerSGD as a rows x (numel / rows) matrix, its residual and Q kept per parameter name
+  (so bucket rebuilds need nothing); other parameters are averaged uncompressed. state_dict()
+  does not hold PowerSGD's residuals and Q yet.
 """
 import hashlib
 import queue
@@ -64,6 +68,8 @@ class GradzipState:
         self.communicator = communicator if communicator is not None else _gradzip.Communicator()
         self.iteration = 0
         self._names = {id(p): name for name, p in model.named_parameters()}
+        self._shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        self._powersgd = self.spec.split(":")[0] == "powersgd"
         # bucket index -> (bucket name, ((parameter name, offset, numel), ...)) as last seen
         self._layouts = {}
         # parameter name -> residual slice (float32) waiting for the bucket that holds it
@@ -146,18 +152,61 @@ class GradzipState:
         self._layouts = {}  # every bucket re-assembles its residual from the checkpoint
 
 
+def _ring_bytes(stats, element_bytes=4):
+    """stats' sent bytes; MPI's own all-reduce (small tensors) reports none: a ring's count."""
+    if stats["algorithm"] != "mpi":
+        return stats["sent_bytes"]
+    ranks = stats["ranks"]
+    return 2 * (ranks - 1) * stats["count"] * element_bytes // ranks
+
+
+def _powersgd_allreduce(state, buffer, index, layout, step):
+    """PowerSGD over the bucket's matrices, plain average of its other parameters; one stats
+    dict for the bucket (algorithm "powersgd", sent_bytes of all its calls)."""
+    group = state._bucket_name(index, layout)
+    matrices, dense = [], []
+    for parameter, offset, numel in layout:
+        shape = state._shapes[parameter]
+        if len(shape) >= 2 and numel > 0:
+            matrices.append((parameter, offset, shape[0], numel // shape[0]))
+        else:
+            dense.append((parameter, offset, numel))
+    stats = state.communicator.powersgd_allreduce(buffer, group, state.spec, matrices, step)
+    # stats["note"] is "P: <algorithm>, Q: <algorithm>"; a P or Q under min_bytes went through
+    # MPI's own all-reduce, which reports no bytes: a ring's count of its R-column factors.
+    rank = int(state.spec.split("rank=")[1].split(",")[0])
+    factors = {"P": sum(min(rank, r, c) * r for _, _, r, c in matrices),
+               "Q": sum(min(rank, r, c) * c for _, _, r, c in matrices)}
+    sent = stats["sent_bytes"]
+    for part in stats["note"].split(", "):
+        which, algorithm = part.split(": ")
+        if algorithm == "mpi":
+            sent += _ring_bytes({"algorithm": "mpi", "ranks": stats["ranks"], "count": factors[which]})
+    for parameter, offset, numel in dense:
+        part = state.communicator.allreduce(buffer[offset:offset + numel], f"{group}/{parameter}",
+                                            "none", op="average")
+        sent += _ring_bytes(part)
+    stats["sent_bytes"] = sent
+    return stats
+
+
 def hook(state, bucket):
     """DDP communication hook: average bucket.buffer() with gradzip; returns a Future of it."""
     buffer = bucket.buffer()
     index = bucket.index()
     layout = state._layout_of(bucket)
     spec = "none" if state.iteration < state.warmup else state.spec
+    step = state.iteration
     if bucket.is_last():
         state.iteration += 1
     future = torch.futures.Future()
 
     def communicate():
         try:
+            if state._powersgd and spec != "none":
+                state.last_stats[index] = _powersgd_allreduce(state, buffer, index, layout, step)
+                future.set_result(buffer)
+                return
             name = state._prepare(index, layout, buffer.numel())
             state.last_stats[index] = state.communicator.allreduce(buffer, name, spec, op="average")
             future.set_result(buffer)

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Smoke check of ddp_peers.py (ctest python.peers_smoke.np2): tiny settings, 2 ranks, loopback.
+
+    python3 benchmarks/peers/check_peers.py --mpirun MPIRUN [--port P]
+
+Runs ddp_peers.py under `MPIRUN --oversubscribe --bind-to none -np 2` with a 784-256-128-10
+model for 6 steps (timed 3..5) and checks its JSON: every configuration is there and measured
+(none skipped), times and bytes are positive (no_communication: 0 bytes, no accuracy),
+accuracies lie in [0, 1], and the bytes per step
+relative to DDP's default all-reduce are what the codecs derive (f32 ring baseline:
+2(P-1)/P x 4 bytes per element; per-chunk headers add at most the slack given below):
+  ddp_fp16_hook        exactly 1/2 (the formula)
+  gradzip_fp16         [0.5, 0.505]            (2 bytes per element + headers)
+  gradzip_qsgd4        [0.1269, 0.135]          ((4 + 32 / 512) / 32: 4 bits + an f32 scale per 512)
+  gradzip_sign         [0.0332, 0.036]          ((1 + 32 / 512) / 32)
+  gradzip_topk1        (0, 1.1 x 0.01 x P]      (all-gather of k = 1% (index, value) pairs to
+                                                 P - 1 ranks: 8k(P-1) / (2(P-1)/P x 4n) = 0.01 P)
+  gradzip_powersgd4    [1, 1.2] x ddp_powersgd_hook (the same P and Q, every matrix of this
+                                                 model compressed by both, plus headers)
+and the default all-reduce's accuracy after 6 steps is above chance (0.1): training ran.
+Exit 0 when all hold, 1 (naming every failed check) otherwise, 77 (skip) without torch.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RANKS = 2
+EXPECTED = ["no_communication", "ddp_default", "ddp_fp16_hook", "ddp_powersgd_hook", "gradzip_fp16", "gradzip_qsgd4",
+            "gradzip_sign", "gradzip_topk1", "gradzip_powersgd4"]
+# name -> (low, high) of bytes per step / ddp_default's
+RATIO_BOUNDS = {
+    "ddp_fp16_hook": (0.5, 0.5),
+    "gradzip_fp16": (0.5, 0.505),
+    "gradzip_qsgd4": (0.1269, 0.135),
+    "gradzip_sign": (0.0332, 0.036),
+    "gradzip_topk1": (1e-9, 1.1 * 0.01 * RANKS),
+}
+
+
+def check(document):
+    failures = []
+    results = {r["name"]: r for r in document["results"]}
+    for name in EXPECTED:
+        if name not in results:
+            failures.append(f"{name}: missing from the JSON")
+        elif "skipped" in results[name]:
+            failures.append(f"{name}: skipped ({results[name]['skipped']})")
+    measured = {n: r for n, r in results.items() if "skipped" not in r}
+    for name, r in measured.items():
+        if not r["step_time_s"] > 0:
+            failures.append(f"{name}: step time {r['step_time_s']} is not positive")
+        if name == "no_communication":
+            if r["bytes_per_step"] != 0 or r["test_accuracy"] is not None:
+                failures.append(f"{name}: sends {r['bytes_per_step']} bytes, accuracy "
+                                f"{r['test_accuracy']} (expected 0 and none)")
+            continue
+        if not r["bytes_per_step"] > 0:
+            failures.append(f"{name}: bytes per step {r['bytes_per_step']} is not positive")
+        if not 0 <= r["test_accuracy"] <= 1:
+            failures.append(f"{name}: test accuracy {r['test_accuracy']} outside [0, 1]")
+    if "ddp_default" in measured:
+        base = measured["ddp_default"]["bytes_per_step"]
+        for name, (low, high) in RATIO_BOUNDS.items():
+            if name in measured:
+                ratio = measured[name]["bytes_per_step"] / base
+                if not low - 1e-12 <= ratio <= high + 1e-12:
+                    failures.append(f"{name}: bytes per step {ratio:.5f} x the default's, "
+                                    f"expected [{low}, {high}]")
+        if not measured["ddp_default"]["test_accuracy"] > 0.1:
+            failures.append(f"ddp_default: accuracy {measured['ddp_default']['test_accuracy']} "
+                            "not above chance (0.1)")
+    if "ddp_powersgd_hook" in measured and "gradzip_powersgd4" in measured:
+        ratio = measured["gradzip_powersgd4"]["bytes_per_step"] / measured["ddp_powersgd_hook"]["bytes_per_step"]
+        if not 1 <= ratio <= 1.2:
+            failures.append(f"gradzip_powersgd4: bytes per step {ratio:.4f} x the PowerSGD hook's, "
+                            "expected [1, 1.2]")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("--port", type=int, default=29699)
+    args = parser.parse_args()
+    if importlib.util.find_spec("torch") is None:  # ddp_peers.py needs it
+        print("check_peers: skipped, this Python has no torch")
+        return 77
+    with tempfile.TemporaryDirectory() as folder:
+        output = os.path.join(folder, "peers.json")
+        command = [args.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(RANKS),
+                   sys.executable, os.path.join(HERE, "ddp_peers.py"), "--hidden", "256,128",
+                   "--steps", "6", "--warmup", "3", "--timed", "3", "--port", str(args.port),
+                   "--json", output]
+        print(" ".join(command), flush=True)
+        run = subprocess.run(command, timeout=300)
+        if run.returncode != 0:
+            print(f"check_peers: ddp_peers.py failed (exit {run.returncode})")
+            return 1
+        with open(output) as f:
+            failures = check(json.load(f))
+    for failure in failures:
+        print(f"check_peers: FAILED {failure}")
+    print("check_peers: " + ("all checks passed" if not failures else f"{len(failures)} failed"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
