@@ -22,6 +22,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "benchmarks/bench_support.h"
@@ -58,6 +59,9 @@ struct Options {
   double link_gbps = 1;               // link of the validation measurements
   double link_latency_us = 50;
   double link_efficiency = 1448.0 / 1538.0;  // TCP payload per wire byte at MTU 1500
+  // Cores the measured ranks shared: with more ranks than cores (the emulated cluster on this
+  // host), each rank's compute ran ranks / cores times slower than γ measured alone.
+  double cores = std::max(1u, std::thread::hardware_concurrency());
   std::string csv_path;
 };
 
@@ -66,7 +70,7 @@ void print_help() {
       "usage: gradzip-bench model [--codec SPEC]... [--ranks P,P,...] [--gbps G,G,...]\n"
       "                           [--latency-us A] [--sample N] [--csv FILE]\n"
       "                           [--validate FILE]... [--link-gbps G] [--link-latency-us A]\n"
-      "                           [--link-efficiency F]\n"
+      "                           [--link-efficiency F] [--cores C]\n"
       "  --codec SPEC        codecs to model (default fp16, qsgd:bits=4, qsgd:bits=8, sign,\n"
       "                      topk:ratio=0.01, randk:ratio=0.01); the baselines none and fp16\n"
       "                      (dense rings) are always modelled\n"
@@ -79,7 +83,9 @@ void print_help() {
       "  --validate FILE     rows of `gradzip-bench allreduce --json` to compare with the model\n"
       "  --link-gbps G       nominal link speed of those measurements (default 1)\n"
       "  --link-latency-us A α of those measurements (default 50)\n"
-      "  --link-efficiency F payload bytes per wire byte (default 1448/1538: TCP at MTU 1500)\n");
+      "  --link-efficiency F payload bytes per wire byte (default 1448/1538: TCP at MTU 1500)\n"
+      "  --cores C           cores the measured ranks shared (default: this machine's); with\n"
+      "                      P > C ranks, gamma is scaled by P / C for those rows\n");
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -136,6 +142,8 @@ Options parse(int argc, char** argv) {
       options.link_gbps = parse_positive("--link-gbps", value());
     } else if (arg == "--link-latency-us") {
       options.link_latency_us = parse_positive("--link-latency-us", value());
+    } else if (arg == "--cores") {
+      options.cores = parse_positive("--cores", value());
     } else if (arg == "--link-efficiency") {
       options.link_efficiency = parse_positive("--link-efficiency", value());
     } else {
@@ -222,12 +230,14 @@ std::optional<ModeledAlgorithm> algorithm_of(const std::string& algo) {
   return std::nullopt;  // "mpi", "hier/..." are not modelled per row
 }
 
+// `sample`: the largest tensor γ is measured on.
 void run_validation(const Options& options, std::size_t sample) {
   const LinkModel link = link_of(options.link_gbps, options.link_latency_us, options.link_efficiency);
   std::printf("\n== validation: model against measured rows (link %.3g Gbit/s x %.4f payload "
-              "efficiency = %.1f MB/s, alpha %.0f us)\n",
+              "efficiency = %.1f MB/s, alpha %.0f us; gamma measured on each row's size, "
+              "x max(1, P / %.0f cores))\n",
               options.link_gbps, options.link_efficiency, link.bytes_per_s / 1e6,
-              options.link_latency_us);
+              options.link_latency_us, options.cores);
   std::printf("%-30s %-16s %5s %10s %11s %11s %8s  %s\n", "spec", "algo", "ranks", "size",
               "measured_s", "model_s", "error", "model: latency / transfer / compute");
   std::vector<double> errors;
@@ -236,15 +246,23 @@ void run_validation(const Options& options, std::size_t sample) {
     for (const MeasuredRow& row : read_measurements(path)) {
       const std::optional<ModeledAlgorithm> algorithm = algorithm_of(row.algo);
       if (!algorithm || row.ranks < 2 || row.time_s <= 0) continue;
+      // γ measured on a tensor of the row's own size (up to `sample`): a 1 MiB tensor is
+      // encoded from cache, a 64 MiB one from memory, and γ differs by up to 3x between them.
+      const std::size_t elements = std::max<std::size_t>(1, std::min(sample, row.bytes / 4));
+      const std::string key = row.spec + "@" + std::to_string(elements);
       auto found = std::find_if(cache.begin(), cache.end(),
-                                [&](const auto& c) { return c->text == row.spec; });
+                                [&](const auto& c) { return c->text == key; });
       if (found == cache.end()) {
-        cache.push_back(std::make_unique<ModeledCodec>(model_codec(row.spec, sample)));
+        cache.push_back(std::make_unique<ModeledCodec>(model_codec(row.spec, elements)));
+        cache.back()->text = key;
         found = cache.end() - 1;
       }
       const ModeledCodec& modeled = **found;
+      const double sharing = std::max(1.0, row.ranks / options.cores);
+      const CodecCost shared{modeled.cost.encode_s * sharing, modeled.cost.decode_add_s * sharing,
+                             modeled.cost.add_s * sharing};
       const CostEstimate estimate = collectives::estimate_allreduce(
-          *algorithm, *modeled.codec, modeled.cost, row.bytes / 4, row.ranks, link);
+          *algorithm, *modeled.codec, shared, row.bytes / 4, row.ranks, link);
       const double error = (estimate.seconds - row.time_s) / row.time_s;
       errors.push_back(std::fabs(error));
       std::printf("%-30s %-16s %5d %10s %11.4e %11.4e %+7.1f%%  %.2e / %.2e / %.2e\n",
