@@ -8,6 +8,16 @@
 
 namespace gradzip::testing {
 
+std::size_t first_difference_from_integer_sum(std::span<const float> data, int ranks,
+                                              std::uint64_t seed) {
+  const std::vector<double> exact = exact_sum(
+      data.size(), ranks, seed,
+      [](std::size_t c, int r, std::uint64_t s) { return integer_contribution(c, r, s); });
+  for (std::size_t i = 0; i < data.size(); ++i)
+    if (static_cast<double>(data[i]) != exact[i]) return i;
+  return data.size();
+}
+
 ScratchDirectory::ScratchDirectory(const std::string& prefix)
     : path_(std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid()))) {
   std::filesystem::create_directories(path_);

@@ -33,6 +33,12 @@ std::vector<float> gaussian_contribution(std::size_t count, int rank, std::uint6
 std::vector<double> exact_sum(std::size_t count, int ranks, std::uint64_t seed,
                               std::vector<float> (*contribution)(std::size_t, int, std::uint64_t));
 
+// The index of the first element of `data` that differs from the exact sum over `ranks` ranks
+// of integer_contribution(data.size(), r, seed), or data.size() when every element equals it
+// (integer contributions: every f32 partial sum is exact, whatever the order).
+std::size_t first_difference_from_integer_sum(std::span<const float> data, int ranks,
+                                              std::uint64_t seed);
+
 // A directory of this process's own (`<temp>/<prefix>-<pid>`), removed with its files when the
 // object goes: checkpoints of one rank per test.
 class ScratchDirectory {

@@ -170,15 +170,9 @@ TEST(HalvingDoublingAndTree, NoneGivesTheExactSumEqualToMpiAllreduce) {
       MPI_Allreduce(MPI_IN_PLACE, mpi_sum.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
                     MPI_COMM_WORLD);
       run(algo, *codec, data);
-      // Integers in [-1000, 1000] over <= 8 ranks: every f32 partial sum is exact.
-      const std::vector<double> exact =
-          testing::exact_sum(n, ranks, 11, [](std::size_t c, int r, std::uint64_t s) {
-            return testing::integer_contribution(c, r, s);
-          });
-      std::size_t wrong = n;
-      for (std::size_t i = 0; i < n && wrong == n; ++i)
-        if (static_cast<double>(data[i]) != exact[i]) wrong = i;
-      EXPECT_EQ(wrong, n) << "element " << wrong << ": " << data[wrong] << " vs " << exact[wrong];
+      // Integers in [-1000, 1000] over few ranks: every f32 partial sum is exact.
+      const std::size_t wrong = testing::first_difference_from_integer_sum(data, ranks, 11);
+      EXPECT_EQ(wrong, n) << "element " << wrong << " differs from the exact sum";
       EXPECT_TRUE(bitwise_equal(data, mpi_sum));
       EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
     }
