@@ -8,6 +8,18 @@
 
 namespace gradzip::testing {
 
+std::vector<std::vector<float>> gather_all(const std::vector<float>& mine) {
+  const auto ranks = static_cast<std::size_t>(world_size());
+  std::vector<float> flat(mine.size() * ranks);
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, flat.data(),
+                static_cast<int>(mine.size()), MPI_FLOAT, MPI_COMM_WORLD);
+  std::vector<std::vector<float>> all(ranks);
+  for (std::size_t r = 0; r < ranks; ++r)
+    all[r].assign(flat.begin() + static_cast<std::ptrdiff_t>(r * mine.size()),
+                  flat.begin() + static_cast<std::ptrdiff_t>((r + 1) * mine.size()));
+  return all;
+}
+
 std::size_t first_difference_from_integer_sum(std::span<const float> data, int ranks,
                                               std::uint64_t seed) {
   const std::vector<double> exact = exact_sum(

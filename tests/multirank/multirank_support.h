@@ -33,6 +33,10 @@ std::vector<float> gaussian_contribution(std::size_t count, int rank, std::uint6
 std::vector<double> exact_sum(std::size_t count, int ranks, std::uint64_t seed,
                               std::vector<float> (*contribution)(std::size_t, int, std::uint64_t));
 
+// Every rank's `mine` (the same length on every rank), in rank order (MPI_Allgather on
+// MPI_COMM_WORLD: a collective).
+std::vector<std::vector<float>> gather_all(const std::vector<float>& mine);
+
 // The index of the first element of `data` that differs from the exact sum over `ranks` ranks
 // of integer_contribution(data.size(), r, seed), or data.size() when every element equals it
 // (integer contributions: every f32 partial sum is exact, whatever the order).

@@ -53,25 +53,6 @@ CollectiveStats run(Algo algo, const Codec& codec, std::span<float> data,
   return stats;
 }
 
-// Every rank's `mine` (same length on every rank), in rank order.
-std::vector<std::vector<float>> gather_all(const std::vector<float>& mine) {
-  const int ranks = testing::world_size();
-  std::vector<float> flat(mine.size() * as_index(ranks));
-  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, flat.data(),
-                static_cast<int>(mine.size()), MPI_FLOAT, MPI_COMM_WORLD);
-  std::vector<std::vector<float>> all(as_index(ranks));
-  for (int r = 0; r < ranks; ++r)
-    all[as_index(r)].assign(
-        flat.begin() + static_cast<std::ptrdiff_t>(as_index(r) * mine.size()),
-        flat.begin() + static_cast<std::ptrdiff_t>(as_index(r + 1) * mine.size()));
-  return all;
-}
-
-bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
-
 // ---- the halving/doubling geometry, restated from the file comment ----------------------------
 
 struct Geometry {
@@ -173,7 +154,7 @@ TEST(HalvingDoublingAndTree, NoneGivesTheExactSumEqualToMpiAllreduce) {
       // Integers in [-1000, 1000] over few ranks: every f32 partial sum is exact.
       const std::size_t wrong = testing::first_difference_from_integer_sum(data, ranks, 11);
       EXPECT_EQ(wrong, n) << "element " << wrong << " differs from the exact sum";
-      EXPECT_TRUE(bitwise_equal(data, mpi_sum));
+      EXPECT_TRUE(testing::same_bits(data, mpi_sum));
       EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
     }
   }
@@ -271,7 +252,7 @@ TEST(HalvingDoublingAndTree, ContextFreeCodecsEqualTheRecomputedStructure) {
         std::vector<float> data = algo == Algo::tree
                                       ? testing::integer_contribution(n, rank, 17, 300)
                                       : testing::gaussian_contribution(n, rank, 17);
-        const auto all = gather_all(data);
+        const auto all = testing::gather_all(data);
         const std::vector<float> expected =
             algo == Algo::rhd ? rhd_reference(*codec, all, n) : tree_reference(*codec, all, n);
         run(algo, *codec, data);
@@ -318,7 +299,7 @@ TEST(HalvingDoublingAndTree, QsgdErrorWithinTheDerivedBound) {
         SCOPED_TRACE(std::to_string(bits) + " bits, " + algo_name(algo) + ", count " +
                      std::to_string(n));
         std::vector<float> data = testing::gaussian_contribution(n, rank, 31 + bits);
-        const auto all = gather_all(data);
+        const auto all = testing::gather_all(data);
         double M = 0, A = 0;
         std::vector<double> exact(n, 0.0);
         for (std::size_t i = 0; i < n; ++i) {
@@ -356,7 +337,7 @@ TEST(HalvingDoublingAndTree, SparseCodecsLoseAtMostTheDroppedContributions) {
       for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4097}}) {
         SCOPED_TRACE(std::string(spec) + ", " + algo_name(algo) + ", count " + std::to_string(n));
         std::vector<float> data = testing::gaussian_contribution(n, rank, 37);
-        const auto all = gather_all(data);
+        const auto all = testing::gather_all(data);
         run(algo, *codec, data);
         std::size_t outside = n;
         for (std::size_t i = 0; i < n && outside == n; ++i) {
@@ -506,7 +487,7 @@ TEST(HalvingDoubling, QsgdResidualsHaveTheDocumentedKeysAndChangeTheNextCall) {
   std::vector<float> with_ef = testing::gaussian_contribution(n, rank, 4), without = with_ef;
   run(Algo::rhd, *codec, with_ef, &store, 1, name);
   run(Algo::rhd, *codec, without, nullptr, 1, name);
-  EXPECT_FALSE(bitwise_equal(with_ef, without));
+  EXPECT_FALSE(testing::same_bits(with_ef, without));
 }
 
 // ---- through the Communicator: dtypes, sum and average ----------------------------------------

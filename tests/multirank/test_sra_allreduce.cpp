@@ -58,19 +58,6 @@ struct SraRunner {
   }
 };
 
-// Every rank's `mine` (same length on every rank), in rank order.
-std::vector<std::vector<float>> gather_all(const std::vector<float>& mine) {
-  const int ranks = testing::world_size();
-  std::vector<float> flat(mine.size() * as_index(ranks));
-  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, flat.data(),
-                static_cast<int>(mine.size()), MPI_FLOAT, MPI_COMM_WORLD);
-  std::vector<std::vector<float>> all(as_index(ranks));
-  for (int r = 0; r < ranks; ++r)
-    all[as_index(r)].assign(flat.begin() + static_cast<std::ptrdiff_t>(as_index(r) * mine.size()),
-                            flat.begin() + static_cast<std::ptrdiff_t>(as_index(r + 1) * mine.size()));
-  return all;
-}
-
 std::vector<double> exact_sum_of(const std::vector<std::vector<float>>& all, std::size_t n) {
   std::vector<double> sum(n, 0.0);
   for (const auto& contribution : all)
@@ -110,10 +97,6 @@ std::size_t first_outside_bound(std::span<const float> result, const std::vector
   return result.size();
 }
 
-bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
-
 // ---- codec none: the exact sum ----------------------------------------------------------------
 
 TEST(SraAllreduce, NoneGivesTheExactSumEqualToMpiAllreduce) {
@@ -133,7 +116,7 @@ TEST(SraAllreduce, NoneGivesTheExactSumEqualToMpiAllreduce) {
     // Integers in [-1000, 1000] over few ranks: every f32 partial sum is exact.
     const std::size_t wrong = testing::first_difference_from_integer_sum(data, ranks, 11);
     EXPECT_EQ(wrong, n) << "element " << wrong << " differs from the exact sum";
-    EXPECT_TRUE(bitwise_equal(data, mpi_sum));
+    EXPECT_TRUE(testing::same_bits(data, mpi_sum));
     EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
   }
 }
@@ -192,11 +175,11 @@ TEST(SraReduceScatter, SignShardIsTheRankOrderSumOfDecodedContributions) {
   for (std::size_t n : {std::size_t{7}, std::size_t{4097}}) {
     SCOPED_TRACE("count " + std::to_string(n));
     std::vector<float> data = testing::gaussian_contribution(n, rank, 29);
-    const std::vector<float> expected = two_stage_reference(*codec, gather_all(data), n, false);
+    const std::vector<float> expected = two_stage_reference(*codec, testing::gather_all(data), n, false);
     SraRunner runner{transport};
     runner.reduce_scatter(*codec, data);
     const std::size_t begin = shard_begin(n, ranks, rank), end = shard_begin(n, ranks, rank + 1);
-    EXPECT_TRUE(bitwise_equal(std::span<const float>(data).subspan(begin, end - begin),
+    EXPECT_TRUE(testing::same_bits(std::span<const float>(data).subspan(begin, end - begin),
                               std::span<const float>(expected).subspan(begin, end - begin)));
   }
 }
@@ -212,7 +195,7 @@ struct LossyCase {
 
 LossyCase gather_case(const std::vector<float>& mine) {
   LossyCase lossy;
-  lossy.all = gather_all(mine);
+  lossy.all = testing::gather_all(mine);
   lossy.exact = exact_sum_of(lossy.all, mine.size());
   lossy.bound.assign(mine.size(), 0.0);
   return lossy;
@@ -230,7 +213,7 @@ void expect_sra_within_bound(collectives::Transport& transport, const Codec& cod
   EXPECT_EQ(outside, n) << "element " << outside << ": " << data[outside] << " vs exact "
                         << lossy.exact[outside] << ", bound " << lossy.bound[outside];
   if (reference != nullptr) {
-    EXPECT_TRUE(bitwise_equal(data, *reference));
+    EXPECT_TRUE(testing::same_bits(data, *reference));
   }
   EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
 }
@@ -384,10 +367,10 @@ TEST(SraAllreduce, SignEqualsTheTwoStageReference) {
   for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4097}, kLargeCount}) {
     SCOPED_TRACE("count " + std::to_string(n));
     std::vector<float> data = testing::gaussian_contribution(n, rank, 47);
-    const std::vector<float> reference = two_stage_reference(*codec, gather_all(data), n, true);
+    const std::vector<float> reference = two_stage_reference(*codec, testing::gather_all(data), n, true);
     SraRunner runner{transport};
     runner.allreduce(*codec, data);
-    EXPECT_TRUE(bitwise_equal(data, reference));
+    EXPECT_TRUE(testing::same_bits(data, reference));
     // One magnitude per server bucket (64 elements counted from each chunk's start).
     for (int c = 0; c < ranks; ++c) {
       const std::size_t end = shard_begin(n, ranks, c + 1);
@@ -507,7 +490,7 @@ TEST(SraAllreduce, ServerResidualIsCheckpointedWithTheStore) {
   loaded.load(path);
   std::filesystem::remove(path);
   ASSERT_TRUE(loaded.contains(server_key));
-  EXPECT_TRUE(bitwise_equal(loaded.residual(server_key), server));
+  EXPECT_TRUE(testing::same_bits(loaded.residual(server_key), server));
 }
 
 // ---- malformed traffic: every rank throws, none waits -------------------------------------------
