@@ -73,17 +73,25 @@ def lossy_input(r, n):
     return (rng.permutation(n) + 1).astype(np.float32) * rng.choice([-1.0, 1.0], n).astype(np.float32)
 
 
+def averaged(comm, rank, size, digests, inputs, name, spec):
+    """Averages inputs[rank] over the ranks with `spec`, checks that every rank holds the same
+    bytes, and returns (result, exact average, A = sum_r |x_r / P|, M = max_r |x_r| / P)."""
+    data = inputs[rank].copy()
+    comm.allreduce(data, name, spec, op="average")
+    assert_same_on_every_rank(comm, digests, data)
+    exact = sum(x.astype(np.float64) / size for x in inputs)
+    a = sum(np.abs(x.astype(np.float64)) / size for x in inputs)
+    m = max(np.max(np.abs(x)) for x in inputs) / size
+    return data, exact, a, m
+
+
 def test_fp16_average_within_derived_bound(comm, rank, size, digests):
     # Ring with fp16 (docs/algorithms.md): per element |err| <= P * 2^-11 * A_i (first order)
     # with A_i = sum_r |x_r,i / P| (the average divides before it encodes); we allow (P + 1)
     # roundings plus P - 1 f32 adds, and 2^-25 per rounding for f16's subnormal range.
     n = 50_000
     inputs = [lossy_input(r, n) / 1000 for r in range(size)]
-    data = inputs[rank].copy()
-    comm.allreduce(data, "np.fp16", "fp16", op="average")
-    assert_same_on_every_rank(comm, digests, data)
-    exact = sum(x.astype(np.float64) / size for x in inputs)
-    a = sum(np.abs(x.astype(np.float64)) / size for x in inputs)
+    data, exact, a, _ = averaged(comm, rank, size, digests, inputs, "np.fp16", "fp16")
     bound = (size + 1) * 2.0 ** -11 * a * 1.01 + (size - 1) * U * a + (size + 1) * 2.0 ** -25
     err = np.abs(data - exact)
     assert np.all(err <= bound), f"max excess {np.max(err - bound)}"
@@ -99,12 +107,7 @@ def test_qsgd_average_within_derived_bound(comm, rank, size, digests):
     n = 50_000
     s = 127.0
     inputs = [lossy_input(r, n) for r in range(size)]
-    data = inputs[rank].copy()
-    comm.allreduce(data, "np.qsgd", "qsgd:bits=8", op="average")
-    assert_same_on_every_rank(comm, digests, data)
-    exact = sum(x.astype(np.float64) / size for x in inputs)
-    a = sum(np.abs(x.astype(np.float64)) / size for x in inputs)
-    m = max(np.max(np.abs(x)) for x in inputs) / size
+    data, exact, a, m = averaged(comm, rank, size, digests, inputs, "np.qsgd", "qsgd:bits=8")
     bound = (size * m / s + (np.max(a) + size * m / s) / s) * 1.001 + size * U * (np.max(a) + m)
     err = np.abs(data - exact)
     assert np.all(err <= bound), f"max excess {np.max(err - bound)}"
@@ -146,12 +149,7 @@ def test_sign_average_within_derived_bound(comm, rank, size, digests):
     # M and A_i of the divided contributions.
     n = 40_000
     inputs = [lossy_input(r, n) for r in range(size)]
-    data = inputs[rank].copy()
-    comm.allreduce(data, "np.sign", "sign", op="average")
-    assert_same_on_every_rank(comm, digests, data)
-    exact = sum(x.astype(np.float64) / size for x in inputs)
-    a = sum(np.abs(x.astype(np.float64)) / size for x in inputs)
-    m = max(np.max(np.abs(x)) for x in inputs) / size
+    data, exact, a, m = averaged(comm, rank, size, digests, inputs, "np.sign", "sign")
     bound = (2 * size * m + 2 * (a + 2 * size * m)) * 1.001
     assert np.all(np.abs(data - exact) <= bound)
     assert np.all(np.isfinite(data))
