@@ -219,12 +219,13 @@ void sync_directory_of(const std::filesystem::path& path) {
   if (fd.get() >= 0) ::fsync(fd.get());
 }
 
-// ResidualStore's buffers (the private alias, repeated for the helpers here).
+// A checkpoint's tensors as read, before they reach the store.
 using Buffers = std::map<std::string, std::vector<float>, std::less<>>;
 
 // Compares the loaded tensors with the registered ones (both sorted by name) and throws on
 // the first difference.
-void require_same_tensors(const Buffers& file, const Buffers& store, const std::string& path) {
+template <typename Store>
+void require_same_tensors(const Buffers& file, const Store& store, const std::string& path) {
   auto in_file = file.begin();
   auto in_store = store.begin();
   while (in_file != file.end() || in_store != store.end()) {
@@ -238,10 +239,10 @@ void require_same_tensors(const Buffers& file, const Buffers& store, const std::
                in_store->first, "', which '", path, "' does not hold (the file has ",
                file.size(), " tensors, the store ", store.size(), ")");
     }
-    GZ_REQUIRE(in_file->second.size() == in_store->second.size(), ErrorCode::size_mismatch,
+    GZ_REQUIRE(in_file->second.size() == in_store->second.values.size(), ErrorCode::size_mismatch,
                "ResidualStore::load: tensor '", in_file->first, "' has ",
                in_file->second.size(), " elements in '", path, "' and ",
-               in_store->second.size(), " in this store");
+               in_store->second.values.size(), " in this store");
     ++in_file;
     ++in_store;
   }
@@ -261,22 +262,21 @@ std::span<float> ResidualStore::residual(std::string_view name, std::size_t coun
              "ResidualStore::residual: empty tensor name (", count, " elements)");
   auto found = residuals_.find(name);
   if (found == residuals_.end()) {
-    found = residuals_.emplace(std::string(name), std::vector<float>(count, 0.0f)).first;
-    last_use_.insert_or_assign(found->first, clock_);
-    return found->second;
+    found = residuals_.emplace(std::string(name), Tensor{std::vector<float>(count, 0.0f), clock_}).first;
+    return found->second.values;
   }
-  last_use_.find(name)->second = clock_;
-  if (found->second.size() != count) {
+  found->second.last_use = clock_;
+  if (found->second.values.size() != count) {
     GZ_REQUIRE(policy_ == ResizePolicy::reset, ErrorCode::size_mismatch,
                "ResidualStore::residual: tensor '", name, "' changed size from ",
-               found->second.size(), " to ", count,
+               found->second.values.size(), " to ", count,
                " elements (rank ", rank_, "; ef_resize=error; use ef_resize=reset to start a new "
                "zero residual)");
     // Build the new buffer first: if the allocation throws, the old one is kept.
     std::vector<float> fresh(count, 0.0f);
-    found->second = std::move(fresh);
+    found->second.values = std::move(fresh);
   }
-  return found->second;
+  return found->second.values;
 }
 
 std::span<const float> ResidualStore::residual(std::string_view name) const {
@@ -284,7 +284,7 @@ std::span<const float> ResidualStore::residual(std::string_view name) const {
   GZ_REQUIRE(found != residuals_.end(), ErrorCode::invalid_argument,
              "ResidualStore::residual: tensor '", name, "' has no residual (rank ", rank_, ", ",
              residuals_.size(), " tensors registered)");
-  return found->second;
+  return found->second.values;
 }
 
 bool ResidualStore::contains(std::string_view name) const {
@@ -300,24 +300,22 @@ std::vector<std::string> ResidualStore::names() const {
 
 std::size_t ResidualStore::total_bytes() const noexcept {
   std::size_t bytes = 0;
-  for (const auto& entry : residuals_) bytes += entry.second.size() * sizeof(float);
+  for (const auto& entry : residuals_) bytes += entry.second.values.size() * sizeof(float);
   return bytes;
 }
 
 void ResidualStore::clear() noexcept {
   residuals_.clear();
-  last_use_.clear();
 }
 
 std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept) {
   std::size_t released = 0;
-  for (auto use = last_use_.begin(); use != last_use_.end();) {
-    if (use->second >= oldest_kept) {
-      ++use;
+  for (auto tensor = residuals_.begin(); tensor != residuals_.end();) {
+    if (tensor->second.last_use >= oldest_kept) {
+      ++tensor;
       continue;
     }
-    residuals_.erase(residuals_.find(use->first));
-    use = last_use_.erase(use);
+    tensor = residuals_.erase(tensor);
     ++released;
   }
   return released;
@@ -338,7 +336,8 @@ void ResidualStore::save(const std::filesystem::path& path, const Counters& coun
     writer.integer<std::uint32_t>(world_size_);
     writer.integer<std::uint32_t>(rank_);
     writer.integer<std::uint64_t>(residuals_.size());
-    for (const auto& [name, values] : residuals_) {
+    for (const auto& [name, tensor] : residuals_) {
+      const std::vector<float>& values = tensor.values;
       GZ_REQUIRE(name.size() <= std::numeric_limits<std::uint32_t>::max(),
                  ErrorCode::invalid_argument, "ResidualStore::save: tensor name of ",
                  name.size(), " bytes exceeds the format's 32-bit name length");
@@ -445,9 +444,8 @@ void ResidualStore::load(const std::filesystem::path& path, Counters* counters) 
              "; this store belongs to rank ", rank_);
 
   if (residuals_.empty()) {
-    residuals_ = std::move(loaded);
-    last_use_.clear();
-    for (const auto& entry : residuals_) last_use_.emplace_hint(last_use_.end(), entry.first, clock_);
+    for (auto& [name, values] : loaded)
+      residuals_.emplace_hint(residuals_.end(), name, Tensor{std::move(values), clock_});
     if (counters != nullptr) *counters = std::move(loaded_counters);
     return;
   }
@@ -456,7 +454,7 @@ void ResidualStore::load(const std::filesystem::path& path, Counters* counters) 
   // Same names and counts: copy into the existing buffers so that spans stay valid.
   auto source = loaded.begin();
   for (auto& entry : residuals_) {
-    std::copy(source->second.begin(), source->second.end(), entry.second.begin());
+    std::copy(source->second.begin(), source->second.end(), entry.second.values.begin());
     ++source;
   }
 }

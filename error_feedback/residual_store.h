@@ -128,15 +128,18 @@ class ResidualStore {
 
  private:
   // std::less<> lets lookups take a string_view without building a std::string.
-  using Buffers = std::map<std::string, std::vector<float>, std::less<>>;
+  // A tensor's residual and the use clock of its last residual(name, count) call.
+  struct Tensor {
+    std::vector<float> values;
+    std::uint64_t last_use = 0;
+  };
+  using Tensors = std::map<std::string, Tensor, std::less<>>;
 
   std::uint32_t world_size_;
   std::uint32_t rank_;
   ResizePolicy policy_;
-  Buffers residuals_;
-  // The use clock and each tensor's last stamp (same keys as residuals_).
-  std::uint64_t clock_ = 0;
-  std::map<std::string, std::uint64_t, std::less<>> last_use_;
+  Tensors residuals_;
+  std::uint64_t clock_ = 0;  // the use clock (set_use_clock)
 };
 
 }  // namespace gradzip::error_feedback
