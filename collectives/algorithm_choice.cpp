@@ -1,5 +1,8 @@
 #include "collectives/algorithm_choice.h"
 
+#include <cstdio>
+#include <vector>
+
 #include "collectives/collective_job.h"
 #include "gradzip/error.h"
 
@@ -23,9 +26,66 @@ std::string warmup_note(const CompressionSpec& spec, std::uint32_t step) {
   return detail::concat("warm-up call ", step + 1, " of ", spec.warmup, ": uncompressed");
 }
 
+// count * 4 < min_bytes, i.e. count < ceil(min_bytes / 4), without computing count * 4 (it may
+// overflow).
+bool below_min_bytes(const CompressionSpec& spec, std::size_t count) {
+  return count < spec.min_bytes / sizeof(float) ||
+         (count == spec.min_bytes / sizeof(float) && spec.min_bytes % sizeof(float) != 0);
+}
+
+Algorithm algorithm_of(ModeledAlgorithm modeled) {
+  switch (modeled) {
+    case ModeledAlgorithm::ring: return Algorithm::ring;
+    case ModeledAlgorithm::sra: return Algorithm::sra;
+    case ModeledAlgorithm::allgather: return Algorithm::allgather;
+    case ModeledAlgorithm::rhd: return Algorithm::rhd;
+    case ModeledAlgorithm::tree: return Algorithm::tree;
+    case ModeledAlgorithm::randk:
+    case ModeledAlgorithm::hier: break;
+  }
+  GZ_THROW(ErrorCode::internal, "algo=auto: the model chose '", modeled_algorithm_name(modeled),
+           "', which is not a flat algorithm of the library");
+}
+
+// "%.3g" of milliseconds.
+std::string milliseconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", seconds * 1e3);
+  return text;
+}
+
+// algo=auto by the model: the fastest of the codec's auto candidates.
+void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoModel& model,
+                     AllreduceChoice& choice) {
+  const std::vector<ModeledAlgorithm> candidates = auto_candidates(spec.codec);
+  std::string times;
+  CostEstimate best;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const CostEstimate estimate = estimate_allreduce(candidates[i], model.codec, model.cost, count,
+                                                     model.ranks, model.link);
+    if (i == 0 || estimate.seconds < best.seconds) best = estimate;
+    times += detail::concat(i == 0 ? "" : ", ", modeled_algorithm_name(candidates[i]), " ",
+                            milliseconds(estimate.seconds));
+  }
+  choice.algorithm = algorithm_of(best.algorithm);
+  choice.name = modeled_algorithm_name(best.algorithm);
+  choice.note = detail::concat("auto: model ms: ", times, " (link ",
+                               milliseconds(model.link.latency_s), " ms, ",
+                               model.link.bytes_per_s / 1e6, " MB/s, exchange ",
+                               model.link.exchange_rate() / 1e6, " MB/s) -> ", choice.name);
+}
+
 }  // namespace
 
-AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count, std::uint32_t step) {
+bool auto_uses_model(const CompressionSpec& spec, std::size_t count, std::uint32_t step, int ranks,
+                     bool cuda) {
+  return spec.algo == Algorithm::auto_select && step >= spec.warmup &&
+         !below_min_bytes(spec, count) && spec.codec != CodecKind::randk &&
+         spec.codec != CodecKind::powersgd && ranks > 1 && !cuda;
+}
+
+AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count, std::uint32_t step,
+                                 const AutoModel* model) {
   require_element_codec(spec, "allreduce");
   AllreduceChoice choice;
   if (step < spec.warmup) {
@@ -36,10 +96,7 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
   }
   switch (spec.algo) {
     case Algorithm::auto_select:
-      // count * 4 < min_bytes, i.e. count < ceil(min_bytes / 4), without computing count * 4
-      // (it may overflow).
-      if (count < spec.min_bytes / sizeof(float) ||
-          (count == spec.min_bytes / sizeof(float) && spec.min_bytes % sizeof(float) != 0)) {
+      if (below_min_bytes(spec, count)) {
         choice.path = AllreducePath::transport_sum;
         choice.name = "mpi";
         choice.note = detail::concat(count * sizeof(float), " B < min_bytes=", spec.min_bytes,
@@ -47,6 +104,10 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
         return choice;
       }
       choice.path = AllreducePath::flat;
+      if (model != nullptr && spec.codec != CodecKind::randk) {
+        choose_by_model(spec, count, *model, choice);
+        return choice;
+      }
       choice.algorithm = Algorithm::auto_select;
       choice.name = auto_flat_name(spec.codec);
       choice.note = detail::concat("auto: ", codec_kind_name(spec.codec), " -> ", choice.name);

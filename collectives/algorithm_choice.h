@@ -7,9 +7,18 @@
 //   algo=auto, count * 4 < spec.min_bytes  -> uncompressed transport all-reduce ("mpi"):
 //                                             below a few KiB latency dominates and compressing
 //                                             saves nothing; error feedback is not involved
-//   algo=auto                              -> run_flat_allreduce(auto): ring for none / fp16 /
+//   algo=auto, random-k                    -> its shared-index path
+//   algo=auto with an AutoModel            -> the candidate of auto_candidates (cost_model.h:
+//                                             ring / SRA / rhd / tree for none, fp16, bf16;
+//                                             SRA / tree for qsgd, sign; the sparse all-gather
+//                                             / tree for top-k) the model predicts fastest,
+//                                             ties to the earlier (the codec's default);
+//                                             the note lists every candidate's predicted time
+//   algo=auto without one                  -> the codec's default: ring for none / fp16 /
 //                                             bf16, SRA for qsgd / sign, sparse all-gather for
-//                                             top-k, the shared-index path for random-k
+//                                             top-k
+// The AutoModel's inputs (link, γ) are agreed bit for bit by every rank
+// (collectives/link_calibration.h), so the model's choice is the same everywhere too.
 //   algo=ring | sra | allgather | rhd | tree -> that flat algorithm, at any size
 //   algo=hier                              -> hierarchical_allreduce with the codec's default
 //                                             flat algorithm across nodes (auto)
@@ -26,6 +35,8 @@
 #include <cstdint>
 #include <string>
 
+#include "collectives/cost_model.h"
+#include "gradzip/codec.h"
 #include "gradzip/compression_spec.h"
 
 namespace gradzip::collectives {
@@ -48,9 +59,26 @@ struct AllreduceChoice {
   std::string note;
 };
 
-// The all-reduce of `count` elements under `spec` at the name's call number `step`.
+// What algo=auto chooses by: the cost model's inputs for one call.
+struct AutoModel {
+  const Codec& codec;  // the call's codec (its spec gives the message sizes)
+  CodecCost cost;      // γ, agreed across ranks
+  LinkModel link;      // agreed across ranks
+  int ranks = 1;
+};
+
+// Whether choose_allreduce would consult an AutoModel for this call (so the caller knows
+// whether to make one, which may measure the link and γ: collectives). False for explicit
+// algorithms, warm-up, tensors under min_bytes, random-k, one rank and CUDA tensors (`cuda`:
+// the model's γ is the CPU's, and rhd and tree would stage the tensor through host memory).
+bool auto_uses_model(const CompressionSpec& spec, std::size_t count, std::uint32_t step, int ranks,
+                     bool cuda);
+
+// The all-reduce of `count` elements under `spec` at the name's call number `step`; `model` is
+// used for algo=auto when auto_uses_model says so (null: the codec's default).
 // Throws ErrorCode::unsupported for powersgd.
-AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count, std::uint32_t step);
+AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count, std::uint32_t step,
+                                 const AutoModel* model = nullptr);
 
 struct ShardedChoice {
   Algorithm algorithm = Algorithm::ring;  // reduce-scatter: ring or sra; all-gather: allgather

@@ -6,18 +6,23 @@
 #include "gradzip/communicator.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "collectives/algorithm_choice.h"
 #include "collectives/call_check.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
 #include "collectives/device_memory.h"
+#include "collectives/link_calibration.h"
 #include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
@@ -50,6 +55,56 @@ CompressionSpec resolve_default_spec(const CommunicatorOptions& options) {
   }
 }
 
+// A finite value >= 0 (> 0 when `positive`), or invalid_argument naming `what`.
+double require_link_value(double value, bool positive, std::string_view what) {
+  GZ_REQUIRE(std::isfinite(value) && (positive ? value > 0 : value >= 0),
+             ErrorCode::invalid_argument, "Communicator: ", what, " = ", value, " (expected a finite ",
+             positive ? "number > 0" : "number >= 0", ")");
+  return value;
+}
+
+// The link of CommunicatorOptions::link_* or GRADZIP_LINK ("LATENCY_US,GBPS[,EXCHANGE_GBPS]"),
+// nullopt when neither gives one (algo=auto then measures it).
+std::optional<LinkModel> resolve_link(const CommunicatorOptions& options) {
+  double latency_us = options.link_latency_us, gbps = options.link_gbps,
+         exchange_gbps = options.link_exchange_gbps;
+  std::string source = "CommunicatorOptions::link_";
+  if (const char* text = std::getenv("GRADZIP_LINK"); text != nullptr) {
+    source = "GRADZIP_LINK's ";
+    std::vector<double> fields;
+    std::string_view rest(text);
+    bool parsed = true;
+    while (parsed && fields.size() < 4) {
+      const std::size_t comma = rest.find(',');
+      const std::string field(rest.substr(0, comma));
+      char* end = nullptr;
+      const double value = std::strtod(field.c_str(), &end);
+      parsed = !field.empty() && end == field.c_str() + field.size();
+      fields.push_back(value);
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+    GZ_REQUIRE(parsed && (fields.size() == 2 || fields.size() == 3), ErrorCode::invalid_argument,
+               "Communicator: GRADZIP_LINK='", text,
+               "' (expected LATENCY_US,GBPS or LATENCY_US,GBPS,EXCHANGE_GBPS, e.g. 20,10)");
+    latency_us = fields[0];
+    gbps = fields[1];
+    exchange_gbps = fields.size() == 3 ? fields[2] : 0;
+    require_link_value(gbps, true, source + "gbps");
+  }
+  require_link_value(latency_us, false, source + "latency_us");
+  require_link_value(gbps, false, source + "gbps");
+  require_link_value(exchange_gbps, false, source + "exchange_gbps");
+  if (gbps == 0) {
+    GZ_REQUIRE(latency_us == 0 && exchange_gbps == 0, ErrorCode::invalid_argument,
+               "Communicator: link_latency_us = ", latency_us, " and link_exchange_gbps = ",
+               exchange_gbps, " without link_gbps (give link_gbps > 0 with them, or leave all "
+               "three 0 to measure the link)");
+    return std::nullopt;
+  }
+  return LinkModel{latency_us * 1e-6, gbps * 1e9 / 8, exchange_gbps * 1e9 / 8};
+}
+
 }  // namespace
 
 CommunicatorState::CommunicatorState(std::unique_ptr<Transport> transport, CommunicatorOptions options)
@@ -61,6 +116,20 @@ CommunicatorState::CommunicatorState(std::unique_ptr<Transport> transport, Commu
       release_window_(options.release_unused_after_calls) {
   deadline_policy_ = resolve_deadline_policy(options);
   transport_->set_deadline_policy(deadline_policy_);
+  link_ = resolve_link(options);
+}
+
+const LinkModel& CommunicatorState::auto_link() {
+  if (!link_) link_ = measure_link(*transport_);
+  return *link_;
+}
+
+const CodecCost& CommunicatorState::auto_codec_cost(const CompressionSpec& spec) {
+  const std::string key = spec.to_string();
+  if (const auto found = codec_costs_.find(key); found != codec_costs_.end()) return found->second;
+  if (codec_costs_.size() >= kMaxCachedCodecs) codec_costs_.clear();
+  const CodecCost cost = agreed_codec_cost(*transport_, codec_for(spec));
+  return codec_costs_.emplace(key, cost).first->second;
 }
 
 Transport& CommunicatorState::nccl_transport(int device) {
@@ -109,15 +178,78 @@ void CommunicatorState::start_call() {
   residuals_.set_use_clock(call);
 }
 
+namespace {
+
+constexpr std::string_view kAutoPrefix = "gradzip.auto/";
+constexpr std::string_view kLinkTerms[] = {"latency_s", "bytes_per_s", "exchange_bytes_per_s"};
+constexpr std::string_view kGammaTerms[] = {"encode_s", "decode_add_s", "add_s"};
+
+}  // namespace
+
+void CommunicatorState::export_auto_model(error_feedback::ResidualStore::Counters& counters) const {
+  const auto put = [&](const std::string& name, double value) {
+    counters[detail::concat(kAutoPrefix, name)] = std::bit_cast<std::uint64_t>(value);
+  };
+  if (link_) {
+    const double terms[] = {link_->latency_s, link_->bytes_per_s, link_->exchange_bytes_per_s};
+    for (std::size_t i = 0; i < 3; ++i) put(detail::concat("link/", kLinkTerms[i]), terms[i]);
+  }
+  for (const auto& [spec, cost] : codec_costs_) {
+    const double terms[] = {cost.encode_s, cost.decode_add_s, cost.add_s};
+    for (std::size_t i = 0; i < 3; ++i) put(detail::concat("gamma/", spec, "/", kGammaTerms[i]), terms[i]);
+  }
+}
+
+void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::Counters& counters,
+                                          std::string_view path) {
+  std::optional<LinkModel> link;
+  std::map<std::string, CodecCost, std::less<>> costs;
+  std::size_t link_terms = 0;
+  for (const auto& [name, bits] : counters) {
+    if (!name.starts_with(kAutoPrefix)) continue;
+    const std::string_view rest = std::string_view(name).substr(kAutoPrefix.size());
+    const double value = std::bit_cast<double>(bits);
+    const std::size_t slash = rest.rfind('/');
+    const std::string_view term = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
+    bool known = std::isfinite(value) && value >= 0 && slash != std::string_view::npos;
+    if (known && rest.starts_with("link/")) {
+      if (!link) link.emplace(LinkModel{0, 0, 0});
+      double* const fields[] = {&link->latency_s, &link->bytes_per_s, &link->exchange_bytes_per_s};
+      const auto at = std::find(std::begin(kLinkTerms), std::end(kLinkTerms), term);
+      known = at != std::end(kLinkTerms);
+      if (known) *fields[at - std::begin(kLinkTerms)] = value, ++link_terms;
+    } else if (known && rest.starts_with("gamma/") && slash > 6) {
+      CodecCost& cost = costs[std::string(rest.substr(6, slash - 6))];
+      double* const fields[] = {&cost.encode_s, &cost.decode_add_s, &cost.add_s};
+      const auto at = std::find(std::begin(kGammaTerms), std::end(kGammaTerms), term);
+      known = at != std::end(kGammaTerms);
+      if (known) *fields[at - std::begin(kGammaTerms)] = value;
+    } else {
+      known = false;
+    }
+    GZ_REQUIRE(known, ErrorCode::io_error, "loading '", path, "': the counter '", name, "' = ",
+               value, " is not one of algo=auto's model inputs (", kAutoPrefix,
+               "link/<term> or gamma/<spec>/<term>, a finite value >= 0)");
+  }
+  GZ_REQUIRE(!link || (link_terms == 3 && link->bytes_per_s > 0), ErrorCode::io_error, "loading '",
+             path, "': algo=auto's link is incomplete (", link_terms, " of 3 terms, rate ",
+             link ? link->bytes_per_s : 0.0, " B/s)");
+  if (link) link_ = link;
+  for (auto& [spec, cost] : costs) codec_costs_[spec] = cost;
+}
+
 void CommunicatorState::save_checkpoint(const std::string& path) const {
   error_feedback::ResidualStore::Counters call_numbers;
   for (const auto& [name, use] : steps_) call_numbers.emplace_hint(call_numbers.end(), name, use.step);
+  export_auto_model(call_numbers);
   residuals_.save(path, call_numbers);
 }
 
 void CommunicatorState::load_checkpoint(const std::string& path) {
   error_feedback::ResidualStore::Counters call_numbers;
   residuals_.load(path, &call_numbers);
+  import_auto_model(call_numbers, path);
+  std::erase_if(call_numbers, [](const auto& entry) { return entry.first.starts_with(kAutoPrefix); });
   for (const auto& [name, value] : call_numbers) {
     GZ_REQUIRE(value <= UINT32_MAX, ErrorCode::io_error, "Communicator::load_residuals: '",
                path, "' gives tensor '", name, "' the call number ", value,
@@ -583,7 +715,19 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     if (run_nonfinite_policy(state, call, step, stats)) return;
     const CompressionSpec& spec = *call.spec;
     const std::size_t count = call.tensor.count;
-    const AllreduceChoice choice = choose_allreduce(spec, count, step);
+    // algo=auto's model: the link and γ are measured at the first call that needs them (every
+    // rank reaches this point in the same call with the same spec, count and step: the call
+    // check compared them), then kept.
+    std::optional<AutoModel> model;
+    if (auto_uses_model(spec, count, step, state.transport().size(),
+                        call.tensor.device.kind == DeviceKind::cuda)) {
+      set_operation_phase("algo=auto's calibration of the link and the codec");
+      const LinkModel link = state.auto_link();
+      model.emplace(AutoModel{state.codec_for(spec), state.auto_codec_cost(spec), link,
+                              state.transport().size()});
+      set_operation_phase("the data exchange");
+    }
+    const AllreduceChoice choice = choose_allreduce(spec, count, step, model ? &*model : nullptr);
     stats.algorithm = choice.name;
     stats.note = choice.note;
 

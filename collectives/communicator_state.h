@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "collectives/cost_model.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
 #include "error_feedback/residual_store.h"
@@ -61,6 +63,24 @@ class CommunicatorState {
   NodeTransports& node_transports(std::uint32_t ranks_per_node);
 
   // f32 scratch for f16 / bf16 tensors, grown as needed and kept between calls.
+  // The link algo=auto's cost model assumes: CommunicatorOptions::link_* or GRADZIP_LINK when
+  // given, else measured by measure_link over transport() at the first call and kept (a
+  // collective: every rank must ask in the same call). known_link() is it when it is known
+  // without measuring (given, or measured already).
+  const LinkModel& auto_link();
+  const std::optional<LinkModel>& known_link() const noexcept { return link_; }
+  // γ of `spec`'s codec as every rank agrees on it (agreed_codec_cost), measured at the first
+  // call per canonical spec and kept (a collective, like auto_link).
+  const CodecCost& auto_codec_cost(const CompressionSpec& spec);
+  // algo=auto's model inputs (the link when known, every γ measured) as checkpoint counters
+  // named "gradzip.auto/..." (doubles as their bits), and back: a run restarted from a
+  // checkpoint makes the same choices as the run that saved it, whatever its own measurements
+  // would have said. import_auto_model takes only the "gradzip.auto/" counters of `counters`
+  // and throws io_error naming a malformed one.
+  void export_auto_model(error_feedback::ResidualStore::Counters& counters) const;
+  void import_auto_model(const error_feedback::ResidualStore::Counters& counters,
+                         std::string_view path);
+
   std::vector<float>& f32_scratch() noexcept { return f32_scratch_; }
   // Host copy of CUDA tensors reduced over the host transport (their dtype's bytes), grown as
   // needed and kept between calls.
@@ -92,6 +112,8 @@ class CommunicatorState {
   std::uint64_t calls_started_ = 0;
   std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs_;
   std::map<std::uint32_t, NodeTransports> nodes_;
+  std::optional<LinkModel> link_;
+  std::map<std::string, CodecCost, std::less<>> codec_costs_;
   std::vector<float> f32_scratch_;
   std::vector<std::byte> host_staging_;
   CudaPath cuda_path_ = CudaPath::automatic;

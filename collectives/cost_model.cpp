@@ -59,8 +59,9 @@ CostEstimate ring(const Codec& codec, const CodecCost& cost, double n, int p, co
   const double compute = uncompressed
                              ? (p - 1) * m * cost.add_s
                              : n * cost.encode_s + (2.0 * p - 1.0) * m * cost.decode_add_s;
-  return finish(ModeledAlgorithm::ring, steps * link.latency_s, bytes / link.bytes_per_s, compute,
-                bytes);
+  // At two ranks the next and the previous rank are the same: each step is a pairwise exchange.
+  const double rate = p == 2 ? link.exchange_rate() : link.bytes_per_s;
+  return finish(ModeledAlgorithm::ring, steps * link.latency_s, bytes / rate, compute, bytes);
 }
 
 // Open MPI's all-to-all / all-gather of P − 1 blocks per rank: P − 1 message start-ups, the
@@ -135,8 +136,9 @@ CostEstimate rhd(const Codec& codec, const CodecCost& cost, double n, int p, con
     bytes += message_bytes(codec, n) + p2 * message_bytes(codec, segment);
     compute += n * (cost.encode_s + cost.decode_add_s);
   }
-  return finish(ModeledAlgorithm::rhd, steps * link.latency_s, bytes / link.bytes_per_s, compute,
-                bytes);
+  // Every step but the fold's send and the unfold's messages is a pairwise exchange.
+  return finish(ModeledAlgorithm::rhd, steps * link.latency_s, bytes / link.exchange_rate(),
+                compute, bytes);
 }
 
 // Binomial reduce to rank 0 in f32 (⌈log2 P⌉ full-vector steps, an add each), rank 0 encodes
@@ -199,9 +201,10 @@ CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
                                 const CodecCost& cost, std::size_t count, int ranks,
                                 const LinkModel& link, const HierarchyModel& hierarchy) {
   GZ_REQUIRE(ranks >= 1, ErrorCode::invalid_argument, "estimate_allreduce: ", ranks, " ranks");
-  GZ_REQUIRE(link.latency_s >= 0 && link.bytes_per_s > 0, ErrorCode::invalid_argument,
-             "estimate_allreduce: link latency ", link.latency_s, " s and bandwidth ",
-             link.bytes_per_s, " B/s (need latency >= 0, bandwidth > 0)");
+  GZ_REQUIRE(link.latency_s >= 0 && link.bytes_per_s > 0 && link.exchange_bytes_per_s >= 0,
+             ErrorCode::invalid_argument, "estimate_allreduce: link latency ", link.latency_s,
+             " s, bandwidth ", link.bytes_per_s, " B/s, exchange bandwidth ",
+             link.exchange_bytes_per_s, " B/s (need latency >= 0, bandwidth > 0, exchange >= 0)");
   if (ranks == 1 || count == 0) {
     CostEstimate none;
     none.algorithm = algorithm;
@@ -228,6 +231,17 @@ std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec) 
     case CodecKind::topk: return {A::allgather, A::ring, A::rhd, A::tree};
     case CodecKind::qsgd:
     case CodecKind::sign: return {A::sra, A::ring, A::rhd, A::tree};
+    default: return {A::ring, A::sra, A::rhd, A::tree};
+  }
+}
+
+std::vector<ModeledAlgorithm> auto_candidates(CodecKind codec) {
+  using A = ModeledAlgorithm;
+  switch (codec) {
+    case CodecKind::randk: return {A::randk};
+    case CodecKind::topk: return {A::allgather, A::tree};
+    case CodecKind::qsgd:
+    case CodecKind::sign: return {A::sra, A::tree};
     default: return {A::ring, A::sra, A::rhd, A::tree};
   }
 }

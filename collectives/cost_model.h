@@ -24,7 +24,17 @@ namespace gradzip::collectives {
 
 struct LinkModel {
   double latency_s = 50e-6;       // α
-  double bytes_per_s = 125e6;     // 1 / β (1 Gbit/s)
+  double bytes_per_s = 125e6;     // 1 / β (1 Gbit/s): each rank sends to one peer and
+                                  // receives from another (a ring step)
+  // The rate of a pairwise exchange, where two ranks send to each other at once over one
+  // connection (halving/doubling's steps); 0: the same as bytes_per_s. On a full-duplex
+  // fabric it is; Open MPI's TCP transport on the emulated cluster reaches about 56% of the
+  // ring rate here (docs/cost-model.md), which is why measure_link measures it separately.
+  double exchange_bytes_per_s = 0;
+
+  double exchange_rate() const noexcept {
+    return exchange_bytes_per_s > 0 ? exchange_bytes_per_s : bytes_per_s;
+  }
 };
 
 // γ of one codec, in seconds per f32 element.
@@ -76,6 +86,17 @@ CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
 // first for qsgd and sign), SRA, rhd, tree. hier is not among them: it needs the node
 // structure (algo=hier says it; HierarchyModel describes it to the model).
 std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec);
+
+// What algo=auto chooses among (collectives/algorithm_choice.h): the candidates that compress
+// each element no more often than the codec's default algorithm does, so that the choice
+// changes the speed but never makes the result less accurate than the default:
+//   none, fp16, bf16: ring (the default), SRA, rhd, tree;
+//   qsgd, sign:       SRA (the default: two compressions), tree (one);
+//   topk:             the sparse all-gather (the default), tree (top-k of the exact sum);
+//   randk:            its shared-index path only.
+// The ring re-encodes partial sums P − 1 times and rhd log2 P times, which is why neither is
+// offered for qsgd, sign or top-k.
+std::vector<ModeledAlgorithm> auto_candidates(CodecKind codec);
 
 // The cheapest of `candidates` (ties: the earlier one).
 CostEstimate cheapest_allreduce(const std::vector<ModeledAlgorithm>& candidates,

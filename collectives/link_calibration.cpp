@@ -5,6 +5,9 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "collectives/collective_job.h"
@@ -15,27 +18,44 @@ namespace {
 
 constexpr int kCalibrationTag = 130;
 
-// Median seconds of `rounds` ring exchanges of `bytes` (after one unmeasured round that sets up
-// the connections).
-double median_round_seconds(Transport& transport, std::size_t bytes, std::size_t rounds) {
-  const int ranks = transport.size(), rank = transport.rank();
-  const int next = (rank + 1) % ranks, previous = (rank + ranks - 1) % ranks;
+// Median seconds of `rounds` rounds of `bytes`, each sending to `to` and receiving from `from`
+// (after one unmeasured round that sets up the connections).
+double median_round_seconds(Transport& transport, int to, int from, std::size_t bytes,
+                            std::size_t rounds) {
   std::vector<std::byte> out(bytes, std::byte{0x5A}), in(bytes);
   std::vector<double> seconds;
   for (std::size_t round = 0; round <= rounds; ++round) {
     const auto start = std::chrono::steady_clock::now();
     PendingRequests pending(transport);
-    const std::size_t receive = pending.add(transport.irecv(previous, kCalibrationTag, in));
-    const std::size_t send = pending.add(transport.isend(next, kCalibrationTag, out));
+    const std::size_t receive = pending.add(transport.irecv(from, kCalibrationTag, in));
+    const std::size_t send = pending.add(transport.isend(to, kCalibrationTag, out));
     const std::size_t received = pending.wait(receive);
     pending.wait(send);
     GZ_REQUIRE(received == bytes, ErrorCode::internal, "measure_link: received ", received,
-               " bytes from rank ", previous, ", expected ", bytes);
+               " bytes from rank ", from, ", expected ", bytes);
     if (round > 0)
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
   return seconds[seconds.size() / 2];
+}
+
+// The rate of `bytes` moved in `seconds` of which `latency` is start-up. A large round faster
+// than a small one (noise) would give a negative time: at least a tenth of the round counts as
+// transfer.
+double rate_of(std::size_t bytes, double seconds, double latency) {
+  return static_cast<double>(bytes) / std::max(seconds - latency, 0.1 * seconds);
+}
+
+// Every rank's `values` (the same count on each), gathered: all[r * values.size() + i].
+std::vector<double> gather_doubles(Transport& transport, const std::vector<double>& values) {
+  std::vector<std::uint64_t> mine(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) mine[i] = std::bit_cast<std::uint64_t>(values[i]);
+  std::vector<std::uint64_t> all(values.size() * static_cast<std::size_t>(transport.size()));
+  transport.allgather_u64(mine, all);
+  std::vector<double> out(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) out[i] = std::bit_cast<double>(all[i]);
+  return out;
 }
 
 }  // namespace
@@ -48,22 +68,59 @@ LinkModel measure_link(Transport& transport, const LinkCalibration& calibration)
              " bytes (each must be at least 1)");
   GZ_REQUIRE(transport.device_only() < 0, ErrorCode::invalid_argument,
              "measure_link: ", transport.describe(), " moves device memory only");
-  if (transport.size() == 1) return LinkModel{0.0, std::numeric_limits<double>::infinity()};
-  const double latency = median_round_seconds(transport, 8, calibration.small_rounds);
-  const double large = median_round_seconds(transport, calibration.large_bytes, calibration.large_rounds);
-  // A large round faster than a small one (noise) would give a negative time: take at least
-  // a tenth of the large round for the transfer.
-  const double transfer = std::max(large - latency, 0.1 * large);
-  const double bandwidth = static_cast<double>(calibration.large_bytes) / transfer;
+  constexpr double kInfinite = std::numeric_limits<double>::infinity();
+  if (transport.size() == 1) return LinkModel{0.0, kInfinite, kInfinite};
+  const int ranks = transport.size(), rank = transport.rank();
+  const int next = (rank + 1) % ranks, previous = (rank + ranks - 1) % ranks;
+  const double latency = median_round_seconds(transport, next, previous, 8, calibration.small_rounds);
+  const double ring_rate = rate_of(
+      calibration.large_bytes,
+      median_round_seconds(transport, next, previous, calibration.large_bytes, calibration.large_rounds),
+      latency);
+  // Exchange rounds: with two ranks the ring's rounds already were exchanges. A rank without a
+  // partner (the last of an odd count) reports an infinite rate, which the minimum ignores.
+  double exchange_rate = ring_rate;
+  if (ranks > 2) {
+    const int partner = rank ^ 1;
+    exchange_rate = kInfinite;
+    if (partner < ranks) {
+      const double exchange_latency =
+          median_round_seconds(transport, partner, partner, 8, calibration.small_rounds);
+      exchange_rate = rate_of(calibration.large_bytes,
+                              median_round_seconds(transport, partner, partner,
+                                                   calibration.large_bytes, calibration.large_rounds),
+                              exchange_latency);
+    }
+  }
+  const std::vector<double> all = gather_doubles(transport, {latency, ring_rate, exchange_rate});
+  LinkModel agreed{0.0, kInfinite, kInfinite};
+  for (std::size_t r = 0; r < all.size(); r += 3) {
+    agreed.latency_s = std::max(agreed.latency_s, all[r]);
+    agreed.bytes_per_s = std::min(agreed.bytes_per_s, all[r + 1]);
+    agreed.exchange_bytes_per_s = std::min(agreed.exchange_bytes_per_s, all[r + 2]);
+  }
+  return agreed;
+}
 
-  const std::uint64_t mine[2] = {std::bit_cast<std::uint64_t>(latency),
-                                 std::bit_cast<std::uint64_t>(bandwidth)};
-  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(transport.size()));
-  transport.allgather_u64(mine, all);
-  LinkModel agreed{0.0, std::numeric_limits<double>::infinity()};
-  for (std::size_t r = 0; r < all.size(); r += 2) {
-    agreed.latency_s = std::max(agreed.latency_s, std::bit_cast<double>(all[r]));
-    agreed.bytes_per_s = std::min(agreed.bytes_per_s, std::bit_cast<double>(all[r + 1]));
+CodecCost local_codec_cost(const Codec& codec, std::size_t sample) {
+  static std::mutex mutex;
+  static std::map<std::string, CodecCost, std::less<>> measured;
+  const std::string key = codec.spec().to_string() + "@" + std::to_string(sample);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = measured.find(key); found != measured.end()) return found->second;
+  return measured.emplace(key, measure_codec_cost(codec, sample)).first->second;
+}
+
+CodecCost agreed_codec_cost(Transport& transport, const Codec& codec, std::size_t sample) {
+  const CodecCost mine = local_codec_cost(codec, sample);
+  if (transport.size() == 1) return mine;
+  const std::vector<double> all =
+      gather_doubles(transport, {mine.encode_s, mine.decode_add_s, mine.add_s});
+  CodecCost agreed;
+  for (std::size_t r = 0; r < all.size(); r += 3) {
+    agreed.encode_s = std::max(agreed.encode_s, all[r]);
+    agreed.decode_add_s = std::max(agreed.decode_add_s, all[r + 1]);
+    agreed.add_s = std::max(agreed.add_s, all[r + 2]);
   }
   return agreed;
 }

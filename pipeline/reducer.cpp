@@ -235,6 +235,17 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
              "Reducer: ", options_.lanes, " lanes drive MPI from ", options_.lanes,
              " threads at once, which needs MPI_THREAD_MULTIPLE; MPI was initialised with less "
              "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or use lanes = 1)");
+  // algo=auto's link: the lanes share the user communicator's, measured here (a collective:
+  // every rank constructs its Reducer in the same order) when some spec of the model may
+  // consult it, rather than by each lane while the others move data.
+  collectives::CommunicatorState& user_state = collectives::state_of(communicator);
+  const auto uses_auto = [](const CompressionSpec& spec) {
+    return spec.algo == Algorithm::auto_select && spec.codec != CodecKind::randk &&
+           spec.codec != CodecKind::powersgd;
+  };
+  bool any_auto = uses_auto(model_.model);
+  for (const TensorRule& rule : model_.rules) any_auto = any_auto || uses_auto(rule.spec);
+  if (any_auto && transport.size() > 1) user_state.auto_link();
   lanes_.reserve(static_cast<std::size_t>(options_.lanes));
   for (int l = 0; l < options_.lanes; ++l) {
     // A duplicate per lane (collective: every rank makes its lanes in the same order).
@@ -249,6 +260,12 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
     const collectives::DeadlinePolicy& policy = collectives::state_of(communicator).deadline_policy();
     lane_options.timeout_seconds = policy.seconds;
     lane_options.on_timeout = policy.action;
+    if (const std::optional<collectives::LinkModel>& link = user_state.known_link()) {
+      // GRADZIP_LINK, when set, overrides these in the lane as it did in the user communicator.
+      lane_options.link_latency_us = link->latency_s * 1e6;
+      lane_options.link_gbps = link->bytes_per_s * 8e-9;
+      lane_options.link_exchange_gbps = link->exchange_bytes_per_s * 8e-9;
+    }
     lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate), lane_options), {}, {}});
   }
   for (std::size_t l = 0; l < lanes_.size(); ++l)
@@ -825,7 +842,10 @@ void ReducerState::save(const std::string& path) {
       std::copy(values.begin(), values.end(), copy.begin());
     }
   }
-  merged.save(path, {{std::string(kStepCounter), step_}});
+  // The lanes' model inputs (every lane has the same link; γ measured by any lane).
+  error_feedback::ResidualStore::Counters counters{{std::string(kStepCounter), step_}};
+  for (Lane& lane : lanes_) collectives::state_of(lane.communicator).export_auto_model(counters);
+  merged.save(path, counters);
 }
 
 void ReducerState::load(const std::string& path) {
@@ -847,7 +867,10 @@ void ReducerState::load(const std::string& path) {
                lanes_.size(), " lanes (saved by another Reducer or with other options?)");
     targets.emplace_back(lane, key.substr(bar + 1));
   }
-  for (Lane& lane : lanes_) collectives::state_of(lane.communicator).residuals().clear();
+  for (Lane& lane : lanes_) {
+    collectives::state_of(lane.communicator).import_auto_model(counters, path);
+    collectives::state_of(lane.communicator).residuals().clear();
+  }
   const std::vector<std::string> keys = loaded.names();
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const std::span<const float> values = loaded.residual(keys[i]);

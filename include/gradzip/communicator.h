@@ -154,6 +154,18 @@ struct CommunicatorOptions {
   // (std::abort; the launcher then ends the job).
   double timeout_seconds = 0;
   TimeoutAction on_timeout = TimeoutAction::abort;
+  // The link algo=auto's cost model assumes (collectives/cost_model.h, docs/cost-model.md).
+  // link_gbps > 0 gives it: link_latency_us is α (>= 0), link_gbps the rate of each rank's
+  // link in each direction, link_exchange_gbps the rate of a pairwise exchange (0: the same as
+  // link_gbps). link_gbps = 0 (the default) measures it instead: the first algo=auto call
+  // that needs the model runs collectives::measure_link on the communicator (every rank takes
+  // part, as they all make that call; about 0.2 s at 1 Gbit/s) and keeps the result; the
+  // other two fields must then be 0 too. GRADZIP_LINK="LATENCY_US,GBPS[,EXCHANGE_GBPS]", when
+  // set, overrides all three. Bad values (negative, not finite, latency without a rate) throw
+  // invalid_argument when the communicator is made, naming the field or the variable.
+  double link_latency_us = 0;
+  double link_gbps = 0;
+  double link_exchange_gbps = 0;
 };
 
 class Communicator;
@@ -193,11 +205,18 @@ class Communicator {
   // keys the error-feedback residuals (when the spec has ef=on), the random streams (with the
   // name's call number as the step) and the mismatch check. The algorithm follows the spec:
   //   algo=auto: tensors under min_bytes (count * 4 < min_bytes) go uncompressed through MPI's
-  //              all-reduce ("mpi", no error feedback); others run the ring (none, fp16, bf16),
-  //              SRA (qsgd, sign), the sparse all-gather (topk) or the shared-index path (randk);
-  //   algo=ring|sra|allgather: that algorithm at every size;
+  //              all-reduce ("mpi", no error feedback); random-k runs its shared-index path;
+  //              the others run the algorithm the cost model predicts fastest for this size,
+  //              rank count, link (CommunicatorOptions::link_*, measured when not given) and
+  //              codec (its γ measured on this CPU once per spec), among those that compress
+  //              no more often than the codec's default: ring / SRA / rhd / tree for none,
+  //              fp16 and bf16, SRA / tree for qsgd and sign, the sparse all-gather / tree for
+  //              topk (collectives/algorithm_choice.h); stats.note gives the predicted times.
+  //              CUDA tensors and one-rank communicators take the codec's default (ring, SRA,
+  //              the sparse all-gather) without the model;
+  //   algo=ring|sra|allgather|rhd|tree: that algorithm at every size;
   //   algo=hier: hierarchical (uncompressed inside nodes of ranks_per_node ranks, or of shared
-  //              memory when 0; the auto algorithm across nodes);
+  //              memory when 0; the codec's default algorithm across nodes);
   //   warmup=N:  the first N calls of a name run uncompressed ("mpi");
   //   powersgd:  ErrorCode::unsupported (a Reducer-level compressor).
   // stats.algorithm says which ran. Returns what this rank did.

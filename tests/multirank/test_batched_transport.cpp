@@ -116,8 +116,12 @@ struct Pair {
 Pair make_pair() {
   auto batched = std::make_unique<BatchedTransport>(std::make_unique<MpiTransport>(MPI_COMM_WORLD));
   BatchedTransport* raw = batched.get();
-  return Pair{collectives::make_communicator(std::make_unique<MpiTransport>(MPI_COMM_WORLD)),
-              collectives::make_communicator(std::move(batched)), raw};
+  // One given link for both, so that algo=auto chooses alike in the two (γ is per process).
+  CommunicatorOptions options;
+  options.link_latency_us = 20;
+  options.link_gbps = 10;
+  return Pair{collectives::make_communicator(std::make_unique<MpiTransport>(MPI_COMM_WORLD), options),
+              collectives::make_communicator(std::move(batched), options), raw};
 }
 
 std::vector<float> contribution(std::size_t count, int call) {

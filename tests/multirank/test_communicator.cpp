@@ -84,7 +84,9 @@ bool same_bytes(std::span<const float> a, std::span<const float> b) {
 // P for averages, then MPI_Allreduce when algo=auto and count * 4 < min_bytes, else the flat
 // algorithm run directly on a ReduceJob with a fresh residual store (zero residuals: the first
 // call of a name, or error feedback off), the tensor id of the name and the name's call number
-// `step`.
+// `step`. The flat algorithm is spec.algo, or for algo=auto `chosen` (the stats name of what
+// the communicator's model chose: ring, sra, allgather, rhd, tree; empty or randk: the codec's
+// default).
 struct Reference {
   std::vector<float> values;
   CollectiveStats stats;
@@ -92,7 +94,7 @@ struct Reference {
 
 Reference reference_allreduce(MpiTransport& transport, const CompressionSpec& spec,
                               std::vector<float> data, const std::string& name, ReduceOp op,
-                              std::uint32_t step = 0) {
+                              std::uint32_t step = 0, const std::string& chosen = "") {
   Reference reference{std::move(data), {}};
   if (op == ReduceOp::average)
     for (float& value : reference.values) value /= static_cast<float>(transport.size());
@@ -107,7 +109,10 @@ Reference reference_allreduce(MpiTransport& transport, const CompressionSpec& sp
   const EncodeContext ctx{spec.seed, step, collectives::tensor_id_of(name), 0};
   collectives::ReduceJob job{transport, *codec, reference.values, name,
                              spec.error_feedback ? &store : nullptr, ctx, reference.stats};
-  collectives::run_flat_allreduce(job, spec.algo);
+  Algorithm algorithm = spec.algo;
+  if (algorithm == Algorithm::auto_select && !chosen.empty() && chosen != "randk")
+    algorithm = CompressionSpec::parse("none:algo=" + chosen).algo;
+  collectives::run_flat_allreduce(job, algorithm);
   return reference;
 }
 
@@ -124,6 +129,20 @@ double nominal_ratio(CodecKind codec) {
     case CodecKind::randk: return 100.0;  // k = 1% of n f32 values, shared-seed indices
     default: return 1.0;
   }
+}
+
+// What algo=auto may choose for `spec`'s codec (collectives/cost_model.h auto_candidates), by
+// stats name, in the model's order.
+std::vector<std::string> auto_choices(const CompressionSpec& spec) {
+  std::vector<std::string> names;
+  for (collectives::ModeledAlgorithm candidate : collectives::auto_candidates(spec.codec))
+    names.emplace_back(collectives::modeled_algorithm_name(candidate));
+  return names;
+}
+
+bool is_auto_choice(const CompressionSpec& spec, const std::string& algorithm) {
+  const std::vector<std::string> names = auto_choices(spec);
+  return std::find(names.begin(), names.end(), algorithm) != names.end();
 }
 
 // Stats every call must satisfy, summed over ranks where a single rank's share depends on the
@@ -166,7 +185,8 @@ void expect_consistent_stats(const CollectiveStats& stats, const CompressionSpec
 TEST(Communicator, NoneEqualsTheExactSumAndMpiAllreduce) {
   Communicator comm = Communicator::world();
   const int ranks = world_size();
-  for (const char* text : {"none", "none:min_bytes=0"}) {
+  // algo=auto (the model chooses among exact algorithms for codec none) and the ring pinned.
+  for (const char* text : {"none", "none:min_bytes=0", "none:algo=ring,min_bytes=0"}) {
     const CompressionSpec spec = CompressionSpec::parse(text);
     for (std::size_t count : kCounts) {
       SCOPED_TRACE(::testing::Message() << text << " count=" << count);
@@ -177,9 +197,12 @@ TEST(Communicator, NoneEqualsTheExactSumAndMpiAllreduce) {
       for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], exact[i]) << "element " << i;
       EXPECT_TRUE(same_bytes(data, by_mpi));
       EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(data)));
-      const bool small = count * 4 < spec.min_bytes;
-      expect_consistent_stats(stats, spec, count, small ? "mpi" : "ring");
-      if (!small) {
+      const bool small = spec.algo == Algorithm::auto_select && count * 4 < spec.min_bytes;
+      if (!small && spec.algo == Algorithm::auto_select)
+        EXPECT_TRUE(world_size() == 1 ? stats.algorithm == "ring" : is_auto_choice(spec, stats.algorithm))
+            << stats.to_string();
+      expect_consistent_stats(stats, spec, count, small ? "mpi" : stats.algorithm);
+      if (stats.algorithm == "ring") {
         // The ring sends each of the P chunks P - 1 times in each of its two phases, every
         // message with a 32-byte header, none codec payload = 4 bytes per element.
         EXPECT_EQ(sum_over_ranks(stats.sent_payload_bytes), 2u * (ranks - 1) * 4u * count);
@@ -209,7 +232,16 @@ TEST(Communicator, EveryCodecThroughAutoIsItsAlgorithmRunDirectly) {
         const std::vector<float> input = testing::gaussian_contribution(count, world_rank(), count);
         std::vector<float> data = input;
         const CollectiveStats stats = comm.allreduce(host_view(data.data(), count), name, spec);
-        const Reference reference = reference_allreduce(transport, spec, input, name, ReduceOp::sum);
+        // The model's choice (one of the codec's candidates; the default at one rank), run
+        // directly, gives the same bytes.
+        const Reference reference =
+            reference_allreduce(transport, spec, input, name, ReduceOp::sum, 0, stats.algorithm);
+        if (stats.algorithm != "mpi" && spec.codec != CodecKind::randk) {
+          EXPECT_TRUE(world_size() == 1 ? stats.algorithm == auto_choices(spec).front()
+                                        : is_auto_choice(spec, stats.algorithm))
+              << stats.to_string();
+          if (world_size() > 1) EXPECT_NE(stats.note.find("auto: model ms: "), std::string::npos) << stats.note;
+        }
         EXPECT_TRUE(same_bytes(data, reference.values));
         EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(data)));
         expect_consistent_stats(stats, spec, count, reference.stats.algorithm);
@@ -231,7 +263,7 @@ TEST(Communicator, RandomStreamsAreKeyedBySeedNameAndCallNumber) {
   constexpr std::size_t kCount = 4097;
   const std::vector<float> input = testing::gaussian_contribution(kCount, world_rank(), 77);
   // qsgd's stochastic rounding and random-k's indices draw from (seed, step, tensor id).
-  for (const char* text : {"qsgd:bits=2,min_bytes=0", "randk:ratio=0.05,ef=off,min_bytes=0"}) {
+  for (const char* text : {"qsgd:bits=2,min_bytes=0,algo=sra", "randk:ratio=0.05,ef=off,min_bytes=0"}) {
     SCOPED_TRACE(text);
     const CompressionSpec spec = CompressionSpec::parse(text);
     // Names per spec: the call number counts every call of a name, whatever its spec.
@@ -282,7 +314,7 @@ TEST(Communicator, HalfPrecisionTensorsAreReducedInF32AndRoundedBack) {
   }
   // A lossy codec on an f16 tensor: the f32 algorithm on the widened values, rounded back to
   // nearest even.
-  const CompressionSpec spec = CompressionSpec::parse("fp16:min_bytes=0");
+  const CompressionSpec spec = CompressionSpec::parse("fp16:min_bytes=0,algo=ring");
   for (std::size_t count : kCounts) {
     SCOPED_TRACE(::testing::Message() << "fp16 codec on f16 tensor, count=" << count);
     const std::string name = "f16-tensor/" + std::to_string(count);
@@ -331,7 +363,7 @@ TEST(Communicator, AverageDividesEachContributionBeforeSumming) {
   std::vector<float> large(4097, 60000.0f);
   const CollectiveStats stats =
       comm.allreduce(host_view(large.data(), large.size()), "avg-fp16",
-                     CompressionSpec::parse("fp16:min_bytes=0"), ReduceOp::average);
+                     CompressionSpec::parse("fp16:min_bytes=0,algo=ring"), ReduceOp::average);
   EXPECT_EQ(stats.algorithm, "ring");
   for (std::size_t i = 0; i < large.size(); ++i)
     ASSERT_LE(std::fabs(large[i] - 60000.0f), 16.0 * ranks) << "element " << i;
@@ -645,11 +677,11 @@ TEST(Communicator, CorruptedMessagesThrowMalformedMessageOnEveryRank) {
   };
   // ring (none), SRA (qsgd), sparse all-gather (topk), shared-index (randk), header damage;
   // top-k with a damaged index.
-  for (const Case& c : {Case{"none:min_bytes=0", CorruptingTransport::Damage::header_count},
-                        Case{"qsgd:min_bytes=0", CorruptingTransport::Damage::header_count},
-                        Case{"topk:min_bytes=0", CorruptingTransport::Damage::header_count},
+  for (const Case& c : {Case{"none:min_bytes=0,algo=ring", CorruptingTransport::Damage::header_count},
+                        Case{"qsgd:min_bytes=0,algo=sra", CorruptingTransport::Damage::header_count},
+                        Case{"topk:min_bytes=0,algo=allgather", CorruptingTransport::Damage::header_count},
                         Case{"randk:min_bytes=0", CorruptingTransport::Damage::header_count},
-                        Case{"topk:min_bytes=0", CorruptingTransport::Damage::topk_index}}) {
+                        Case{"topk:min_bytes=0,algo=allgather", CorruptingTransport::Damage::topk_index}}) {
     SCOPED_TRACE(::testing::Message() << c.spec << (c.damage == CorruptingTransport::Damage::topk_index
                                                         ? " (index)"
                                                         : " (header)"));
@@ -820,12 +852,12 @@ TEST(Communicator, WarmupCallsRunUncompressed) {
 
 TEST(Communicator, DefaultSpecComesFromOptionsOrGradzipCompressor) {
   CommunicatorOptions options;
-  options.default_spec = "fp16:min_bytes=0";
+  options.default_spec = "fp16:min_bytes=0,algo=ring";
   Communicator comm = Communicator::world(options);
-  EXPECT_EQ(comm.default_spec(), CompressionSpec::parse("fp16:min_bytes=0"));
+  EXPECT_EQ(comm.default_spec(), CompressionSpec::parse("fp16:min_bytes=0,algo=ring"));
   std::vector<float> data = integers(4097, world_rank(), 2, 100);
   const CollectiveStats stats = comm.allreduce(host_view(data.data(), data.size()), "default");
-  EXPECT_EQ(stats.spec, CompressionSpec::parse("fp16:min_bytes=0").to_string());
+  EXPECT_EQ(stats.spec, CompressionSpec::parse("fp16:min_bytes=0,algo=ring").to_string());
   EXPECT_EQ(stats.algorithm, "ring");
   const std::string line = stats.to_string();
   EXPECT_NE(line.find("ring"), std::string::npos) << line;

@@ -101,8 +101,12 @@ const float kInf = std::numeric_limits<float>::infinity();
 // finite / bad / finite calls under nonfinite=propagate (the default: no key), `skipping` the
 // same name and inputs under nonfinite=skip; the third results must agree bit for bit.
 TEST(Nonfinite, AllreducePropagateAndSkip) {
-  Communicator propagating = Communicator::world();
-  Communicator skipping = Communicator::world();
+  // One given link for both, so that algo=auto chooses alike in the two (γ is per process).
+  CommunicatorOptions options;
+  options.link_latency_us = 20;
+  options.link_gbps = 10;
+  Communicator propagating = Communicator::world(options);
+  Communicator skipping = Communicator::world(options);
   const std::vector<double> exact = testing::exact_sum(kCount, world_size(), 2, contribution);
   for (const char* codec : kCodecs) {
     for (const char* algo : kAlgorithms) {

@@ -41,6 +41,16 @@
 namespace gradzip {
 namespace {
 
+// The communicators of these tests share one given link, so that algo=auto (whose γ is per
+// process) chooses alike in a Reducer's lanes and in the direct communicator the results are
+// compared with, and in a Reducer resumed on another communicator.
+Communicator world_with_given_link() {
+  CommunicatorOptions options;
+  options.link_latency_us = 20;
+  options.link_gbps = 10;
+  return Communicator::world(options);
+}
+
 using pipeline::ModelSpec;
 using testing::identical_on_all_ranks;
 using testing::world_rank;
@@ -360,7 +370,7 @@ ModelSpec parse_model(const Communicator& comm, const ReducerOptions& options) {
 }
 
 TEST(Reducer, BucketsFollowTheContractsPacking) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   Gradients gradients(mixed_model());
   const ReducerOptions options = small_options("none");
   Reducer reducer(comm, options);
@@ -388,7 +398,7 @@ TEST(Reducer, BucketsFollowTheContractsPacking) {
 }
 
 TEST(Reducer, NoneGivesTheExactAverageOnEveryRank) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   // "none": every chunk is under min_bytes (MPI's all-reduce); min_bytes=0: the ring.
   for (const char* spec : {"none", "none:min_bytes=0"}) {
     for (const int lanes : {1, 2}) {
@@ -417,13 +427,13 @@ TEST(Reducer, NoneGivesTheExactAverageOnEveryRank) {
 }
 
 TEST(Reducer, CompressedSpecsEqualTheCollectiveOnTheDocumentedChunks) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   // min_bytes=0 so that the small test groups are compressed; the 1-D tensors still go to
   // "dims<=1->none" (a group of their own in bucket 2). Three steps: the step seeds qsgd's
   // rounding, and top-k's error-feedback residuals carry over from step to step.
   for (const char* spec : {"fp16:min_bytes=0", "topk:ratio=0.1,min_bytes=0", "qsgd:bits=4,min_bytes=0"}) {
     SCOPED_TRACE(spec);
-    Communicator direct = Communicator::world();
+    Communicator direct = world_with_given_link();
     Gradients gradients(mixed_model());
     const ReducerOptions options = small_options(spec);
     Reducer reducer(comm, options);
@@ -456,7 +466,7 @@ TEST(Reducer, CompressedSpecsEqualTheCollectiveOnTheDocumentedChunks) {
 }
 
 TEST(Reducer, ReadyOrderDifferingBetweenRanksGivesTheSameBucketsAndResults) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   for (const char* spec : {"none:min_bytes=0", "topk:ratio=0.1,min_bytes=0"}) {
     SCOPED_TRACE(spec);
     const ReducerOptions options = small_options(spec);
@@ -484,7 +494,7 @@ TEST(Reducer, ReadyOrderDifferingBetweenRanksGivesTheSameBucketsAndResults) {
 }
 
 TEST(Reducer, ATensorNeverMarkedReadyFailsWaitOnEveryRankAndTheNextStepIsClean) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   const ReducerOptions options = small_options("none:min_bytes=0");
   Gradients gradients(mixed_model());
   Reducer reducer(comm, options);
@@ -538,7 +548,7 @@ TEST(Reducer, ATensorNeverMarkedReadyFailsWaitOnEveryRankAndTheNextStepIsClean) 
 }
 
 TEST(Reducer, MarkingTwiceOrAnUnknownNameIsRefusedAtOnceAndTheStepGoesOn) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   Gradients gradients(mixed_model());
   Reducer reducer(comm, small_options("none"));
   gradients.register_with(reducer);
@@ -578,7 +588,7 @@ TEST(Reducer, MarkingTwiceOrAnUnknownNameIsRefusedAtOnceAndTheStepGoesOn) {
 }
 
 TEST(Reducer, BadRegistrationsAreRefused) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   Reducer reducer(comm, small_options("none"));
   std::vector<float> a(12, 0.0f), b(12, 0.0f);
   reducer.add("a", host_view(a.data(), 12), {3, 4});
@@ -603,7 +613,7 @@ TEST(Reducer, BadRegistrationsAreRefused) {
 }
 
 TEST(Reducer, BadOptionsAreRefusedAtConstruction) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   std::string message;
   // The model spec is parsed at construction; the error names the rule.
   EXPECT_EQ(testing::error_code_of([&] { Reducer reducer(comm, small_options("topk;dims<=2->none")); },
@@ -619,7 +629,7 @@ TEST(Reducer, BadOptionsAreRefusedAtConstruction) {
 
 TEST(Reducer, RanksRegisteringDifferentTensorsAllThrowAtTheFirstMarkReady) {
   if (world_size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   const int deviant = world_size() - 1;
   std::vector<TensorDef> defs = mixed_model();
   if (world_rank() == deviant) defs[1].shape = {31, 28};  // block0.weight: 868 elements, not 899
@@ -654,7 +664,7 @@ void expect_rule_groups(const ReducerStats& stats) {
 }
 
 TEST(Reducer, RulesSendOneDimensionalAndSmallTensorsUncompressed) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   ReducerOptions options;
   options.spec = "topk:ratio=0.01";  // default rules: dims<=1->none, bytes<65536->none
   options.first_bucket_bytes = 65536;
@@ -688,8 +698,8 @@ TEST(Reducer, RulesSendOneDimensionalAndSmallTensorsUncompressed) {
 }
 
 TEST(Reducer, WarmUpStepsAreExactlyNoneThenTheCodecRuns) {
-  Communicator comm = Communicator::world();
-  Communicator direct = Communicator::world();
+  Communicator comm = world_with_given_link();
+  Communicator direct = world_with_given_link();
   ReducerOptions options;
   options.spec = "topk:ratio=0.05,warmup=2";
   Gradients gradients({{"w", DType::f32, {100, 200}}, {"b", DType::f32, {100}}});
@@ -736,7 +746,7 @@ TEST(Reducer, WarmUpStepsAreExactlyNoneThenTheCodecRuns) {
 TEST(Reducer, RatioRampFallsGeometricallyFromAQuarterToTheTargetAfterWarmUp) {
   // warmup=1, ramp=4, target 0.01: step 0 is none; steps 1..4 use 0.25^(1-t) * 0.01^t with
   // t = (step - warmup + 1) / 4, so step 4 reaches the target, which then stays.
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   ReducerOptions options;
   options.spec = "topk:ratio=0.01,warmup=1,ramp=4";
   Gradients gradients({{"w", DType::f32, {100, 200}}});
@@ -773,7 +783,7 @@ TEST(Reducer, PowersgdCompressesMatricesAndSendsBiasesAsTheyAre) {
   // 1e-3 relative Frobenius error only separates "reconstructed" from "not"). The bias goes
   // uncompressed by the default dims<=1 rule and must be exact. warmup=1: step 0 is exact too.
   constexpr std::size_t rows = 160, cols = 128, rank = 2;
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   ReducerOptions options;
   options.spec = "powersgd:rank=2,warmup=1,ef=off";
   Gradients gradients({{"w", DType::f32, {rows, cols}}, {"b", DType::f32, {rows}}});
@@ -849,7 +859,7 @@ bool looks_like_one_json_object(const std::string& json) {
 }
 
 TEST(Reducer, StatsAddUp) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   const int ranks = world_size();
   const ReducerOptions options = small_options("fp16:min_bytes=0");
   Gradients gradients(mixed_model());
@@ -932,7 +942,7 @@ TEST(Reducer, StatsAddUp) {
 }
 
 TEST(Reducer, LaneCountDoesNotChangeResults) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   for (const char* spec : {"none:min_bytes=0", "fp16:min_bytes=0", "qsgd:bits=4,min_bytes=0",
                            "topk:ratio=0.1,min_bytes=0"}) {
     SCOPED_TRACE(spec);
@@ -962,7 +972,7 @@ TEST(Reducer, SavedErrorFeedbackStateResumesInANewReducer) {
   const std::string path = scratch.file("state-rank" + std::to_string(world_rank()));
   const ReducerOptions options = small_options("topk:ratio=0.1,min_bytes=0");
 
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   Gradients original(mixed_model());
   Reducer reducer(comm, options);
   original.register_with(reducer);
@@ -974,7 +984,7 @@ TEST(Reducer, SavedErrorFeedbackStateResumesInANewReducer) {
   run_step(reducer, original, backward_order(original));
 
   // A new Reducer on a new communicator, from the checkpoint: the same step-1 results.
-  Communicator resumed_comm = Communicator::world();
+  Communicator resumed_comm = world_with_given_link();
   Gradients resumed(mixed_model());
   Reducer resumed_reducer(resumed_comm, options);
   resumed.register_with(resumed_reducer);
@@ -1006,7 +1016,7 @@ namespace {
 // and a host pointer labelled CUDA is refused as the codecs refuse it (no device here: the
 // device path itself is covered by tests/gpu/test_reducer_cuda.cpp).
 TEST(Reducer, TensorsOfDifferentPlacesAndFakeCudaPointersAreRefused) {
-  Communicator comm = Communicator::world();
+  Communicator comm = world_with_given_link();
   std::vector<float> host(16, 1.0f);
   {
     Reducer reducer(comm, ReducerOptions{});

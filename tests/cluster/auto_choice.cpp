@@ -1,0 +1,154 @@
+// algo=auto against the clock (issue 9, item 3): for each scenario SPEC@COUNT given on the
+// command line, one algo=auto all-reduce says which algorithm the cost model chose (and its
+// predicted times), then every candidate the model considered (collectives/cost_model.h
+// auto_candidates) runs with its algorithm pinned, `--repeats` times, interleaved. A
+// candidate's time is the median over repeats of the slowest rank's time. The scenario passes
+// when the chosen algorithm is the fastest measured, or within `--tolerance` (default 5%) of it.
+//
+// Rank 0 prints one line per scenario:
+//   choice SPEC@COUNT chosen=A fastest=B ok=1 model=[a 1.2 ms, b 3.4 ms] measured=[a 1.3, b 3.9]
+// and the process exits 1 when any scenario failed. tests/cluster/run_auto_choice.sh runs it on
+// the emulated cluster at two link speeds and also requires the choice to change with the
+// speed for at least one scenario.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "collectives/cost_model.h"
+#include "gradzip/communicator.h"
+#include "gradzip/compression_spec.h"
+#include "gradzip/error.h"
+
+namespace {
+
+using gradzip::CompressionSpec;
+
+std::vector<float> contribution(std::size_t count, int rank) {
+  // Deterministic, roughly N(0, 1), different on every rank.
+  std::vector<float> values(count);
+  std::uint64_t state = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(rank + 1);
+  for (float& v : values) {
+    double sum = 0;
+    for (int i = 0; i < 4; ++i) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      sum += static_cast<double>(state >> 11) * 0x1.0p-53 - 0.5;
+    }
+    v = static_cast<float>(sum * 1.7320508);
+  }
+  return values;
+}
+
+// Seconds of one all-reduce on the slowest rank.
+double timed_allreduce(gradzip::Communicator& comm, const std::vector<float>& input,
+                       const std::string& name, const CompressionSpec& spec,
+                       gradzip::CollectiveStats* stats = nullptr) {
+  std::vector<float> data = input;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = MPI_Wtime();
+  const gradzip::CollectiveStats result =
+      comm.allreduce(gradzip::TensorView{data.data(), data.size(), gradzip::DType::f32, {}}, name, spec);
+  double seconds = MPI_Wtime() - start, slowest = 0;
+  MPI_Allreduce(&seconds, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (stats != nullptr) *stats = result;
+  return slowest;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+int run(int argc, char** argv) {
+  int repeats = 7;
+  double tolerance = 0.05;
+  std::vector<std::string> scenarios;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--repeats" && i + 1 < argc) {
+      repeats = std::atoi(argv[++i]);
+    } else if (arg == "--tolerance" && i + 1 < argc) {
+      tolerance = std::atof(argv[++i]);
+    } else if (arg.find('@') != std::string::npos) {
+      scenarios.push_back(arg);
+    } else {
+      std::fprintf(stderr, "auto_choice: unknown argument '%s' (expected --repeats N, "
+                   "--tolerance F or SPEC@COUNT)\n", arg.c_str());
+      return 2;
+    }
+  }
+  if (scenarios.empty() || repeats < 1) {
+    std::fprintf(stderr, "usage: auto_choice [--repeats N] [--tolerance F] SPEC@COUNT...\n");
+    return 2;
+  }
+  gradzip::Communicator comm = gradzip::Communicator::world();
+  const int rank = comm.rank();
+  bool all_ok = true;
+  for (std::size_t s = 0; s < scenarios.size(); ++s) {
+    const std::string& scenario = scenarios[s];
+    const std::size_t at = scenario.rfind('@');
+    const CompressionSpec spec = CompressionSpec::parse(scenario.substr(0, at));
+    const std::size_t count = std::stoull(scenario.substr(at + 1));
+    const std::vector<float> input = contribution(count, rank);
+    // The auto call (the first one also measures the link and the codec's γ).
+    gradzip::CollectiveStats chosen_stats;
+    timed_allreduce(comm, input, "auto/" + std::to_string(s), spec, &chosen_stats);
+    const std::string chosen = chosen_stats.algorithm;
+
+    std::vector<std::string> names;
+    for (gradzip::collectives::ModeledAlgorithm candidate :
+         gradzip::collectives::auto_candidates(spec.codec))
+      names.emplace_back(gradzip::collectives::modeled_algorithm_name(candidate));
+    std::map<std::string, std::vector<double>> seconds;
+    for (int r = 0; r <= repeats; ++r) {  // round 0 warms each candidate up, unmeasured
+      for (const std::string& name : names) {
+        CompressionSpec pinned = CompressionSpec::parse(scenario.substr(0, at) +
+                                                        (scenario.find(':') < at ? "," : ":") +
+                                                        "algo=" + name);
+        const double t = timed_allreduce(comm, input, "pinned/" + std::to_string(s) + "/" + name, pinned);
+        if (r > 0) seconds[name].push_back(t);
+      }
+    }
+    std::string fastest, measured;
+    double best = 0;
+    for (const std::string& name : names) {
+      const double m = median(seconds[name]);
+      if (fastest.empty() || m < best) fastest = name, best = m;
+      char text[64];
+      std::snprintf(text, sizeof text, "%s%s %.3f ms", measured.empty() ? "" : ", ", name.c_str(), m * 1e3);
+      measured += text;
+    }
+    const auto found = seconds.find(chosen);
+    const bool ok = found != seconds.end() && median(found->second) <= (1 + tolerance) * best;
+    all_ok = all_ok && ok;
+    if (rank == 0) {
+      std::printf("choice %s chosen=%s fastest=%s ok=%d measured=[%s] note=[%s]\n", scenario.c_str(),
+                  chosen.c_str(), fastest.c_str(), ok ? 1 : 0, measured.c_str(),
+                  chosen_stats.note.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int code = 0;
+  try {
+    code = run(argc, argv);
+  } catch (const gradzip::Error& error) {
+    std::fprintf(stderr, "auto_choice: %s\n", error.what());
+    code = 1;
+  }
+  MPI_Finalize();
+  return code;
+}
