@@ -11,6 +11,10 @@
 #   --ranks N     ranks, one namespace each (default 4)
 #   --rate RATE   tc rate of every link, both directions (default 1gbit; at 10gbit the 2 cores,
 #                 not the links, are the bottleneck here)
+#   --burst SIZE  tc tbf burst of every link (default 512kb). Messages below it pass at memory
+#                 speed after an idle spell: 512kb suits TCP at 1 Gbit/s, but at 100 Mbit/s it
+#                 is 42 ms of link time, so small-message timings there need a smaller one
+#                 (64kb; tbf wants at least rate / HZ)
 #   --bench PATH  the gradzip-bench binary (default build/bin/gradzip-bench)
 #   --command CMD the gradzip-bench command to run: allreduce (default) or overlap
 #   --mtu BYTES   MTU of the links (default 1500; 9000 = jumbo frames, as HPC Ethernet often
@@ -27,7 +31,7 @@
 # - one bridge gzbr0 in the root namespace at 198.18.0.254/24 (the benchmarking range; nothing
 #   else is addressed), namespaces gzns0 .. gzns{N-1}, rank i at 198.18.0.(i+1) on a veth pair
 #   (gzh<i> on the bridge, gzn<i> inside the namespace);
-# - `tc qdisc ... tbf rate RATE burst 512kb latency 20ms` on both ends of every pair;
+# - `tc qdisc ... tbf rate RATE burst BURST latency 20ms` on both ends of every pair;
 # - mpirun with the TCP BTL on 198.18.0.0/24, ORTE's out-of-band and PMIx on the bridge, and
 #   a wrapper that runs rank $OMPI_COMM_WORLD_RANK inside namespace gzns<rank>.
 # Everything created is deleted again on exit: success, failure or Ctrl-C.
@@ -35,6 +39,7 @@ set -euo pipefail
 
 ranks=4
 rate=1gbit
+burst=512kb
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 bench="$root_dir/build/bin/gradzip-bench"
 bench_args=()
@@ -50,6 +55,7 @@ while (($#)); do
   case "$1" in
     --ranks) ranks="${2:?--ranks needs a value}"; shift 2 ;;
     --rate) rate="${2:?--rate needs a value}"; shift 2 ;;
+    --burst) burst="${2:?--burst needs a value}"; shift 2 ;;
     --bench) bench="${2:?--bench needs a value}"; shift 2 ;;
     --command) command="${2:?--command needs a value}"; shift 2 ;;
     --mtu) mtu="${2:?--mtu needs a value}"; shift 2 ;;
@@ -123,7 +129,7 @@ if ip link show "$bridge" >/dev/null 2>&1 || ip netns list | grep -q '^gzns'; th
 fi
 
 echo "emulated_cluster: bridge $bridge at 198.18.0.254/24, ranks at 198.18.0.1..$ranks in namespaces" \
-  "gzns0..gzns$((ranks - 1)), tbf $rate on both ends of every link, MTU $mtu" >&2
+  "gzns0..gzns$((ranks - 1)), tbf $rate (burst $burst) on both ends of every link, MTU $mtu" >&2
 ip link add "$bridge" mtu "$mtu" type bridge
 ip addr add 198.18.0.254/24 dev "$bridge"
 ip link set "$bridge" up
@@ -137,8 +143,8 @@ for ((i = 0; i < ranks; ++i)); do
   ip -n "$ns" link set lo up
   ip -n "$ns" addr add "198.18.0.$((i + 1))/24" dev "gzn$i"
   ip -n "$ns" link set "gzn$i" up
-  tc qdisc add dev "gzh$i" root tbf rate "$rate" burst 512kb latency 20ms
-  ip netns exec "$ns" tc qdisc add dev "gzn$i" root tbf rate "$rate" burst 512kb latency 20ms
+  tc qdisc add dev "gzh$i" root tbf rate "$rate" burst "$burst" latency 20ms
+  ip netns exec "$ns" tc qdisc add dev "gzn$i" root tbf rate "$rate" burst "$burst" latency 20ms
 done
 
 cat >"$workdir/in_namespace.sh" <<'EOF'

@@ -8,12 +8,13 @@
 //                                             below a few KiB latency dominates and compressing
 //                                             saves nothing; error feedback is not involved
 //   algo=auto, random-k                    -> its shared-index path
-//   algo=auto with an AutoModel            -> the candidate of auto_candidates (cost_model.h:
-//                                             ring / SRA / rhd / tree for none, fp16, bf16;
-//                                             SRA / tree for qsgd, sign; the sparse all-gather
-//                                             / tree for top-k) the model predicts fastest,
-//                                             ties to the earlier (the codec's default);
-//                                             the note lists every candidate's predicted time
+//   algo=auto with an AutoModel            -> the codec's default (the first of auto_candidates,
+//                                             cost_model.h: ring / SRA / rhd / tree for none,
+//                                             fp16, bf16; SRA / tree for qsgd, sign; the sparse
+//                                             all-gather / tree for top-k), unless another
+//                                             candidate is predicted at least 15% faster: then
+//                                             the fastest (ties: the earlier); the note lists
+//                                             every candidate's predicted time
 //   algo=auto without one                  -> the codec's default: ring for none / fp16 /
 //                                             bf16, SRA for qsgd / sign, sparse all-gather for
 //                                             top-k

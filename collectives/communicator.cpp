@@ -102,7 +102,7 @@ std::optional<LinkModel> resolve_link(const CommunicatorOptions& options) {
                "three 0 to measure the link)");
     return std::nullopt;
   }
-  return LinkModel{latency_us * 1e-6, gbps * 1e9 / 8, exchange_gbps * 1e9 / 8};
+  return LinkModel{latency_us * 1e-6, gbps * 1e9 / 8, exchange_gbps * 1e9 / 8, 0.0};
 }
 
 }  // namespace
@@ -181,7 +181,8 @@ void CommunicatorState::start_call() {
 namespace {
 
 constexpr std::string_view kAutoPrefix = "gradzip.auto/";
-constexpr std::string_view kLinkTerms[] = {"latency_s", "bytes_per_s", "exchange_bytes_per_s"};
+constexpr std::string_view kLinkTerms[] = {"latency_s", "bytes_per_s", "exchange_bytes_per_s",
+                                            "collective_latency_s"};
 constexpr std::string_view kGammaTerms[] = {"encode_s", "decode_add_s", "add_s"};
 
 }  // namespace
@@ -191,8 +192,10 @@ void CommunicatorState::export_auto_model(error_feedback::ResidualStore::Counter
     counters[detail::concat(kAutoPrefix, name)] = std::bit_cast<std::uint64_t>(value);
   };
   if (link_) {
-    const double terms[] = {link_->latency_s, link_->bytes_per_s, link_->exchange_bytes_per_s};
-    for (std::size_t i = 0; i < 3; ++i) put(detail::concat("link/", kLinkTerms[i]), terms[i]);
+    const double terms[] = {link_->latency_s, link_->bytes_per_s, link_->exchange_bytes_per_s,
+                            link_->collective_latency_s};
+    for (std::size_t i = 0; i < std::size(terms); ++i)
+      put(detail::concat("link/", kLinkTerms[i]), terms[i]);
   }
   for (const auto& [spec, cost] : codec_costs_) {
     const double terms[] = {cost.encode_s, cost.decode_add_s, cost.add_s};
@@ -213,8 +216,9 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
     const std::string_view term = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
     bool known = std::isfinite(value) && value >= 0 && slash != std::string_view::npos;
     if (known && rest.starts_with("link/")) {
-      if (!link) link.emplace(LinkModel{0, 0, 0});
-      double* const fields[] = {&link->latency_s, &link->bytes_per_s, &link->exchange_bytes_per_s};
+      if (!link) link.emplace(LinkModel{0, 0, 0, 0});
+      double* const fields[] = {&link->latency_s, &link->bytes_per_s, &link->exchange_bytes_per_s,
+                                &link->collective_latency_s};
       const auto at = std::find(std::begin(kLinkTerms), std::end(kLinkTerms), term);
       known = at != std::end(kLinkTerms);
       if (known) *fields[at - std::begin(kLinkTerms)] = value, ++link_terms;
@@ -231,8 +235,9 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
                value, " is not one of algo=auto's model inputs (", kAutoPrefix,
                "link/<term> or gamma/<spec>/<term>, a finite value >= 0)");
   }
-  GZ_REQUIRE(!link || (link_terms == 3 && link->bytes_per_s > 0), ErrorCode::io_error, "loading '",
-             path, "': algo=auto's link is incomplete (", link_terms, " of 3 terms, rate ",
+  GZ_REQUIRE(!link || (link_terms == std::size(kLinkTerms) && link->bytes_per_s > 0),
+             ErrorCode::io_error, "loading '", path, "': algo=auto's link is incomplete (",
+             link_terms, " of ", std::size(kLinkTerms), " terms, rate ",
              link ? link->bytes_per_s : 0.0, " B/s)");
   if (link) link_ = link;
   for (auto& [spec, cost] : costs) codec_costs_[spec] = cost;

@@ -69,6 +69,9 @@ class CommunicatorState {
   // without measuring (given, or measured already).
   const LinkModel& auto_link();
   const std::optional<LinkModel>& known_link() const noexcept { return link_; }
+  // Sets the link (the Reducer gives its lanes the user communicator's); every rank must set
+  // the same.
+  void set_link(const LinkModel& link) { link_ = link; }
   // γ of `spec`'s codec as every rank agrees on it (agreed_codec_cost), measured at the first
   // call per canonical spec and kept (a collective, like auto_link).
   const CodecCost& auto_codec_cost(const CompressionSpec& spec);

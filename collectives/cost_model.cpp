@@ -65,10 +65,14 @@ CostEstimate ring(const Codec& codec, const CodecCost& cost, double n, int p, co
 }
 
 // Open MPI's all-to-all / all-gather of P − 1 blocks per rank: P − 1 message start-ups, the
-// blocks share the link.
-double exchange_latency(int p, const LinkModel& link) { return (p - 1) * link.latency_s; }
+// blocks share the link; at least one collective's start-up.
+double exchange_latency(int p, const LinkModel& link) {
+  return std::max((p - 1) * link.latency_s, link.collective_latency_s);
+}
 // The 8-byte size all-gathers before SRA's and the all-gather's messages.
-double size_exchange_latency(int p, const LinkModel& link) { return ceil_log2(p) * link.latency_s; }
+double size_exchange_latency(int p, const LinkModel& link) {
+  return std::max(ceil_log2(p) * link.latency_s, link.collective_latency_s);
+}
 
 // SRA: encode n once, all-to-all of P − 1 chunk messages, the owner decode_adds P and encodes
 // its sum, all-gather of P − 1 messages, every rank decodes P chunks.
@@ -201,10 +205,12 @@ CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
                                 const CodecCost& cost, std::size_t count, int ranks,
                                 const LinkModel& link, const HierarchyModel& hierarchy) {
   GZ_REQUIRE(ranks >= 1, ErrorCode::invalid_argument, "estimate_allreduce: ", ranks, " ranks");
-  GZ_REQUIRE(link.latency_s >= 0 && link.bytes_per_s > 0 && link.exchange_bytes_per_s >= 0,
+  GZ_REQUIRE(link.latency_s >= 0 && link.bytes_per_s > 0 && link.exchange_bytes_per_s >= 0 &&
+                 link.collective_latency_s >= 0,
              ErrorCode::invalid_argument, "estimate_allreduce: link latency ", link.latency_s,
              " s, bandwidth ", link.bytes_per_s, " B/s, exchange bandwidth ",
-             link.exchange_bytes_per_s, " B/s (need latency >= 0, bandwidth > 0, exchange >= 0)");
+             link.exchange_bytes_per_s, " B/s, collective latency ", link.collective_latency_s,
+             " s (need latencies >= 0, bandwidth > 0, exchange >= 0)");
   if (ranks == 1 || count == 0) {
     CostEstimate none;
     none.algorithm = algorithm;

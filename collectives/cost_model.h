@@ -31,6 +31,11 @@ struct LinkModel {
   // fabric it is; Open MPI's TCP transport on the emulated cluster reaches about 56% of the
   // ring rate here (docs/cost-model.md), which is why measure_link measures it separately.
   double exchange_bytes_per_s = 0;
+  // The start-up of one small collective (an all-gather of 8 bytes per rank), as measure_link
+  // measures it; 0: not known. SRA's and the sparse all-gather's collectives cost at least
+  // this each: on the emulated cluster's 4 ranks on 2 cores it was about 5 α, because a
+  // collective waits for every rank to be scheduled.
+  double collective_latency_s = 0;
 
   double exchange_rate() const noexcept {
     return exchange_bytes_per_s > 0 ? exchange_bytes_per_s : bytes_per_s;

@@ -69,7 +69,7 @@ LinkModel measure_link(Transport& transport, const LinkCalibration& calibration)
   GZ_REQUIRE(transport.device_only() < 0, ErrorCode::invalid_argument,
              "measure_link: ", transport.describe(), " moves device memory only");
   constexpr double kInfinite = std::numeric_limits<double>::infinity();
-  if (transport.size() == 1) return LinkModel{0.0, kInfinite, kInfinite};
+  if (transport.size() == 1) return LinkModel{0.0, kInfinite, 0.0, 0.0};
   const int ranks = transport.size(), rank = transport.rank();
   const int next = (rank + 1) % ranks, previous = (rank + ranks - 1) % ranks;
   const double latency = median_round_seconds(transport, next, previous, 8, calibration.small_rounds);
@@ -77,27 +77,25 @@ LinkModel measure_link(Transport& transport, const LinkCalibration& calibration)
       calibration.large_bytes,
       median_round_seconds(transport, next, previous, calibration.large_bytes, calibration.large_rounds),
       latency);
-  // Exchange rounds: with two ranks the ring's rounds already were exchanges. A rank without a
-  // partner (the last of an odd count) reports an infinite rate, which the minimum ignores.
-  double exchange_rate = ring_rate;
-  if (ranks > 2) {
-    const int partner = rank ^ 1;
-    exchange_rate = kInfinite;
-    if (partner < ranks) {
-      const double exchange_latency =
-          median_round_seconds(transport, partner, partner, 8, calibration.small_rounds);
-      exchange_rate = rate_of(calibration.large_bytes,
-                              median_round_seconds(transport, partner, partner,
-                                                   calibration.large_bytes, calibration.large_rounds),
-                              exchange_latency);
-    }
+  // A small collective's start-up: the median of all-gathers of one u64 (after one unmeasured).
+  std::vector<double> gathers;
+  for (std::size_t round = 0; round <= calibration.small_rounds; ++round) {
+    const std::uint64_t mine = round;
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks));
+    const auto start = std::chrono::steady_clock::now();
+    transport.allgather_u64(std::span<const std::uint64_t>(&mine, 1), all);
+    if (round > 0)
+      gathers.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  const std::vector<double> all = gather_doubles(transport, {latency, ring_rate, exchange_rate});
-  LinkModel agreed{0.0, kInfinite, kInfinite};
+  std::nth_element(gathers.begin(), gathers.begin() + gathers.size() / 2, gathers.end());
+  const double collective = gathers[gathers.size() / 2];
+
+  const std::vector<double> all = gather_doubles(transport, {latency, ring_rate, collective});
+  LinkModel agreed{0.0, kInfinite, 0.0, 0.0};
   for (std::size_t r = 0; r < all.size(); r += 3) {
     agreed.latency_s = std::max(agreed.latency_s, all[r]);
     agreed.bytes_per_s = std::min(agreed.bytes_per_s, all[r + 1]);
-    agreed.exchange_bytes_per_s = std::min(agreed.exchange_bytes_per_s, all[r + 2]);
+    agreed.collective_latency_s = std::max(agreed.collective_latency_s, all[r + 2]);
   }
   return agreed;
 }

@@ -19,17 +19,18 @@ struct LinkCalibration {
   std::size_t large_bytes = std::size_t{4} << 20;
 };
 
-// A collective over every rank of `transport`. Ring rounds: every rank sends one message to
-// rank + 1 and receives one from rank − 1 (all links busy at once, as in the ring all-reduce).
-// Exchange rounds: ranks 2i and 2i + 1 send to each other at once (halving/doubling's steps;
-// with an odd rank count the last rank sits them out). α is the median time of a small ring
-// round; bytes_per_s is large_bytes over the median large ring round less α, and
-// exchange_bytes_per_s the same for exchange rounds (at 2 ranks the two patterns are the same
-// and are measured once). Every rank then takes the largest α and the smallest rates of all
-// ranks (one all-gather), so that every rank returns the same LinkModel, bit for bit. One rank
-// has no link: latency 0, infinite rates. Rounds and sizes must be >= 1 (invalid_argument);
-// host memory only. Costs 2 x (small_rounds + 1) small rounds and 2 x (large_rounds + 1) large
-// ones: about 0.2 s at 1 Gbit/s with the defaults.
+// A collective over every rank of `transport`. Each round, every rank sends one message to
+// rank + 1 and receives one from rank − 1 (a ring, all links busy at once, as in the ring
+// all-reduce). α is the median time of a small round; the bandwidth is large_bytes over the
+// median large round less α. Every rank then takes the largest α and the smallest bandwidth
+// of all ranks (one all-gather), so that every rank returns the same LinkModel, bit for bit.
+// collective_latency_s is the median of small_rounds all-gathers of 8 bytes per rank (the
+// largest over ranks). exchange_bytes_per_s is left 0 (the ring's rate): a pairwise exchange of 4 MiB messages
+// measured well below the ring on the emulated cluster at 100 Mbit/s (4.6 against 11 MB/s)
+// while halving/doubling's own exchanges ran at the ring's speed there, so one such figure
+// would mislead the model more than help it (docs/cost-model.md). One rank has no link:
+// latency 0, infinite bandwidth. Rounds and sizes must be >= 1 (invalid_argument); host memory
+// only. About 0.2 s at 1 Gbit/s with the defaults.
 LinkModel measure_link(Transport& transport, const LinkCalibration& calibration = {});
 
 // γ of `codec` on this process: measure_codec_cost(codec, sample) the first time a codec spec

@@ -260,13 +260,9 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
     const collectives::DeadlinePolicy& policy = collectives::state_of(communicator).deadline_policy();
     lane_options.timeout_seconds = policy.seconds;
     lane_options.on_timeout = policy.action;
-    if (const std::optional<collectives::LinkModel>& link = user_state.known_link()) {
-      // GRADZIP_LINK, when set, overrides these in the lane as it did in the user communicator.
-      lane_options.link_latency_us = link->latency_s * 1e6;
-      lane_options.link_gbps = link->bytes_per_s * 8e-9;
-      lane_options.link_exchange_gbps = link->exchange_bytes_per_s * 8e-9;
-    }
     lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate), lane_options), {}, {}});
+    if (const std::optional<collectives::LinkModel>& link = user_state.known_link())
+      collectives::state_of(lanes_.back().communicator).set_link(*link);
   }
   for (std::size_t l = 0; l < lanes_.size(); ++l)
     lanes_[l].thread = std::thread([this, l] { lane_loop(l); });
