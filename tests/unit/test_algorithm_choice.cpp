@@ -3,10 +3,13 @@
 // here (not recomputed from the code under test).
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "collectives/algorithm_choice.h"
+#include "collectives/cost_model.h"
+#include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "tests/unit/test_support.h"
 
@@ -90,6 +93,93 @@ TEST(AlgorithmChoice, AllreduceTableForEveryCodecAlgorithmAndSize) {
       }
     }
   }
+}
+
+// --- algo=auto with the cost model -----------------------------------------------------------
+
+using collectives::AutoModel;
+using collectives::CodecCost;
+using collectives::LinkModel;
+
+// γ of a fast CPU codec: 1 ns per element to encode and to decode-add, 0.3 ns per f32 add.
+constexpr CodecCost kGamma{1e-9, 1e-9, 0.3e-9};
+
+AllreduceChoice choose_with(const CompressionSpec& spec, std::size_t count, int ranks,
+                            const LinkModel& link) {
+  const std::unique_ptr<Codec> codec = make_codec(spec);
+  const AutoModel model{*codec, kGamma, link, ranks};
+  return choose_allreduce(spec, count, 0, &model);
+}
+
+TEST(AlgorithmChoice, AutoModelTakesTheTreeOnFastLinksAndSraOnSlowOnes) {
+  // qsgd, 4096 elements, 4 ranks. Latency-bound link (25 µs, 10 Gbit/s, collectives 100 µs):
+  // SRA pays 2 x max(3 x 25, 100) + 2 x max(2 x 25, 100) = 400 µs of start-ups, the tree
+  // 4 x 25 = 100 µs plus 2 x (16 KiB + 2 KiB) / 1.25 GB/s = 30 µs: the tree, by far. Slow link
+  // (40 µs, 100 Mbit/s): the tree's 37 KB take 3 ms, SRA's 6 messages of ~0.6 KB 0.3 ms: SRA.
+  const CompressionSpec spec = CompressionSpec::parse("qsgd:bits=4,min_bytes=0");
+  const AllreduceChoice fast = choose_with(spec, 4096, 4, LinkModel{25e-6, 1.25e9, 0, 100e-6});
+  EXPECT_EQ(fast.path, AllreducePath::flat);
+  EXPECT_EQ(fast.algorithm, Algorithm::tree);
+  EXPECT_EQ(fast.name, "tree");
+  EXPECT_EQ(fast.note.rfind("auto: model ms: sra ", 0), 0u) << fast.note;
+  EXPECT_NE(fast.note.find(", tree "), std::string::npos) << fast.note;
+  EXPECT_NE(fast.note.find("collective 0.1 ms) -> tree"), std::string::npos) << fast.note;
+  const AllreduceChoice slow = choose_with(spec, 4096, 4, LinkModel{40e-6, 12.5e6, 0, 100e-6});
+  EXPECT_EQ(slow.algorithm, Algorithm::sra);
+  EXPECT_EQ(slow.name, "sra");
+  // Top-k: the sparse all-gather's k entries against the tree's f32 vectors, the same way.
+  const CompressionSpec topk = CompressionSpec::parse("topk:ratio=0.01,min_bytes=0");
+  EXPECT_EQ(choose_with(topk, 4096, 4, LinkModel{25e-6, 1.25e9, 0, 100e-6}).name, "tree");
+  EXPECT_EQ(choose_with(topk, 1 << 20, 4, LinkModel{40e-6, 12.5e6, 0, 100e-6}).name, "allgather");
+  // Random-k has one path, with or without a model.
+  const CompressionSpec randk = CompressionSpec::parse("randk:min_bytes=0");
+  const AllreduceChoice shared = choose_with(randk, 4096, 4, LinkModel{25e-6, 1.25e9, 0, 100e-6});
+  EXPECT_EQ(shared.algorithm, Algorithm::auto_select);
+  EXPECT_EQ(shared.name, "randk");
+}
+
+TEST(AlgorithmChoice, AutoModelLeavesTheDefaultOnlyForAFifteenPercentGain) {
+  // Dense fp16 on 8 ranks: rhd (6 steps) against the ring (14 steps), the same bytes. Sweep α:
+  // the choice must leave the ring exactly when the fastest other candidate is predicted below
+  // 85% of the ring's time, and the sweep must meet both a switch and the band where another
+  // is faster but not by 15% (where the ring must stay).
+  const CompressionSpec spec = CompressionSpec::parse("fp16:min_bytes=0");
+  const std::unique_ptr<Codec> codec = make_codec(spec);
+  bool kept_in_band = false, switched = false;
+  for (double latency = 1e-7; latency < 1e-3; latency *= 1.25) {
+    const LinkModel link{latency, 1.25e9, 0, 0};
+    const double ring = collectives::estimate_allreduce(collectives::ModeledAlgorithm::ring, *codec,
+                                                        kGamma, 1 << 18, 8, link).seconds;
+    double others = ring;
+    for (collectives::ModeledAlgorithm other : {collectives::ModeledAlgorithm::sra,
+                                                collectives::ModeledAlgorithm::rhd,
+                                                collectives::ModeledAlgorithm::tree})
+      others = std::min(others, collectives::estimate_allreduce(other, *codec, kGamma, 1 << 18, 8, link).seconds);
+    const AllreduceChoice choice = choose_with(spec, 1 << 18, 8, link);
+    SCOPED_TRACE(::testing::Message() << "latency " << latency << ": " << choice.note);
+    if (others < 0.85 * ring) {
+      EXPECT_NE(choice.algorithm, Algorithm::ring);
+      switched = true;
+    } else {
+      EXPECT_EQ(choice.algorithm, Algorithm::ring);
+      if (others < ring) kept_in_band = true;
+    }
+  }
+  EXPECT_TRUE(switched);
+  EXPECT_TRUE(kept_in_band);
+}
+
+TEST(AlgorithmChoice, AutoUsesTheModelOnlyWhereItChooses) {
+  const CompressionSpec qsgd = CompressionSpec::parse("qsgd");  // min_bytes 65536
+  EXPECT_TRUE(collectives::auto_uses_model(qsgd, 16384, 0, 4, false));
+  EXPECT_FALSE(collectives::auto_uses_model(qsgd, 16383, 0, 4, false)) << "below min_bytes";
+  EXPECT_FALSE(collectives::auto_uses_model(qsgd, 16384, 0, 1, false)) << "one rank";
+  EXPECT_FALSE(collectives::auto_uses_model(qsgd, 16384, 0, 4, true)) << "CUDA tensor";
+  EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("qsgd:algo=sra"), 16384, 0, 4, false));
+  EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("qsgd:warmup=2"), 16384, 1, 4, false));
+  EXPECT_TRUE(collectives::auto_uses_model(CompressionSpec::parse("qsgd:warmup=2"), 16384, 2, 4, false));
+  EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("randk"), 16384, 0, 4, false));
+  EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("powersgd"), 16384, 0, 4, false));
 }
 
 TEST(AlgorithmChoice, MinBytesComparesTheExactByteCount) {

@@ -17,6 +17,8 @@ using collectives::CodecCost;
 using collectives::CostEstimate;
 using collectives::LinkModel;
 using collectives::ModeledAlgorithm;
+using collectives::auto_candidates;
+using collectives::estimate_allreduce;
 
 // α = 1 s, B = 1 byte/s: latency counts start-ups, transfer counts bytes.
 constexpr LinkModel kUnitLink{1.0, 1.0};
@@ -123,6 +125,35 @@ TEST(CostModel, LatencyFavoursFewStepsAndBandwidthFavoursFewBytes) {
   const CostEstimate ring = collectives::estimate_allreduce(ModeledAlgorithm::ring, *none,
                                                             CodecCost{}, 16, 64, LinkModel{1e-3, 1e9});
   EXPECT_LT(tree.seconds, ring.seconds);
+}
+
+TEST(CostModel, AutoCandidatesNeverCompressMoreOftenThanTheDefault) {
+  // The default first; the ring (P - 1 re-encodes) and rhd (log2 P) only where the default is
+  // the ring itself.
+  using A = ModeledAlgorithm;
+  const std::vector<A> dense = {A::ring, A::sra, A::rhd, A::tree};
+  EXPECT_EQ(auto_candidates(CodecKind::none), dense);
+  EXPECT_EQ(auto_candidates(CodecKind::fp16), dense);
+  EXPECT_EQ(auto_candidates(CodecKind::bf16), dense);
+  EXPECT_EQ(auto_candidates(CodecKind::qsgd), (std::vector<A>{A::sra, A::tree}));
+  EXPECT_EQ(auto_candidates(CodecKind::sign), (std::vector<A>{A::sra, A::tree}));
+  EXPECT_EQ(auto_candidates(CodecKind::topk), (std::vector<A>{A::allgather, A::tree}));
+  EXPECT_EQ(auto_candidates(CodecKind::randk), (std::vector<A>{A::randk}));
+}
+
+TEST(CostModel, CollectiveStartUpBoundsSraAndTheAllgatherButNotTheRing) {
+  // 4 ranks: SRA's latency is 2 x max(3 α, c) + 2 x max(2 α, c); the ring's 6 α whatever c.
+  const auto codec = make_codec(CompressionSpec::parse("sign"));
+  const CodecCost free{0, 0, 0};
+  const LinkModel plain{10e-6, 1e9, 0, 0}, slow_collectives{10e-6, 1e9, 0, 50e-6};
+  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::sra, *codec, free, 4096, 4, plain).latency_s,
+              2 * 30e-6 + 2 * 20e-6, 1e-12);
+  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::sra, *codec, free, 4096, 4, slow_collectives).latency_s,
+              4 * 50e-6, 1e-12);
+  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::allgather, *codec, free, 4096, 4, slow_collectives).latency_s,
+              2 * 50e-6, 1e-12);
+  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::ring, *codec, free, 4096, 4, slow_collectives).latency_s,
+              6 * 10e-6, 1e-12);
 }
 
 TEST(CostModel, CandidatesFollowTheCodec) {

@@ -1,0 +1,178 @@
+// algo=auto's model inputs in a Communicator (issue 9, item 3): the link given by
+// CommunicatorOptions::link_* or GRADZIP_LINK (and refused when malformed, naming what), or
+// measured at the first call that needs it; γ measured once per process; both carried by a
+// checkpoint so that a restarted run chooses as the run that saved it; and the choice, made
+// on every rank alike, gives the bytes of the chosen algorithm run directly.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator_state.h"
+#include "collectives/link_calibration.h"
+#include "gradzip/communicator.h"
+#include "gradzip/error.h"
+#include "tests/multirank/multirank_support.h"
+#include "tests/unit/test_support.h"
+
+namespace gradzip {
+namespace {
+
+using collectives::LinkModel;
+using testing::world_rank;
+using testing::world_size;
+
+TensorView host_view(float* data, std::size_t count) {
+  return TensorView{data, count, DType::f32, Device{}};
+}
+
+std::vector<std::uint64_t> bits_of(const LinkModel& link) {
+  return {std::bit_cast<std::uint64_t>(link.latency_s), std::bit_cast<std::uint64_t>(link.bytes_per_s),
+          std::bit_cast<std::uint64_t>(link.exchange_bytes_per_s),
+          std::bit_cast<std::uint64_t>(link.collective_latency_s)};
+}
+
+TEST(AutoModel, GivenLinkIsUsedAsGivenAndNothingIsMeasured) {
+  CommunicatorOptions options;
+  options.link_latency_us = 25;
+  options.link_gbps = 8;  // 1e9 bytes per second
+  options.link_exchange_gbps = 4;
+  Communicator comm = Communicator::world(options);
+  const auto& link = collectives::state_of(comm).known_link();
+  ASSERT_TRUE(link.has_value());
+  EXPECT_DOUBLE_EQ(link->latency_s, 25e-6);
+  EXPECT_DOUBLE_EQ(link->bytes_per_s, 1e9);
+  EXPECT_DOUBLE_EQ(link->exchange_bytes_per_s, 5e8);
+  EXPECT_EQ(link->collective_latency_s, 0.0);
+}
+
+TEST(AutoModel, MalformedLinksAreRefusedNamingTheFieldOrTheVariable) {
+  struct Case {
+    double latency_us, gbps, exchange_gbps;
+    const char* names;
+  };
+  for (const Case& c : {Case{-1, 10, 0, "link_latency_us"}, Case{5, -2, 0, "link_gbps"},
+                        Case{5, 10, -3, "link_exchange_gbps"}, Case{5, 0, 0, "without link_gbps"},
+                        Case{0, 0, 2, "without link_gbps"},
+                        Case{5, std::numeric_limits<double>::infinity(), 0, "link_gbps"}}) {
+    CommunicatorOptions options;
+    options.link_latency_us = c.latency_us;
+    options.link_gbps = c.gbps;
+    options.link_exchange_gbps = c.exchange_gbps;
+    std::string message;
+    EXPECT_EQ(testing::error_code_of([&] { Communicator::world(options); }, &message),
+              ErrorCode::invalid_argument)
+        << c.names;
+    EXPECT_NE(message.find(c.names), std::string::npos) << message;
+  }
+  for (const char* text : {"20", "20,", ",10", "20,10,5,1", "a,10", "20,0", "-1,10", "20,10,-5"}) {
+    ASSERT_EQ(setenv("GRADZIP_LINK", text, 1), 0);
+    std::string message;
+    EXPECT_EQ(testing::error_code_of([&] { Communicator::world(); }, &message),
+              ErrorCode::invalid_argument)
+        << text;
+    EXPECT_NE(message.find("GRADZIP_LINK"), std::string::npos) << text << ": " << message;
+  }
+  // A well-formed variable wins over the options.
+  ASSERT_EQ(setenv("GRADZIP_LINK", "30,16,4", 1), 0);
+  CommunicatorOptions options;
+  options.link_gbps = 1;
+  Communicator comm = Communicator::world(options);
+  unsetenv("GRADZIP_LINK");
+  const auto& link = collectives::state_of(comm).known_link();
+  ASSERT_TRUE(link.has_value());
+  EXPECT_DOUBLE_EQ(link->latency_s, 30e-6);
+  EXPECT_DOUBLE_EQ(link->bytes_per_s, 2e9);
+  EXPECT_DOUBLE_EQ(link->exchange_bytes_per_s, 5e8);
+}
+
+TEST(AutoModel, TheLinkIsMeasuredOnlyByTheFirstCallThatNeedsTheModel) {
+  Communicator comm = Communicator::world();
+  collectives::CommunicatorState& state = collectives::state_of(comm);
+  std::vector<float> data(8192, 1.0f);
+  // Below min_bytes, an explicit algorithm, random-k: no model, nothing measured.
+  comm.allreduce(host_view(data.data(), 16), "small", "qsgd");
+  comm.allreduce(host_view(data.data(), data.size()), "pinned", "qsgd:algo=sra,min_bytes=0");
+  comm.allreduce(host_view(data.data(), data.size()), "randk", "randk:min_bytes=0");
+  EXPECT_FALSE(state.known_link().has_value());
+  const CollectiveStats stats =
+      comm.allreduce(host_view(data.data(), data.size()), "auto", "qsgd:min_bytes=0");
+  if (world_size() == 1) {
+    // One rank has no link: the codec's default, no model.
+    EXPECT_FALSE(state.known_link().has_value());
+    EXPECT_EQ(stats.algorithm, "sra");
+    return;
+  }
+  ASSERT_TRUE(state.known_link().has_value());
+  // Agreed bit for bit, and the note names the model's times.
+  const std::vector<std::uint64_t> bits = bits_of(*state.known_link());
+  EXPECT_TRUE(testing::identical_on_all_ranks(std::as_bytes(std::span<const std::uint64_t>(bits))));
+  EXPECT_NE(stats.note.find("auto: model ms: sra "), std::string::npos) << stats.note;
+  EXPECT_NE(stats.note.find(", tree "), std::string::npos) << stats.note;
+  EXPECT_TRUE(stats.algorithm == "sra" || stats.algorithm == "tree") << stats.algorithm;
+  EXPECT_NE(stats.note.find("-> " + stats.algorithm), std::string::npos) << stats.note;
+  const std::string name_bytes(stats.algorithm);
+  EXPECT_TRUE(testing::identical_on_all_ranks(std::as_bytes(std::span<const char>(name_bytes))));
+}
+
+// The link of two communicators differs when one is given another figure; a checkpoint of the
+// first, loaded by the second, makes the second choose as the first (whatever it was given).
+TEST(AutoModel, ACheckpointCarriesTheModelInputsToTheRestartedRun) {
+  if (world_size() < 2) GTEST_SKIP() << "one rank has no link and no model";
+  const testing::ScratchDirectory scratch("gradzip-test-auto-model");
+  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
+  // A latency-bound link: for 4096 qsgd elements the tree (4 start-ups at 4 ranks) wins over
+  // SRA (2 collectives of P - 1 messages and 2 size all-gathers); a slow one: SRA's few bytes
+  // win over the tree's f32 vectors.
+  CommunicatorOptions fast, slow;
+  fast.link_latency_us = 200;
+  fast.link_gbps = 100;
+  slow.link_latency_us = 1;
+  slow.link_gbps = 0.01;
+  const std::string spec = "qsgd:bits=4,min_bytes=0";
+  std::vector<float> input = testing::gaussian_contribution(4096, world_rank(), 5);
+
+  Communicator saving = Communicator::world(fast);
+  std::vector<float> data = input;
+  const CollectiveStats before = saving.allreduce(host_view(data.data(), data.size()), "w", spec);
+  EXPECT_EQ(before.algorithm, "tree") << before.note;
+  saving.save_residuals(path);
+
+  Communicator other = Communicator::world(slow);
+  data = input;
+  EXPECT_EQ(other.allreduce(host_view(data.data(), data.size()), "x", spec).algorithm, "sra");
+
+  Communicator restarted = Communicator::world(slow);
+  restarted.load_residuals(path);
+  EXPECT_EQ(bits_of(*collectives::state_of(restarted).known_link()),
+            bits_of(*collectives::state_of(saving).known_link()));
+  std::vector<float> a = input, b = input;
+  const CollectiveStats continued = saving.allreduce(host_view(a.data(), a.size()), "w", spec);
+  const CollectiveStats resumed = restarted.allreduce(host_view(b.data(), b.size()), "w", spec);
+  EXPECT_EQ(resumed.algorithm, "tree") << resumed.note;
+  EXPECT_EQ(resumed.note, continued.note);
+  EXPECT_TRUE(testing::same_bits(a, b));
+}
+
+TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
+  const testing::ScratchDirectory scratch("gradzip-test-auto-model-bad");
+  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
+  error_feedback::ResidualStore store(static_cast<std::uint32_t>(world_size()),
+                                      static_cast<std::uint32_t>(world_rank()), ResizePolicy::error);
+  store.save(path, {{"gradzip.auto/link/latency_s", std::bit_cast<std::uint64_t>(-1.0)}});
+  Communicator comm = Communicator::world();
+  std::string message;
+  EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
+  EXPECT_NE(message.find("gradzip.auto/link/latency_s"), std::string::npos) << message;
+  store.save(path, {{"gradzip.auto/link/latency_s", std::bit_cast<std::uint64_t>(1e-5)}});
+  EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
+  EXPECT_NE(message.find("incomplete"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace gradzip
