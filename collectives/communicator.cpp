@@ -251,15 +251,17 @@ void CommunicatorState::save_checkpoint(const std::string& path) const {
 }
 
 void CommunicatorState::load_checkpoint(const std::string& path) {
-  error_feedback::ResidualStore::Counters call_numbers;
-  residuals_.load(path, &call_numbers);
-  import_auto_model(call_numbers, path);
+  error_feedback::ResidualStore::Counters counters;
+  residuals_.load(path, &counters);
+  // The "gradzip.auto/" counters are algo=auto's model inputs, the others call numbers.
+  error_feedback::ResidualStore::Counters call_numbers = counters;
   std::erase_if(call_numbers, [](const auto& entry) { return entry.first.starts_with(kAutoPrefix); });
   for (const auto& [name, value] : call_numbers) {
     GZ_REQUIRE(value <= UINT32_MAX, ErrorCode::io_error, "Communicator::load_residuals: '",
                path, "' gives tensor '", name, "' the call number ", value,
                ", beyond the 32-bit counter");
   }
+  import_auto_model(counters, path);
   steps_.clear();
   // Loaded names count as used now, so the next window does not release them at once.
   const std::uint64_t now = calls_started_ == 0 ? 0 : calls_started_ - 1;

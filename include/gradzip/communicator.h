@@ -47,8 +47,10 @@
 // A tensor's name keys its error-feedback residuals, its random streams and the check. The
 // random streams use (spec seed, the name's call number, a hash of the name); the call number
 // counts the calls of that name on this communicator (all collectives and specs together) and
-// starts at 0 in a new communicator. save_residuals / load_residuals checkpoint the residuals
-// and the call numbers, so that a run restarted from a checkpoint continues byte-identically.
+// starts at 0 in a new communicator. save_residuals / load_residuals checkpoint the residuals,
+// the call numbers and algo=auto's model inputs (the link and the codecs' γ, as counters named
+// "gradzip.auto/...": tensor names starting so are reserved), so that a run restarted from a
+// checkpoint chooses the same algorithms and continues byte-identically.
 // The state of names that stop being used is released (CommunicatorOptions).
 #pragma once
 

@@ -18,8 +18,8 @@
 //   ef=on|off            error feedback [on for sign, topk, randk, powersgd; off otherwise]
 //   ef_resize=error|reset what the residual store does when a tensor changes size [error]
 //   algo=auto|ring|sra|allgather|hier|rhd|tree  collective algorithm [auto]; rhd = recursive
-//                        halving/doubling, tree = binomial tree (all-reduce only; algo=auto
-//                        does not pick them)
+//                        halving/doubling, tree = binomial tree (all-reduce only); auto: the
+//                        cost model's choice (collectives/algorithm_choice.h)
 //   warmup=STEPS         dense steps before compression starts [0]
 //   min_bytes=N          with algo=auto, tensors smaller than this go uncompressed through the
 //                        transport's own all-reduce [65536]
