@@ -9,6 +9,9 @@
 #   sudo benchmarks/emulated_cluster.sh [--ranks N] [--rate RATE] --exec -- PROGRAM [ARGS...]
 #
 #   --ranks N     ranks, one namespace each (default 4)
+#   --ranks-per-node K  K consecutive ranks share one namespace (a "node"; default 1): they
+#                 talk over the namespace's loopback, unlimited, and to other nodes over the
+#                 node's one tc-limited link (N must be a multiple of K)
 #   --rate RATE   tc rate of every link, both directions (default 1gbit; at 10gbit the 2 cores,
 #                 not the links, are the bottleneck here)
 #   --burst SIZE  tc tbf burst of every link (default 512kb). Messages below it pass at memory
@@ -29,17 +32,19 @@
 #
 # The recipe (docs: ../shared/ENVIRONMENT.md, "An emulated cluster with slow links"):
 # - one bridge gzbr0 in the root namespace at 198.18.0.254/24 (the benchmarking range; nothing
-#   else is addressed), namespaces gzns0 .. gzns{N-1}, rank i at 198.18.0.(i+1) on a veth pair
-#   (gzh<i> on the bridge, gzn<i> inside the namespace);
+#   else is addressed), one namespace per node gzns0 .. gzns{N/K-1}, node i at 198.18.0.(i+1)
+#   on a veth pair (gzh<i> on the bridge, gzn<i> inside the namespace);
 # - `tc qdisc ... tbf rate RATE burst BURST latency 20ms` on both ends of every pair;
 # - mpirun with the TCP BTL on 198.18.0.0/24, ORTE's out-of-band and PMIx on the bridge, and
-#   a wrapper that runs rank $OMPI_COMM_WORLD_RANK inside namespace gzns<rank>.
+#   a wrapper that runs rank $OMPI_COMM_WORLD_RANK inside namespace gzns<rank / K> (K ranks per
+#   node, 1 by default: a namespace per rank).
 # Everything created is deleted again on exit: success, failure or Ctrl-C.
 set -euo pipefail
 
 ranks=4
 rate=1gbit
 burst=512kb
+ranks_per_node=1
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 bench="$root_dir/build/bin/gradzip-bench"
 bench_args=()
@@ -56,6 +61,7 @@ while (($#)); do
     --ranks) ranks="${2:?--ranks needs a value}"; shift 2 ;;
     --rate) rate="${2:?--rate needs a value}"; shift 2 ;;
     --burst) burst="${2:?--burst needs a value}"; shift 2 ;;
+    --ranks-per-node) ranks_per_node="${2:?--ranks-per-node needs a value}"; shift 2 ;;
     --bench) bench="${2:?--bench needs a value}"; shift 2 ;;
     --command) command="${2:?--command needs a value}"; shift 2 ;;
     --mtu) mtu="${2:?--mtu needs a value}"; shift 2 ;;
@@ -65,6 +71,11 @@ while (($#)); do
     *) bench_args=("$@"); break ;;
   esac
 done
+if ! [[ "$ranks_per_node" =~ ^[1-9][0-9]*$ ]] || ((ranks % ranks_per_node != 0)); then
+  echo "emulated_cluster: --ranks-per-node $ranks_per_node must be a positive divisor of --ranks $ranks" >&2
+  exit 2
+fi
+nodes=$((ranks / ranks_per_node))
 if ((exec_mode && ${#program[@]} == 0)); then
   echo "emulated_cluster: --exec needs a program: --exec -- PROGRAM [ARGS...]" >&2
   exit 2
@@ -107,14 +118,14 @@ teardown() {
     kill -TERM "$mpirun_pid" 2>/dev/null || true  # mpirun takes its ranks down with it
     wait "$mpirun_pid" 2>/dev/null || true
   fi
-  for ((i = 0; i < ranks; ++i)); do
+  for ((i = 0; i < nodes; ++i)); do
     # Deleting the namespace deletes its veth end, and with it the peer on the bridge.
     ip netns delete "gzns$i" 2>/dev/null || true
     ip link delete "gzh$i" 2>/dev/null || true
   done
   ip link delete "$bridge" 2>/dev/null || true
   rm -rf "$workdir"
-  echo "emulated_cluster: torn down (bridge $bridge, namespaces gzns0..gzns$((ranks - 1)))" >&2
+  echo "emulated_cluster: torn down (bridge $bridge, namespaces gzns0..gzns$((nodes - 1)))" >&2
   exit "$status"
 }
 trap teardown EXIT
@@ -128,12 +139,13 @@ if ip link show "$bridge" >/dev/null 2>&1 || ip netns list | grep -q '^gzns'; th
   ip link delete "$bridge" 2>/dev/null || true
 fi
 
-echo "emulated_cluster: bridge $bridge at 198.18.0.254/24, ranks at 198.18.0.1..$ranks in namespaces" \
-  "gzns0..gzns$((ranks - 1)), tbf $rate (burst $burst) on both ends of every link, MTU $mtu" >&2
+echo "emulated_cluster: bridge $bridge at 198.18.0.254/24, nodes at 198.18.0.1..$nodes in namespaces" \
+  "gzns0..gzns$((nodes - 1)) ($ranks_per_node rank(s) each), tbf $rate (burst $burst) on both ends" \
+  "of every link, MTU $mtu" >&2
 ip link add "$bridge" mtu "$mtu" type bridge
 ip addr add 198.18.0.254/24 dev "$bridge"
 ip link set "$bridge" up
-for ((i = 0; i < ranks; ++i)); do
+for ((i = 0; i < nodes; ++i)); do
   ns="gzns$i"
   ip netns add "$ns"
   ip link add "gzh$i" mtu "$mtu" type veth peer name "gzn$i" mtu "$mtu"
@@ -149,15 +161,17 @@ done
 
 cat >"$workdir/in_namespace.sh" <<'EOF'
 #!/usr/bin/env bash
-# Runs one MPI rank inside its own namespace (gloo: rank 0's address, this rank's link).
-export MASTER_ADDR=198.18.0.1 GLOO_SOCKET_IFNAME="gzn$OMPI_COMM_WORLD_RANK"
-exec ip netns exec "gzns$OMPI_COMM_WORLD_RANK" "$@"
+# Runs one MPI rank inside its node's namespace (gloo: rank 0's address, this node's link).
+node=$((OMPI_COMM_WORLD_RANK / GZ_RANKS_PER_NODE))
+export MASTER_ADDR=198.18.0.1 GLOO_SOCKET_IFNAME="gzn$node"
+exec ip netns exec "gzns$node" "$@"
 EOF
 chmod +x "$workdir/in_namespace.sh"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Without this, ranks inside the namespaces fail in MPI_Init ("OPAL ERROR: Unreachable").
 export PMIX_MCA_ptl_tcp_if_include="$bridge"
+export GZ_RANKS_PER_NODE="$ranks_per_node"
 if ((${#program[@]} == 0)); then
   program=("$bench" "$command" "${bench_args[@]}")
 fi
@@ -166,7 +180,7 @@ echo "emulated_cluster: $ranks ranks, $rate links, ${program[*]}" >&2
 # traps at once (bash runs traps only between commands) and teardown can stop it first.
 mpirun -np "$ranks" --oversubscribe --bind-to none \
   --mca btl tcp,self --mca btl_tcp_if_include 198.18.0.0/24 \
-  --mca oob_tcp_if_include "$bridge" -x PMIX_MCA_ptl_tcp_if_include \
+  --mca oob_tcp_if_include "$bridge" -x PMIX_MCA_ptl_tcp_if_include -x GZ_RANKS_PER_NODE \
   "$workdir/in_namespace.sh" "${program[@]}" &
 mpirun_pid=$!
 wait "$mpirun_pid"

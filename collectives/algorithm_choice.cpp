@@ -65,12 +65,16 @@ std::string milliseconds(double seconds) {
 // candidate is predicted at least kAutoSwitchGain faster.
 void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoModel& model,
                      AllreduceChoice& choice) {
-  const std::vector<ModeledAlgorithm> candidates = auto_candidates(spec.codec);
+  std::vector<ModeledAlgorithm> candidates = auto_candidates(spec.codec);
+  if (model.hierarchy) candidates.push_back(ModeledAlgorithm::hier);
   std::string times;
   CostEstimate fallback, fastest;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    const CostEstimate estimate = estimate_allreduce(candidates[i], model.codec, model.cost, count,
-                                                     model.ranks, model.link);
+    const bool hier = candidates[i] == ModeledAlgorithm::hier;
+    // hier: the codec's default algorithm across nodes, on each inter group's link.
+    const CostEstimate estimate = estimate_allreduce(
+        candidates[i], model.codec, model.cost, count, model.ranks,
+        hier ? model.hierarchy->across : model.link, hier ? model.hierarchy->nodes : HierarchyModel{});
     if (i == 0) fallback = estimate;
     if (i == 1 || (i > 1 && estimate.seconds < fastest.seconds)) fastest = estimate;
     times += detail::concat(i == 0 ? "" : ", ", modeled_algorithm_name(candidates[i]), " ",
@@ -79,8 +83,14 @@ void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoM
   const bool switch_away =
       candidates.size() > 1 && fastest.seconds < (1.0 - kAutoSwitchGain) * fallback.seconds;
   const CostEstimate& best = switch_away ? fastest : fallback;
-  choice.algorithm = algorithm_of(best.algorithm);
-  choice.name = modeled_algorithm_name(best.algorithm);
+  if (best.algorithm == ModeledAlgorithm::hier) {
+    choice.path = AllreducePath::hierarchical;
+    choice.algorithm = Algorithm::auto_select;
+    choice.name = "hier/" + auto_flat_name(spec.codec);
+  } else {
+    choice.algorithm = algorithm_of(best.algorithm);
+    choice.name = modeled_algorithm_name(best.algorithm);
+  }
   const std::string exchange =
       model.link.exchange_bytes_per_s > 0
           ? detail::concat(", exchange ", model.link.exchange_bytes_per_s / 1e6, " MB/s")
@@ -89,9 +99,17 @@ void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoM
       model.link.collective_latency_s > 0
           ? detail::concat(", collective ", milliseconds(model.link.collective_latency_s), " ms")
           : std::string();
+  const std::string nodes =
+      model.hierarchy
+          ? detail::concat("; nodes of ", model.hierarchy->nodes.ranks_per_node, ": inside ",
+                           milliseconds(model.hierarchy->nodes.intra.latency_s), " ms, ",
+                           model.hierarchy->nodes.intra.bytes_per_s / 1e6, " MB/s, across ",
+                           milliseconds(model.hierarchy->across.latency_s), " ms, ",
+                           model.hierarchy->across.bytes_per_s / 1e6, " MB/s")
+          : std::string();
   choice.note = detail::concat("auto: model ms: ", times, " (link ",
                                milliseconds(model.link.latency_s), " ms, ",
-                               model.link.bytes_per_s / 1e6, " MB/s", exchange, collective,
+                               model.link.bytes_per_s / 1e6, " MB/s", exchange, collective, nodes,
                                ") -> ", choice.name);
 }
 

@@ -11,7 +11,8 @@
 //   algo=auto with an AutoModel            -> the codec's default (the first of auto_candidates,
 //                                             cost_model.h: ring / SRA / rhd / tree for none,
 //                                             fp16, bf16; SRA / tree for qsgd, sign; the sparse
-//                                             all-gather / tree for top-k), unless another
+//                                             all-gather / tree for top-k; and hier when the
+//                                             model has a node structure), unless another
 //                                             candidate is predicted at least 15% faster: then
 //                                             the fastest (ties: the earlier); the note lists
 //                                             every candidate's predicted time
@@ -34,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "collectives/cost_model.h"
@@ -60,12 +62,21 @@ struct AllreduceChoice {
   std::string note;
 };
 
+// The node structure algo=auto's model knows when the hierarchical all-reduce is a candidate.
+struct AutoHierarchy {
+  HierarchyModel nodes;  // ranks per node and the link inside a node
+  LinkModel across;      // the link of each inter-node group, all groups busy at once
+};
+
 // What algo=auto chooses by: the cost model's inputs for one call.
 struct AutoModel {
   const Codec& codec;  // the call's codec (its spec gives the message sizes)
   CodecCost cost;      // γ, agreed across ranks
   LinkModel link;      // agreed across ranks
   int ranks = 1;
+  // When set (the spec's node structure has two or more nodes of two or more ranks each, all
+  // of one size), the hierarchical all-reduce is a candidate too, for every codec but random-k.
+  std::optional<AutoHierarchy> hierarchy;
 };
 
 // Whether choose_allreduce would consult an AutoModel for this call (so the caller knows

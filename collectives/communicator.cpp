@@ -124,6 +124,30 @@ const LinkModel& CommunicatorState::auto_link() {
   return *link_;
 }
 
+const std::optional<AutoHierarchy>& CommunicatorState::auto_hierarchy(std::uint32_t ranks_per_node) {
+  if (const auto found = hierarchies_.find(ranks_per_node); found != hierarchies_.end())
+    return found->second;
+  const int ranks = transport_->size();
+  std::optional<AutoHierarchy> hierarchy;
+  // Nodes of ranks_per_node consecutive ranks (node_transports), all of one size, at least two
+  // of them with at least two ranks each.
+  if (ranks_per_node >= 2 && ranks_per_node <= static_cast<std::uint32_t>(ranks) / 2 &&
+      ranks % static_cast<int>(ranks_per_node) == 0) {
+    NodeTransports& node = node_transports(ranks_per_node);
+    const LinkModel intra = agreed_link(*transport_, measure_link(*node.intra));
+    // All inter groups at once, as the hierarchical all-reduce runs them: each gets its share
+    // of the node's link. Their collective start-ups are not taken from this measurement: a
+    // group that measures them while another still moves its large rounds waits behind those
+    // in the link's queue (on the emulated cluster the groups' figures varied from 0.1 to
+    // 5 ms); a world collective's start-up, measured by auto_link with every rank idle, stands
+    // in for them.
+    LinkModel across = agreed_link(*transport_, measure_link(*node.inter));
+    across.collective_latency_s = auto_link().collective_latency_s;
+    hierarchy = AutoHierarchy{HierarchyModel{static_cast<int>(ranks_per_node), intra}, across};
+  }
+  return hierarchies_.emplace(ranks_per_node, hierarchy).first->second;
+}
+
 const CodecCost& CommunicatorState::auto_codec_cost(const CompressionSpec& spec) {
   const std::string key = spec.to_string();
   if (const auto found = codec_costs_.find(key); found != codec_costs_.end()) return found->second;
@@ -191,11 +215,16 @@ void CommunicatorState::export_auto_model(error_feedback::ResidualStore::Counter
   const auto put = [&](const std::string& name, double value) {
     counters[detail::concat(kAutoPrefix, name)] = std::bit_cast<std::uint64_t>(value);
   };
-  if (link_) {
-    const double terms[] = {link_->latency_s, link_->bytes_per_s, link_->exchange_bytes_per_s,
-                            link_->collective_latency_s};
-    for (std::size_t i = 0; i < std::size(terms); ++i)
-      put(detail::concat("link/", kLinkTerms[i]), terms[i]);
+  const auto put_link = [&](const std::string& prefix, const LinkModel& link) {
+    const double terms[] = {link.latency_s, link.bytes_per_s, link.exchange_bytes_per_s,
+                            link.collective_latency_s};
+    for (std::size_t i = 0; i < std::size(terms); ++i) put(detail::concat(prefix, kLinkTerms[i]), terms[i]);
+  };
+  if (link_) put_link("link/", *link_);
+  for (const auto& [ranks_per_node, hierarchy] : hierarchies_) {
+    if (!hierarchy) continue;  // not a candidate: follows from the rank count alone
+    put_link(detail::concat("hier/", ranks_per_node, "/intra/"), hierarchy->nodes.intra);
+    put_link(detail::concat("hier/", ranks_per_node, "/across/"), hierarchy->across);
   }
   for (const auto& [spec, cost] : codec_costs_) {
     const double terms[] = {cost.encode_s, cost.decode_add_s, cost.add_s};
@@ -205,9 +234,10 @@ void CommunicatorState::export_auto_model(error_feedback::ResidualStore::Counter
 
 void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::Counters& counters,
                                           std::string_view path) {
-  std::optional<LinkModel> link;
+  // Links by their counter prefix ("link/", "hier/<L>/intra/", "hier/<L>/across/"), with the
+  // number of terms read.
+  std::map<std::string, std::pair<LinkModel, std::size_t>, std::less<>> links;
   std::map<std::string, CodecCost, std::less<>> costs;
-  std::size_t link_terms = 0;
   for (const auto& [name, bits] : counters) {
     if (!name.starts_with(kAutoPrefix)) continue;
     const std::string_view rest = std::string_view(name).substr(kAutoPrefix.size());
@@ -215,13 +245,20 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
     const std::size_t slash = rest.rfind('/');
     const std::string_view term = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
     bool known = std::isfinite(value) && value >= 0 && slash != std::string_view::npos;
-    if (known && rest.starts_with("link/")) {
-      if (!link) link.emplace(LinkModel{0, 0, 0, 0});
-      double* const fields[] = {&link->latency_s, &link->bytes_per_s, &link->exchange_bytes_per_s,
-                                &link->collective_latency_s};
+    const std::string_view prefix = known ? rest.substr(0, slash + 1) : std::string_view();
+    std::uint32_t ranks_per_node = 0;
+    const bool hier_prefix =
+        prefix.starts_with("hier/") &&
+        (prefix.ends_with("/intra/") || prefix.ends_with("/across/")) &&
+        std::sscanf(std::string(prefix).c_str(), "hier/%u/", &ranks_per_node) == 1 &&
+        ranks_per_node >= 2;
+    if (known && (prefix == "link/" || hier_prefix)) {
+      auto& [link, read] = links[std::string(prefix)];
+      double* const fields[] = {&link.latency_s, &link.bytes_per_s, &link.exchange_bytes_per_s,
+                                &link.collective_latency_s};
       const auto at = std::find(std::begin(kLinkTerms), std::end(kLinkTerms), term);
       known = at != std::end(kLinkTerms);
-      if (known) *fields[at - std::begin(kLinkTerms)] = value, ++link_terms;
+      if (known) *fields[at - std::begin(kLinkTerms)] = value, ++read;
     } else if (known && rest.starts_with("gamma/") && slash > 6) {
       CodecCost& cost = costs[std::string(rest.substr(6, slash - 6))];
       double* const fields[] = {&cost.encode_s, &cost.decode_add_s, &cost.add_s};
@@ -233,14 +270,32 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
     }
     GZ_REQUIRE(known, ErrorCode::io_error, "loading '", path, "': the counter '", name, "' = ",
                value, " is not one of algo=auto's model inputs (", kAutoPrefix,
-               "link/<term> or gamma/<spec>/<term>, a finite value >= 0)");
+               "link/<term>, hier/<L>/intra|across/<term> or gamma/<spec>/<term>, a finite "
+               "value >= 0)");
   }
-  GZ_REQUIRE(!link || (link_terms == std::size(kLinkTerms) && link->bytes_per_s > 0),
-             ErrorCode::io_error, "loading '", path, "': algo=auto's link is incomplete (",
-             link_terms, " of ", std::size(kLinkTerms), " terms, rate ",
-             link ? link->bytes_per_s : 0.0, " B/s)");
-  if (link) link_ = link;
+  std::map<std::uint32_t, AutoHierarchy> hierarchies;
+  for (const auto& [prefix, entry] : links) {
+    const auto& [link, read] = entry;
+    GZ_REQUIRE(read == std::size(kLinkTerms) && link.bytes_per_s > 0, ErrorCode::io_error,
+               "loading '", path, "': algo=auto's link '", kAutoPrefix, prefix, "' is incomplete (",
+               read, " of ", std::size(kLinkTerms), " terms, rate ", link.bytes_per_s, " B/s)");
+    if (prefix == "link/") continue;
+    std::uint32_t ranks_per_node = 0;
+    std::sscanf(prefix.c_str(), "hier/%u/", &ranks_per_node);
+    AutoHierarchy& hierarchy = hierarchies[ranks_per_node];
+    hierarchy.nodes.ranks_per_node = static_cast<int>(ranks_per_node);
+    (prefix.ends_with("/intra/") ? hierarchy.nodes.intra : hierarchy.across) = link;
+  }
+  for (const auto& [ranks_per_node, hierarchy] : hierarchies) {
+    const std::string base = detail::concat("hier/", ranks_per_node, "/");
+    GZ_REQUIRE(links.contains(base + "intra/") && links.contains(base + "across/"),
+               ErrorCode::io_error, "loading '", path, "': algo=auto's node structure '",
+               kAutoPrefix, base, "' lacks its ", links.contains(base + "intra/") ? "across" : "intra",
+               " link");
+  }
+  if (const auto found = links.find("link/"); found != links.end()) link_ = found->second.first;
   for (auto& [spec, cost] : costs) codec_costs_[spec] = cost;
+  for (auto& [ranks_per_node, hierarchy] : hierarchies) hierarchies_[ranks_per_node] = hierarchy;
 }
 
 void CommunicatorState::save_checkpoint(const std::string& path) const {
@@ -731,7 +786,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
       set_operation_phase("algo=auto's calibration of the link and the codec");
       const LinkModel link = state.auto_link();
       model.emplace(AutoModel{state.codec_for(spec), state.auto_codec_cost(spec), link,
-                              state.transport().size()});
+                              state.transport().size(), state.auto_hierarchy(spec.ranks_per_node)});
       set_operation_phase("the data exchange");
     }
     const AllreduceChoice choice = choose_allreduce(spec, count, step, model ? &*model : nullptr);

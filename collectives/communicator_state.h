@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "collectives/algorithm_choice.h"
 #include "collectives/cost_model.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
@@ -62,7 +63,6 @@ class CommunicatorState {
   };
   NodeTransports& node_transports(std::uint32_t ranks_per_node);
 
-  // f32 scratch for f16 / bf16 tensors, grown as needed and kept between calls.
   // The link algo=auto's cost model assumes: CommunicatorOptions::link_* or GRADZIP_LINK when
   // given, else measured by measure_link over transport() at the first call and kept (a
   // collective: every rank must ask in the same call). known_link() is it when it is known
@@ -75,15 +75,23 @@ class CommunicatorState {
   // γ of `spec`'s codec as every rank agrees on it (agreed_codec_cost), measured at the first
   // call per canonical spec and kept (a collective, like auto_link).
   const CodecCost& auto_codec_cost(const CompressionSpec& spec);
-  // algo=auto's model inputs (the link when known, every γ measured) as checkpoint counters
-  // named "gradzip.auto/..." (doubles as their bits), and back: a run restarted from a
-  // checkpoint makes the same choices as the run that saved it, whatever its own measurements
-  // would have said. import_auto_model takes only the "gradzip.auto/" counters of `counters`
-  // and throws io_error naming a malformed one.
+  // The node structure of `ranks_per_node` (node_transports) as algo=auto's model sees it:
+  // nullopt when the hierarchical all-reduce is no candidate (one node, one rank per node, or
+  // nodes of unequal size); else the ranks per node, the link inside a node (measure_link over
+  // `intra`) and across nodes (over `inter`, all inter groups at once, as the hierarchical
+  // all-reduce runs them), each agreed by every rank. Made at the first call per value and
+  // kept (a collective over transport(), like auto_link).
+  const std::optional<AutoHierarchy>& auto_hierarchy(std::uint32_t ranks_per_node);
+  // algo=auto's model inputs (the link when known, every γ measured, the node structures) as
+  // checkpoint counters named "gradzip.auto/..." (doubles as their bits), and back: a run
+  // restarted from a checkpoint makes the same choices as the run that saved it, whatever its
+  // own measurements would have said. import_auto_model takes only the "gradzip.auto/"
+  // counters of `counters` and throws io_error naming a malformed one.
   void export_auto_model(error_feedback::ResidualStore::Counters& counters) const;
   void import_auto_model(const error_feedback::ResidualStore::Counters& counters,
                          std::string_view path);
 
+  // f32 scratch for f16 / bf16 tensors, grown as needed and kept between calls.
   std::vector<float>& f32_scratch() noexcept { return f32_scratch_; }
   // Host copy of CUDA tensors reduced over the host transport (their dtype's bytes), grown as
   // needed and kept between calls.
@@ -117,6 +125,7 @@ class CommunicatorState {
   std::map<std::uint32_t, NodeTransports> nodes_;
   std::optional<LinkModel> link_;
   std::map<std::string, CodecCost, std::less<>> codec_costs_;
+  std::map<std::uint32_t, std::optional<AutoHierarchy>> hierarchies_;
   std::vector<float> f32_scratch_;
   std::vector<std::byte> host_staging_;
   CudaPath cuda_path_ = CudaPath::automatic;

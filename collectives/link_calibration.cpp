@@ -100,6 +100,19 @@ LinkModel measure_link(Transport& transport, const LinkCalibration& calibration)
   return agreed;
 }
 
+LinkModel agreed_link(Transport& transport, const LinkModel& mine) {
+  const std::vector<double> all = gather_doubles(
+      transport, {mine.latency_s, mine.bytes_per_s, mine.exchange_bytes_per_s, mine.collective_latency_s});
+  LinkModel agreed = mine;
+  for (std::size_t r = 0; r < all.size(); r += 4) {
+    agreed.latency_s = std::max(agreed.latency_s, all[r]);
+    agreed.bytes_per_s = std::min(agreed.bytes_per_s, all[r + 1]);
+    agreed.exchange_bytes_per_s = std::min(agreed.exchange_bytes_per_s, all[r + 2]);
+    agreed.collective_latency_s = std::max(agreed.collective_latency_s, all[r + 3]);
+  }
+  return agreed;
+}
+
 CodecCost local_codec_cost(const Codec& codec, std::size_t sample) {
   static std::mutex mutex;
   static std::map<std::string, CodecCost, std::less<>> measured;

@@ -33,6 +33,11 @@ struct LinkCalibration {
 // only. About 0.2 s at 1 Gbit/s with the defaults.
 LinkModel measure_link(Transport& transport, const LinkCalibration& calibration = {});
 
+// `mine` as every rank of `transport` agrees on it: the largest latencies and the smallest
+// rates over the ranks (one all-gather). For links measured on sub-transports (the nodes of
+// the hierarchical all-reduce), each rank passing what its own group measured.
+LinkModel agreed_link(Transport& transport, const LinkModel& mine);
+
 // γ of `codec` on this process: measure_codec_cost(codec, sample) the first time a codec spec
 // (canonical text) and sample are asked for, the same figures after that (thread-safe). Every
 // communicator of the process thus sees the same γ, so two communicators over the same ranks

@@ -1,7 +1,8 @@
 // algo=auto against the clock (issue 9, item 3): for each scenario SPEC@COUNT given on the
 // command line, one algo=auto all-reduce says which algorithm the cost model chose (and its
 // predicted times), then every candidate the model considered (collectives/cost_model.h
-// auto_candidates) runs with its algorithm pinned, `--repeats` times, interleaved. A
+// auto_candidates, and hier when the spec gives ranks_per_node) runs with its algorithm
+// pinned, `--repeats` times, interleaved. A
 // candidate's time is the median over repeats of the slowest rank's time. The scenario passes
 // when the chosen algorithm is the fastest measured, or within `--tolerance` (default 5%) of it.
 //
@@ -99,12 +100,20 @@ int run(int argc, char** argv) {
     // The auto call (the first one also measures the link and the codec's γ).
     gradzip::CollectiveStats chosen_stats;
     timed_allreduce(comm, input, "auto/" + std::to_string(s), spec, &chosen_stats);
-    const std::string chosen = chosen_stats.algorithm;
+    // "hier/<inner>" counts as the candidate "hier" (pinned: algo=hier).
+    const std::string chosen = chosen_stats.algorithm.starts_with("hier/") ? std::string("hier")
+                                                                           : chosen_stats.algorithm;
 
     std::vector<std::string> names;
     for (gradzip::collectives::ModeledAlgorithm candidate :
          gradzip::collectives::auto_candidates(spec.codec))
       names.emplace_back(gradzip::collectives::modeled_algorithm_name(candidate));
+    // A spec that gives the node structure makes the hierarchical all-reduce a candidate too
+    // (when the rank count forms two or more nodes of it).
+    const int ranks = comm.size();
+    if (spec.ranks_per_node >= 2 && static_cast<int>(spec.ranks_per_node) <= ranks / 2 &&
+        ranks % static_cast<int>(spec.ranks_per_node) == 0)
+      names.emplace_back("hier");
     std::map<std::string, std::vector<double>> seconds;
     for (int r = 0; r <= repeats; ++r) {  // round 0 warms each candidate up, unmeasured
       for (const std::string& name : names) {

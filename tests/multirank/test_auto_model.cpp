@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,44 @@ TEST(AutoModel, ACheckpointCarriesTheModelInputsToTheRestartedRun) {
   EXPECT_TRUE(testing::same_bits(a, b));
 }
 
+// Nodes of two ranks (4 or more ranks, an even count): the model measures the link inside and
+// across the nodes once, and a checkpoint carries all of it.
+TEST(AutoModel, NodeStructuresAreMeasuredOnceAndCheckpointed) {
+  const int ranks = world_size();
+  Communicator comm = Communicator::world();
+  collectives::CommunicatorState& state = collectives::state_of(comm);
+  std::vector<float> data = testing::gaussian_contribution(8192, world_rank(), 9);
+  const CollectiveStats stats =
+      comm.allreduce(host_view(data.data(), data.size()), "n", "fp16:min_bytes=0,ranks_per_node=2");
+  const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_hierarchy(2);
+  if (ranks < 4 || ranks % 2 != 0) {
+    // One node, or nodes of unequal size: the hierarchy is no candidate.
+    EXPECT_FALSE(hierarchy.has_value());
+    EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
+    return;
+  }
+  ASSERT_TRUE(hierarchy.has_value());
+  EXPECT_EQ(hierarchy->nodes.ranks_per_node, 2);
+  EXPECT_GT(hierarchy->nodes.intra.bytes_per_s, 0.0);
+  EXPECT_GT(hierarchy->across.bytes_per_s, 0.0);
+  EXPECT_NE(stats.note.find(", hier "), std::string::npos) << stats.note;
+  EXPECT_NE(stats.note.find("nodes of 2: inside "), std::string::npos) << stats.note;
+  const std::vector<std::uint64_t> bits = bits_of(hierarchy->across);
+  EXPECT_TRUE(testing::identical_on_all_ranks(std::as_bytes(std::span<const std::uint64_t>(bits))));
+
+  const testing::ScratchDirectory scratch("gradzip-test-auto-nodes");
+  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
+  comm.save_residuals(path);
+  Communicator restored = Communicator::world();
+  restored.load_residuals(path);
+  error_feedback::ResidualStore::Counters saved, loaded;
+  state.export_auto_model(saved);
+  collectives::state_of(restored).export_auto_model(loaded);
+  EXPECT_EQ(loaded, saved);
+  EXPECT_TRUE(saved.contains("gradzip.auto/hier/2/intra/bytes_per_s"));
+  EXPECT_TRUE(saved.contains("gradzip.auto/hier/2/across/collective_latency_s"));
+}
+
 TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
   const testing::ScratchDirectory scratch("gradzip-test-auto-model-bad");
   const std::string path = scratch.file("rank" + std::to_string(world_rank()));
@@ -172,6 +211,13 @@ TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
   store.save(path, {{"gradzip.auto/link/latency_s", std::bit_cast<std::uint64_t>(1e-5)}});
   EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
   EXPECT_NE(message.find("incomplete"), std::string::npos) << message;
+  // A node structure with its inside link only.
+  error_feedback::ResidualStore::Counters half;
+  for (const char* term : {"latency_s", "bytes_per_s", "exchange_bytes_per_s", "collective_latency_s"})
+    half[std::string("gradzip.auto/hier/2/intra/") + term] = std::bit_cast<std::uint64_t>(1.0);
+  store.save(path, half);
+  EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
+  EXPECT_NE(message.find("lacks its across link"), std::string::npos) << message;
 }
 
 }  // namespace
