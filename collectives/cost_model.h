@@ -28,8 +28,9 @@ struct LinkModel {
                                   // receives from another (a ring step)
   // The rate of a pairwise exchange, where two ranks send to each other at once over one
   // connection (halving/doubling's steps); 0: the same as bytes_per_s. On a full-duplex
-  // fabric it is; Open MPI's TCP transport on the emulated cluster reaches about 56% of the
-  // ring rate here (docs/cost-model.md), which is why measure_link measures it separately.
+  // fabric it is; Open MPI's TCP transport on the emulated cluster reached 40-56% of the ring
+  // rate with 4 MiB messages but the full rate with rhd's smaller ones, so measure_link does
+  // not measure it (docs/cost-model.md); it can be given (link_exchange_gbps).
   double exchange_bytes_per_s = 0;
   // The start-up of one small collective (an all-gather of 8 bytes per rank), as measure_link
   // measures it; 0: not known. SRA's and the sparse all-gather's collectives cost at least
