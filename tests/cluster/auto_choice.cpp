@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -29,20 +30,12 @@ namespace {
 
 using gradzip::CompressionSpec;
 
+// N(0, 1) values, deterministic, different on every rank.
 std::vector<float> contribution(std::size_t count, int rank) {
-  // Deterministic, roughly N(0, 1), different on every rank.
+  std::mt19937_64 engine(0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(rank));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> values(count);
-  std::uint64_t state = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(rank + 1);
-  for (float& v : values) {
-    double sum = 0;
-    for (int i = 0; i < 4; ++i) {
-      state ^= state << 13;
-      state ^= state >> 7;
-      state ^= state << 17;
-      sum += static_cast<double>(state >> 11) * 0x1.0p-53 - 0.5;
-    }
-    v = static_cast<float>(sum * 1.7320508);
-  }
+  for (float& value : values) value = normal(engine);
   return values;
 }
 
