@@ -148,6 +148,25 @@ const std::optional<AutoHierarchy>& CommunicatorState::auto_hierarchy(std::uint3
   return hierarchies_.emplace(ranks_per_node, hierarchy).first->second;
 }
 
+const AllreduceChoice* CommunicatorState::cached_auto_choice(std::string_view spec_text,
+                                                            std::size_t count) const {
+  const auto spec = auto_choices_.find(spec_text);
+  if (spec == auto_choices_.end()) return nullptr;
+  const auto found = spec->second.find(count);
+  return found == spec->second.end() ? nullptr : &found->second;
+}
+
+void CommunicatorState::cache_auto_choice(std::string_view spec_text, std::size_t count,
+                                          const AllreduceChoice& choice) {
+  if (auto_choice_count_ >= kMaxCachedChoices) {
+    auto_choices_.clear();
+    auto_choice_count_ = 0;
+  }
+  auto spec = auto_choices_.find(spec_text);
+  if (spec == auto_choices_.end()) spec = auto_choices_.emplace(std::string(spec_text), std::map<std::size_t, AllreduceChoice>{}).first;
+  if (spec->second.insert_or_assign(count, choice).second) ++auto_choice_count_;
+}
+
 const CodecCost& CommunicatorState::auto_codec_cost(const CompressionSpec& spec) {
   const std::string key = spec.to_string();
   if (const auto found = codec_costs_.find(key); found != codec_costs_.end()) return found->second;
@@ -293,6 +312,8 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
                kAutoPrefix, base, "' lacks its ", links.contains(base + "intra/") ? "across" : "intra",
                " link");
   }
+  auto_choices_.clear();
+  auto_choice_count_ = 0;
   if (const auto found = links.find("link/"); found != links.end()) link_ = found->second.first;
   for (auto& [spec, cost] : costs) codec_costs_[spec] = cost;
   for (auto& [ranks_per_node, hierarchy] : hierarchies) hierarchies_[ranks_per_node] = hierarchy;
@@ -780,16 +801,21 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     // algo=auto's model: the link and γ are measured at the first call that needs them (every
     // rank reaches this point in the same call with the same spec, count and step: the call
     // check compared them), then kept.
-    std::optional<AutoModel> model;
-    if (auto_uses_model(spec, count, step, state.transport().size(),
-                        call.tensor.device.kind == DeviceKind::cuda)) {
+    AllreduceChoice choice;
+    if (!auto_uses_model(spec, count, step, state.transport().size(),
+                         call.tensor.device.kind == DeviceKind::cuda)) {
+      choice = choose_allreduce(spec, count, step);
+    } else if (const AllreduceChoice* cached = state.cached_auto_choice(call.spec_text, count)) {
+      choice = *cached;
+    } else {
       set_operation_phase("algo=auto's calibration of the link and the codec");
       const LinkModel link = state.auto_link();
-      model.emplace(AutoModel{state.codec_for(spec), state.auto_codec_cost(spec), link,
-                              state.transport().size(), state.auto_hierarchy(spec.ranks_per_node)});
+      const AutoModel model{state.codec_for(spec), state.auto_codec_cost(spec), link,
+                            state.transport().size(), state.auto_hierarchy(spec.ranks_per_node)};
       set_operation_phase("the data exchange");
+      choice = choose_allreduce(spec, count, step, &model);
+      state.cache_auto_choice(call.spec_text, count, choice);
     }
-    const AllreduceChoice choice = choose_allreduce(spec, count, step, model ? &*model : nullptr);
     stats.algorithm = choice.name;
     stats.note = choice.note;
 

@@ -14,6 +14,7 @@
 //      each baseline.
 // Single process, no MPI.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "benchmarks/bench_support.h"
+#include "collectives/algorithm_choice.h"
 #include "collectives/cost_model.h"
 #include "gradzip/codec.h"
 #include "gradzip/compression_spec.h"
@@ -46,6 +48,7 @@ struct ModelSize {
 
 struct Options {
   bool help = false;
+  bool choice_cost = false;  // --choice-cost: time algo=auto's choice, then stop
   std::vector<std::string> codecs = {"fp16", "qsgd:bits=4", "qsgd:bits=8", "sign",
                                      "topk:ratio=0.01", "randk:ratio=0.01"};
   std::vector<int> ranks = {2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
@@ -70,7 +73,7 @@ void print_help() {
       "usage: gradzip-bench model [--codec SPEC]... [--ranks P,P,...] [--gbps G,G,...]\n"
       "                           [--latency-us A] [--sample N] [--csv FILE]\n"
       "                           [--validate FILE]... [--link-gbps G] [--link-latency-us A]\n"
-      "                           [--link-efficiency F] [--cores C]\n"
+      "                           [--link-efficiency F] [--cores C] [--choice-cost]\n"
       "  --codec SPEC        codecs to model (default fp16, qsgd:bits=4, qsgd:bits=8, sign,\n"
       "                      topk:ratio=0.01, randk:ratio=0.01); the baselines none and fp16\n"
       "                      (dense rings) are always modelled\n"
@@ -85,7 +88,9 @@ void print_help() {
       "  --link-latency-us A α of those measurements (default 50)\n"
       "  --link-efficiency F payload bytes per wire byte (default 1448/1538: TCP at MTU 1500)\n"
       "  --cores C           cores the measured ranks shared (default: this machine's); with\n"
-      "                      P > C ranks, gamma is scaled by P / C for those rows\n");
+      "                      P > C ranks, gamma is scaled by P / C for those rows\n"
+      "  --choice-cost       only time algo=auto's choice per call (with the model, and the\n"
+      "                      fixed per-codec choice) for each codec, and stop\n");
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -142,6 +147,8 @@ Options parse(int argc, char** argv) {
       options.link_gbps = parse_positive("--link-gbps", value());
     } else if (arg == "--link-latency-us") {
       options.link_latency_us = parse_positive("--link-latency-us", value());
+    } else if (arg == "--choice-cost") {
+      options.choice_cost = true;
     } else if (arg == "--cores") {
       options.cores = parse_positive("--cores", value());
     } else if (arg == "--link-efficiency") {
@@ -314,7 +321,38 @@ std::string gbps_text(double gbps) {
   return text;
 }
 
+// What algo=auto's model costs per call (collectives/algorithm_choice.h): 2 x 10^5 choices of
+// a 2^20-element all-reduce at 4 ranks with a model (its candidates' estimates and the note),
+// against the fixed per-codec choice; time per choice, the best of 3 runs.
+int run_choice_cost(const Options& options) {
+  std::printf("gradzip-bench model --choice-cost: microseconds per algo=auto choice, 2^20 elements, "
+              "4 ranks\n%-24s %12s %12s\n", "spec", "with model", "fixed");
+  constexpr int kChoices = 200000;
+  for (const std::string& text : options.codecs) {
+    const CompressionSpec spec = CompressionSpec::parse(text);
+    if (spec.codec == CodecKind::powersgd) continue;
+    const std::unique_ptr<Codec> codec = make_codec(spec);
+    const collectives::AutoModel model{*codec, CodecCost{1e-9, 1e-9, 0.3e-9},
+                                       LinkModel{25e-6, 1.25e9, 0, 100e-6}, 4, std::nullopt};
+    std::size_t names = 0;  // keeps the loops from being optimised away
+    const auto per_choice = [&](const collectives::AutoModel* with) {
+      double best = 1e30;
+      for (int run = 0; run < 3; ++run) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < kChoices; ++i)
+          names += collectives::choose_allreduce(spec, std::size_t{1} << 20, 0, with).name.size();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      return best / kChoices * 1e6;
+    };
+    const double modeled = per_choice(&model), fixed = per_choice(nullptr);
+    std::printf("%-24s %12.2f %12.2f%s\n", text.c_str(), modeled, fixed, names == 0 ? " ?" : "");
+  }
+  return 0;
+}
+
 int run(const Options& options) {
+  if (options.choice_cost) return run_choice_cost(options);
   std::printf("gradzip-bench model: alpha-beta-gamma cost of gradzip's all-reduce algorithms "
               "(collectives/cost_model.h, docs/cost-model.md)\n\n== gamma, measured here on "
               "%zu elements (ns per element)\n", options.sample);

@@ -18,7 +18,9 @@ import gradzip  # noqa: E402
 import gradzip.torch  # noqa: E402
 
 U = 2.0 ** -24  # f32 unit roundoff
-TOPK = "topk:ratio=0.01,ef=on,min_bytes=0"  # min_bytes=0: every bucket compressed, with residuals
+# min_bytes=0: every bucket compressed, with residuals; the sparse all-gather pinned (its worker
+# residuals are what these tests follow; algo=auto may take the tree on fast links)
+TOPK = "topk:ratio=0.01,ef=on,min_bytes=0,algo=allgather"
 
 
 class Net(torch.nn.Module):
@@ -219,7 +221,7 @@ def test_short_topk_training_run_reduces_the_loss(process_group, rank, size):
     model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                 torch.nn.ReLU(), torch.nn.Linear(256, 4))
     ddp = DDP(model)
-    state = gradzip.torch.GradzipState(model, "topk:ratio=0.01,ef=on", communicator=gradzip.Communicator())
+    state = gradzip.torch.GradzipState(model, "topk:ratio=0.01,ef=on,algo=allgather", communicator=gradzip.Communicator())
     ddp.register_comm_hook(state, gradzip.torch.hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(100 + rank)
