@@ -149,6 +149,10 @@ TEST(AutoModel, ACheckpointCarriesTheModelInputsToTheRestartedRun) {
   EXPECT_EQ(other.allreduce(host_view(data.data(), data.size()), "x", spec).algorithm, "sra");
 
   Communicator restarted = Communicator::world(slow);
+  // Its own choice first (kept for this spec and size), then the checkpoint's inputs, which
+  // must replace the kept choice too.
+  data = input;
+  EXPECT_EQ(restarted.allreduce(host_view(data.data(), data.size()), "y", spec).algorithm, "sra");
   restarted.load_residuals(path);
   EXPECT_EQ(bits_of(*collectives::state_of(restarted).known_link()),
             bits_of(*collectives::state_of(saving).known_link()));
