@@ -151,13 +151,22 @@ PYBIND11_MODULE(_gradzip, m) {
   py::class_<Communicator>(m, "Communicator", R"(Compressed collectives over MPI_COMM_WORLD.
 
 Initialises MPI (MPI_THREAD_MULTIPLE) unless the application did. Every rank calls every
-collective in the same order with the same name, size, dtype, spec and op.)")
-      .def(py::init([](const std::string& default_spec) {
+collective in the same order with the same name, size, dtype, spec and op.
+
+link_gbps > 0 gives algo=auto's cost model the link (link_latency_us its latency,
+link_exchange_gbps a pairwise-exchange rate, 0: link_gbps) instead of measuring it at the first
+call that needs it; all three 0 (the default): measured. GRADZIP_LINK overrides them.)")
+      .def(py::init([](const std::string& default_spec, double link_latency_us, double link_gbps,
+                       double link_exchange_gbps) {
              CommunicatorOptions options;
              options.default_spec = default_spec;
+             options.link_latency_us = link_latency_us;
+             options.link_gbps = link_gbps;
+             options.link_exchange_gbps = link_exchange_gbps;
              return Communicator::world(std::move(options));
            }),
-           py::arg("default_spec") = "none")
+           py::arg("default_spec") = "none", py::kw_only(), py::arg("link_latency_us") = 0.0,
+           py::arg("link_gbps") = 0.0, py::arg("link_exchange_gbps") = 0.0)
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def(

@@ -234,3 +234,21 @@ def test_save_and_load_residuals_round_trip(comm, rank, size):
         comm.load_residuals(path)
     np.testing.assert_array_equal(comm.residual(name), saved)
     assert comm.residual("no.such.residual") is None
+
+
+def test_given_link_drives_algo_auto(rank, size):
+    # A latency-bound link (200 us start-ups, 100 Gbit/s): for 4096 qsgd elements the tree's
+    # 2 log2 P start-ups beat SRA's collectives by far; a slow one (0.01 Gbit/s): SRA's few bytes
+    # beat the tree's f32 vectors. stats["note"] gives the model's times and the link.
+    if size < 2:
+        pytest.skip("one rank has no link")
+    fast = gradzip.Communicator(link_latency_us=200, link_gbps=100)
+    slow = gradzip.Communicator(link_latency_us=1, link_gbps=0.01)
+    data = lossy_input(rank, 4096)
+    got_fast = fast.allreduce(data.copy(), "link.fast", "qsgd:bits=4,min_bytes=0")
+    got_slow = slow.allreduce(data.copy(), "link.slow", "qsgd:bits=4,min_bytes=0")
+    assert got_fast["algorithm"] == "tree", got_fast["note"]
+    assert got_slow["algorithm"] == "sra", got_slow["note"]
+    assert "(link 0.2 ms, " in got_fast["note"], got_fast["note"]
+    with pytest.raises(gradzip.Error, match="link_gbps"):
+        gradzip.Communicator(link_latency_us=5)
