@@ -85,6 +85,13 @@ class CommunicatorState {
   // all-reduce runs them), each agreed by every rank. Made at the first call per value and
   // kept (a collective over transport(), like auto_link).
   const std::optional<AutoHierarchy>& auto_hierarchy(std::uint32_t ranks_per_node);
+  // Sets the node structure of `ranks_per_node` (the Reducer gives its lanes the user
+  // communicator's); every rank must set the same.
+  void set_hierarchy(std::uint32_t ranks_per_node, const std::optional<AutoHierarchy>& hierarchy) {
+    hierarchies_[ranks_per_node] = hierarchy;
+    auto_choices_.clear();
+    auto_choice_count_ = 0;
+  }
   // algo=auto's choices by canonical spec text and element count: once the model's inputs are
   // measured they do not change, so each (spec, count) is decided once (about 3 µs saved per
   // call). Cleared when the inputs change (set_link, import_auto_model) and when it holds

@@ -235,17 +235,26 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
              "Reducer: ", options_.lanes, " lanes drive MPI from ", options_.lanes,
              " threads at once, which needs MPI_THREAD_MULTIPLE; MPI was initialised with less "
              "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or use lanes = 1)");
-  // algo=auto's link: the lanes share the user communicator's, measured here (a collective:
-  // every rank constructs its Reducer in the same order) when some spec of the model may
-  // consult it, rather than by each lane while the others move data.
+  // algo=auto's link and node structures: the lanes share the user communicator's, measured
+  // here (a collective: every rank constructs its Reducer in the same order) when some spec of
+  // the model may consult them, rather than by each lane while the others move data.
   collectives::CommunicatorState& user_state = collectives::state_of(communicator);
   const auto uses_auto = [](const CompressionSpec& spec) {
     return spec.algo == Algorithm::auto_select && spec.codec != CodecKind::randk &&
            spec.codec != CodecKind::powersgd;
   };
   bool any_auto = uses_auto(model_.model);
-  for (const TensorRule& rule : model_.rules) any_auto = any_auto || uses_auto(rule.spec);
-  if (any_auto && transport.size() > 1) user_state.auto_link();
+  // The node structures those specs give (ranks_per_node >= 2), measured here too.
+  std::set<std::uint32_t> node_sizes;
+  if (uses_auto(model_.model) && model_.model.ranks_per_node >= 2) node_sizes.insert(model_.model.ranks_per_node);
+  for (const TensorRule& rule : model_.rules) {
+    any_auto = any_auto || uses_auto(rule.spec);
+    if (uses_auto(rule.spec) && rule.spec.ranks_per_node >= 2) node_sizes.insert(rule.spec.ranks_per_node);
+  }
+  if (any_auto && transport.size() > 1) {
+    user_state.auto_link();
+    for (std::uint32_t ranks_per_node : node_sizes) user_state.auto_hierarchy(ranks_per_node);
+  }
   lanes_.reserve(static_cast<std::size_t>(options_.lanes));
   for (int l = 0; l < options_.lanes; ++l) {
     // A duplicate per lane (collective: every rank makes its lanes in the same order).
@@ -261,8 +270,12 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
     lane_options.timeout_seconds = policy.seconds;
     lane_options.on_timeout = policy.action;
     lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate), lane_options), {}, {}});
+    collectives::CommunicatorState& lane_state = collectives::state_of(lanes_.back().communicator);
     if (const std::optional<collectives::LinkModel>& link = user_state.known_link())
-      collectives::state_of(lanes_.back().communicator).set_link(*link);
+      lane_state.set_link(*link);
+    if (any_auto && transport.size() > 1)
+      for (std::uint32_t ranks_per_node : node_sizes)
+        lane_state.set_hierarchy(ranks_per_node, user_state.auto_hierarchy(ranks_per_node));
   }
   for (std::size_t l = 0; l < lanes_.size(); ++l)
     lanes_[l].thread = std::thread([this, l] { lane_loop(l); });

@@ -18,6 +18,7 @@
 #include "collectives/link_calibration.h"
 #include "gradzip/communicator.h"
 #include "gradzip/error.h"
+#include "gradzip/reducer.h"
 #include "tests/multirank/multirank_support.h"
 #include "tests/unit/test_support.h"
 
@@ -200,6 +201,44 @@ TEST(AutoModel, NodeStructuresAreMeasuredOnceAndCheckpointed) {
   EXPECT_EQ(loaded, saved);
   EXPECT_TRUE(saved.contains("gradzip.auto/hier/2/intra/bytes_per_s"));
   EXPECT_TRUE(saved.contains("gradzip.auto/hier/2/across/collective_latency_s"));
+}
+
+// A Reducer measures algo=auto's link and the node structures its specs give on the user's
+// communicator when it is made (not each lane while the others move data), and its checkpoint
+// carries them.
+TEST(AutoModel, AReducerMeasuresTheModelOnceOnTheUsersCommunicator) {
+  const int ranks = world_size();
+  Communicator comm = Communicator::world();
+  ReducerOptions options;
+  options.spec = "fp16:min_bytes=0,ranks_per_node=2";
+  options.lanes = 2;
+  Reducer reducer(comm, options);
+  error_feedback::ResidualStore::Counters measured;
+  collectives::state_of(comm).export_auto_model(measured);
+  if (ranks == 1) {
+    EXPECT_TRUE(measured.empty()) << "one rank: nothing to measure";
+    return;
+  }
+  EXPECT_TRUE(measured.contains("gradzip.auto/link/bytes_per_s"));
+  EXPECT_EQ(measured.contains("gradzip.auto/hier/2/across/bytes_per_s"), ranks >= 4 && ranks % 2 == 0);
+
+  std::vector<float> gradient = testing::gaussian_contribution(6000, world_rank(), 3);
+  reducer.add("w", host_view(gradient.data(), gradient.size()));
+  reducer.mark_ready("w");
+  reducer.wait();
+  reducer.step();
+  const testing::ScratchDirectory scratch("gradzip-test-auto-reducer");
+  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
+  reducer.save_state(path);
+  error_feedback::ResidualStore loaded(static_cast<std::uint32_t>(ranks),
+                                       static_cast<std::uint32_t>(world_rank()), ResizePolicy::error);
+  error_feedback::ResidualStore::Counters saved;
+  loaded.load(path, &saved);
+  // The lanes' link and node figures are the user communicator's (γ comes on top).
+  for (const auto& [name, bits] : measured) {
+    ASSERT_TRUE(saved.contains(name)) << name;
+    EXPECT_EQ(saved.at(name), bits) << name;
+  }
 }
 
 TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
