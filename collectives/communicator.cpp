@@ -55,54 +55,13 @@ CompressionSpec resolve_default_spec(const CommunicatorOptions& options) {
   }
 }
 
-// A finite value >= 0 (> 0 when `positive`), or invalid_argument naming `what`.
-double require_link_value(double value, bool positive, std::string_view what) {
-  GZ_REQUIRE(std::isfinite(value) && (positive ? value > 0 : value >= 0),
-             ErrorCode::invalid_argument, "Communicator: ", what, " = ", value, " (expected a finite ",
-             positive ? "number > 0" : "number >= 0", ")");
-  return value;
-}
-
-// The link of CommunicatorOptions::link_* or GRADZIP_LINK ("LATENCY_US,GBPS[,EXCHANGE_GBPS]"),
-// nullopt when neither gives one (algo=auto then measures it).
+// The link of GRADZIP_LINK when it is set (presence is asked of the environment directly:
+// kernels/tunables.h reports values only), else of CommunicatorOptions::link_*; nullopt when
+// neither gives one (algo=auto then measures it).
 std::optional<LinkModel> resolve_link(const CommunicatorOptions& options) {
-  double latency_us = options.link_latency_us, gbps = options.link_gbps,
-         exchange_gbps = options.link_exchange_gbps;
-  std::string source = "CommunicatorOptions::link_";
-  if (const char* text = std::getenv("GRADZIP_LINK"); text != nullptr) {
-    source = "GRADZIP_LINK's ";
-    std::vector<double> fields;
-    std::string_view rest(text);
-    bool parsed = true;
-    while (parsed && fields.size() < 4) {
-      const std::size_t comma = rest.find(',');
-      const std::string field(rest.substr(0, comma));
-      char* end = nullptr;
-      const double value = std::strtod(field.c_str(), &end);
-      parsed = !field.empty() && end == field.c_str() + field.size();
-      fields.push_back(value);
-      if (comma == std::string_view::npos) break;
-      rest.remove_prefix(comma + 1);
-    }
-    GZ_REQUIRE(parsed && (fields.size() == 2 || fields.size() == 3), ErrorCode::invalid_argument,
-               "Communicator: GRADZIP_LINK='", text,
-               "' (expected LATENCY_US,GBPS or LATENCY_US,GBPS,EXCHANGE_GBPS, e.g. 20,10)");
-    latency_us = fields[0];
-    gbps = fields[1];
-    exchange_gbps = fields.size() == 3 ? fields[2] : 0;
-    require_link_value(gbps, true, source + "gbps");
-  }
-  require_link_value(latency_us, false, source + "latency_us");
-  require_link_value(gbps, false, source + "gbps");
-  require_link_value(exchange_gbps, false, source + "exchange_gbps");
-  if (gbps == 0) {
-    GZ_REQUIRE(latency_us == 0 && exchange_gbps == 0, ErrorCode::invalid_argument,
-               "Communicator: link_latency_us = ", latency_us, " and link_exchange_gbps = ",
-               exchange_gbps, " without link_gbps (give link_gbps > 0 with them, or leave all "
-               "three 0 to measure the link)");
-    return std::nullopt;
-  }
-  return LinkModel{latency_us * 1e-6, gbps * 1e9 / 8, exchange_gbps * 1e9 / 8, 0.0};
+  if (std::getenv("GRADZIP_LINK") != nullptr)
+    return parse_link_variable(kernels::tunable_value("GRADZIP_LINK"));
+  return given_link(options.link_latency_us, options.link_gbps, options.link_exchange_gbps);
 }
 
 }  // namespace
@@ -129,10 +88,8 @@ const std::optional<AutoHierarchy>& CommunicatorState::auto_hierarchy(std::uint3
     return found->second;
   const int ranks = transport_->size();
   std::optional<AutoHierarchy> hierarchy;
-  // Nodes of ranks_per_node consecutive ranks (node_transports), all of one size, at least two
-  // of them with at least two ranks each.
-  if (ranks_per_node >= 2 && ranks_per_node <= static_cast<std::uint32_t>(ranks) / 2 &&
-      ranks % static_cast<int>(ranks_per_node) == 0) {
+  // Nodes of ranks_per_node consecutive ranks (node_transports).
+  if (forms_nodes(ranks, ranks_per_node)) {
     NodeTransports& node = node_transports(ranks_per_node);
     const LinkModel intra = agreed_link(*transport_, measure_link(*node.intra));
     // All inter groups at once, as the hierarchical all-reduce runs them: each gets its share

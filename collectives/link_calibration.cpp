@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -12,6 +13,7 @@
 
 #include "collectives/collective_job.h"
 #include "gradzip/error.h"
+#include "kernels/tunables.h"
 
 namespace gradzip::collectives {
 namespace {
@@ -90,14 +92,43 @@ LinkModel measure_link(Transport& transport, const LinkCalibration& calibration)
   std::nth_element(gathers.begin(), gathers.begin() + gathers.size() / 2, gathers.end());
   const double collective = gathers[gathers.size() / 2];
 
-  const std::vector<double> all = gather_doubles(transport, {latency, ring_rate, collective});
-  LinkModel agreed{0.0, kInfinite, 0.0, 0.0};
-  for (std::size_t r = 0; r < all.size(); r += 3) {
-    agreed.latency_s = std::max(agreed.latency_s, all[r]);
-    agreed.bytes_per_s = std::min(agreed.bytes_per_s, all[r + 1]);
-    agreed.collective_latency_s = std::max(agreed.collective_latency_s, all[r + 2]);
+  return agreed_link(transport, LinkModel{latency, ring_rate, 0.0, collective});
+}
+
+std::optional<LinkModel> given_link(double latency_us, double gbps, double exchange_gbps,
+                                    std::string_view source) {
+  const auto require = [&](double value, std::string_view field) {
+    GZ_REQUIRE(std::isfinite(value) && value >= 0, ErrorCode::invalid_argument, "Communicator: ",
+               source, field, " = ", value, " (expected a finite number >= 0)");
+  };
+  require(latency_us, "latency_us");
+  require(gbps, "gbps");
+  require(exchange_gbps, "exchange_gbps");
+  if (gbps == 0) {
+    GZ_REQUIRE(latency_us == 0 && exchange_gbps == 0, ErrorCode::invalid_argument, "Communicator: ",
+               source, "latency_us = ", latency_us, " and ", source, "exchange_gbps = ",
+               exchange_gbps, " without ", source, "gbps (give gbps > 0 with them, or leave all "
+               "three 0 to measure the link)");
+    return std::nullopt;
   }
-  return agreed;
+  return LinkModel{latency_us * 1e-6, gbps * 1e9 / 8, exchange_gbps * 1e9 / 8, 0.0};
+}
+
+LinkModel parse_link_variable(std::string_view text) {
+  std::vector<double> fields;
+  bool parsed = true;
+  for (std::string_view rest = text; parsed && fields.size() < 4;) {
+    const std::size_t comma = rest.find(',');
+    const std::optional<double> value = kernels::parse_finite_number(rest.substr(0, comma));
+    parsed = value.has_value();
+    fields.push_back(value.value_or(0));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  GZ_REQUIRE(parsed && (fields.size() == 2 || fields.size() == 3) && fields[1] > 0,
+             ErrorCode::invalid_argument, "Communicator: GRADZIP_LINK='", text,
+             "' (expected LATENCY_US,GBPS or LATENCY_US,GBPS,EXCHANGE_GBPS with GBPS > 0, e.g. 20,10)");
+  return *given_link(fields[0], fields[1], fields.size() == 3 ? fields[2] : 0, "GRADZIP_LINK's ");
 }
 
 LinkModel agreed_link(Transport& transport, const LinkModel& mine) {

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <string_view>
 
 #include "collectives/cost_model.h"
 #include "collectives/transport/transport.h"
@@ -32,6 +34,17 @@ struct LinkCalibration {
 // latency 0, infinite bandwidth. Rounds and sizes must be >= 1 (invalid_argument); host memory
 // only. About 0.2 s at 1 Gbit/s with the defaults.
 LinkModel measure_link(Transport& transport, const LinkCalibration& calibration = {});
+
+// The link CommunicatorOptions::link_* give (latency in µs, rates in Gbit/s; `source` names
+// them in errors): nullopt when gbps is 0 (measure it; latency and exchange must be 0 too),
+// else the LinkModel. Negative, non-finite or latency-without-rate values throw
+// invalid_argument naming `source`'s field.
+std::optional<LinkModel> given_link(double latency_us, double gbps, double exchange_gbps,
+                                    std::string_view source = "CommunicatorOptions::link_");
+
+// GRADZIP_LINK's text, "LATENCY_US,GBPS[,EXCHANGE_GBPS]" (GBPS > 0), as a LinkModel; anything
+// else throws invalid_argument naming GRADZIP_LINK and the text.
+LinkModel parse_link_variable(std::string_view text);
 
 // `mine` as every rank of `transport` agrees on it: the largest latencies and the smallest
 // rates over the ranks (one all-gather). For links measured on sub-transports (the nodes of

@@ -1,6 +1,9 @@
 #include "kernels/tunables.h"
 
 #include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -20,11 +23,23 @@ constexpr std::array kTunables = {
             "Deadline in seconds (fractional allowed) of every blocking wait; overrides "
             "CommunicatorOptions::timeout_seconds. On expiry: a report, then MPI_Abort or an "
             "ErrorCode::timeout exception (CommunicatorOptions::on_timeout)."},
+    Tunable{"GRADZIP_LINK", "",
+            "LATENCY_US,GBPS[,EXCHANGE_GBPS]: the link algo=auto's cost model assumes, instead of "
+            "measuring it at the first call that needs it; overrides CommunicatorOptions::link_*. "
+            "Unset: measured."},
 };
 
 }  // namespace
 
 std::span<const Tunable> tunables() noexcept { return kTunables; }
+
+std::optional<double> parse_finite_number(std::string_view text) {
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+    return std::nullopt;
+  return value;
+}
 
 const std::string& tunable_value(std::string_view name) {
   static std::mutex mutex;

@@ -2,6 +2,7 @@
 // Values are read once, on first use, and cached; the README lists the same table.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,5 +21,9 @@ std::span<const Tunable> tunables() noexcept;
 // The variable's value from the environment (read once per process), or its default.
 // Throws gradzip::Error(invalid_argument) for a name not in the table.
 const std::string& tunable_value(std::string_view name);
+
+// A variable's text as a number: the whole text a finite decimal or scientific double ("2.5",
+// "1e3"; no sign but '-', no spaces), else nullopt.
+std::optional<double> parse_finite_number(std::string_view text);
 
 }  // namespace gradzip::kernels

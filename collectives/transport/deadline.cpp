@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -22,17 +21,11 @@ std::atomic<bool> timed_out{false};
 }  // namespace
 
 double parse_timeout_seconds(std::string_view text, std::string_view source) {
-  const std::string copy(text);
-  char* end = nullptr;
-  errno = 0;
-  const double seconds = copy.empty() ? 0.0 : std::strtod(copy.c_str(), &end);
-  // strtod skips leading white space; the whole text must be the number.
-  const bool whole = !copy.empty() && std::isspace(static_cast<unsigned char>(copy[0])) == 0 &&
-                     end == copy.c_str() + copy.size() && errno == 0;
-  GZ_REQUIRE(whole && std::isfinite(seconds) && seconds > 0, ErrorCode::invalid_argument, source,
-             "='", text, "' is not a timeout: expected a finite number of seconds > 0 (fractional "
-             "allowed, e.g. 600 or 2.5)");
-  return seconds;
+  const std::optional<double> seconds = kernels::parse_finite_number(text);
+  GZ_REQUIRE(seconds && *seconds > 0, ErrorCode::invalid_argument, source, "='", text,
+             "' is not a timeout: expected a finite number of seconds > 0 (fractional allowed, "
+             "e.g. 600 or 2.5)");
+  return *seconds;
 }
 
 DeadlinePolicy resolve_deadline_policy(const CommunicatorOptions& options) {
