@@ -115,11 +115,20 @@ void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoM
 
 }  // namespace
 
+bool spec_uses_model(const CompressionSpec& spec) noexcept {
+  return spec.algo == Algorithm::auto_select && spec.codec != CodecKind::randk &&
+         spec.codec != CodecKind::powersgd;
+}
+
+bool forms_nodes(int ranks, std::uint32_t ranks_per_node) noexcept {
+  return ranks_per_node >= 2 && ranks_per_node <= static_cast<std::uint32_t>(ranks) / 2 &&
+         ranks % static_cast<int>(ranks_per_node) == 0;
+}
+
 bool auto_uses_model(const CompressionSpec& spec, std::size_t count, std::uint32_t step, int ranks,
                      bool cuda) {
-  return spec.algo == Algorithm::auto_select && step >= spec.warmup &&
-         !below_min_bytes(spec, count) && spec.codec != CodecKind::randk &&
-         spec.codec != CodecKind::powersgd && ranks > 1 && !cuda;
+  return spec_uses_model(spec) && step >= spec.warmup && !below_min_bytes(spec, count) &&
+         ranks > 1 && !cuda;
 }
 
 AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count, std::uint32_t step,

@@ -79,6 +79,15 @@ struct AutoModel {
   std::optional<AutoHierarchy> hierarchy;
 };
 
+// Whether algo=auto's model may ever decide for `spec`: algo=auto with a codec that has more
+// than one candidate (not random-k, not powersgd). What the Reducer asks to measure the model
+// up front.
+bool spec_uses_model(const CompressionSpec& spec) noexcept;
+
+// Whether `ranks` ranks form two or more nodes of `ranks_per_node` >= 2 ranks each (all of one
+// size): the node structures the hierarchical all-reduce is a candidate for.
+bool forms_nodes(int ranks, std::uint32_t ranks_per_node) noexcept;
+
 // Whether choose_allreduce would consult an AutoModel for this call (so the caller knows
 // whether to make one, which may measure the link and γ: collectives). False for explicit
 // algorithms, warm-up, tensors under min_bytes, random-k, one rank and CUDA tensors (`cuda`:

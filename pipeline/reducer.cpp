@@ -239,17 +239,16 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
   // here (a collective: every rank constructs its Reducer in the same order) when some spec of
   // the model may consult them, rather than by each lane while the others move data.
   collectives::CommunicatorState& user_state = collectives::state_of(communicator);
-  const auto uses_auto = [](const CompressionSpec& spec) {
-    return spec.algo == Algorithm::auto_select && spec.codec != CodecKind::randk &&
-           spec.codec != CodecKind::powersgd;
-  };
-  bool any_auto = uses_auto(model_.model);
-  // The node structures those specs give (ranks_per_node >= 2), measured here too.
+  bool any_auto = false;
+  // The node structures those specs give, measured here too.
   std::set<std::uint32_t> node_sizes;
-  if (uses_auto(model_.model) && model_.model.ranks_per_node >= 2) node_sizes.insert(model_.model.ranks_per_node);
-  for (const TensorRule& rule : model_.rules) {
-    any_auto = any_auto || uses_auto(rule.spec);
-    if (uses_auto(rule.spec) && rule.spec.ranks_per_node >= 2) node_sizes.insert(rule.spec.ranks_per_node);
+  std::vector<const CompressionSpec*> specs{&model_.model};
+  for (const TensorRule& rule : model_.rules) specs.push_back(&rule.spec);
+  for (const CompressionSpec* spec : specs) {
+    if (!collectives::spec_uses_model(*spec)) continue;
+    any_auto = true;
+    if (collectives::forms_nodes(transport.size(), spec->ranks_per_node))
+      node_sizes.insert(spec->ranks_per_node);
   }
   if (any_auto && transport.size() > 1) {
     user_state.auto_link();

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algorithm_choice.h"
 #include "collectives/cost_model.h"
 #include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
@@ -103,10 +104,7 @@ int run(int argc, char** argv) {
       names.emplace_back(gradzip::collectives::modeled_algorithm_name(candidate));
     // A spec that gives the node structure makes the hierarchical all-reduce a candidate too
     // (when the rank count forms two or more nodes of it).
-    const int ranks = comm.size();
-    if (spec.ranks_per_node >= 2 && static_cast<int>(spec.ranks_per_node) <= ranks / 2 &&
-        ranks % static_cast<int>(spec.ranks_per_node) == 0)
-      names.emplace_back("hier");
+    if (gradzip::collectives::forms_nodes(comm.size(), spec.ranks_per_node)) names.emplace_back("hier");
     std::map<std::string, std::vector<double>> seconds;
     for (int r = 0; r <= repeats; ++r) {  // round 0 warms each candidate up, unmeasured
       for (const std::string& name : names) {
