@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <limits>
 #include <string_view>
+#include <vector>
 
 #include "compressors/codec_checks.h"
 #include "compressors/registry.h"
@@ -89,6 +90,15 @@ class SignCodec final : public Codec {
       }
     }
     encoder.finish();
+    // Step 3 of the scale: buckets whose sum overflowed f32 (finite elements near FLT_MAX).
+    std::vector<float> converted;  // one such bucket of an f16 / bf16 input
+    kernels::cpu::sign_rescue_overflowed_scales(
+        in.count, spec_.bucket, scales, [&](std::size_t begin, std::size_t len) -> const float* {
+          if (in.dtype == DType::f32) return static_cast<const float*>(in.data) + begin;
+          converted.resize(len);
+          kernels::cpu::load_as_f32(in, begin, len, converted.data());
+          return converted.data();
+        });
     return total;
   }
 

@@ -8,8 +8,8 @@
 // Sign bit: bit = 1 when x < 0 (an ordered compare), else 0. So +0.0 and -0.0 give 0, -inf
 // gives 1, and NaN (of either sign) gives 0.
 //
-// Scale: mean |x| of the bucket, scale = S / (float)len, where S is the f32 sum of |x| in
-// this CANONICAL ORDER (every path, scalar, AVX2, AVX-512 and a GPU block reduction, must
+// Scale: mean |x| of the bucket, scale = S / (float)len (or step 3's rescue when that is
+// +inf), where S is the f32 sum of |x| in this CANONICAL ORDER (every path, scalar, AVX2, AVX-512 and a GPU block reduction, must
 // follow it to give the same bits):
 //   1. 16 lanes, all starting at +0.0f. Element j of the bucket (j counted from the bucket's
 //      start) is added to lane j % 16; each lane adds its elements in increasing j:
@@ -27,11 +27,24 @@
 //   to nearest (CUDA: the default -prec-div=true). No FMA anywhere; denormals are not
 //   flushed (CUDA: no -ftz).
 //
+// Overflow rescue: when S is +inf (step 3; buckets of finite elements near FLT_MAX whose sum
+// overflows f32, or buckets holding an inf), the scale is computed again from the elements:
+//   S' = the sum of |x_j| * 2^-32 in the same canonical order (16 lanes, then the tree);
+//   scale = S' == +inf ? +inf : min((S' / (float)len) * 2^32, FLT_MAX).
+// Every term is below 2^96 and a bucket holds at most 2^31 elements, so S' of finite elements
+// stays finite; S' / len is then a normal number, so the * 2^32 is exact, and the min only
+// absorbs the last rounding (the true mean |x| is at most FLT_MAX). Multiplying by 2^-32 is
+// exact for |x| >= 2^-94 and rounds to nearest below that (such elements are 2^-222 of a sum
+// that overflowed). A bucket holding an inf keeps +inf (inf * 2^-32 = inf). No NaN can be in
+// a bucket whose S is +inf (a NaN makes S a NaN). Vector paths may compute steps 1-2 only
+// and rescue afterwards the buckets whose scale came out +inf: the result is the same.
+//
 // Non-finite inputs (no undefined behaviour anywhere):
-//   - an inf in a bucket (or a sum that overflows f32) makes the scale +inf;
+//   - an inf in a bucket makes the scale +inf;
 //   - a NaN in a bucket makes the scale the canonical NaN 0x7FC00000 (NaN payloads are not
 //     propagated: CPUs and GPUs pick different ones);
-//   so such a bucket decodes to +-inf or +-NaN. Other buckets are unaffected.
+//   so such a bucket decodes to +-inf or +-NaN. Other buckets are unaffected. A bucket of
+//   finite elements always has a finite scale.
 //
 // Decoded value: bit ? -scale : +scale, computed as the scale's bits XOR (bit << 31), which
 // is IEEE negation (defined for NaN and zero too: a zero scale decodes to +0.0 or -0.0).
@@ -48,6 +61,11 @@ inline constexpr int kSignLanes = 16;
 
 // The NaN every NaN scale is replaced by.
 inline constexpr std::uint32_t kSignCanonicalNanBits = 0x7FC00000u;
+
+// The overflow rescue's factors (see above): 2^-32 on every term, 2^32 on the mean.
+inline constexpr float kSignRescueDown = 0x1p-32f;
+inline constexpr float kSignRescueUp = 0x1p32f;
+inline constexpr float kSignMaxFinite = 0x1.fffffep127f;  // FLT_MAX
 
 // |x|: the sign bit cleared (exact for every input, NaN included).
 GZ_HOST_DEVICE GZ_INLINE float sign_abs(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
@@ -72,12 +90,30 @@ GZ_HOST_DEVICE GZ_INLINE float sign_scale_from_sum(float sum, std::uint64_t len)
   return scale != scale ? bits_float(kSignCanonicalNanBits) : scale;
 }
 
-// The scale of the bucket x[0, len), len >= 1, in the canonical order (the scalar reference).
+// Whether a scale from steps 1-2 needs the overflow rescue: it is exactly +inf.
+GZ_HOST_DEVICE GZ_INLINE bool sign_scale_overflowed(float scale) {
+  return float_bits(scale) == 0x7F800000u;
+}
+
+// The overflow rescue's scale of the bucket x[0, len), len >= 1 (see above).
+GZ_HOST_DEVICE GZ_INLINE float sign_rescued_scale(const float* x, std::uint64_t len) {
+  float lanes[kSignLanes];
+  for (int l = 0; l < kSignLanes; ++l) lanes[l] = 0.0f;
+  for (std::uint64_t j = 0; j < len; ++j) lanes[j % kSignLanes] += sign_abs(x[j]) * kSignRescueDown;
+  const float sum = sign_combine_lanes(lanes);
+  if (sign_scale_overflowed(sum)) return sum;
+  const float scale = sum / static_cast<float>(len) * kSignRescueUp;
+  return scale > kSignMaxFinite ? kSignMaxFinite : scale;
+}
+
+// The scale of the bucket x[0, len), len >= 1, in the canonical order, rescue included (the
+// scalar reference).
 GZ_HOST_DEVICE GZ_INLINE float sign_bucket_scale(const float* x, std::uint64_t len) {
   float lanes[kSignLanes];
   for (int l = 0; l < kSignLanes; ++l) lanes[l] = 0.0f;
   for (std::uint64_t j = 0; j < len; ++j) lanes[j % kSignLanes] += sign_abs(x[j]);
-  return sign_scale_from_sum(sign_combine_lanes(lanes), len);
+  const float scale = sign_scale_from_sum(sign_combine_lanes(lanes), len);
+  return sign_scale_overflowed(scale) ? sign_rescued_scale(x, len) : scale;
 }
 
 // The decoded value of an element with sign bit `bit` (0 or 1) in a bucket of `scale`.

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/sign_math.h"
 
@@ -20,6 +21,9 @@ struct SignVectorBodies;
 // Encodes a tensor fed in consecutive blocks of f32 elements: writes the scale of each bucket
 // (f32, little-endian, bucket order) to `scales` and bit (x < 0) of element i at bit i % 8 of
 // bits[i / 8], the unused high bits of the last byte zero. The ISA is fixed at construction.
+// The scales are those of steps 1-2 of sign_math.h: a bucket whose sum overflowed has +inf
+// until sign_rescue_overflowed_scales() below gives it step 3's scale (the encoder no longer
+// holds the elements of earlier blocks).
 //
 //   SignEncoder encoder(bucket, scales, bits);
 //   encoder.add(x, 4096); encoder.add(x + 4096, 100);   // every block but the last: count % 8 == 0
@@ -50,6 +54,26 @@ class SignEncoder {
   std::size_t bucket_index_ = 0;
   float lanes_[kSignLanes] = {};  // step 1 of the canonical sum of the current bucket
 };
+
+// Step 3 of sign_math.h for the ceil(count / bucket) scales a SignEncoder wrote: each +inf
+// scale becomes sign_rescued_scale() of its bucket (still +inf when the bucket holds an inf).
+// `bucket_elements(begin, len)` returns elements [begin, begin + len) as f32, valid until its
+// next call; it is called only for buckets that overflowed, which is rare.
+template <class BucketElements>
+void sign_rescue_overflowed_scales(std::size_t count, std::size_t bucket, std::byte* scales,
+                                   BucketElements&& bucket_elements) {
+  const std::size_t buckets = count == 0 ? 0 : (count - 1) / bucket + 1;
+  for (std::size_t b = 0; b < buckets; ++b) {
+    float scale;
+    std::memcpy(&scale, scales + b * sizeof(float), sizeof scale);
+    if (!sign_scale_overflowed(scale)) continue;
+    const std::size_t begin = b * bucket;
+    const std::size_t len = count - begin < bucket ? count - begin : bucket;
+    const float* elements = bucket_elements(begin, len);
+    scale = sign_rescued_scale(elements, len);
+    std::memcpy(scales + b * sizeof(float), &scale, sizeof scale);
+  }
+}
 
 // A validated sign payload: ceil(count / bucket) f32 scales, then ceil(count / 8) bytes of bits.
 struct SignPayload {

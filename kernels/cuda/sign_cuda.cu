@@ -3,12 +3,13 @@
 //
 // Encode: (1) the scales, in the canonical order of sign_math.h:
 //   - buckets shorter than the 16 lanes: one thread per bucket calls sign_bucket_scale(), the
-//     scalar reference itself;
+//     scalar reference itself (overflow rescue included);
 //   - longer buckets: 16 threads per bucket (half a warp), thread l summing lane l -- elements
 //     l, l + 16, l + 32, ... of the bucket, in increasing order, from +0.0f, exactly the
 //     reference's lane l -- then one thread combines the 16 lane sums with sign_combine_lanes()
 //     and sign_scale_from_sum(), the reference's functions, on a copy of the lanes in shared
-//     memory. So every f32 operation and its operands are those of the reference.
+//     memory. So every f32 operation and its operands are those of the reference. A +inf
+//     scale gets the reference's overflow rescue, sign_rescued_scale(), from that thread.
 //   (2) the bits: one thread per byte.
 // Decode: (1) one thread checks the unused bits of the last byte; (2) one thread per element,
 // which writes only when *d_status is still 0.
@@ -69,7 +70,11 @@ __global__ void lane_scales_kernel(const float* in, std::size_t count, std::size
     lanes[threadIdx.x] = sum;
     __syncwarp();
     if (valid && lane == 0) {
-      store_f32(scales + b * sizeof(float), sign_scale_from_sum(sign_combine_lanes(group_lanes), len));
+      float scale = sign_scale_from_sum(sign_combine_lanes(group_lanes), len);
+      // The overflow rescue (rare: finite elements near FLT_MAX, or an inf): this one thread
+      // runs the reference's rescue over the whole bucket.
+      if (sign_scale_overflowed(scale)) scale = sign_rescued_scale(in + b * bucket, len);
+      store_f32(scales + b * sizeof(float), scale);
     }
     __syncwarp();  // the lanes are read before the next turn overwrites them
   }

@@ -39,17 +39,29 @@ constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
-// The documented scale of x[0, len), written independently of kernels/sign_math.h: lane
-// l = j % 16 sums |x_j| in increasing j from +0; then the lanes are halved in place
-// (lane[l] += lane[l + w] for w = 8, 4, 2, 1); then lane[0] / (float)len, NaN -> 0x7FC00000.
-float reference_scale(const float* x, std::size_t len) {
+// The canonical sum of |x_j| * factor over x[0, len), written independently of
+// kernels/sign_math.h: lane l = j % 16 sums in increasing j from +0; then the lanes are halved
+// in place (lane[l] += lane[l + w] for w = 8, 4, 2, 1).
+float reference_sum(const float* x, std::size_t len, float factor) {
   std::array<float, 16> lane{};
-  for (std::size_t j = 0; j < len; ++j) lane[j % 16] = lane[j % 16] + std::fabs(x[j]);
+  for (std::size_t j = 0; j < len; ++j) lane[j % 16] = lane[j % 16] + std::fabs(x[j]) * factor;
   for (std::size_t width = 8; width >= 1; width /= 2) {
     for (std::size_t l = 0; l < width; ++l) lane[l] = lane[l] + lane[l + width];
   }
-  const float scale = lane[0] / static_cast<float>(len);
-  return std::isnan(scale) ? std::bit_cast<float>(0x7FC00000u) : scale;
+  return lane[0];
+}
+
+// The documented scale of x[0, len): reference_sum / (float)len, NaN -> 0x7FC00000; when that
+// is +inf, the overflow rescue: the sum of |x_j| * 2^-32, divided by len, times 2^32, at most
+// FLT_MAX (+inf stays +inf).
+float reference_scale(const float* x, std::size_t len) {
+  const float scale = reference_sum(x, len, 1.0f) / static_cast<float>(len);
+  if (std::isnan(scale)) return std::bit_cast<float>(0x7FC00000u);
+  if (!std::isinf(scale)) return scale;
+  const float rescued_sum = reference_sum(x, len, std::ldexp(1.0f, -32));
+  if (std::isinf(rescued_sum)) return rescued_sum;
+  return std::min(rescued_sum / static_cast<float>(len) * std::ldexp(1.0f, 32),
+                  std::numeric_limits<float>::max());
 }
 
 float scale_in(const std::vector<std::byte>& message, std::size_t bucket_index) {
@@ -361,8 +373,9 @@ TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
   const float signalling = std::bit_cast<float>(0x7F800001u);
   const float negative_nan = std::bit_cast<float>(0xFFC12345u);
   // Buckets of 4: a NaN bucket (NaN of any sign gives bit 0; the scale is the canonical NaN
-  // 0x7FC00000), an inf bucket (scale +inf), a bucket whose sum overflows (scale +inf), and a
-  // finite one that the others leave alone; the last bucket holds a signalling NaN.
+  // 0x7FC00000), an inf bucket (scale +inf), a bucket whose sum overflows (the rescue's finite
+  // scale), and a finite one that the others leave alone; the last bucket holds a signalling
+  // NaN.
   const std::vector<float> values = {
       1,     nan,   -2,     negative_nan,  // NaN bucket
       inf,   -1,    0,      -inf,          // inf bucket
@@ -373,11 +386,19 @@ TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
   const std::uint32_t kMinusNan = 0xFFC00000u;
   const std::uint32_t kInf = 0x7F800000u;
   const std::uint32_t kMinusInf = 0xFF800000u;
-  const std::vector<std::uint32_t> expected_scales = {kNan, kInf, kInf, kernels::float_bits(1.0f), kNan};
+  // The overflowing bucket's rescued scale, worked by hand: the terms 3e38 * 2^-32 (three
+  // times) and 2^-32 go to lanes 0-3, the tree adds (l0 + l2) + (l1 + l3), the 2^-32 vanishes
+  // in the rounding, and the mean of 9e38 / 4 comes back times 2^32: 2.25e38 in f32.
+  const float rescued = ((3e38f * 0x1p-32f + 3e38f * 0x1p-32f) + (3e38f * 0x1p-32f + 0x1p-32f)) /
+                        4.0f * 0x1p32f;
+  ASSERT_NEAR(rescued, 2.25e38, 2.25e38 * 1e-6);
+  const std::uint32_t kRescued = kernels::float_bits(rescued);
+  const std::uint32_t kMinusRescued = kernels::float_bits(-rescued);
+  const std::vector<std::uint32_t> expected_scales = {kNan, kInf, kRescued, kernels::float_bits(1.0f), kNan};
   const std::vector<std::uint32_t> expected = {
       kNan,          kNan,           kMinusNan,     kNan,
       kInf,          kMinusInf,      kInf,          kMinusInf,
-      kInf,          kInf,           kMinusInf,     kInf,
+      kRescued,      kRescued,       kMinusRescued, kRescued,
       kernels::float_bits(1.0f), kernels::float_bits(-1.0f), kernels::float_bits(1.0f), kernels::float_bits(-1.0f),
       kMinusNan,     kNan};
   for (const Isa isa : kIsas) {
@@ -415,6 +436,90 @@ TEST(SignCodec, NanAndInfRulesHoldOnEveryVectorPath) {
                                    : kernels::float_bits(reference_scale(values.data() + b * bucket, bucket));
         EXPECT_EQ(kernels::float_bits(scale_in(message, b)), expected) << "bucket " << b;
       }
+    }
+  }
+}
+
+TEST(SignCodec, SumsOverflowingF32GetAFiniteRescuedScaleOnEveryPath) {
+  const float max = std::numeric_limits<float>::max();
+  const float inf = std::numeric_limits<float>::infinity();
+  // Bucket 0: FLT_MAX everywhere; bucket 1: +-FLT_MAX; both have the mean |x| FLT_MAX, which
+  // the rescue gives exactly for lengths 4 and 16 (one term per lane: every sum is of equal
+  // powers-of-two multiples, so exact) and within the round-trip test's bound otherwise.
+  // Bucket 2: one FLT_MAX and zeros, whose sum does not overflow: the plain FLT_MAX / len.
+  // Bucket 3: an inf among FLT_MAX values: +inf, as documented.
+  for (const Isa isa : kIsas) {
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
+    testing::ScopedIsa forced(isa);
+    for (const std::size_t bucket : {3, 4, 16, 40, 512}) {
+      SCOPED_TRACE(::testing::Message() << "bucket " << bucket);
+      std::vector<float> values(4 * bucket, 0.0f);
+      for (std::size_t i = 0; i < 2 * bucket; ++i) values[i] = (i % 2 == 0 || i < bucket) ? max : -max;
+      values[2 * bucket] = max;
+      values[3 * bucket] = -inf;
+      values[3 * bucket + 1] = -max;
+      values[3 * bucket + 2] = max;
+      const auto codec = sign_codec(bucket);
+      const auto message = encode_message(*codec, host_view(values.data(), values.size()));
+      for (const std::size_t b : {0, 1}) {
+        const float scale = scale_in(message, b);
+        EXPECT_EQ(kernels::float_bits(scale), kernels::float_bits(reference_scale(values.data() + b * bucket, bucket)));
+        if (bucket == 4 || bucket == 16) {
+          EXPECT_EQ(scale, max) << "bucket " << b;
+        }
+        const double roundings = static_cast<double>(ceil_div(bucket, 16) + 3);
+        EXPECT_LE(max - static_cast<double>(scale), (roundings + 2) * std::ldexp(1.0, -24) * max)
+            << "bucket " << b;
+      }
+      EXPECT_EQ(scale_in(message, 2), max / static_cast<float>(bucket));
+      EXPECT_EQ(scale_in(message, 3), inf);
+      const auto decoded = decode_to_f32(*codec, message, values.size());
+      for (std::size_t i = bucket; i < 2 * bucket; ++i) {
+        ASSERT_EQ(decoded[i], values[i] < 0.0f ? -scale_in(message, 1) : scale_in(message, 1)) << i;
+      }
+    }
+  }
+  // Mixed magnitudes near FLT_MAX, f32 and bf16 inputs (bf16 reaches 3.39e38 too; its
+  // conversion blocks start mid-bucket), short and long buckets: every overflowing bucket gets
+  // the reference's rescued scale, finite, within the bound of the round-trip test of the true
+  // mean (the rescue's roundings are those of the plain sum, plus the * 2^-32 of elements below
+  // 2^-94, none here); the others keep their plain scale.
+  std::vector<float> values = test_values(20000, 21);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i % 4000 < 700) values[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (1e38f + 1e34f * static_cast<float>(i % 97));
+  }
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const HostTensor input(dtype, values);
+    const std::vector<float> x = input.to_f32();
+    for (const std::size_t bucket : {7, 100, 512, 4097}) {
+      std::size_t rescued = 0;
+      for (const Isa isa : kIsas) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " bucket " << bucket << " isa "
+                                          << kernels::cpu::isa_name(isa));
+        testing::ScopedIsa forced(isa);
+        const auto codec = sign_codec(bucket);
+        const auto message = encode_message(*codec, input.view());
+        rescued = 0;
+        for (std::size_t b = 0; b < ceil_div(x.size(), bucket); ++b) {
+          const std::size_t begin = b * bucket;
+          const std::size_t len = std::min(bucket, x.size() - begin);
+          const float scale = scale_in(message, b);
+          ASSERT_EQ(kernels::float_bits(scale), kernels::float_bits(reference_scale(x.data() + begin, len)))
+              << "bucket " << b;
+          ASSERT_TRUE(std::isfinite(scale)) << "bucket " << b;
+          if (std::isinf(reference_sum(x.data() + begin, len, 1.0f))) {
+            ++rescued;
+            double mean = 0.0;
+            for (std::size_t j = 0; j < len; ++j) mean += std::fabs(static_cast<double>(x[begin + j]));
+            mean /= static_cast<double>(len);
+            const double roundings = static_cast<double>(ceil_div(len, 16) + 3);
+            EXPECT_LE(std::fabs(scale - mean), (roundings + 2) * std::ldexp(1.0, -24) * mean)
+                << "bucket " << b;
+          }
+        }
+      }
+      // bucket 7: 7 * 1e38 overflows; the others hold 700 large elements in a row.
+      EXPECT_GT(rescued, 0u) << "no bucket overflowed: the test data do not exercise the rescue";
     }
   }
 }
