@@ -101,7 +101,8 @@ void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoM
           : std::string();
   const std::string nodes =
       model.hierarchy
-          ? detail::concat("; nodes of ", model.hierarchy->nodes.ranks_per_node, ": inside ",
+          ? detail::concat("; nodes of ", model.hierarchy->nodes.ranks_per_node,
+                           model.hierarchy->shared_memory ? " (shared memory)" : "", ": inside ",
                            milliseconds(model.hierarchy->nodes.intra.latency_s), " ms, ",
                            model.hierarchy->nodes.intra.bytes_per_s / 1e6, " MB/s, across ",
                            milliseconds(model.hierarchy->across.latency_s), " ms, ",
@@ -123,6 +124,10 @@ bool spec_uses_model(const CompressionSpec& spec) noexcept {
 bool forms_nodes(int ranks, std::uint32_t ranks_per_node) noexcept {
   return ranks_per_node >= 2 && ranks_per_node <= static_cast<std::uint32_t>(ranks) / 2 &&
          ranks % static_cast<int>(ranks_per_node) == 0;
+}
+
+bool may_form_nodes(int ranks, std::uint32_t ranks_per_node) noexcept {
+  return ranks_per_node == 0 ? ranks >= 4 : forms_nodes(ranks, ranks_per_node);
 }
 
 bool auto_uses_model(const CompressionSpec& spec, std::size_t count, std::uint32_t step, int ranks,

@@ -66,6 +66,8 @@ struct AllreduceChoice {
 struct AutoHierarchy {
   HierarchyModel nodes;  // ranks per node and the link inside a node
   LinkModel across;      // the link of each inter-node group, all groups busy at once
+  // The nodes are the ranks that share memory (spec ranks_per_node=0), not stated by the spec.
+  bool shared_memory = false;
 };
 
 // What algo=auto chooses by: the cost model's inputs for one call.
@@ -74,8 +76,9 @@ struct AutoModel {
   CodecCost cost;      // γ, agreed across ranks
   LinkModel link;      // agreed across ranks
   int ranks = 1;
-  // When set (the spec's node structure has two or more nodes of two or more ranks each, all
-  // of one size), the hierarchical all-reduce is a candidate too, for every codec but random-k.
+  // When set (the spec's node structure, stated by ranks_per_node=L or, for 0, the ranks that
+  // share memory, has two or more nodes of two or more ranks each, all of one size), the
+  // hierarchical all-reduce is a candidate too, for every codec but random-k.
   std::optional<AutoHierarchy> hierarchy;
 };
 
@@ -87,6 +90,11 @@ bool spec_uses_model(const CompressionSpec& spec) noexcept;
 // Whether `ranks` ranks form two or more nodes of `ranks_per_node` >= 2 ranks each (all of one
 // size): the node structures the hierarchical all-reduce is a candidate for.
 bool forms_nodes(int ranks, std::uint32_t ranks_per_node) noexcept;
+
+// Whether a spec's `ranks_per_node` may give algo=auto's model a node structure on `ranks`
+// ranks: a stated size that forms_nodes, or 0 (the ranks that share memory, known only once
+// detected, a collective) on 4 or more ranks. What the Reducer asks to measure up front.
+bool may_form_nodes(int ranks, std::uint32_t ranks_per_node) noexcept;
 
 // Whether choose_allreduce would consult an AutoModel for this call (so the caller knows
 // whether to make one, which may measure the link and γ: collectives). False for explicit

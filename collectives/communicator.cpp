@@ -88,8 +88,13 @@ const std::optional<AutoHierarchy>& CommunicatorState::auto_hierarchy(std::uint3
     return found->second;
   const int ranks = transport_->size();
   std::optional<AutoHierarchy> hierarchy;
-  // Nodes of ranks_per_node consecutive ranks (node_transports).
-  if (forms_nodes(ranks, ranks_per_node)) {
+  // Nodes of ranks_per_node consecutive ranks, or for 0 the ranks that share memory
+  // (node_transports), whose size every rank learns here: a candidate only when all nodes
+  // have one size (shared_memory_node_size says 0 otherwise).
+  const std::uint32_t node_size = ranks_per_node == 0 && may_form_nodes(ranks, 0)
+                                      ? shared_memory_node_size()
+                                      : ranks_per_node;
+  if (forms_nodes(ranks, node_size)) {
     NodeTransports& node = node_transports(ranks_per_node);
     const LinkModel intra = agreed_link(*transport_, measure_link(*node.intra));
     // All inter groups at once, as the hierarchical all-reduce runs them: each gets its share
@@ -100,9 +105,18 @@ const std::optional<AutoHierarchy>& CommunicatorState::auto_hierarchy(std::uint3
     // in for them.
     LinkModel across = agreed_link(*transport_, measure_link(*node.inter));
     across.collective_latency_s = auto_link().collective_latency_s;
-    hierarchy = AutoHierarchy{HierarchyModel{static_cast<int>(ranks_per_node), intra}, across};
+    hierarchy = AutoHierarchy{HierarchyModel{static_cast<int>(node_size), intra}, across,
+                              ranks_per_node == 0};
   }
   return hierarchies_.emplace(ranks_per_node, hierarchy).first->second;
+}
+
+std::uint32_t CommunicatorState::shared_memory_node_size() {
+  const std::uint64_t mine = static_cast<std::uint64_t>(node_transports(0).intra->size());
+  std::vector<std::uint64_t> sizes(static_cast<std::size_t>(transport_->size()));
+  transport_->allgather_u64(std::span<const std::uint64_t>(&mine, 1), sizes);
+  const bool one_size = std::all_of(sizes.begin(), sizes.end(), [&](std::uint64_t size) { return size == mine; });
+  return one_size ? static_cast<std::uint32_t>(mine) : 0;
 }
 
 const AllreduceChoice* CommunicatorState::cached_auto_choice(std::string_view spec_text,
@@ -198,9 +212,13 @@ void CommunicatorState::export_auto_model(error_feedback::ResidualStore::Counter
   };
   if (link_) put_link("link/", *link_);
   for (const auto& [ranks_per_node, hierarchy] : hierarchies_) {
-    if (!hierarchy) continue;  // not a candidate: follows from the rank count alone
+    // Not a candidate: follows from the rank count alone, or (shared memory) from a detection
+    // that a restarted run repeats.
+    if (!hierarchy) continue;
     put_link(detail::concat("hier/", ranks_per_node, "/intra/"), hierarchy->nodes.intra);
     put_link(detail::concat("hier/", ranks_per_node, "/across/"), hierarchy->across);
+    // Nodes of ranks that share memory: their detected size.
+    if (ranks_per_node == 0) put("hier/0/ranks_per_node", hierarchy->nodes.ranks_per_node);
   }
   for (const auto& [spec, cost] : codec_costs_) {
     const double terms[] = {cost.encode_s, cost.decode_add_s, cost.add_s};
@@ -210,10 +228,11 @@ void CommunicatorState::export_auto_model(error_feedback::ResidualStore::Counter
 
 void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::Counters& counters,
                                           std::string_view path) {
-  // Links by their counter prefix ("link/", "hier/<L>/intra/", "hier/<L>/across/"), with the
-  // number of terms read.
+  // Links by their counter prefix ("link/", "hier/<L>/intra/", "hier/<L>/across/"; L = 0 for
+  // nodes of ranks that share memory), with the number of terms read.
   std::map<std::string, std::pair<LinkModel, std::size_t>, std::less<>> links;
   std::map<std::string, CodecCost, std::less<>> costs;
+  std::optional<double> shared_memory_node_size;  // "hier/0/ranks_per_node"
   for (const auto& [name, bits] : counters) {
     if (!name.starts_with(kAutoPrefix)) continue;
     const std::string_view rest = std::string_view(name).substr(kAutoPrefix.size());
@@ -222,13 +241,18 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
     const std::string_view term = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
     bool known = std::isfinite(value) && value >= 0 && slash != std::string_view::npos;
     const std::string_view prefix = known ? rest.substr(0, slash + 1) : std::string_view();
+    // "hier/<L>/intra/" or "hier/<L>/across/" with L >= 2 or 0, written as export does.
     std::uint32_t ranks_per_node = 0;
     const bool hier_prefix =
-        prefix.starts_with("hier/") &&
-        (prefix.ends_with("/intra/") || prefix.ends_with("/across/")) &&
         std::sscanf(std::string(prefix).c_str(), "hier/%u/", &ranks_per_node) == 1 &&
-        ranks_per_node >= 2;
-    if (known && (prefix == "link/" || hier_prefix)) {
+        (ranks_per_node >= 2 || ranks_per_node == 0) &&
+        (prefix == detail::concat("hier/", ranks_per_node, "/intra/") ||
+         prefix == detail::concat("hier/", ranks_per_node, "/across/"));
+    if (known && prefix == "hier/0/" && term == "ranks_per_node") {
+      // A detected node size: a whole number of ranks, at least 2.
+      known = value >= 2 && value <= UINT32_MAX && value == std::floor(value);
+      shared_memory_node_size = value;
+    } else if (known && (prefix == "link/" || hier_prefix)) {
       auto& [link, read] = links[std::string(prefix)];
       double* const fields[] = {&link.latency_s, &link.bytes_per_s, &link.exchange_bytes_per_s,
                                 &link.collective_latency_s};
@@ -247,7 +271,7 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
     GZ_REQUIRE(known, ErrorCode::io_error, "loading '", path, "': the counter '", name, "' = ",
                value, " is not one of algo=auto's model inputs (", kAutoPrefix,
                "link/<term>, hier/<L>/intra|across/<term> or gamma/<spec>/<term>, a finite "
-               "value >= 0)");
+               "value >= 0; hier/0/ranks_per_node a whole number >= 2)");
   }
   std::map<std::uint32_t, AutoHierarchy> hierarchies;
   for (const auto& [prefix, entry] : links) {
@@ -262,12 +286,20 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
     hierarchy.nodes.ranks_per_node = static_cast<int>(ranks_per_node);
     (prefix.ends_with("/intra/") ? hierarchy.nodes.intra : hierarchy.across) = link;
   }
-  for (const auto& [ranks_per_node, hierarchy] : hierarchies) {
+  if (shared_memory_node_size && !hierarchies.contains(0)) hierarchies[0];  // reported below
+  for (auto& [ranks_per_node, hierarchy] : hierarchies) {
     const std::string base = detail::concat("hier/", ranks_per_node, "/");
     GZ_REQUIRE(links.contains(base + "intra/") && links.contains(base + "across/"),
                ErrorCode::io_error, "loading '", path, "': algo=auto's node structure '",
                kAutoPrefix, base, "' lacks its ", links.contains(base + "intra/") ? "across" : "intra",
                " link");
+    if (ranks_per_node != 0) continue;
+    GZ_REQUIRE(shared_memory_node_size.has_value(), ErrorCode::io_error, "loading '", path,
+               "': algo=auto's node structure '", kAutoPrefix,
+               "hier/0/' (ranks that share memory) lacks its detected size, '", kAutoPrefix,
+               "hier/0/ranks_per_node'");
+    hierarchy.nodes.ranks_per_node = static_cast<int>(*shared_memory_node_size);
+    hierarchy.shared_memory = true;
   }
   auto_choices_.clear();
   auto_choice_count_ = 0;

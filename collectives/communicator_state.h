@@ -78,12 +78,13 @@ class CommunicatorState {
   // γ of `spec`'s codec as every rank agrees on it (agreed_codec_cost), measured at the first
   // call per canonical spec and kept (a collective, like auto_link).
   const CodecCost& auto_codec_cost(const CompressionSpec& spec);
-  // The node structure of `ranks_per_node` (node_transports) as algo=auto's model sees it:
-  // nullopt when the hierarchical all-reduce is no candidate (one node, one rank per node, or
-  // nodes of unequal size); else the ranks per node, the link inside a node (measure_link over
-  // `intra`) and across nodes (over `inter`, all inter groups at once, as the hierarchical
-  // all-reduce runs them), each agreed by every rank. Made at the first call per value and
-  // kept (a collective over transport(), like auto_link).
+  // The node structure of `ranks_per_node` (node_transports; 0: the ranks that share memory,
+  // whose size is detected here) as algo=auto's model sees it: nullopt when the hierarchical
+  // all-reduce is no candidate (one node, one rank per node, or nodes of unequal size); else
+  // the ranks per node, the link inside a node (measure_link over `intra`) and across nodes
+  // (over `inter`, all inter groups at once, as the hierarchical all-reduce runs them), each
+  // agreed by every rank. Made at the first call per value and kept (a collective over
+  // transport(), like auto_link).
   const std::optional<AutoHierarchy>& auto_hierarchy(std::uint32_t ranks_per_node);
   // Sets the node structure of `ranks_per_node` (the Reducer gives its lanes the user
   // communicator's); every rank must set the same.
@@ -126,6 +127,10 @@ class CommunicatorState {
   float* device_f32_scratch(int device, std::size_t count);
 
  private:
+  // The size of the node of ranks that share memory (node_transports(0)) when every rank's
+  // node has that size, else 0 (a collective over transport()).
+  std::uint32_t shared_memory_node_size();
+
   static constexpr std::size_t kMaxCachedCodecs = 64;
   static constexpr std::size_t kMaxCachedChoices = 4096;
 

@@ -247,7 +247,7 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
   for (const CompressionSpec* spec : specs) {
     if (!collectives::spec_uses_model(*spec)) continue;
     any_auto = true;
-    if (collectives::forms_nodes(transport.size(), spec->ranks_per_node))
+    if (collectives::may_form_nodes(transport.size(), spec->ranks_per_node))
       node_sizes.insert(spec->ranks_per_node);
   }
   if (any_auto && transport.size() > 1) {

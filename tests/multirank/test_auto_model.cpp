@@ -10,12 +10,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "collectives/communicator_state.h"
 #include "collectives/link_calibration.h"
+#include "collectives/transport/mpi/mpi_transport.h"
 #include "gradzip/communicator.h"
 #include "gradzip/error.h"
 #include "gradzip/reducer.h"
@@ -236,6 +239,72 @@ TEST(AutoModel, AReducerMeasuresTheModelOnceOnTheUsersCommunicator) {
   }
 }
 
+// MPI_COMM_WORLD's transport with pretend hosts: split_by_node groups ranks 2k and 2k + 1 (the
+// last rank alone when the count is odd), as a cluster of two-rank nodes would. Every other
+// call goes to MPI.
+class PairsAsHostsTransport final : public testing::ForwardingTransport {
+ public:
+  PairsAsHostsTransport() : ForwardingTransport(std::make_unique<collectives::MpiTransport>(MPI_COMM_WORLD)) {}
+  std::unique_ptr<collectives::Transport> split_by_node() override {
+    return inner().split(rank() / 2, rank());
+  }
+};
+
+// Nodes of ranks that share memory (ranks_per_node=0, the default) are offered to the model as
+// stated ones are: detected once (with a size every rank agrees on), measured once, named in
+// the note, and carried by a checkpoint with their size. With the real detection on this one
+// host they are one node: no candidate.
+TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
+  const int ranks = world_size();
+  const std::string spec = "topk:ratio=0.05,min_bytes=0";
+  std::vector<float> input = testing::gaussian_contribution(8192, world_rank(), 4);
+
+  Communicator one_host = Communicator::world();
+  std::vector<float> data = input;
+  CollectiveStats stats = one_host.allreduce(host_view(data.data(), data.size()), "h", spec);
+  if (ranks > 1) {
+    EXPECT_FALSE(collectives::state_of(one_host).auto_hierarchy(0).has_value());
+  }
+  EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
+
+  Communicator pairs = collectives::make_communicator(std::make_unique<PairsAsHostsTransport>());
+  collectives::CommunicatorState& state = collectives::state_of(pairs);
+  data = input;
+  stats = pairs.allreduce(host_view(data.data(), data.size()), "h", spec);
+  EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
+  if (ranks == 1) return;  // one rank: no model at all
+  const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_hierarchy(0);
+  if (ranks < 4 || ranks % 2 != 0) {
+    // One node of two, or nodes of 2 and 1: no candidate.
+    EXPECT_FALSE(hierarchy.has_value());
+    EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
+    return;
+  }
+  ASSERT_TRUE(hierarchy.has_value());
+  EXPECT_EQ(hierarchy->nodes.ranks_per_node, 2);
+  EXPECT_TRUE(hierarchy->shared_memory);
+  EXPECT_GT(hierarchy->across.bytes_per_s, 0.0);
+  EXPECT_NE(stats.note.find(", hier "), std::string::npos) << stats.note;
+  EXPECT_NE(stats.note.find("nodes of 2 (shared memory): inside "), std::string::npos) << stats.note;
+
+  const testing::ScratchDirectory scratch("gradzip-test-auto-shared-nodes");
+  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
+  pairs.save_residuals(path);
+  Communicator restored = Communicator::world();
+  restored.load_residuals(path);
+  error_feedback::ResidualStore::Counters saved, loaded;
+  state.export_auto_model(saved);
+  collectives::state_of(restored).export_auto_model(loaded);
+  EXPECT_EQ(loaded, saved);
+  ASSERT_TRUE(saved.contains("gradzip.auto/hier/0/ranks_per_node"));
+  EXPECT_EQ(std::bit_cast<double>(saved.at("gradzip.auto/hier/0/ranks_per_node")), 2.0);
+  const std::optional<collectives::AutoHierarchy>& carried =
+      collectives::state_of(restored).auto_hierarchy(0);
+  ASSERT_TRUE(carried.has_value());
+  EXPECT_EQ(carried->nodes.ranks_per_node, 2);
+  EXPECT_TRUE(carried->shared_memory);
+}
+
 TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
   const testing::ScratchDirectory scratch("gradzip-test-auto-model-bad");
   const std::string path = scratch.file("rank" + std::to_string(world_rank()));
@@ -256,6 +325,33 @@ TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
   store.save(path, half);
   EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
   EXPECT_NE(message.find("lacks its across link"), std::string::npos) << message;
+  // Nodes of ranks that share memory without their detected size, and with a size that is no
+  // whole number of ranks.
+  error_feedback::ResidualStore::Counters detected;
+  for (const char* side : {"intra/", "across/"}) {
+    for (const char* term : {"latency_s", "bytes_per_s", "exchange_bytes_per_s", "collective_latency_s"})
+      detected[std::string("gradzip.auto/hier/0/") + side + term] = std::bit_cast<std::uint64_t>(1.0);
+  }
+  store.save(path, detected);
+  EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
+  EXPECT_NE(message.find("lacks its detected size"), std::string::npos) << message;
+  detected["gradzip.auto/hier/0/ranks_per_node"] = std::bit_cast<std::uint64_t>(2.5);
+  store.save(path, detected);
+  EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
+  EXPECT_NE(message.find("gradzip.auto/hier/0/ranks_per_node"), std::string::npos) << message;
+  // A stated size written another way than export writes it.
+  half.clear();
+  half["gradzip.auto/hier/02/intra/latency_s"] = std::bit_cast<std::uint64_t>(1.0);
+  store.save(path, half);
+  EXPECT_EQ(testing::error_code_of([&] { comm.load_residuals(path); }, &message), ErrorCode::io_error);
+  EXPECT_NE(message.find("gradzip.auto/hier/02/intra/latency_s"), std::string::npos) << message;
+  // The complete structure loads, with its detected size.
+  detected["gradzip.auto/hier/0/ranks_per_node"] = std::bit_cast<std::uint64_t>(2.0);
+  store.save(path, detected);
+  comm.load_residuals(path);
+  const std::optional<collectives::AutoHierarchy>& loaded = collectives::state_of(comm).auto_hierarchy(0);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->nodes.ranks_per_node, 2);
 }
 
 }  // namespace

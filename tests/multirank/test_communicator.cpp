@@ -199,9 +199,10 @@ TEST(Communicator, NoneEqualsTheExactSumAndMpiAllreduce) {
       EXPECT_TRUE(same_bytes(data, by_mpi));
       EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(data)));
       const bool small = spec.algo == Algorithm::auto_select && count * 4 < spec.min_bytes;
-      if (!small && spec.algo == Algorithm::auto_select)
+      if (!small && spec.algo == Algorithm::auto_select) {
         EXPECT_TRUE(world_size() == 1 ? stats.algorithm == "ring" : is_auto_choice(spec, stats.algorithm))
             << stats.to_string();
+      }
       expect_consistent_stats(stats, spec, count, small ? "mpi" : stats.algorithm);
       if (stats.algorithm == "ring") {
         // The ring sends each of the P chunks P - 1 times in each of its two phases, every
@@ -241,7 +242,9 @@ TEST(Communicator, EveryCodecThroughAutoIsItsAlgorithmRunDirectly) {
           EXPECT_TRUE(world_size() == 1 ? stats.algorithm == auto_choices(spec).front()
                                         : is_auto_choice(spec, stats.algorithm))
               << stats.to_string();
-          if (world_size() > 1) EXPECT_NE(stats.note.find("auto: model ms: "), std::string::npos) << stats.note;
+          if (world_size() > 1) {
+            EXPECT_NE(stats.note.find("auto: model ms: "), std::string::npos) << stats.note;
+          }
         }
         EXPECT_TRUE(same_bytes(data, reference.values));
         EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(data)));

@@ -62,7 +62,9 @@ TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
   const std::set<std::string> a_keys = keys_of(comm, "grad_x");
   ASSERT_FALSE(a_keys.empty());
   EXPECT_TRUE(a_keys.count("grad_x")) << "worker residual";
-  if (world_size() > 1) EXPECT_TRUE(a_keys.count("sra-server:grad_x")) << "server residual";
+  if (world_size() > 1) {
+    EXPECT_TRUE(a_keys.count("sra-server:grad_x")) << "server residual";
+  }
   EXPECT_EQ(state.step_of("grad_x"), 2u);
   for (int call = 2; call < 8; ++call) reduce(comm, "grad_y", 1000, 10 + call, kSraSpec);
   EXPECT_EQ(keys_of(comm, "grad_x"), a_keys) << "unused for 6 calls (< 2 windows): still kept";

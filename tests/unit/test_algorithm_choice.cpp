@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,7 +108,7 @@ constexpr CodecCost kGamma{1e-9, 1e-9, 0.3e-9};
 AllreduceChoice choose_with(const CompressionSpec& spec, std::size_t count, int ranks,
                             const LinkModel& link) {
   const std::unique_ptr<Codec> codec = make_codec(spec);
-  const AutoModel model{*codec, kGamma, link, ranks};
+  const AutoModel model{*codec, kGamma, link, ranks, std::nullopt};
   return choose_allreduce(spec, count, 0, &model);
 }
 
@@ -205,6 +206,24 @@ TEST(AlgorithmChoice, AutoUsesTheModelOnlyWhereItChooses) {
   EXPECT_TRUE(collectives::auto_uses_model(CompressionSpec::parse("qsgd:warmup=2"), 16384, 2, 4, false));
   EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("randk"), 16384, 0, 4, false));
   EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("powersgd"), 16384, 0, 4, false));
+}
+
+TEST(AlgorithmChoice, NodeStructuresThatMayBeCandidates) {
+  // Stated sizes: two or more nodes of one size >= 2.
+  EXPECT_TRUE(collectives::forms_nodes(4, 2));
+  EXPECT_TRUE(collectives::forms_nodes(8, 4));
+  EXPECT_TRUE(collectives::forms_nodes(9, 3));
+  EXPECT_FALSE(collectives::forms_nodes(4, 4)) << "one node";
+  EXPECT_FALSE(collectives::forms_nodes(4, 1)) << "one rank per node";
+  EXPECT_FALSE(collectives::forms_nodes(5, 2)) << "nodes of 2, 2 and 1";
+  EXPECT_FALSE(collectives::forms_nodes(4, 0)) << "0 is no size";
+  EXPECT_FALSE(collectives::forms_nodes(4, 4000000000u)) << "more than the ranks";
+  // 0, the ranks that share memory: may form nodes from 4 ranks on (known once detected).
+  EXPECT_TRUE(collectives::may_form_nodes(4, 0));
+  EXPECT_TRUE(collectives::may_form_nodes(7, 0));
+  EXPECT_FALSE(collectives::may_form_nodes(3, 0));
+  EXPECT_TRUE(collectives::may_form_nodes(6, 3));
+  EXPECT_FALSE(collectives::may_form_nodes(6, 4));
 }
 
 TEST(AlgorithmChoice, MinBytesComparesTheExactByteCount) {
