@@ -163,6 +163,23 @@ TEST(AutoModel, ACheckpointCarriesTheModelInputsToTheRestartedRun) {
   EXPECT_TRUE(testing::same_bits(a, b));
 }
 
+// Saves `comm`'s checkpoint and loads it into `restored` (a fresh world communicator when
+// null): the loaded model inputs must be the saved ones. Returns them.
+error_feedback::ResidualStore::Counters expect_checkpoint_carries_model(Communicator& comm,
+                                                                       Communicator* restored = nullptr) {
+  const testing::ScratchDirectory scratch("gradzip-test-auto-checkpoint");
+  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
+  comm.save_residuals(path);
+  std::optional<Communicator> fresh;
+  if (restored == nullptr) restored = &fresh.emplace(Communicator::world());
+  restored->load_residuals(path);
+  error_feedback::ResidualStore::Counters saved, loaded;
+  collectives::state_of(comm).export_auto_model(saved);
+  collectives::state_of(*restored).export_auto_model(loaded);
+  EXPECT_EQ(loaded, saved);
+  return saved;
+}
+
 // Nodes of two ranks (4 or more ranks, an even count): the model measures the link inside and
 // across the nodes once, and a checkpoint carries all of it.
 TEST(AutoModel, NodeStructuresAreMeasuredOnceAndCheckpointed) {
@@ -188,15 +205,7 @@ TEST(AutoModel, NodeStructuresAreMeasuredOnceAndCheckpointed) {
   const std::vector<std::uint64_t> bits = bits_of(hierarchy->across);
   EXPECT_TRUE(testing::identical_on_all_ranks(std::as_bytes(std::span<const std::uint64_t>(bits))));
 
-  const testing::ScratchDirectory scratch("gradzip-test-auto-nodes");
-  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
-  comm.save_residuals(path);
-  Communicator restored = Communicator::world();
-  restored.load_residuals(path);
-  error_feedback::ResidualStore::Counters saved, loaded;
-  state.export_auto_model(saved);
-  collectives::state_of(restored).export_auto_model(loaded);
-  EXPECT_EQ(loaded, saved);
+  const error_feedback::ResidualStore::Counters saved = expect_checkpoint_carries_model(comm);
   EXPECT_TRUE(saved.contains("gradzip.auto/hier/2/intra/bytes_per_s"));
   EXPECT_TRUE(saved.contains("gradzip.auto/hier/2/across/collective_latency_s"));
 }
@@ -287,15 +296,8 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   EXPECT_NE(stats.note.find(", hier "), std::string::npos) << stats.note;
   EXPECT_NE(stats.note.find("nodes of 2 (shared memory): inside "), std::string::npos) << stats.note;
 
-  const testing::ScratchDirectory scratch("gradzip-test-auto-shared-nodes");
-  const std::string path = scratch.file("rank" + std::to_string(world_rank()));
-  pairs.save_residuals(path);
   Communicator restored = Communicator::world();
-  restored.load_residuals(path);
-  error_feedback::ResidualStore::Counters saved, loaded;
-  state.export_auto_model(saved);
-  collectives::state_of(restored).export_auto_model(loaded);
-  EXPECT_EQ(loaded, saved);
+  const error_feedback::ResidualStore::Counters saved = expect_checkpoint_carries_model(pairs, &restored);
   ASSERT_TRUE(saved.contains("gradzip.auto/hier/0/ranks_per_node"));
   EXPECT_EQ(std::bit_cast<double>(saved.at("gradzip.auto/hier/0/ranks_per_node")), 2.0);
   const std::optional<collectives::AutoHierarchy>& carried =

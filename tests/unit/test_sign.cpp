@@ -75,6 +75,21 @@ std::uint8_t byte_at(const std::vector<std::byte>& message, std::size_t offset) 
 }
 
 
+// A bucket's scale against the true mean |x| of its `len` elements. The canonical sum puts each
+// |x| through at most m = ceil(len / 16) - 1 + 4 rounded additions (its lane, then the 4 tree
+// levels), so |S - sum| <= gamma_m * sum with gamma_m = m u / (1 - m u), u = 2^-24; the
+// division adds one more rounding and (float)len is exact here. Relative error <= (m + 1) u +
+// O(u^2) < (m + 2) u. The overflow rescue has the same roundings (its * 2^-32 and * 2^32 are
+// exact for |x| >= 2^-94, and its min with FLT_MAX only moves the scale towards the mean).
+void expect_near_true_mean(const float* x, std::size_t len, float scale, std::size_t bucket_index) {
+  double mean = 0.0;
+  for (std::size_t j = 0; j < len; ++j) mean += std::fabs(static_cast<double>(x[j]));
+  mean /= static_cast<double>(len);
+  const double roundings = static_cast<double>(ceil_div(len, 16) + 3);
+  EXPECT_LE(std::fabs(scale - mean), (roundings + 2) * std::ldexp(1.0, -24) * mean)
+      << "bucket " << bucket_index;
+}
+
 // The value the codec must decode element i of `x` to in a bucket of `scale`.
 float expected_value(float x, float scale) { return x < 0.0f ? -scale : scale; }
 
@@ -114,16 +129,7 @@ TEST_P(SignRoundTrip, DecodesToPlusMinusTheReferenceScaleExactly) {
       const float scale = reference_scale(x.data() + begin, len);
       ASSERT_EQ(kernels::float_bits(scale_in(message, b)), kernels::float_bits(scale)) << "scale of bucket " << b;
 
-      // The canonical sum puts each |x| through at most m = ceil(len / 16) - 1 + 4 rounded
-      // additions (its lane, then the 4 tree levels), so |S - sum| <= gamma_m * sum with
-      // gamma_m = m u / (1 - m u), u = 2^-24; the division adds one more rounding and
-      // (float)len is exact here. Relative error <= (m + 1) u + O(u^2) < (m + 2) u.
-      double mean = 0.0;
-      for (std::size_t j = 0; j < len; ++j) mean += std::fabs(static_cast<double>(x[begin + j]));
-      mean /= static_cast<double>(len);
-      const double roundings = static_cast<double>(ceil_div(len, 16) + 3);
-      EXPECT_LE(std::fabs(scale - mean), (roundings + 2) * std::ldexp(1.0, -24) * mean)
-          << "bucket " << b;
+      expect_near_true_mean(x.data() + begin, len, scale, b);
 
       for (std::size_t i = begin; i < begin + len; ++i) {
         if (kernels::float_bits(decoded[i]) != kernels::float_bits(expected_value(x[i], scale)) && ++mismatches <= 5) {
@@ -467,9 +473,7 @@ TEST(SignCodec, SumsOverflowingF32GetAFiniteRescuedScaleOnEveryPath) {
         if (bucket == 4 || bucket == 16) {
           EXPECT_EQ(scale, max) << "bucket " << b;
         }
-        const double roundings = static_cast<double>(ceil_div(bucket, 16) + 3);
-        EXPECT_LE(max - static_cast<double>(scale), (roundings + 2) * std::ldexp(1.0, -24) * max)
-            << "bucket " << b;
+        expect_near_true_mean(values.data() + b * bucket, bucket, scale, b);
       }
       EXPECT_EQ(scale_in(message, 2), max / static_cast<float>(bucket));
       EXPECT_EQ(scale_in(message, 3), inf);
@@ -509,12 +513,7 @@ TEST(SignCodec, SumsOverflowingF32GetAFiniteRescuedScaleOnEveryPath) {
           ASSERT_TRUE(std::isfinite(scale)) << "bucket " << b;
           if (std::isinf(reference_sum(x.data() + begin, len, 1.0f))) {
             ++rescued;
-            double mean = 0.0;
-            for (std::size_t j = 0; j < len; ++j) mean += std::fabs(static_cast<double>(x[begin + j]));
-            mean /= static_cast<double>(len);
-            const double roundings = static_cast<double>(ceil_div(len, 16) + 3);
-            EXPECT_LE(std::fabs(scale - mean), (roundings + 2) * std::ldexp(1.0, -24) * mean)
-                << "bucket " << b;
+            expect_near_true_mean(x.data() + begin, len, scale, b);
           }
         }
       }
