@@ -163,6 +163,27 @@ TEST(AutoModel, ACheckpointCarriesTheModelInputsToTheRestartedRun) {
   EXPECT_TRUE(testing::same_bits(a, b));
 }
 
+// Whether the world's ranks form nodes of two (4 or more ranks, an even count). Checks that
+// `hierarchy`, the model's node structure for the call that gave `stats`, exists exactly then
+// (one node, or nodes of 2 and 1, are no candidate), with nodes of 2 and measured links, and
+// that the call's note offers hier exactly then.
+bool expect_nodes_of_two_exactly_when_formed(const CollectiveStats& stats,
+                                             const std::optional<collectives::AutoHierarchy>& hierarchy) {
+  const int ranks = world_size();
+  if (ranks < 4 || ranks % 2 != 0) {
+    EXPECT_FALSE(hierarchy.has_value());
+    EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
+    return false;
+  }
+  EXPECT_TRUE(hierarchy.has_value());
+  if (!hierarchy) return false;
+  EXPECT_EQ(hierarchy->nodes.ranks_per_node, 2);
+  EXPECT_GT(hierarchy->nodes.intra.bytes_per_s, 0.0);
+  EXPECT_GT(hierarchy->across.bytes_per_s, 0.0);
+  EXPECT_NE(stats.note.find(", hier "), std::string::npos) << stats.note;
+  return true;
+}
+
 // Saves `comm`'s checkpoint and loads it into `restored` (a fresh world communicator when
 // null): the loaded model inputs must be the saved ones. Returns them.
 error_feedback::ResidualStore::Counters expect_checkpoint_carries_model(Communicator& comm,
@@ -183,24 +204,13 @@ error_feedback::ResidualStore::Counters expect_checkpoint_carries_model(Communic
 // Nodes of two ranks (4 or more ranks, an even count): the model measures the link inside and
 // across the nodes once, and a checkpoint carries all of it.
 TEST(AutoModel, NodeStructuresAreMeasuredOnceAndCheckpointed) {
-  const int ranks = world_size();
   Communicator comm = Communicator::world();
   collectives::CommunicatorState& state = collectives::state_of(comm);
   std::vector<float> data = testing::gaussian_contribution(8192, world_rank(), 9);
   const CollectiveStats stats =
       comm.allreduce(host_view(data.data(), data.size()), "n", "fp16:min_bytes=0,ranks_per_node=2");
   const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_hierarchy(2);
-  if (ranks < 4 || ranks % 2 != 0) {
-    // One node, or nodes of unequal size: the hierarchy is no candidate.
-    EXPECT_FALSE(hierarchy.has_value());
-    EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
-    return;
-  }
-  ASSERT_TRUE(hierarchy.has_value());
-  EXPECT_EQ(hierarchy->nodes.ranks_per_node, 2);
-  EXPECT_GT(hierarchy->nodes.intra.bytes_per_s, 0.0);
-  EXPECT_GT(hierarchy->across.bytes_per_s, 0.0);
-  EXPECT_NE(stats.note.find(", hier "), std::string::npos) << stats.note;
+  if (!expect_nodes_of_two_exactly_when_formed(stats, hierarchy)) return;
   EXPECT_NE(stats.note.find("nodes of 2: inside "), std::string::npos) << stats.note;
   const std::vector<std::uint64_t> bits = bits_of(hierarchy->across);
   EXPECT_TRUE(testing::identical_on_all_ranks(std::as_bytes(std::span<const std::uint64_t>(bits))));
@@ -283,17 +293,8 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
   if (ranks == 1) return;  // one rank: no model at all
   const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_hierarchy(0);
-  if (ranks < 4 || ranks % 2 != 0) {
-    // One node of two, or nodes of 2 and 1: no candidate.
-    EXPECT_FALSE(hierarchy.has_value());
-    EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
-    return;
-  }
-  ASSERT_TRUE(hierarchy.has_value());
-  EXPECT_EQ(hierarchy->nodes.ranks_per_node, 2);
+  if (!expect_nodes_of_two_exactly_when_formed(stats, hierarchy)) return;
   EXPECT_TRUE(hierarchy->shared_memory);
-  EXPECT_GT(hierarchy->across.bytes_per_s, 0.0);
-  EXPECT_NE(stats.note.find(", hier "), std::string::npos) << stats.note;
   EXPECT_NE(stats.note.find("nodes of 2 (shared memory): inside "), std::string::npos) << stats.note;
 
   Communicator restored = Communicator::world();
