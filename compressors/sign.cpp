@@ -91,6 +91,7 @@ class SignCodec final : public Codec {
     }
     encoder.finish();
     // Step 3 of the scale: buckets whose sum overflowed f32 (finite elements near FLT_MAX).
+    if (!encoder.any_scale_overflowed()) return total;
     std::vector<float> converted;  // one such bucket of an f16 / bf16 input
     kernels::cpu::sign_rescue_overflowed_scales(
         in.count, spec_.bucket, scales, [&](std::size_t begin, std::size_t len) -> const float* {

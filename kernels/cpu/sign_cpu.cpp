@@ -18,7 +18,7 @@ struct SignVectorBodies {
   void (*decode_16)(float scale, const std::uint8_t* bits, std::size_t count, float* out) noexcept;
   void (*decode_add_16)(float scale, const std::uint8_t* bits, std::size_t count,
                         float* acc) noexcept;
-  void (*short_scales_16)(const float* x, std::size_t bucket, std::size_t buckets,
+  bool (*short_scales_16)(const float* x, std::size_t bucket, std::size_t buckets,
                           std::byte* scales) noexcept;
   void (*decode_short_16)(const std::byte* scales, std::size_t bucket, std::size_t first,
                           const std::uint8_t* bits, std::size_t count, float* out) noexcept;
@@ -79,11 +79,14 @@ void decode_16(float scale, const std::uint8_t* bits, std::size_t count, float* 
   for (std::size_t k = 0; k < count; ++k) put<kAdd>(out[k], sign_decoded(scale, bit_at(bits, k)));
 }
 
-void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
+// The scalar reference's scales are rescued already (sign_bucket_scale): none is +inf but
+// for a bucket holding an inf, which the rescue would leave as it is.
+bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
                           std::byte* scales) noexcept {
   for (std::size_t b = 0; b < buckets; ++b) {
     write_scale(scales, b, sign_bucket_scale(x + b * bucket, bucket));
   }
+  return false;
 }
 
 template <bool kAdd>
@@ -235,7 +238,8 @@ void SignEncoder::add_to_buckets(const float* x, std::size_t count) noexcept {
       // Whole buckets too short for the 16-lane bodies go 16 at a time to the across-bucket
       // body; the rest (fewer than 16 buckets, or a bucket cut by the block's end) below.
       const std::size_t buckets = (count - k) / bucket_ / 16 * 16;
-      bodies_->short_scales_16(x + k, bucket_, buckets, scales_ + bucket_index_ * sizeof(float));
+      any_scale_overflowed_ |=
+          bodies_->short_scales_16(x + k, bucket_, buckets, scales_ + bucket_index_ * sizeof(float));
       bucket_index_ += buckets;
       k += buckets * bucket_;
       if (k == count) break;
@@ -249,8 +253,9 @@ void SignEncoder::add_to_buckets(const float* x, std::size_t count) noexcept {
 }
 
 void SignEncoder::finish_bucket() noexcept {
-  write_scale(scales_, bucket_index_,
-              sign_scale_from_sum(sign_combine_lanes(lanes_), position_in_bucket_));
+  const float scale = sign_scale_from_sum(sign_combine_lanes(lanes_), position_in_bucket_);
+  any_scale_overflowed_ |= sign_scale_overflowed(scale);
+  write_scale(scales_, bucket_index_, scale);
   ++bucket_index_;
   position_in_bucket_ = 0;
   std::fill(std::begin(lanes_), std::end(lanes_), 0.0f);

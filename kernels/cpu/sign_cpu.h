@@ -41,6 +41,11 @@ class SignEncoder {
   // Writes the scale of a bucket left incomplete by the elements added (the last, shorter one).
   void finish() noexcept;
 
+  // Whether some scale written so far is +inf: then sign_rescue_overflowed_scales() has work
+  // (checked as the scales are computed: a separate pass over them cost a third of the
+  // encode's time with buckets of 1).
+  bool any_scale_overflowed() const noexcept { return any_scale_overflowed_; }
+
  private:
   void add_to_buckets(const float* x, std::size_t count) noexcept;
   void finish_bucket() noexcept;
@@ -53,10 +58,12 @@ class SignEncoder {
   std::size_t position_in_bucket_ = 0;  // elements of the current bucket summed so far
   std::size_t bucket_index_ = 0;
   float lanes_[kSignLanes] = {};  // step 1 of the canonical sum of the current bucket
+  bool any_scale_overflowed_ = false;
 };
 
 // Step 3 of sign_math.h for the ceil(count / bucket) scales a SignEncoder wrote: each +inf
 // scale becomes sign_rescued_scale() of its bucket (still +inf when the bucket holds an inf).
+// Worth calling only when the encoder's any_scale_overflowed().
 // `bucket_elements(begin, len)` returns elements [begin, begin + len) as f32, valid until its
 // next call; it is called only for buckets that overflowed, which is rare.
 template <class BucketElements>
@@ -98,8 +105,9 @@ void sign_decode_add(const SignPayload& payload, float* acc) noexcept;
 //                       count % 16 == 0.
 //   sign_decode_add_16: acc[k] += the same value.
 // and, for buckets shorter than the 16 lanes (1 <= bucket < 16), across buckets:
-//   sign_short_scales_16:     the scales of `buckets` whole buckets starting at x, written to
-//                             scales[0, 4 * buckets); buckets % 16 == 0.
+//   sign_short_scales_16:     the scales of `buckets` whole buckets starting at x (steps 1-2
+//                             of sign_math.h), written to scales[0, 4 * buckets); buckets %
+//                             16 == 0. Returns whether one of them is +inf.
 //   sign_decode_short_16:     out[k] = sign_decoded(scale of bucket (first + k) / bucket,
 //                             bit k % 8 of bits[k / 8]) for k < count; `scales` points at
 //                             scale 0, `bits` at the byte holding element `first`'s bit, which
@@ -112,7 +120,7 @@ void sign_accumulate_16(const float* x, std::size_t count, float* lanes) noexcep
 void sign_decode_16(float scale, const std::uint8_t* bits, std::size_t count, float* out) noexcept;
 void sign_decode_add_16(float scale, const std::uint8_t* bits, std::size_t count,
                         float* acc) noexcept;
-void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
+bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
                           std::byte* scales) noexcept;
 void sign_decode_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,
                           const std::uint8_t* bits, std::size_t count, float* out) noexcept;
@@ -125,7 +133,7 @@ void sign_accumulate_16(const float* x, std::size_t count, float* lanes) noexcep
 void sign_decode_16(float scale, const std::uint8_t* bits, std::size_t count, float* out) noexcept;
 void sign_decode_add_16(float scale, const std::uint8_t* bits, std::size_t count,
                         float* acc) noexcept;
-void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
+bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
                           std::byte* scales) noexcept;
 void sign_decode_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,
                           const std::uint8_t* bits, std::size_t count, float* out) noexcept;

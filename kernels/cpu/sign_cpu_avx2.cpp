@@ -106,7 +106,7 @@ void sign_decode_add_16(float scale, const std::uint8_t* bits, std::size_t count
 // Bucket b + l of the group in lane l (8 buckets per vector): lanes[j] of the canonical sum
 // holds just element j (0 + |x_j| = |x_j|), then the tree and division of
 // sign_combine_lanes() / sign_scale_from_sum(), lane-wise.
-void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
+bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
                           std::byte* scales) noexcept {
   const __m256i bucket_starts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                    _mm256_set1_epi32(static_cast<int>(bucket)));
@@ -114,6 +114,8 @@ void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t bucket
   const __m256 canonical_nan =
       _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kSignCanonicalNanBits)));
   const __m256 magnitude_bits = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
+  const __m256 infinity = _mm256_castsi256_ps(_mm256_set1_epi32(0x7F800000));
+  __m256 overflowed = _mm256_setzero_ps();
   for (std::size_t b = 0; b < buckets; b += 8) {
     const float* group = x + b * bucket;
     __m256 lanes[kSignLanes];
@@ -133,7 +135,9 @@ void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t bucket
     const __m256 nan = _mm256_cmp_ps(scale, scale, _CMP_UNORD_Q);
     _mm256_storeu_ps(reinterpret_cast<float*>(scales + b * sizeof(float)),
                      _mm256_blendv_ps(scale, canonical_nan, nan));
+    overflowed = _mm256_or_ps(overflowed, _mm256_cmp_ps(scale, infinity, _CMP_EQ_OQ));
   }
+  return _mm256_movemask_ps(overflowed) != 0;
 }
 
 void sign_decode_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,

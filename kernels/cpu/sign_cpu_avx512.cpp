@@ -107,7 +107,7 @@ void sign_decode_add_16(float scale, const std::uint8_t* bits, std::size_t count
 // Bucket b + l of the group in lane l: lanes[j] of the canonical sum holds just element j
 // (0 + |x_j| = |x_j|), then the tree and division of sign_combine_lanes() /
 // sign_scale_from_sum(), lane-wise.
-void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
+bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
                           std::byte* scales) noexcept {
   const __m512i bucket_starts =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -115,6 +115,8 @@ void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t bucket
   const __m512 length = _mm512_set1_ps(static_cast<float>(bucket));
   const __m512 canonical_nan =
       _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kSignCanonicalNanBits)));
+  const __m512 infinity = _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000));
+  __mmask16 overflowed = 0;
   for (std::size_t b = 0; b < buckets; b += 16) {
     const float* group = x + b * bucket;
     __m512 lanes[kSignLanes];
@@ -133,7 +135,9 @@ void sign_short_scales_16(const float* x, std::size_t bucket, std::size_t bucket
     const __m512 scale = _mm512_div_ps(lanes[0], length);
     const __mmask16 nan = _mm512_cmp_ps_mask(scale, scale, _CMP_UNORD_Q);
     _mm512_storeu_ps(scales + b * sizeof(float), _mm512_mask_blend_ps(nan, scale, canonical_nan));
+    overflowed |= _mm512_cmp_ps_mask(scale, infinity, _CMP_EQ_OQ);
   }
+  return overflowed != 0;
 }
 
 void sign_decode_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,
