@@ -115,7 +115,8 @@ std::uint32_t CommunicatorState::shared_memory_node_size() {
   const std::uint64_t mine = static_cast<std::uint64_t>(node_transports(0).intra->size());
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(transport_->size()));
   transport_->allgather_u64(std::span<const std::uint64_t>(&mine, 1), sizes);
-  const bool one_size = std::all_of(sizes.begin(), sizes.end(), [&](std::uint64_t size) { return size == mine; });
+  const bool one_size =
+      std::all_of(sizes.begin(), sizes.end(), [&](std::uint64_t size) { return size == mine; });
   return one_size ? static_cast<std::uint32_t>(mine) : 0;
 }
 
@@ -250,7 +251,7 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
          prefix == detail::concat("hier/", ranks_per_node, "/across/"));
     if (known && prefix == "hier/0/" && term == "ranks_per_node") {
       // A detected node size: a whole number of ranks, at least 2.
-      known = value >= 2 && value <= UINT32_MAX && value == std::floor(value);
+      known = value >= 2 && value <= INT32_MAX && value == std::floor(value);
       shared_memory_node_size = value;
     } else if (known && (prefix == "link/" || hier_prefix)) {
       auto& [link, read] = links[std::string(prefix)];

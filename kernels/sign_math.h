@@ -9,8 +9,8 @@
 // gives 1, and NaN (of either sign) gives 0.
 //
 // Scale: mean |x| of the bucket, scale = S / (float)len (or step 3's rescue when that is
-// +inf), where S is the f32 sum of |x| in this CANONICAL ORDER (every path, scalar, AVX2, AVX-512 and a GPU block reduction, must
-// follow it to give the same bits):
+// +inf), where S is the f32 sum of |x| in this CANONICAL ORDER (every path, scalar, AVX2,
+// AVX-512 and a GPU block reduction, must follow it to give the same bits):
 //   1. 16 lanes, all starting at +0.0f. Element j of the bucket (j counted from the bucket's
 //      start) is added to lane j % 16; each lane adds its elements in increasing j:
 //        lane[l] = (((0 + |x_l|) + |x_{l+16}|) + |x_{l+32}|) + ...

@@ -238,8 +238,8 @@ void SignEncoder::add_to_buckets(const float* x, std::size_t count) noexcept {
       // Whole buckets too short for the 16-lane bodies go 16 at a time to the across-bucket
       // body; the rest (fewer than 16 buckets, or a bucket cut by the block's end) below.
       const std::size_t buckets = (count - k) / bucket_ / 16 * 16;
-      any_scale_overflowed_ |=
-          bodies_->short_scales_16(x + k, bucket_, buckets, scales_ + bucket_index_ * sizeof(float));
+      std::byte* const scales = scales_ + bucket_index_ * sizeof(float);
+      any_scale_overflowed_ |= bodies_->short_scales_16(x + k, bucket_, buckets, scales);
       bucket_index_ += buckets;
       k += buckets * bucket_;
       if (k == count) break;

@@ -21,9 +21,9 @@ struct SignVectorBodies;
 // Encodes a tensor fed in consecutive blocks of f32 elements: writes the scale of each bucket
 // (f32, little-endian, bucket order) to `scales` and bit (x < 0) of element i at bit i % 8 of
 // bits[i / 8], the unused high bits of the last byte zero. The ISA is fixed at construction.
-// The scales are those of steps 1-2 of sign_math.h: a bucket whose sum overflowed has +inf
-// until sign_rescue_overflowed_scales() below gives it step 3's scale (the encoder no longer
-// holds the elements of earlier blocks).
+// The scales may be those of steps 1-2 of sign_math.h only: a bucket whose sum overflowed may
+// have +inf until sign_rescue_overflowed_scales() below gives it step 3's scale (the encoder
+// no longer holds the elements of earlier blocks).
 //
 //   SignEncoder encoder(bucket, scales, bits);
 //   encoder.add(x, 4096); encoder.add(x + 4096, 100);   // every block but the last: count % 8 == 0
