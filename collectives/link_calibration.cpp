@@ -20,14 +20,26 @@ namespace {
 
 constexpr int kCalibrationTag = 130;
 
-// Median seconds of `rounds` rounds of `bytes`, each sending to `to` and receiving from `from`
-// (after one unmeasured round that sets up the connections).
-double median_round_seconds(Transport& transport, int to, int from, std::size_t bytes,
-                            std::size_t rounds) {
-  std::vector<std::byte> out(bytes, std::byte{0x5A}), in(bytes);
+// Median seconds of `rounds` runs of `body` (after one unmeasured run that sets up the
+// connections).
+template <class Body>
+double median_seconds(std::size_t rounds, Body&& body) {
   std::vector<double> seconds;
   for (std::size_t round = 0; round <= rounds; ++round) {
     const auto start = std::chrono::steady_clock::now();
+    body(round);
+    if (round > 0)
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+// Median seconds of `rounds` rounds of `bytes`, each sending to `to` and receiving from `from`.
+double median_round_seconds(Transport& transport, int to, int from, std::size_t bytes,
+                            std::size_t rounds) {
+  std::vector<std::byte> out(bytes, std::byte{0x5A}), in(bytes);
+  return median_seconds(rounds, [&](std::size_t) {
     PendingRequests pending(transport);
     const std::size_t receive = pending.add(transport.irecv(from, kCalibrationTag, in));
     const std::size_t send = pending.add(transport.isend(to, kCalibrationTag, out));
@@ -35,11 +47,7 @@ double median_round_seconds(Transport& transport, int to, int from, std::size_t 
     pending.wait(send);
     GZ_REQUIRE(received == bytes, ErrorCode::internal, "measure_link: received ", received,
                " bytes from rank ", from, ", expected ", bytes);
-    if (round > 0)
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
-  return seconds[seconds.size() / 2];
+  });
 }
 
 // The rate of `bytes` moved in `seconds` of which `latency` is start-up. A large round faster
@@ -79,18 +87,12 @@ LinkModel measure_link(Transport& transport, const LinkCalibration& calibration)
       calibration.large_bytes,
       median_round_seconds(transport, next, previous, calibration.large_bytes, calibration.large_rounds),
       latency);
-  // A small collective's start-up: the median of all-gathers of one u64 (after one unmeasured).
-  std::vector<double> gathers;
-  for (std::size_t round = 0; round <= calibration.small_rounds; ++round) {
+  // A small collective's start-up: all-gathers of one u64.
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks));
+  const double collective = median_seconds(calibration.small_rounds, [&](std::size_t round) {
     const std::uint64_t mine = round;
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks));
-    const auto start = std::chrono::steady_clock::now();
     transport.allgather_u64(std::span<const std::uint64_t>(&mine, 1), all);
-    if (round > 0)
-      gathers.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(gathers.begin(), gathers.begin() + gathers.size() / 2, gathers.end());
-  const double collective = gathers[gathers.size() / 2];
+  });
 
   return agreed_link(transport, LinkModel{latency, ring_rate, 0.0, collective});
 }
