@@ -213,8 +213,10 @@ class Communicator {
   //              codec (its γ measured on this CPU once per spec), among those that compress
   //              no more often than the codec's default: ring / SRA / rhd / tree for none,
   //              fp16 and bf16, SRA / tree for qsgd and sign, the sparse all-gather / tree for
-  //              topk, and hier when the spec's ranks_per_node forms two or more nodes
-  //              (collectives/algorithm_choice.h); stats.note gives the predicted times.
+  //              topk, and hier when the ranks form two or more nodes of one size (the
+  //              spec's ranks_per_node, or with 0 the ranks that share memory, detected at
+  //              the first such call) (collectives/algorithm_choice.h); stats.note gives the
+  //              predicted times.
   //              CUDA tensors and one-rank communicators take the codec's default (ring, SRA,
   //              the sparse all-gather) without the model;
   //   algo=ring|sra|allgather|rhd|tree: that algorithm at every size;
