@@ -128,15 +128,16 @@ const AllreduceChoice* CommunicatorState::cached_auto_choice(std::string_view sp
   return found == spec->second.end() ? nullptr : &found->second;
 }
 
-void CommunicatorState::cache_auto_choice(std::string_view spec_text, std::size_t count,
-                                          const AllreduceChoice& choice) {
-  if (auto_choice_count_ >= kMaxCachedChoices) {
-    auto_choices_.clear();
-    auto_choice_count_ = 0;
-  }
+const AllreduceChoice& CommunicatorState::cache_auto_choice(std::string_view spec_text,
+                                                            std::size_t count,
+                                                            AllreduceChoice choice) {
+  if (auto_choice_count_ >= kMaxCachedChoices) forget_auto_choices();
   auto spec = auto_choices_.find(spec_text);
-  if (spec == auto_choices_.end()) spec = auto_choices_.emplace(std::string(spec_text), std::map<std::size_t, AllreduceChoice>{}).first;
-  if (spec->second.insert_or_assign(count, choice).second) ++auto_choice_count_;
+  if (spec == auto_choices_.end())
+    spec = auto_choices_.emplace(std::string(spec_text), std::map<std::size_t, AllreduceChoice>{}).first;
+  const auto [stored, added] = spec->second.insert_or_assign(count, std::move(choice));
+  if (added) ++auto_choice_count_;
+  return stored->second;
 }
 
 const CodecCost& CommunicatorState::auto_codec_cost(const CompressionSpec& spec) {
@@ -302,8 +303,7 @@ void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::C
     hierarchy.nodes.ranks_per_node = static_cast<int>(*shared_memory_node_size);
     hierarchy.shared_memory = true;
   }
-  auto_choices_.clear();
-  auto_choice_count_ = 0;
+  forget_auto_choices();
   if (const auto found = links.find("link/"); found != links.end()) link_ = found->second.first;
   for (auto& [spec, cost] : costs) codec_costs_[spec] = cost;
   for (auto& [ranks_per_node, hierarchy] : hierarchies) hierarchies_[ranks_per_node] = hierarchy;
@@ -791,21 +791,24 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     // algo=auto's model: the link and γ are measured at the first call that needs them (every
     // rank reaches this point in the same call with the same spec, count and step: the call
     // check compared them), then kept.
-    AllreduceChoice choice;
+    // A cached choice is used in place (its name and note are copied once, into the stats);
+    // nothing in this call changes the cache.
+    AllreduceChoice fixed;
+    const AllreduceChoice* chosen = nullptr;
     if (!auto_uses_model(spec, count, step, state.transport().size(),
                          call.tensor.device.kind == DeviceKind::cuda)) {
-      choice = choose_allreduce(spec, count, step);
-    } else if (const AllreduceChoice* cached = state.cached_auto_choice(call.spec_text, count)) {
-      choice = *cached;
-    } else {
+      fixed = choose_allreduce(spec, count, step);
+      chosen = &fixed;
+    } else if ((chosen = state.cached_auto_choice(call.spec_text, count)) == nullptr) {
       set_operation_phase("algo=auto's calibration of the link and the codec");
       const LinkModel link = state.auto_link();
       const AutoModel model{state.codec_for(spec), state.auto_codec_cost(spec), link,
                             state.transport().size(), state.auto_hierarchy(spec.ranks_per_node)};
       set_operation_phase("the data exchange");
-      choice = choose_allreduce(spec, count, step, &model);
-      state.cache_auto_choice(call.spec_text, count, choice);
+      chosen = &state.cache_auto_choice(call.spec_text, count,
+                                        choose_allreduce(spec, count, step, &model));
     }
+    const AllreduceChoice& choice = *chosen;
     stats.algorithm = choice.name;
     stats.note = choice.note;
 

@@ -73,7 +73,7 @@ class CommunicatorState {
   // the same.
   void set_link(const LinkModel& link) {
     link_ = link;
-    auto_choices_.clear();
+    forget_auto_choices();
   }
   // γ of `spec`'s codec as every rank agrees on it (agreed_codec_cost), measured at the first
   // call per canonical spec and kept (a collective, like auto_link).
@@ -90,15 +90,16 @@ class CommunicatorState {
   // communicator's); every rank must set the same.
   void set_hierarchy(std::uint32_t ranks_per_node, const std::optional<AutoHierarchy>& hierarchy) {
     hierarchies_[ranks_per_node] = hierarchy;
-    auto_choices_.clear();
-    auto_choice_count_ = 0;
+    forget_auto_choices();
   }
   // algo=auto's choices by canonical spec text and element count: once the model's inputs are
   // measured they do not change, so each (spec, count) is decided once (about 3 µs saved per
-  // call). Cleared when the inputs change (set_link, import_auto_model) and when it holds
-  // kMaxCachedChoices choices.
+  // call). Cleared when the inputs change (set_link, set_hierarchy, import_auto_model) and when
+  // it holds kMaxCachedChoices choices. cache_auto_choice returns the stored choice, valid
+  // until the cache is next cleared.
   const AllreduceChoice* cached_auto_choice(std::string_view spec_text, std::size_t count) const;
-  void cache_auto_choice(std::string_view spec_text, std::size_t count, const AllreduceChoice& choice);
+  const AllreduceChoice& cache_auto_choice(std::string_view spec_text, std::size_t count,
+                                           AllreduceChoice choice);
   // algo=auto's model inputs (the link when known, every γ measured, the node structures) as
   // checkpoint counters named "gradzip.auto/..." (doubles as their bits), and back: a run
   // restarted from a checkpoint makes the same choices as the run that saved it, whatever its
@@ -130,6 +131,11 @@ class CommunicatorState {
   // The size of the node of ranks that share memory (node_transports(0)) when every rank's
   // node has that size, else 0 (a collective over transport()).
   std::uint32_t shared_memory_node_size();
+  // Empties the cache of algo=auto's choices (its inputs changed, or it is full).
+  void forget_auto_choices() noexcept {
+    auto_choices_.clear();
+    auto_choice_count_ = 0;
+  }
 
   static constexpr std::size_t kMaxCachedCodecs = 64;
   static constexpr std::size_t kMaxCachedChoices = 4096;
