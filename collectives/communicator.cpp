@@ -410,6 +410,10 @@ void check_arguments(const Call& call) {
   const TensorView& tensor = call.tensor;
   GZ_REQUIRE(!call.name.empty(), ErrorCode::invalid_argument, op,
              ": the tensor name is empty (it keys error feedback and the mismatch check)");
+  // Checkpoints store call numbers under the tensor names, next to algo=auto's inputs.
+  GZ_REQUIRE(!call.name.starts_with(kAutoPrefix), ErrorCode::invalid_argument, op,
+             ": the tensor name '", call.name, "' starts with '", kAutoPrefix,
+             "', which checkpoints reserve for algo=auto's model inputs");
   if (tensor.device.kind == DeviceKind::cuda && tensor.count > 0) {
     GZ_REQUIRE(device_memory_built(), ErrorCode::unsupported, op, " of '", call.name,
                "': the tensor is on CUDA device ", tensor.device.index,

@@ -443,6 +443,10 @@ TEST(Communicator, ArgumentErrorOnOneRankReachesEveryRank) {
   expect_every_rank_throws([&] { comm.allreduce(host_view(data.data(), 7), me ? "" : "x", "none"); },
                            ErrorCode::invalid_argument,
                            {me ? "tensor name is empty" : rejected, "tensor name is empty"});
+  // Names checkpoints reserve (their call numbers would be read back as algo=auto's inputs).
+  expect_every_rank_throws(
+      [&] { comm.allreduce(host_view(data.data(), 7), me ? "gradzip.auto/link/x" : "x", "none"); },
+      ErrorCode::invalid_argument, {me ? "reserve for algo=auto" : rejected, "gradzip.auto/link/x"});
   expect_every_rank_throws(
       [&] { comm.allreduce(host_view(data.data(), 7), "x", me ? "nonsense:ratio=2" : "none"); },
       ErrorCode::invalid_spec, {me ? "nonsense" : rejected});
