@@ -60,9 +60,12 @@
 //                      overlapped step can be when the cores, not the links, are the bottleneck
 // sent_bytes, compression_ratio, buckets and algorithms come from the Reducer's stats of the last
 // overlapped step (sent_bytes: max over ranks; the others: rank 0's). The JSON keeps the raw
-// per-iteration samples of every phase, the Reducer's own communication_seconds of every
-// comm-only step and exposed_seconds of every overlapped step, and rank 0's whole ReducerStats
-// of the last overlapped step (bucket launch and done times: where the overlap went).
+// per-iteration samples of every phase; what each sequential and overlapped step contained by
+// the ranks' own clocks (sequential_contained_samples_s: backward plus the Reducer's
+// communication that followed it; overlapped_backward_samples_s: backward; slowest rank); the
+// Reducer's own communication_seconds of every comm-only step and exposed_seconds of every
+// overlapped step; and rank 0's whole ReducerStats of the last overlapped step (bucket launch
+// and done times: where the overlap went).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -325,6 +328,12 @@ constexpr Phase kPhases[] = {Phase::compute, Phase::comm, Phase::sequential, Pha
 // What one rank saw in one step of a phase; max_over_ranks() turns it into the slowest rank's.
 struct StepSample {
   double step_seconds = 0;             // the timed region
+  // What this rank timed inside the step, by its own clock (0 for compute and comm): backward
+  // (overlapped), backward plus the Reducer's communication_seconds that followed it
+  // (sequential). At most step_seconds on every rank, so also after max_over_ranks: a check
+  // that each step really contains its phases, immune to load that slows one step against
+  // another.
+  double contained_seconds = 0;
   double reducer_comm_seconds = 0;     // ReducerStats::communication_seconds (0 for compute)
   double reducer_exposed_seconds = 0;  // ReducerStats::exposed_seconds (0 for compute)
   // Core-seconds the whole host was busy (user, system, interrupts: /proc/stat) from the
@@ -339,10 +348,10 @@ struct StepSample {
 using bench::max_over_ranks;
 
 StepSample max_over_ranks(StepSample mine) {
-  double values[4] = {mine.step_seconds, mine.reducer_comm_seconds, mine.reducer_exposed_seconds,
-                      mine.host_busy_core_seconds};
-  MPI_Allreduce(MPI_IN_PLACE, values, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return {values[0], values[1], values[2], values[3]};
+  double values[5] = {mine.step_seconds, mine.contained_seconds, mine.reducer_comm_seconds,
+                      mine.reducer_exposed_seconds, mine.host_busy_core_seconds};
+  MPI_Allreduce(MPI_IN_PLACE, values, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return {values[0], values[1], values[2], values[3], values[4]};
 }
 
 // Busy core-seconds of the host since boot (all /proc/stat "cpu" fields but idle and iowait),
@@ -383,7 +392,12 @@ StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const bool reads_host = rank == 0;
   const double busy_before = reads_host ? host_busy_core_seconds() : 0.0;
-  const auto start = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point from) {
+    return std::chrono::duration<double>(Clock::now() - from).count();
+  };
+  const auto start = Clock::now();
+  double backward_seconds = 0;
   switch (phase) {
     case Phase::compute:
       model.backward(no_reducer);
@@ -394,6 +408,7 @@ StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
       break;
     case Phase::sequential:
       model.backward(no_reducer);
+      backward_seconds = seconds_since(start);
       reducer.mark_all_ready();
       reducer.wait();
       break;
@@ -402,12 +417,13 @@ StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
         reducer.mark_ready(weight);
         reducer.mark_ready(bias);
       });
+      backward_seconds = seconds_since(start);
       reducer.wait();
       break;
   }
   StepSample sample;
-  sample.step_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  sample.step_seconds = seconds_since(start);
+  sample.contained_seconds = backward_seconds;
   quiet_barrier();
   if (reads_host) {
     const double busy_after = host_busy_core_seconds();
@@ -417,6 +433,8 @@ StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
     reducer.step();
     sample.reducer_comm_seconds = reducer.stats().communication_seconds;
     sample.reducer_exposed_seconds = reducer.stats().exposed_seconds;
+    // The sequential step's communication starts at mark_all_ready(), after backward.
+    if (phase == Phase::sequential) sample.contained_seconds += sample.reducer_comm_seconds;
   }
   return sample;
 }
@@ -435,6 +453,7 @@ struct Row {
   std::vector<double> host_busy_samples[4];     // host busy core-seconds, by phase
   std::vector<double> reducer_comm_samples;     // comm-only steps
   std::vector<double> reducer_exposed_samples;  // overlapped steps
+  std::vector<double> contained_samples[4];     // StepSample::contained_seconds, by phase
   std::uint64_t sent_bytes = 0;
   std::uint64_t gradient_bytes = 0;
   double compression_ratio = 1;
@@ -481,6 +500,7 @@ Row measure(const std::string& spec, const Options& options, EmulatedModel& mode
       if (iteration < 0) continue;
       row.samples[p].push_back(slowest.step_seconds);
       row.host_busy_samples[p].push_back(slowest.host_busy_core_seconds);
+      row.contained_samples[p].push_back(slowest.contained_seconds);
       if (kPhases[p] == Phase::comm)
         row.reducer_comm_samples.push_back(slowest.reducer_comm_seconds);
       if (kPhases[p] == Phase::overlapped)
@@ -570,6 +590,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
          << ",\n   \"overlapped_samples_s\": " << json_numbers(r.samples[3])
          << ",\n   \"reducer_comm_samples_s\": " << json_numbers(r.reducer_comm_samples)
          << ",\n   \"reducer_exposed_samples_s\": " << json_numbers(r.reducer_exposed_samples)
+         << ",\n   \"sequential_contained_samples_s\": " << json_numbers(r.contained_samples[2])
+         << ",\n   \"overlapped_backward_samples_s\": " << json_numbers(r.contained_samples[3])
          << ",\n   \"reducer_stats\": " << r.reducer_stats_json << "}"
          << (i + 1 < rows.size() ? "," : "") << "\n";
   }

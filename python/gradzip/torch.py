@@ -6,7 +6,10 @@
     ddp.register_comm_hook(state, gradzip.torch.hook)
 
 Run under mpirun: gradzip's collectives go over MPI (gradzip initialises it), whatever backend
-the process group uses (gloo here). Every rank must build the same model and state.
+the process group uses (gloo here). Every rank must build the same model and state. A state
+whose communicator does not have the process group's rank count is refused (gradzip.Error):
+under torchrun alone each process's MPI world is one rank, and the hook would return each
+rank's own gradient.
 
 - hook(state, bucket) averages the bucket's flat gradient buffer with gradzip and returns a
   torch.futures.Future that gradzip's communication thread completes, so DDP goes on with
@@ -30,7 +33,8 @@ import threading
 import numpy as np
 import torch
 
-from . import _gradzip
+from . import _gradzip, _world
+from . import Communicator
 
 
 class _CommunicationThread:
@@ -58,14 +62,22 @@ class GradzipState:
     spec: a gradzip compression spec, e.g. "topk:ratio=0.01,ef=on" (checked here).
     warmup: iterations run uncompressed first.
     communicator: a gradzip.Communicator (default: a new one over MPI_COMM_WORLD).
+    process_group: the torch.distributed group DDP reduces over (default: the world).
+
+    The communicator must span that group: gradzip.Error when its rank count differs from the
+    group's size (checked here when torch.distributed is initialised or WORLD_SIZE is set, else
+    at the hook's first call).
     """
 
-    def __init__(self, model, spec="none", warmup=0, communicator=None):
+    def __init__(self, model, spec="none", warmup=0, communicator=None, process_group=None):
         self.spec = _gradzip.parse_spec(spec)
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = int(warmup)
-        self.communicator = communicator if communicator is not None else _gradzip.Communicator()
+        self.communicator = communicator if communicator is not None else Communicator()
+        self._process_group = process_group
+        _world.refuse_communicator_not_spanning(self.communicator.size, process_group)
+        self._spans_checked = _world.torch_world(process_group) is not None
         self.iteration = 0
         self._names = {id(p): name for name, p in model.named_parameters()}
         self._shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -192,6 +204,9 @@ def _powersgd_allreduce(state, buffer, index, layout, step):
 
 def hook(state, bucket):
     """DDP communication hook: average bucket.buffer() with gradzip; returns a Future of it."""
+    if not state._spans_checked:  # the state was made before torch.distributed was initialised
+        _world.refuse_communicator_not_spanning(state.communicator.size, state._process_group)
+        state._spans_checked = True
     buffer = bucket.buffer()
     index = bucket.index()
     layout = state._layout_of(bucket)

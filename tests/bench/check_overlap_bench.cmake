@@ -7,8 +7,11 @@
 #   - the benchmark's wall times agree with the Reducer's own clocks: in every comm-only step the
 #     Reducer's communication_seconds is within the step, and in every overlapped step its time
 #     blocked in wait() is within the step;
-#   - loose bounds that real timing meets even on a loaded machine: a sequential step contains a
-#     whole backward and a whole communication, an overlapped one a whole backward;
+#   - every sequential step contains a whole backward and then the whole communication, and
+#     every overlapped step a whole backward, by the ranks' own clocks inside that step.
+# Only intervals nested in one step are compared: no check sets one phase's time against another
+# phase's (sequential against compute, say), since a shared machine can slow one step and not the
+# next; those ratios are what the benchmark reports, not what this test asserts.
 #   - the Reducer really ran the spec on the model's bytes: bytes sent and compression ratios.
 # Invoked by ctest with -DBENCH=<gradzip-bench> -DMPIEXEC=<mpirun> -DWORK_DIR=<scratch dir>.
 set(world_size 2)
@@ -191,17 +194,24 @@ foreach(expected_spec IN LISTS specs)
     endif()
   endforeach()
 
-  # A sequential step runs a whole backward and then a whole communication, an overlapped step a
-  # whole backward, so with steady work sequential >= compute, sequential >= comm and
-  # overlapped >= compute. Other processes on a shared 2-core machine can slow one phase
-  # against another: allow a factor 2.
-  math(EXPR twice_sequential "2 * ${sequential_ns}")
-  math(EXPR twice_overlapped "2 * ${overlapped_ns}")
-  if(twice_sequential LESS compute_ns OR twice_sequential LESS comm_ns
-     OR twice_overlapped LESS compute_ns)
-    message(FATAL_ERROR "${where}: sequential ${sequential_ns} ns, overlapped ${overlapped_ns} ns "
-                        "against compute ${compute_ns} ns and comm ${comm_ns} ns")
-  endif()
+  # A sequential step runs a whole backward and then a whole communication; an overlapped step a
+  # whole backward. Each rank timed those parts inside the step itself, so part <= step holds
+  # however the machine is loaded (1 us for the JSON's rounding to 9 digits and truncation to ns).
+  samples_ns("${text}" ${index} sequential_contained_samples_s sequential_contained)
+  samples_ns("${text}" ${index} overlapped_backward_samples_s overlapped_backward)
+  foreach(i RANGE ${last_sample})
+    foreach(pair IN ITEMS "sequential_contained;sequential_samples" "overlapped_backward;overlapped_samples")
+      list(GET pair 0 part_list)
+      list(GET pair 1 step_list)
+      list(GET ${part_list} ${i} part)
+      list(GET ${step_list} ${i} step)
+      math(EXPR slack_step "${step} + 1000")
+      if(NOT part GREATER 0 OR part GREATER slack_step)
+        message(FATAL_ERROR "${where}: step ${i}: ${part_list} (${part} ns) must be positive and "
+                            "within the step (${step} ns)")
+      endif()
+    endforeach()
+  endforeach()
 
   # What the Reducer sent. At 2 ranks an uncompressed byte is sent once by each rank (the ring's
   # two halves; MPI's all-reduce is counted as 2(P-1)/P = 1 of its bytes), plus 32-byte headers

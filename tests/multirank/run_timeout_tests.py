@@ -5,19 +5,20 @@ each case by the ranks' VERDICT lines and the time to fail, never by mpirun's ex
 bound: a run that passes it is killed (its whole process group) and the case fails as a hang.
 
   a) skip_throw, np 4, GRADZIP_TIMEOUT_S=5: rank 3 skips the 5th all-reduce; ranks 0-2 must each
-     throw ErrorCode::timeout within 5 * 1.1 s of entering the call, naming rank 3 (and only it)
-     as missing, and a later call on the same communicator must throw timeout too.
-  b) skip_abort: the same with on_timeout = abort: mpirun exits non-zero within 3 * 1.1 s plus
-     start-up, and stderr holds a "gradzip: timeout" report naming rank 3 as missing.
+     throw ErrorCode::timeout no earlier than 5 s after entering the call and within 5 * 1.05 s
+     (the documented promise) plus LOAD_SLACK_S, naming rank 3 (and only it) as missing, and a
+     later call on the same communicator must throw timeout too.
+  b) skip_abort: the same with on_timeout = abort: mpirun exits non-zero within 3 * 1.05 s plus
+     the slacks below, and stderr holds a "gradzip: timeout" report naming rank 3 as missing.
   c) kill, np 4, GRADZIP_TIMEOUT_S=5: rank 2 SIGKILLs itself during a loop of 16 MiB ring
      all-reduces: mpirun exits non-zero within 5 s plus slack (outer bound 60 s). Open MPI 4.1's
      mpirun itself ends the job when a process dies by a signal, so this is the launcher's work.
   f) the same under `mpirun --enable-recovery` (Open MPI keeps the job running after the death):
      gradzip's deadline must end it: a "gradzip: timeout" report naming rank 2 as missing, and
-     MPI_Abort (mpirun's banner, or gradzip's report of it when mpirun loses the banner), within 5 * 1.1 s plus start-up (mpirun's exit status is 0 there, whatever
-     happened).
+     MPI_Abort (mpirun's banner, or gradzip's report of it when mpirun loses the banner), within
+     5 * 1.05 s plus the slacks below (mpirun's exit status is 0 there, whatever happened).
   d) reducer, np 4, GRADZIP_TIMEOUT_S=5: rank 3 never joins step 3 of a 2-lane Reducer; the
-     others' wait() must throw timeout within 5 * 1.1 s, naming rank 3 as missing.
+     others' wait() must throw timeout in the same window as (a), naming rank 3 as missing.
   e) bad_env, np 1, GRADZIP_TIMEOUT_S=abc: invalid_argument naming the variable.
 
 Usage: run_timeout_tests.py --mpirun MPIEXEC --child timeout_child [--only a,b,...]
@@ -30,9 +31,18 @@ import subprocess
 import sys
 import time
 
-# Start-up of 4 ranks on a loaded 2-core machine, and mpirun's own teardown, on top of the
-# deadline in the wall-clock bounds of whole runs (the strict bounds are the in-process ones).
-STARTUP_SLACK_S = 10.0
+# The bounds are for a shared 2-core machine that something else may be loading (a parallel
+# build, another test): they must fail on a hang or on a deadline missed by whole seconds,
+# never on scheduling. A deadline is never met early (the lower bounds are exact); the upper
+# ones add:
+# - LOAD_SLACK_S to the in-process time to fail, for the ranks' polling threads and their
+#   report being scheduled late (4 ranks and other work on 2 cores: each rank may wait for the
+#   core for seconds at a time under load; unloaded, the ranks fail within 1.05 x the timeout);
+# - STARTUP_SLACK_S to whole runs: start-up of 4 ranks and mpirun's teardown (about 2 s
+#   unloaded, several times that under load).
+LOAD_SLACK_S = 3.0
+STARTUP_SLACK_S = 20.0
+DEADLINE_PROMISE = 1.05  # docs/reliability.md: a rank fails within 1.05 x the timeout
 
 
 class Run:
@@ -105,8 +115,12 @@ def check_throw_verdicts(case, result, timeout_s, expect_later):
             continue
         elapsed = float(verdict["elapsed"])
         case.check(verdict["code"] == "timeout", f"rank {rank}: code {verdict['code']}, not timeout")
-        case.check(timeout_s <= elapsed <= timeout_s * 1.1,
-                   f"rank {rank}: failed after {elapsed:.3f} s, outside [{timeout_s}, {timeout_s * 1.1:.2f}]")
+        latest = timeout_s * DEADLINE_PROMISE + LOAD_SLACK_S
+        case.check(timeout_s <= elapsed <= latest,
+                   f"rank {rank}: failed after {elapsed:.3f} s, outside [{timeout_s}, {latest:.2f}]")
+        if elapsed > timeout_s * DEADLINE_PROMISE:
+            print(f"    (rank {rank} failed after {elapsed:.3f} s: over the unloaded promise of "
+                  f"{timeout_s * DEADLINE_PROMISE:.2f} s, inside the slack for a loaded machine)")
         case.check(verdict["missing"] == "rank_3",
                    f"rank {rank}: missing ranks '{verdict['missing']}', expected exactly rank 3")
         if expect_later:
@@ -128,8 +142,9 @@ def case_skip_abort(args):
     result = run(args, 4, "skip_abort", "3", 45)
     case.check(not result.hung, "the run hung past its outer bound")
     case.check(result.returncode != 0, "mpirun exited 0")
-    case.check(result.wall <= 3.0 * 1.1 + STARTUP_SLACK_S,
-               f"took {result.wall:.2f} s, over 3.3 s + {STARTUP_SLACK_S} s start-up")
+    latest = 3.0 * DEADLINE_PROMISE + LOAD_SLACK_S + STARTUP_SLACK_S
+    case.check(result.wall <= latest, f"took {result.wall:.2f} s, over {latest:.2f} s (3 s deadline, "
+               f"{LOAD_SLACK_S} s load slack, {STARTUP_SLACK_S} s start-up)")
     reports = [block for block in result.stderr.split("gradzip: timeout")[1:]]
     case.check(len(reports) >= 1, "no 'gradzip: timeout' report on stderr")
     case.check(any(re.search(r"missing ranks: rank 3 \(never reached", r) for r in reports),
@@ -145,8 +160,9 @@ def case_kill(args):
     case.check(not result.hung, "the run hung past its 60 s outer bound")
     case.check(result.returncode != 0, "mpirun exited 0")
     case.check("NO_FAILURE" not in result.stdout, "some rank finished every call")
-    case.check(result.wall <= 5.0 + STARTUP_SLACK_S + 5.0,
-               f"took {result.wall:.2f} s, over 5 s + slack")
+    latest = 5.0 * DEADLINE_PROMISE + LOAD_SLACK_S + STARTUP_SLACK_S
+    case.check(result.wall <= latest, f"took {result.wall:.2f} s, over {latest:.2f} s (5 s deadline "
+               f"and slack)")
     how = "a gradzip timeout report" if "gradzip: timeout" in result.stderr else "the launcher"
     print(f"    (c) the job was ended by {how}")
     return case.finish(result)
@@ -169,8 +185,9 @@ def case_kill_with_recovery(args):
                "a rank ended through an uncaught exception, not MPI_Abort")
     print(f"    (f) abort seen through {'mpirun' if banner else 'the gradzip report only'}")
     case.check("NO_FAILURE" not in result.stdout, "some rank finished every call")
-    case.check(result.wall <= 5.0 * 1.1 + STARTUP_SLACK_S,
-               f"took {result.wall:.2f} s, over 5.5 s + {STARTUP_SLACK_S} s start-up")
+    latest = 5.0 * DEADLINE_PROMISE + LOAD_SLACK_S + STARTUP_SLACK_S
+    case.check(result.wall <= latest, f"took {result.wall:.2f} s, over {latest:.2f} s (5 s deadline, "
+               f"{LOAD_SLACK_S} s load slack, {STARTUP_SLACK_S} s start-up)")
     case.check(re.search(r"missing ranks: rank 2 \(never reached", result.stderr) is not None,
                "no 'gradzip: timeout' report names rank 2 as missing")
     return case.finish(result)

@@ -69,19 +69,22 @@ void print_verdict(const char* mode, int rank, const gradzip::Error& error, doub
   std::fflush(stderr);
 }
 
-// Ends a rank after its verdict: a short pause so that the other ranks print theirs before the
+// Ends a rank after its verdict: a pause so that the other ranks print theirs before the
 // launcher reacts to this exit (which skips MPI_Finalize: gradzip's atexit leaves MPI alone after
-// a timeout), then exit through the atexit handlers.
+// a timeout), then exit through the atexit handlers. The ranks time out together, give or take
+// scheduling: 3 s covers the skew on a loaded 2-core machine (run_timeout_tests.py's
+// LOAD_SLACK_S).
 [[noreturn]] void finish_after_verdict() {
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::this_thread::sleep_for(std::chrono::seconds(3));
   std::exit(0);
 }
 
-// A rank that skipped a call: sleeps past the others' deadline (plus their grace and verdicts),
-// then leaves without finalising (its peers are gone).
+// A rank that skipped a call: sleeps past the others' deadline (plus their grace, the test's
+// slack for a loaded machine and their verdicts), then leaves without finalising (its peers are
+// gone).
 [[noreturn]] void sleep_past_deadline(int rank) {
   std::fprintf(stderr, "rank %d skips the call and sleeps\n", rank);
-  std::this_thread::sleep_for(std::chrono::duration<double>(timeout_seconds() * 1.1 + 4.0));
+  std::this_thread::sleep_for(std::chrono::duration<double>(timeout_seconds() * 1.1 + 8.0));
   std::fflush(stdout);
   std::_Exit(0);
 }
