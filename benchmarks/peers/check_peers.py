@@ -18,6 +18,10 @@ relative to DDP's default all-reduce are what the codecs derive (f32 ring baseli
   gradzip_powersgd4    [1, 1.2] x ddp_powersgd_hook (the same P and Q, every matrix of this
                                                  model compressed by both, plus headers)
 and the default all-reduce's accuracy after 6 steps is above chance (0.1): training ran.
+The byte figures are those of each codec's default algorithm (SRA for qsgd and sign). algo=auto
+would measure the link and could take the tree (f32 vectors) instead when a loaded machine
+makes every start-up slow, so the run is given a fixed link, GRADZIP_LINK=50,0.1 (50 us,
+100 Mbit/s: bytes dominate), and the choice does not depend on what else the machine is doing.
 Exit 0 when all hold, 1 (naming every failed check) otherwise, 77 (skip) without torch.
 """
 import argparse
@@ -97,7 +101,7 @@ def main():
                    "--steps", "6", "--warmup", "3", "--timed", "3", "--port", str(args.port),
                    "--json", output]
         print(" ".join(command), flush=True)
-        run = subprocess.run(command, timeout=300)
+        run = subprocess.run(command, timeout=300, env=dict(os.environ, GRADZIP_LINK="50,0.1"))
         if run.returncode != 0:
             print(f"check_peers: ddp_peers.py failed (exit {run.returncode})")
             return 1

@@ -38,8 +38,13 @@ set(arguments)
 foreach(spec IN LISTS specs)
   list(APPEND arguments --codec ${spec})
 endforeach()
+# The bytes and algorithms checked below are those of each codec's default algorithm. algo=auto
+# would measure the link and, on a machine loaded by other work (every start-up slow), could take
+# the tree for top-k (dense f32 vectors): a fixed slow link (50 us, 100 Mbit/s: bytes dominate)
+# makes the choice independent of the machine's state.
 execute_process(
-  COMMAND ${MPIEXEC} -np ${world_size} --oversubscribe --bind-to none
+  COMMAND ${CMAKE_COMMAND} -E env GRADZIP_LINK=50,0.1
+          ${MPIEXEC} -np ${world_size} --oversubscribe --bind-to none
           ${BENCH} overlap --model small --batch ${bench_batch} --iters ${bench_iters} --warmup 1
           --first-bucket-bytes ${first_bucket_bytes} --bucket-bytes ${bucket_bytes}
           --chunk-bytes ${chunk_bytes} ${arguments} --json ${json}

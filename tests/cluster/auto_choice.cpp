@@ -168,7 +168,7 @@ int run(int argc, char** argv) {
     // chosen one's (below 1 when the default was kept against a faster prediction).
     const std::optional<std::map<std::string, double>> predicted = predicted_ms(chosen_stats.note);
     double margin = 0;
-    bool readable = predicted.has_value() && predicted->contains(chosen) && predicted->size() >= 2;
+    const bool readable = predicted.has_value() && predicted->contains(chosen) && predicted->size() >= 2;
     if (readable) {
       double best_other = 0;
       for (const auto& [name, ms] : *predicted)

@@ -14,7 +14,8 @@
 #
 #   tests/cluster/run_auto_choice.sh AUTO_CHOICE_BINARY [RANKS]
 #
-# Needs root, `ip` and `tc`; without them it prints why and exits 77 (ctest: skipped).
+# Needs root, `ip` and `tc`, and a host that other processes leave idle while it runs (see
+# OTHER_CORES_LIMIT); otherwise it prints why and exits 77 (ctest: skipped).
 set -euo pipefail
 
 binary=${1:?usage: run_auto_choice.sh AUTO_CHOICE_BINARY [RANKS]}
