@@ -6,8 +6,8 @@ bound: a run that passes it is killed (its whole process group) and the case fai
 
   a) skip_throw, np 4, GRADZIP_TIMEOUT_S=5: rank 3 skips the 5th all-reduce; ranks 0-2 must each
      throw ErrorCode::timeout no earlier than 5 s after entering the call and within 5 * 1.05 s
-     (the documented promise) plus LOAD_SLACK_S, naming rank 3 (and only it) as missing, and a
-     later call on the same communicator must throw timeout too.
+     plus POLL_S (the documented promise) plus LOAD_SLACK_S, naming rank 3 (and only it) as
+     missing, and a later call on the same communicator must throw timeout too.
   b) skip_abort: the same with on_timeout = abort: mpirun exits non-zero within 3 * 1.05 s plus
      the slacks below, and stderr holds a "gradzip: timeout" report naming rank 3 as missing.
   c) kill, np 4, GRADZIP_TIMEOUT_S=5: rank 2 SIGKILLs itself during a loop of 16 MiB ring
@@ -42,7 +42,11 @@ import time
 #   unloaded, several times that under load).
 LOAD_SLACK_S = 3.0
 STARTUP_SLACK_S = 20.0
-DEADLINE_PROMISE = 1.05  # docs/reliability.md: a rank fails within 1.05 x the timeout
+# docs/reliability.md: unloaded, a rank fails within 1.05 x the timeout (the deadline, then up to
+# 5% listening for the other ranks' notices) plus POLL_S of polling and reporting (measured:
+# 5.251 s for a 5 s timeout).
+DEADLINE_PROMISE = 1.05
+POLL_S = 0.05
 
 
 class Run:
@@ -115,12 +119,13 @@ def check_throw_verdicts(case, result, timeout_s, expect_later):
             continue
         elapsed = float(verdict["elapsed"])
         case.check(verdict["code"] == "timeout", f"rank {rank}: code {verdict['code']}, not timeout")
-        latest = timeout_s * DEADLINE_PROMISE + LOAD_SLACK_S
+        promise = timeout_s * DEADLINE_PROMISE + POLL_S
+        latest = promise + LOAD_SLACK_S
         case.check(timeout_s <= elapsed <= latest,
                    f"rank {rank}: failed after {elapsed:.3f} s, outside [{timeout_s}, {latest:.2f}]")
-        if elapsed > timeout_s * DEADLINE_PROMISE:
+        if elapsed > promise:
             print(f"    (rank {rank} failed after {elapsed:.3f} s: over the unloaded promise of "
-                  f"{timeout_s * DEADLINE_PROMISE:.2f} s, inside the slack for a loaded machine)")
+                  f"{promise:.2f} s, inside the slack for a loaded machine)")
         case.check(verdict["missing"] == "rank_3",
                    f"rank {rank}: missing ranks '{verdict['missing']}', expected exactly rank 3")
         if expect_later:
@@ -142,7 +147,7 @@ def case_skip_abort(args):
     result = run(args, 4, "skip_abort", "3", 45)
     case.check(not result.hung, "the run hung past its outer bound")
     case.check(result.returncode != 0, "mpirun exited 0")
-    latest = 3.0 * DEADLINE_PROMISE + LOAD_SLACK_S + STARTUP_SLACK_S
+    latest = 3.0 * DEADLINE_PROMISE + POLL_S + LOAD_SLACK_S + STARTUP_SLACK_S
     case.check(result.wall <= latest, f"took {result.wall:.2f} s, over {latest:.2f} s (3 s deadline, "
                f"{LOAD_SLACK_S} s load slack, {STARTUP_SLACK_S} s start-up)")
     reports = [block for block in result.stderr.split("gradzip: timeout")[1:]]
@@ -160,7 +165,7 @@ def case_kill(args):
     case.check(not result.hung, "the run hung past its 60 s outer bound")
     case.check(result.returncode != 0, "mpirun exited 0")
     case.check("NO_FAILURE" not in result.stdout, "some rank finished every call")
-    latest = 5.0 * DEADLINE_PROMISE + LOAD_SLACK_S + STARTUP_SLACK_S
+    latest = 5.0 * DEADLINE_PROMISE + POLL_S + LOAD_SLACK_S + STARTUP_SLACK_S
     case.check(result.wall <= latest, f"took {result.wall:.2f} s, over {latest:.2f} s (5 s deadline "
                f"and slack)")
     how = "a gradzip timeout report" if "gradzip: timeout" in result.stderr else "the launcher"
@@ -185,7 +190,7 @@ def case_kill_with_recovery(args):
                "a rank ended through an uncaught exception, not MPI_Abort")
     print(f"    (f) abort seen through {'mpirun' if banner else 'the gradzip report only'}")
     case.check("NO_FAILURE" not in result.stdout, "some rank finished every call")
-    latest = 5.0 * DEADLINE_PROMISE + LOAD_SLACK_S + STARTUP_SLACK_S
+    latest = 5.0 * DEADLINE_PROMISE + POLL_S + LOAD_SLACK_S + STARTUP_SLACK_S
     case.check(result.wall <= latest, f"took {result.wall:.2f} s, over {latest:.2f} s (5 s deadline, "
                f"{LOAD_SLACK_S} s load slack, {STARTUP_SLACK_S} s start-up)")
     case.check(re.search(r"missing ranks: rank 2 \(never reached", result.stderr) is not None,
