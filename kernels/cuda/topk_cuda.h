@@ -47,7 +47,9 @@ struct TopkCudaOptions {
   std::uint32_t tensor_id = 0;
 };
 
-// Workspace bytes topk_select needs for (n, k, options); 0 when k == 0 or k == n.
+// Workspace bytes topk_select needs for (n, k, options): never 0 (kTopkMinWorkspaceBytes, 256,
+// when k == 0 or k == n), so a workspace allocated at the queried size is never the null
+// pointer that makes topk_select a size query.
 // Throws gradzip::Error(invalid_argument) when k > n, (unsupported) when CUB's size query fails.
 std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options);
 

@@ -30,6 +30,10 @@ inline constexpr std::uint32_t kTopkHistogramBins = 2048;
 inline constexpr std::size_t kTopkWorkspaceAlign = 256;
 // Bytes reserved for the device-side state of one call (struct TopkDeviceState in the .cu).
 inline constexpr std::size_t kTopkStateBytes = 256;
+// The least workspace any plan asks for, also when nothing is selected (k == 0 or k == n). A
+// plan never asks for 0 bytes: a caller that allocates what the query says would then pass a
+// null workspace, which topk_select takes for a size query, and nothing would run.
+inline constexpr std::size_t kTopkMinWorkspaceBytes = kTopkWorkspaceAlign;
 
 // Elements above which payload indices are u64 (compressors/topk.cpp: u32 iff n <= 2^32).
 inline constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
@@ -129,7 +133,7 @@ struct TopkPlan {
   std::size_t scan_temp_bytes = 0;
   std::size_t candidate_index_offset = 0;  // gpu_capacity indices (index_bytes each)
   std::size_t candidate_bits_offset = 0;   // gpu_capacity u32 f32 bits
-  std::size_t workspace_bytes = 0;         // total (0 for empty / all)
+  std::size_t workspace_bytes = kTopkMinWorkspaceBytes;  // total; the minimum for empty / all
 };
 
 // The number of items each exclusive scan covers (tiles + 1).

@@ -91,7 +91,10 @@ Selection gpu_select(const float* d_in, std::uint64_t n, std::uint64_t k,
   kernels::cuda::topk_select(d_in, n, k, options, nullptr, nullptr, nullptr, &workspace_bytes,
                              nullptr);
   EXPECT_EQ(workspace_bytes, kernels::cuda::topk_workspace_bytes(n, k, options));
+  // Never 0 (k == 0 and k == n included): a null workspace would make the call below a size query.
+  EXPECT_GE(workspace_bytes, kernels::cuda::kTopkMinWorkspaceBytes);
   DeviceBuffer workspace(workspace_bytes);
+  EXPECT_NE(workspace.get(), nullptr) << workspace_bytes << " bytes";
   if (run.dirty_workspace && workspace_bytes > 0) {
     EXPECT_EQ(cudaMemset(workspace.get(), 0xFF, workspace_bytes), cudaSuccess);
   }

@@ -44,12 +44,40 @@ TEST(TopkPlan, KindsFollowK) {
   EXPECT_EQ(make_topk_plan(10, 10, false, true, 0).kind, TopkPlanKind::all);
   EXPECT_EQ(make_topk_plan(1, 1, false, false, 0).kind, TopkPlanKind::all);
   EXPECT_EQ(make_topk_plan(10, 3, false, false, 0).kind, TopkPlanKind::select);
-  EXPECT_EQ(make_topk_plan(10, 10, false, false, 0).workspace_bytes, 0u);
   EXPECT_EQ(make_topk_plan(std::uint64_t{1} << 32, 5, false, false, 0).index_bytes, 4u);
   EXPECT_EQ(make_topk_plan((std::uint64_t{1} << 32) + 1, 5, false, false, 0).index_bytes, 8u);
   EXPECT_EQ(kernels::cuda::topk_payload_bytes(100, 7, false), 7u * 8);
   EXPECT_EQ(kernels::cuda::topk_payload_bytes(100, 7, true), 7u * 6);
   EXPECT_EQ(kernels::cuda::topk_payload_bytes((std::uint64_t{1} << 32) + 1, 7, true), 7u * 10);
+}
+
+// A plan that asked for 0 bytes made a caller that allocates the queried size pass a null
+// workspace, which topk_select takes for a size query: nothing ran for k == n or k == 0.
+TEST(TopkPlan, EveryPlanAsksForAnAlignedWorkspaceOfAtLeast256Bytes) {
+  const std::uint64_t counts[] = {0, 1, 2, 3, 255, 256, 4096, 4097, 65537,
+                                  (std::uint64_t{1} << 20) + 3, (std::uint64_t{1} << 32) + 5};
+  int kinds_seen[3] = {0, 0, 0};
+  for (std::uint64_t n : counts) {
+    for (std::uint64_t k : {std::uint64_t{0}, std::uint64_t{1}, n / 2, n - (n > 0), n}) {
+      if (k > n) continue;
+      for (bool approx : {false, true}) {
+        for (std::size_t scan_temp : {std::size_t{0}, std::size_t{1}, std::size_t{767}}) {
+          const TopkPlan plan = make_topk_plan(n, k, approx, false, scan_temp);
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k << " approx=" << approx
+                                            << " scan_temp=" << scan_temp);
+          ++kinds_seen[static_cast<int>(plan.kind)];
+          EXPECT_GE(plan.workspace_bytes, kernels::cuda::kTopkMinWorkspaceBytes);
+          EXPECT_EQ(kernels::cuda::kTopkMinWorkspaceBytes, 256u);
+          EXPECT_EQ(plan.workspace_bytes % kernels::cuda::kTopkWorkspaceAlign, 0u);
+          const TopkPlanKind expected = k == 0   ? TopkPlanKind::empty
+                                        : k == n ? TopkPlanKind::all
+                                                 : TopkPlanKind::select;
+          EXPECT_EQ(plan.kind, expected);
+        }
+      }
+    }
+  }
+  for (int kind = 0; kind < 3; ++kind) EXPECT_GT(kinds_seen[kind], 0) << "plan kind " << kind;
 }
 
 TEST(TopkPlan, WorkspaceRegionsAreDisjointAndAligned) {
