@@ -3,7 +3,8 @@
 //   - isend / irecv only record; the next wait() or start_posted() hands every recorded
 //     operation to MPI at once, and a wait returns only when its whole batch has completed
 //     (a group kernel completes as a whole);
-//   - a receive must be exactly as long as the message that matches it.
+//   - a receive must be exactly as long as the message that matches it;
+//   - there are no tags: between two ranks, receives match sends in the order both were posted.
 // A batch holding a receive whose send the peer posts only after one of its own later waits
 // never completes under these rules, as on NCCL; here the test would hang (ctest's timeout
 // fails it). So every algorithm routed to NCCL is run here at several rank counts, and its
@@ -13,6 +14,7 @@
 
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -70,11 +72,17 @@ class BatchedTransport final : public testing::ForwardingTransport {
     return op.bytes_moved;
   }
 
+  // NCCL has no tags. Every operation goes to MPI under one tag, so MPI's non-overtaking rule
+  // (messages between two ranks with the same tag and communicator match in posting order) is
+  // NCCL's: an algorithm that relies on tags to pair messages posted in different orders gets
+  // the wrong bytes or a size mismatch here, as it would on NCCL.
+  static constexpr int kOneTag = 0;
+
   void start_posted() override {
     for (Op& op : ops_) {
       if (op.started) continue;
-      op.inner = op.receive ? inner().irecv(op.peer, op.tag, {op.data, op.bytes})
-                            : inner().isend(op.peer, op.tag, {op.data, op.bytes});
+      op.inner = op.receive ? inner().irecv(op.peer, kOneTag, {op.data, op.bytes})
+                            : inner().isend(op.peer, kOneTag, {op.data, op.bytes});
       op.started = true;
       op.batch = batch_;
     }
@@ -158,6 +166,37 @@ TEST(BatchedTransport, AllreduceAlgorithmsGiveThePlainResult) {
   }
   if (world_size() > 1) {
     EXPECT_GT(pair.batched_transport->waits(), 0);
+  }
+}
+
+// The emulation's own rule, checked against MPI's: rank 0 sends A (tag 5) then B (tag 6) to
+// rank 1, which posts its receive for tag 6 first. MPI pairs by tag (the first receive gets B);
+// NCCL, and so the batched transport, by posting order (the first receive gets A).
+TEST(BatchedTransport, ReceivesMatchSendsInPostingOrderWhateverTheTags) {
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const std::vector<float> a = {1.0f, 2.0f}, b = {3.0f, 4.0f};
+  const auto bytes = [](const std::vector<float>& v) { return std::as_bytes(std::span(v)); };
+  const auto writable = [](std::vector<float>& v) { return std::as_writable_bytes(std::span(v)); };
+  for (const bool batched : {false, true}) {
+    SCOPED_TRACE(batched ? "batched (NCCL's rule)" : "plain MPI");
+    MpiTransport mpi(MPI_COMM_WORLD);
+    BatchedTransport nccl_like(mpi);
+    Transport& transport = batched ? static_cast<Transport&>(nccl_like) : mpi;
+    if (world_rank() == 0) {
+      const Transport::Request first = transport.isend(1, 5, bytes(a));
+      const Transport::Request second = transport.isend(1, 6, bytes(b));
+      transport.wait(first);
+      transport.wait(second);
+    } else if (world_rank() == 1) {
+      std::vector<float> first_posted(2), second_posted(2);
+      const Transport::Request first = transport.irecv(0, 6, writable(first_posted));
+      const Transport::Request second = transport.irecv(0, 5, writable(second_posted));
+      transport.wait(first);
+      transport.wait(second);
+      EXPECT_EQ(first_posted, batched ? a : b);
+      EXPECT_EQ(second_posted, batched ? b : a);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
 
