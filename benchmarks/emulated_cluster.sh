@@ -27,10 +27,10 @@
 #                 has MASTER_ADDR=198.18.0.1 (rank 0) and GLOO_SOCKET_IFNAME=gzn<rank> (its link),
 #                 so that torch.distributed's gloo talks over the emulated links too
 #   BENCH ARGS    arguments of `gradzip-bench allreduce` (default: --size 67108864 and the
-#                 issue's codecs none, fp16, qsgd:bits=4, qsgd:bits=8, sign, topk:ratio=0.01,
+#                 default codecs none, fp16, qsgd:bits=4, qsgd:bits=8, sign, topk:ratio=0.01,
 #                 randk:ratio=0.01)
 #
-# The recipe (docs: ../shared/ENVIRONMENT.md, "An emulated cluster with slow links"):
+# The recipe:
 # - one bridge gzbr0 in the root namespace at 198.18.0.254/24 (the benchmarking range; nothing
 #   else is addressed), one namespace per node gzns0 .. gzns{N/K-1}, node i at 198.18.0.(i+1)
 #   on a veth pair (gzh<i> on the bridge, gzn<i> inside the namespace);

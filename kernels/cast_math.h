@@ -5,7 +5,7 @@
 // NaN handling: a NaN stays a NaN of the same sign, its payload truncated to the top bits
 // and the quiet bit set (what F16C does).
 //
-// Narrowing SATURATES finite values (issue 8): a finite f32 beyond the format's largest finite
+// Narrowing SATURATES finite values: a finite f32 beyond the format's largest finite
 // value (f16: 65504; bf16: 0x7F7F, about 3.39e38), which IEEE round-to-nearest would turn into
 // Inf, becomes that largest value with its sign; Inf stays Inf and NaN stays NaN. So a finite
 // partial sum re-encoded by a codec, or written back into an f16 / bf16 tensor, stays finite

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check of gradzip in one command, for the GPU machine of ../shared/ENVIRONMENT.md (one
-# H200, CUDA 13, CMake, ninja, PyTorch; no internet, no GoogleTest, no Eigen, no Open MPI).
+# The GPU check of gradzip in one command, for a GPU machine such as the one this project is lent
+# now and then (one H200, CUDA 13, CMake, ninja, PyTorch; no internet, no GoogleTest, no Eigen,
+# no Open MPI, no zlib).
 #
 #   scripts/gpu-check.sh --prepare
 #       Run on a development machine (with libgtest-dev and libeigen3-dev installed): copies the
@@ -19,7 +20,7 @@
 #         5. times torch.topk and .half()/.bfloat16()/.float() on the same size with CUDA
 #            events -> torch.json (when python3 has torch with CUDA);
 #         6. with --memcheck, the gpu tests under compute-sanitizer (below);
-#         7. prints both tables side by side with the targets.
+#         7. prints both tables side by side with the targets.
 #       A failing configure or build stops the run; later failures do not (one call on the
 #       device should report everything): they are listed at the end and the exit status is 1.
 #       With $OUT set, the log (gpu-check.log) and the JSON files go to $OUT; otherwise to
@@ -369,7 +370,7 @@ if ours and ours.get("input_copy_gbps"):
     print(f"{ours['device']}: copy of the {ours['size']}-element f32 input {ours['input_copy_gbps']:.0f} GB/s "
           "(read + written); 'of copy' = against a copy of each kernel's own input, same run")
 print(f"{'':8} {'kernel':<36} {'time ms':>10} {'GB/s':>9} {'of copy':>8}  target")
-# Top-k against torch.topk(x.abs(), k) (the comparison), and against the fastest torch
+# Top-k against torch.topk(x.abs(), k) (the comparison the targets name), and against the fastest torch
 # variant measured (sorted=False, |x| precomputed: the strictest).
 torch_topk = next((r for who, r in rows if r["name"] == "torch.topk(x.abs(),k)"), None)
 torch_topks = [r for who, r in rows if who == "torch" and r["name"].startswith("torch.topk")]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long bounded-resources run of issue 8 (docs/reliability.md): 10^4 steps of a Reducer and
+# The long bounded-resources run (docs/reliability.md): 10^4 steps of a Reducer and
 # of direct Communicator calls whose tensor set changes every 1000 steps, at 4 ranks; every rank
 # checks that the communicator's residuals follow the live set and that its resident memory
 # does not drift after warm-up (tests/lifecycle/soak_memory.cpp). ctest runs a short version

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch DDP's own communication against gradzip's hook: step time, bytes, accuracy (issue 9).
+"""PyTorch DDP's own communication against gradzip's hook: step time, bytes, accuracy.
 
 One process per rank under mpirun; every configuration runs in the same job, one after the
 other, each from the same initial model (seed 1) over the same data order:

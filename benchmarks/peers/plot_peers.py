@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bar chart and markdown table of ddp_peers.py's results (issue 9's peer comparison).
+"""Bar chart and markdown table of ddp_peers.py's results.
 
     /usr/bin/python3 benchmarks/peers/plot_peers.py TIMING.json [--accuracy ACCURACY.json]
                                                     [--png docs/img/peers.png] [--label TEXT]

@@ -1,4 +1,4 @@
-// algo=auto against the clock (issue 9, item 3): for each scenario SPEC@COUNT given on the
+// algo=auto against the clock: for each scenario SPEC@COUNT given on the
 // command line, one algo=auto all-reduce says which algorithm the cost model chose (and its
 // predicted times), then every candidate the model considered (collectives/cost_model.h
 // auto_candidates, and hier when the note lists it: stated or detected nodes) runs with its

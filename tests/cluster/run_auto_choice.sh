@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-9 check of algo=auto: on the emulated cluster (benchmarks/emulated_cluster.sh: one
+# algo=auto against the clock, on the emulated cluster (benchmarks/emulated_cluster.sh: one
 # network namespace per rank, tc-limited veth links, 198.18.0.0/24) at two link speeds:
 #   - every scenario where the model predicts a clear winner (its chosen candidate at least
 #     1.5x faster than the next) must be the fastest algorithm measured, or within 10% of it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoint/restart continuation (issue 8): a run interrupted after step S and restarted from
+# Checkpoint/restart continuation: a run interrupted after step S and restarted from
 # its checkpoint in new processes gives, for the next T steps, exactly the bytes of an
 # uninterrupted run at the same world size; loading at another world size is refused.
 #

@@ -1,4 +1,4 @@
-// Bounded resources (issue 8): many steps with a tensor set that changes every few hundred
+// Bounded resources: many steps with a tensor set that changes every few hundred
 // steps, the way a model's set of gradients changes when layers are frozen or buckets are
 // rebuilt. Two users of gradzip run side by side on every rank:
 //   - a Reducer, replaced by a new one (new names, other sizes) at every change;

@@ -1,4 +1,4 @@
-// algo=auto's model inputs in a Communicator (issue 9, item 3): the link given by
+// algo=auto's model inputs in a Communicator: the link given by
 // CommunicatorOptions::link_* or GRADZIP_LINK (and refused when malformed, naming what), or
 // measured at the first call that needs it; γ measured once per process; both carried by a
 // checkpoint so that a restarted run chooses as the run that saved it; and the choice, made

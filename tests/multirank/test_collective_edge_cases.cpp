@@ -1,4 +1,4 @@
-// Numerical edge cases of the collectives (issue 8, item 3), through
+// Numerical edge cases of the collectives, through
 // gradzip::Communicator::world() at any rank count (ctest runs 1..5): all-zero tensors with
 // every codec and every algorithm, f16-range values whose sum over ranks overflows f16 under
 // ReduceOp::average, top-k / random-k ratios with ratio * n < 1 (k_for gives 1), ties in top-k

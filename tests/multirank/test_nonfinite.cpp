@@ -1,4 +1,4 @@
-// The nonfinite= policy (include/gradzip/compression_spec.h, issue 8 item 2) through
+// The nonfinite= policy (include/gradzip/compression_spec.h) through
 // Communicator::world() at any rank count (ctest runs 1..5), for every codec (error feedback on
 // where it applies) and the algorithms ring, SRA, the all-gather and auto (min_bytes=0): the
 // last rank (size - 1) puts a NaN or +Inf into its input.

@@ -93,7 +93,7 @@ std::uint16_t reference_round(const Format16& format, float value) {
   if (fraction > 0.5 || (fraction == 0.5 && whole_is_odd)) whole += 1.0;
   const double rounded = whole * quantum;  // exact
   if (rounded >= std::ldexp(1.0, max_exponent + 1)) {
-    // Saturation (cast_math.h, issue 8): a finite value that rounds beyond the format's range
+    // Saturation (cast_math.h): a finite value that rounds beyond the format's range
     // becomes its largest finite value, all ones below the all-ones exponent.
     return static_cast<std::uint16_t>(sign | (all_ones_exponent - 1u));
   }

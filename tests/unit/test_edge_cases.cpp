@@ -1,4 +1,4 @@
-// Numerical edge cases of every codec, made through make_codec (issue 8, item 3): all-zero
+// Numerical edge cases of every codec, made through make_codec: all-zero
 // tensors, denormal inputs, k rounding below 1 for top-k / random-k, and ties in top-k.
 // Every expected value is stated exactly or as a bound derived in the comment above the check.
 // Codecs under test: none, fp16, bf16, qsgd bits 1/2/4/8, sign, topk (exact, approx,

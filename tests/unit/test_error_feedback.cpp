@@ -767,7 +767,7 @@ TEST(ErrorFeedback, NoneCodecSendsGPlusEAndLeavesAZeroResidual) {
 }
 
 TEST(ErrorFeedback, NonFiniteValuesNeverEnterTheResidual) {
-  // Residuals never hold NaN or Inf (issue 8): an element whose residual comes out non-finite
+  // Residuals never hold NaN or Inf: an element whose residual comes out non-finite
   // (NaN - NaN, inf - inf) is stored as +0, the others are unaffected. fp16: 1 + 2^-12 encodes
   // as 1 (the residual is 2^-12, exact); 1e6 saturates to 65504 (residual 1e6 - 65504, finite).
   ResidualStore store(1, 0, ResizePolicy::error);
