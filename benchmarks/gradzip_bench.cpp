@@ -6,6 +6,8 @@
 //                                      [--iters N] [--json FILE]  (Reducer options: --help)
 //   gradzip-bench kernels [--size N] [--repeat R] [--kernel NAME]... [--list] [--json FILE]
 //   gradzip-bench model [--codec SPEC]... [--ranks LIST] [--gbps LIST] [--validate FILE]...
+//   gradzip-bench preflight [--json FILE]
+//   gradzip-bench calls [--size N] [--calls K] [--json FILE]
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -20,12 +22,22 @@ int run_overlap(int argc, char** argv);    // overlap_bench.cpp; needs a build w
 int run_model(int argc, char** argv);      // model/model_bench.cpp
 #if GRADZIP_HAVE_CUDA
 int run_kernels(int argc, char** argv);    // kernels_bench.cpp, compiled only with CUDA
+int run_preflight(int argc, char** argv);  // device_bench.cpp, compiled only with CUDA
+int run_calls(int argc, char** argv);      // device_bench.cpp, compiled only with CUDA
 #else
 // The whole of `kernels` in a build without CUDA: nothing to measure, which is not an error
 // (like a CUDA build on a machine without a device).
 int run_kernels(int, char**) {
   std::printf("gradzip-bench kernels: no CUDA in this build (GRADZIP_WITH_CUDA=OFF, or nvcc was "
               "not found at configure time); nothing measured\n");
+  return 0;
+}
+int run_preflight(int, char**) {
+  std::printf("gradzip-bench preflight: no CUDA in this build; nothing to check\n");
+  return 0;
+}
+int run_calls(int, char**) {
+  std::printf("gradzip-bench calls: no CUDA in this build; nothing measured\n");
   return 0;
 }
 #endif
@@ -49,6 +61,11 @@ void print_usage(std::FILE* out) {
                "  kernels    the CUDA kernels at 2^28 f32 elements: time, GB/s of the bytes each\n"
                "             must move, and the fraction of a device-to-device copy measured in\n"
                "             the same run (needs a build with CUDA; without a device, says why)\n"
+               "  preflight  the CUDA device as gradzip uses it: properties, memory pools, an\n"
+               "             allocation through gradzip's device runtime, a one-rank NCCL\n"
+               "             communicator with one exact all-reduce (needs a build with CUDA)\n"
+               "  calls      device allocations and host waits per steady-state all-reduce call\n"
+               "             of a CUDA tensor, per codec, against their targets (needs CUDA)\n"
                "  model      the alpha-beta-gamma cost model: gamma of each codec measured here,\n"
                "             validation against measured all-reduce rows, projection to 4096\n"
                "             ranks and 400 Gbit/s, break-even link bandwidth per codec\n"
@@ -69,6 +86,8 @@ int main(int argc, char** argv) {
     if (command == "overlap") return gradzip::bench::run_overlap(argc - 1, argv + 1);
     if (command == "kernels") return gradzip::bench::run_kernels(argc - 1, argv + 1);
     if (command == "model") return gradzip::bench::run_model(argc - 1, argv + 1);
+    if (command == "preflight") return gradzip::bench::run_preflight(argc - 1, argv + 1);
+    if (command == "calls") return gradzip::bench::run_calls(argc - 1, argv + 1);
     if (command == "--help" || command == "-h") {
       print_usage(stdout);
       return 0;

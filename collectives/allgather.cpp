@@ -98,7 +98,7 @@ void compressed_allgather(ReduceJob& job) {
     job.transport.allgatherv(message, all, block_bytes);
   }
   const std::uint64_t size_bytes = sizeof(std::uint64_t) * static_cast<std::uint64_t>(ranks - 1);
-  for (int copy = 0; copy < ranks - 1; ++copy) count_sent(job.stats, message, job.device);
+  for (int copy = 0; copy < ranks - 1; ++copy) count_sent(job, message);
   job.stats.sent_header_bytes += size_bytes;
   job.stats.received_bytes += all.size() - message_bytes + size_bytes;
 

@@ -72,6 +72,14 @@ void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Devi
   stats.sent_payload_bytes += header.payload_bytes - index_bytes;
 }
 
+void count_sent(const ReduceJob& job, std::span<const std::byte> message) {
+  const bool indexed = job.codec.spec().codec == CodecKind::topk;
+  if (job.device.kind != DeviceKind::cuda || indexed || message.size() < compressors::kWireHeaderBytes)
+    return count_sent(job.stats, message, job.device);
+  job.stats.sent_header_bytes += compressors::kWireHeaderBytes;
+  job.stats.sent_payload_bytes += message.size() - compressors::kWireHeaderBytes;
+}
+
 void MessageBuffer::resize(std::size_t bytes) {
   if (bytes > capacity_) {
     if (device_.kind == DeviceKind::cuda) {

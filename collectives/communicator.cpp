@@ -161,6 +161,15 @@ Transport& CommunicatorState::nccl_transport(int device) {
   return *nccl_transports_.emplace(device, std::move(made)).first->second;
 }
 
+void CommunicatorState::prepare_device_transport(int device) {
+  if (transport_->device_only() >= 0) {
+    transport_->connect_eagerly();
+    return;
+  }
+  if (cuda_path_ == CudaPath::staged || !nccl_transport_built()) return;
+  nccl_transport(device).connect_eagerly();
+}
+
 float* CommunicatorState::device_f32_scratch(int device, std::size_t count) {
   std::unique_ptr<DeviceAllocation>& scratch = device_scratch_[device];
   const std::size_t bytes = count * sizeof(float);

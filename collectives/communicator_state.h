@@ -123,6 +123,12 @@ class CommunicatorState {
   // call (a collective over transport(): every rank asks in the same call) and kept; for a
   // communicator made from an ncclComm_t (transport().device_only() >= 0), that transport.
   Transport& nccl_transport(int device);
+  // Makes, now, the transport this communicator's CUDA calls on `device` would use over NCCL
+  // (nccl_transport(device), or the transport itself when it is NCCL) and connects it eagerly
+  // (Transport::connect_eagerly). Collective: every rank calls it together. Nothing happens
+  // when CUDA calls would be staged through host memory (cuda_path staged, no NCCL in the
+  // build). The Reducer calls it for every lane, in lane order, before any lane runs.
+  void prepare_device_transport(int device);
   // f32 working memory on CUDA device `device` for f16 / bf16 tensors on the NCCL path, at
   // least `count` floats, kept between calls.
   float* device_f32_scratch(int device, std::size_t count);

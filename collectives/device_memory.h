@@ -102,8 +102,9 @@ class DeviceEvent {
   int device_ = 0;
 };
 
-// An allocation of `bytes` bytes on CUDA device `device` (from the device's stream-ordered
-// pool; at least one byte, so data() is never null), freed by the destructor.
+// An allocation of `bytes` bytes on CUDA device `device` (kernels/cuda/device_runtime.h: from
+// the thread's block cache or gradzip's stream-ordered pool; at least one byte, so data() is
+// never null), given back to the cache by the destructor. Nothing here synchronises the device.
 class DeviceAllocation {
  public:
   DeviceAllocation(std::size_t bytes, int device, std::string_view op);
@@ -119,5 +120,17 @@ class DeviceAllocation {
   std::size_t bytes_ = 0;
   int device_ = 0;
 };
+
+// What the device runtime layer (kernels/cuda/device_runtime.h) has counted in this process:
+// blocks taken from CUDA, blocks served from a thread's cache, blocks given back to CUDA, and
+// host waits for the device. All 0 in a build without CUDA. The difference of two readings
+// around a call is what that call cost (with nothing else running on the device).
+struct DeviceRuntimeCounts {
+  std::uint64_t allocations = 0;
+  std::uint64_t cache_hits = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t synchronizations = 0;
+};
+DeviceRuntimeCounts device_runtime_counts() noexcept;
 
 }  // namespace gradzip::collectives

@@ -191,9 +191,9 @@ class HalvingDoubling {
     if (decode_error) std::rethrow_exception(decode_error);
     // Counted once every message has decoded: count_sent reads their headers.
     for (const auto& [lo, hi] : doubling_sent_)
-      for (int b = lo; b < hi; ++b) count_sent(job_.stats, messages[idx(b)], job_.device);
+      for (int b = lo; b < hi; ++b) count_sent(job_, messages[idx(b)]);
     if (unfold_send)
-      for (const auto& message : messages) count_sent(job_.stats, message, job_.device);
+      for (const auto& message : messages) count_sent(job_, message);
   }
 
  private:
@@ -249,7 +249,7 @@ class HalvingDoubling {
       const std::size_t bytes = encode(job_.data, out, job_.name, count_, encode_context(job_, 0));
       const std::span<const std::byte> message = out.first(bytes);
       const std::size_t send = pending.add(transport_.isend(rank_ - 1, kFoldTag, message));
-      count_sent(job_.stats, message, job_.device);
+      count_sent(job_, message);
       pending.timed_wait(send, job_.stats);
     } else if (has_folded_partner()) {
       const std::span<std::byte> in = memory_.subspan(scratch_bytes_, blob_region_bytes_);
@@ -285,7 +285,7 @@ class HalvingDoubling {
       }
       const std::span<const std::byte> message = send_buffer.first(bytes);
       const std::size_t send_request = pending.add(transport_.isend(partner, kHalvingTag, message));
-      count_sent(job_.stats, message, job_.device);
+      count_sent(job_, message);
       const std::size_t received = pending.wait_receive(receive, job_.stats);
       decode_add(receive_buffer.first(received), keep);
       pending.timed_wait(send_request, job_.stats);

@@ -162,7 +162,7 @@ class RingAllreduce {
       const std::span<const std::byte> message = send.first(send_bytes);
       const std::size_t send_request =
           pending.add(transport_.isend(right_, kReduceScatterTag, message));
-      count_sent(job_.stats, message, job_.device);
+      count_sent(job_, message);
       const std::size_t received = wait_receive(pending, receive_request);
       {
         StageTimer timer(job_.stats.decode_seconds);
@@ -233,7 +233,7 @@ class RingAllreduce {
     }
     for (std::size_t request : send_requests) timed_wait(pending, request);
     if (first_error) std::rethrow_exception(first_error);
-    for (int c : sent_chunks) count_sent(job_.stats, slot(c).first(message_bytes[c]), job_.device);
+    for (int c : sent_chunks) count_sent(job_, slot(c).first(message_bytes[c]));
   }
 
  private:

@@ -184,7 +184,7 @@ void sparse_allgather_allreduce(ReduceJob& job) {
     StageTimer timer(job.stats.communicate_seconds);
     transport.allgatherv(my_message, all.span(), message_bytes);
   }
-  for (int r = 0; r < ranks - 1; ++r) count_sent(job.stats, my_message, job.device);
+  for (int r = 0; r < ranks - 1; ++r) count_sent(job, my_message);
   job.stats.received_bytes += total - mine_bytes;
 
   StageTimer timer(job.stats.decode_seconds);

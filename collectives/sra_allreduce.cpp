@@ -182,7 +182,7 @@ class SraRound {
       recv_counts[idx(s)] = s == rank_ ? 0 : sizes[idx(s) * idx(ranks_) + idx(rank_)];
     received_.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
     for (int d = 0; d < ranks_; ++d)
-      if (d != rank_) count_sent(job_.stats, sent_message(d), job_.device);
+      if (d != rank_) count_sent(job_, sent_message(d));
     job_.stats.received_bytes += received_.size();
     StageTimer timer(job_.stats.communicate_seconds);
     job_.transport.alltoallv(send_.span(), send_sizes_, received_.span(), recv_counts);
@@ -239,7 +239,7 @@ class SraRound {
     gathered_.resize(std::accumulate(gathered_sizes_.begin(), gathered_sizes_.end(),
                                      std::size_t{0}));
     // The owner's message reaches each of the P - 1 other ranks once.
-    for (int d = 1; d < ranks_; ++d) count_sent(job_.stats, mine, job_.device);
+    for (int d = 1; d < ranks_; ++d) count_sent(job_, mine);
     job_.stats.received_bytes += gathered_.size() - owned_bytes_;
     StageTimer timer(job_.stats.communicate_seconds);
     job_.transport.allgatherv(mine, gathered_.span(), gathered_sizes_);

@@ -82,7 +82,7 @@ void tree_allreduce(ReduceJob& job) {
       }
       const std::span<const std::byte> message = memory.first(bytes);
       const std::size_t send = pending.add(transport.isend(rank - m, kReduceTag, message));
-      count_sent(job.stats, message, job.device);
+      count_sent(job, message);
       pending.timed_wait(send, job.stats);
       break;
     }
@@ -126,7 +126,7 @@ void tree_allreduce(ReduceJob& job) {
   }
   for (std::size_t send : sends) pending.timed_wait(send, job.stats);
   if (decode_error) std::rethrow_exception(decode_error);
-  for (std::size_t i = 0; i < sends.size(); ++i) count_sent(job.stats, message, job.device);
+  for (std::size_t i = 0; i < sends.size(); ++i) count_sent(job, message);
 }
 
 }  // namespace gradzip::collectives

@@ -381,6 +381,10 @@ void ReducerState::freeze() {
     }
   }
   if (on_cuda()) {
+    // Every lane's NCCL communicator is made and connected here, collectively and in lane order,
+    // while no lane runs: made lazily inside a lane's first call, its set-up (ncclCommInitRank,
+    // NCCL's device allocations) could run while another lane's kernel waits for a peer.
+    for (Lane& lane : lanes_) collectives::state_of(lane.communicator).prepare_device_transport(memory_.index);
     for (std::size_t t = 0; t < tensors_.size(); ++t)
       ready_events_.push_back(std::make_unique<collectives::DeviceEvent>(memory_.index, "Reducer"));
   }

@@ -4,9 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "gradzip/error.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/nonfinite_cuda.h"
 #include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/scale_cuda.h"
@@ -23,7 +25,8 @@ cudaStream_t work_stream() noexcept {
 }
 
 void synchronize(std::string_view op, const char* what) {
-  check_runtime(cudaStreamSynchronize(work_stream()), op, what);
+  const std::string name(op);
+  kernels::cuda::synchronize_stream(work_stream(), name.c_str(), what);
 }
 
 // For destructors: runs `release` with `device` current and restores the caller's device,
@@ -137,11 +140,9 @@ DeviceStream::DeviceStream(int device, std::string_view op) : device_(device) {
   stream_ = stream;
 }
 
+// cudaStreamDestroy returns at once; CUDA releases the stream when its queued work is done.
 DeviceStream::~DeviceStream() {
-  release_on(device_, [&] {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-  });
+  release_on(device_, [&] { cudaStreamDestroy(static_cast<cudaStream_t>(stream_)); });
 }
 
 ThreadStreamScope::ThreadStreamScope(void* stream) noexcept
@@ -169,25 +170,31 @@ void DeviceEvent::record(void* stream, std::string_view op) {
 }
 
 void DeviceEvent::synchronize(std::string_view op) const {
-  check_runtime(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), op, "cudaEventSynchronize");
+  const std::string name(op);
+  kernels::cuda::synchronize_event(static_cast<cudaEvent_t>(event_), name.c_str(),
+                                   "cudaEventSynchronize");
 }
 
-// Stream-ordered (cudaMallocAsync on the thread's work stream): a cudaFree would wait for
-// every stream of the device, the application's backward included. The allocation is complete
-// when the constructor returns, so any stream may use it; whoever used it on another stream
-// (the NCCL transport) has finished when its caller frees it (every call synchronises).
+// From kernels/cuda/device_runtime.h: a block of the thread's cache, or a new stream-ordered
+// one (complete when the constructor returns, so any stream may use it). The destructor gives
+// it back to the destroying thread's cache; whoever used it on another stream (the NCCL
+// transport) has finished by then, since every call synchronises before it returns.
 DeviceAllocation::DeviceAllocation(std::size_t bytes, int device, std::string_view op)
     : bytes_(bytes), device_(device) {
   const CurrentDevice current(device, op);
-  void* data = nullptr;
-  check_runtime(cudaMallocAsync(&data, bytes == 0 ? 1 : bytes, work_stream()), op,
-                "cudaMallocAsync of message buffers");
-  data_ = static_cast<std::byte*>(data);
-  synchronize(op, "the allocation");
+  const std::string name(op);
+  data_ = static_cast<std::byte*>(kernels::cuda::device_allocate(
+      bytes, device, work_stream(), name.c_str(), "allocating message buffers"));
 }
 
 DeviceAllocation::~DeviceAllocation() {
-  release_on(device_, [&] { cudaFreeAsync(data_, work_stream()); });
+  kernels::cuda::device_release(data_, bytes_, device_, work_stream());
+}
+
+DeviceRuntimeCounts device_runtime_counts() noexcept {
+  const kernels::cuda::DeviceRuntimeCounters counters = kernels::cuda::device_runtime_counters();
+  return DeviceRuntimeCounts{counters.allocations, counters.cache_hits, counters.frees,
+                             counters.synchronizations};
 }
 
 }  // namespace gradzip::collectives

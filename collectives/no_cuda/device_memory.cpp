@@ -51,4 +51,6 @@ void DeviceEvent::synchronize(std::string_view op) const { refuse(op, device_); 
 DeviceAllocation::DeviceAllocation(std::size_t, int device, std::string_view op) { refuse(op, device); }
 DeviceAllocation::~DeviceAllocation() = default;
 
+DeviceRuntimeCounts device_runtime_counts() noexcept { return {}; }
+
 }  // namespace gradzip::collectives

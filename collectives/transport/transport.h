@@ -107,6 +107,14 @@ class Transport {
   // next wait overlaps their transfer (NCCL: launches them as one group). A no-op where
   // posting starts them (MPI).
   virtual void start_posted() {}
+  // Sets up now, collectively, every connection and buffer the transport would otherwise
+  // create on first use (NCCL connects peers lazily, inside the first operation that needs them,
+  // allocating device memory as it goes). Every rank calls it together, on the communicators
+  // it has, in the same order. Callers that run several transports of one device from several
+  // threads (the Reducer's lanes) call it for each before any thread starts: set-up inside one
+  // lane's operation while another lane's kernel waits for a peer can deadlock the device.
+  // A no-op where nothing is lazy (MPI).
+  virtual void connect_eagerly() {}
 };
 
 }  // namespace gradzip::collectives

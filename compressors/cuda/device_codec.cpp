@@ -5,8 +5,8 @@
 //
 // Every call runs on the legacy default stream of the tensor's device (or on the calling
 // thread's work stream when a Reducer lane set one) and synchronises before it returns (the
-// contract in gradzip/codec.h). Scratch comes from cudaMallocAsync on that
-// stream. Inputs in f16 / bf16 are widened into f32 scratch first (the host codecs load them
+// contract in gradzip/codec.h). Scratch comes from the thread's block cache of
+// kernels/cuda/device_runtime.h (no allocation once it is warm). Inputs in f16 / bf16 are widened into f32 scratch first (the host codecs load them
 // as f32 too); f16 / bf16 decode outputs are decoded into f32 scratch and rounded to nearest
 // even, except a cast message decoded into its own format, which is copied (as on the host).
 #include "compressors/device_codec.h"
@@ -23,6 +23,7 @@
 #include "gradzip/error.h"
 #include "kernels/cpu/randk_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/cuda/randk_cuda.h"
@@ -49,15 +50,21 @@ void* work_stream() noexcept { return cuda::thread_work_stream(); }
 using cuda::check_runtime;
 using DeviceScope = cuda::CurrentDevice;
 
-// Scratch from the stream-ordered pool, freed (in stream order) when the scope ends.
+// Scratch from the thread's block cache (kernels/cuda/device_runtime.h), given back when the
+// scope ends. Work still queued on the work stream may use it then: the cache hands a block out
+// again only on this thread, whose later work on that stream is ordered after it, and every
+// call here synchronises the stream before it returns.
 class DeviceScratch {
  public:
-  DeviceScratch(std::size_t bytes, const std::string& op) {
-    if (bytes > 0) check_runtime(cudaMallocAsync(&data_, bytes, static_cast<cudaStream_t>(work_stream())), op,
-                              "cudaMallocAsync of scratch");
+  DeviceScratch(std::size_t bytes, const std::string& op) : bytes_(bytes) {
+    if (bytes == 0) return;
+    GZ_REQUIRE(cudaGetDevice(&device_) == cudaSuccess, ErrorCode::unsupported, op,
+               ": cudaGetDevice failed");
+    data_ = cuda::device_allocate(bytes, device_, static_cast<cudaStream_t>(work_stream()),
+                                  op.c_str(), "allocating scratch");
   }
   ~DeviceScratch() {
-    if (data_ != nullptr) cudaFreeAsync(data_, static_cast<cudaStream_t>(work_stream()));
+    cuda::device_release(data_, bytes_, device_, static_cast<cudaStream_t>(work_stream()));
   }
   DeviceScratch(const DeviceScratch&) = delete;
   DeviceScratch& operator=(const DeviceScratch&) = delete;
@@ -69,11 +76,13 @@ class DeviceScratch {
 
  private:
   void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
 };
 
 void synchronize(const std::string& op) {
-  check_runtime(cudaStreamSynchronize(static_cast<cudaStream_t>(work_stream())), op,
-             "the device work (cudaStreamSynchronize)");
+  cuda::synchronize_stream(static_cast<cudaStream_t>(work_stream()), op.c_str(),
+                           "the device work (cudaStreamSynchronize)");
 }
 
 void copy_to_device(void* d_out, const void* host, std::size_t bytes, const std::string& op) {

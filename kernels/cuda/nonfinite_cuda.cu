@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "gradzip/error.h"
+#include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/nonfinite_cuda.h"
 #include "kernels/cuda/runtime_support.h"
@@ -55,10 +56,11 @@ DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DTyp
   GZ_REQUIRE(d_data != nullptr, ErrorCode::invalid_argument, op, ": null data for ", count,
              " elements");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  unsigned long long* d_result = nullptr;
-  check_runtime(cudaMallocAsync(reinterpret_cast<void**>(&d_result), 2 * sizeof(unsigned long long),
-                                cuda_stream),
-                op, "cudaMallocAsync");
+  int device = 0;
+  check_runtime(cudaGetDevice(&device), op, "cudaGetDevice");
+  constexpr std::size_t kResultBytes = 2 * sizeof(unsigned long long);
+  auto* const d_result = static_cast<unsigned long long*>(
+      device_allocate(kResultBytes, device, cuda_stream, op, "allocating the result"));
   const unsigned long long initial[2] = {0, ~0ull};
   unsigned long long result[2] = {0, 0};
   cudaError_t status = cudaMemcpyAsync(d_result, initial, sizeof initial, cudaMemcpyHostToDevice,
@@ -82,9 +84,18 @@ DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DTyp
     status = cudaGetLastError();
     if (status == cudaSuccess)
       status = cudaMemcpyAsync(result, d_result, sizeof result, cudaMemcpyDeviceToHost, cuda_stream);
-    if (status == cudaSuccess) status = cudaStreamSynchronize(cuda_stream);
   }
-  cudaFreeAsync(d_result, cuda_stream);
+  // The one wait of the call (its result is needed on the host); also when a step failed, so
+  // that the result block is idle before it goes back to the cache.
+  try {
+    synchronize_stream(cuda_stream, op, "reading the count");
+  } catch (...) {
+    if (status == cudaSuccess) {
+      device_release(d_result, kResultBytes, device, cuda_stream);
+      throw;
+    }
+  }
+  device_release(d_result, kResultBytes, device, cuda_stream);
   check_runtime(status, op, "counting non-finite elements");
   return DeviceNonfiniteCount{result[0], result[0] == 0 ? 0 : result[1]};
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "compressors/wire_format.h"
@@ -61,6 +63,48 @@ class StreamTest : public DeviceTest {
   cudaStream_t stream_ = nullptr;
 };
 
+// A producer of data on a NON-BLOCKING stream (it does not wait for, nor make wait, the legacy
+// default stream) whose work can be held back: hold(ms) queues a host function that sleeps, so
+// everything queued after it on the stream runs at least `ms` later. What a test writes through
+// it (device-to-device copies, which are truly asynchronous) is seen only by code that orders
+// itself after the stream's work (an event wait): code that skipped it reads stale data while
+// the stream sleeps, and the test's byte comparison fails.
+class DelayedProducer {
+ public:
+  DelayedProducer() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~DelayedProducer() {
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+  }
+  DelayedProducer(const DelayedProducer&) = delete;
+  DelayedProducer& operator=(const DelayedProducer&) = delete;
+
+  void* stream() const { return static_cast<void*>(stream_); }
+  void hold(int milliseconds) {
+    auto* delay = new int(milliseconds);
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  stream_,
+                  [](void* data) {
+                    const int ms = *static_cast<int*>(data);
+                    delete static_cast<int*>(data);
+                    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+                  },
+                  delay),
+              cudaSuccess);
+  }
+  // to[0, bytes) = from[0, bytes) (both device memory), queued on the stream.
+  void copy(void* to, const void* from, std::size_t bytes) {
+    ASSERT_EQ(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_), cudaSuccess);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
 inline void sync(void* stream) {
   ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
 }
@@ -83,11 +127,13 @@ class DeviceArray {
   // Sets every byte of the allocation to 0.
   void zero() {
     EXPECT_EQ(cudaMemset(ptr_, 0, std::max<std::size_t>(n_, 1) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);  // see finish_legacy_stream
   }
   void upload(const std::vector<T>& host) {
     ASSERT_LE(host.size(), n_);
     ASSERT_EQ(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
               cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);  // see finish_legacy_stream
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
@@ -124,12 +170,22 @@ T* device_copy(const std::vector<T>& host) {
   EXPECT_EQ(cudaMalloc(&device, host.size() * sizeof(T)), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
             cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);  // see finish_legacy_stream
   return device;
+}
+
+// Waits until everything queued on the legacy default stream has run. cudaMemcpy from pageable
+// memory and cudaMemset may return before the device memory is written, and the transports
+// and Reducer lanes read on non-blocking streams, which do not wait for the legacy stream:
+// the helpers that write test data call this, so that no test races its own set-up.
+inline void finish_legacy_stream() {
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
 }
 
 inline void to_device(void* device, const void* host, std::size_t bytes) {
   if (bytes > 0) {
     ASSERT_EQ(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    finish_legacy_stream();
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/communicator_state.h"
+#include "collectives/device_memory.h"
 #include "collectives/transport/nccl_transport_factory.h"
 #include "collectives/transport/self_transport.h"
 #include "gpu_test_support.h"
@@ -216,6 +217,57 @@ TEST_F(CommunicatorCudaTest, ACommunicatorFromAnNcclCommReducesItsDevicesTensors
   ncclCommDestroy(nccl);
 }
 #endif
+
+// kernels/cuda/device_runtime.h: a released block comes back from the thread's cache (no CUDA
+// call), a different size class is a new allocation, and the counters say so exactly.
+TEST_F(CommunicatorCudaTest, DeviceAllocationsComeBackFromTheThreadsCache) {
+  const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
+  std::byte* first_block = nullptr;
+  {
+    const collectives::DeviceAllocation block(3 << 20, 0, "test");
+    first_block = block.data();
+  }
+  {
+    const collectives::DeviceAllocation again(3 << 20, 0, "test");
+    EXPECT_EQ(again.data(), first_block) << "the same size class on the same thread is the cached block";
+    const collectives::DeviceAllocation other(64 << 20, 0, "test");  // another class: a new block
+    EXPECT_NE(other.data(), first_block);
+  }
+  const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
+  EXPECT_EQ(after.allocations - before.allocations, 2u);
+  EXPECT_EQ(after.cache_hits - before.cache_hits, 1u);
+  EXPECT_EQ(after.frees - before.frees, 0u);
+}
+
+// Steady-state calls over NCCL take every device buffer from the thread's cache: after three
+// warm-up calls, five more allocate nothing from CUDA (device_runtime_counts), and still
+// leave the host result's bytes. The host waits per call are printed (the GPU check's
+// `gradzip-bench calls` reports them against their target), not judged here.
+TEST_F(CommunicatorCudaTest, SteadyStateCallsOverNcclAllocateNothing) {
+  if (!collectives::nccl_transport_built()) {
+    std::printf("this build has no NCCL: CUDA tensors are staged, nothing to count\n");
+    return;
+  }
+  const std::size_t count = (std::size_t{1} << 18) + 3;
+  const std::vector<float> input = gpu_test::gaussian(count, 9);
+  for (const char* spec : {"none", "fp16", "qsgd:bits=4", "sign:ef=on", "randk:ratio=0.01",
+                           "topk:ratio=0.01,ef=on"}) {
+    SCOPED_TRACE(spec);
+    Communicator host_side = self_communicator();
+    Communicator device_side = self_communicator(CudaPath::nccl);
+    for (int call = 0; call < 3; ++call)
+      expect_device_result_is_host_result(host_side, device_side, input, spec, ReduceOp::sum, "over NCCL");
+    const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
+    constexpr int kCalls = 5;
+    for (int call = 0; call < kCalls; ++call)
+      expect_device_result_is_host_result(host_side, device_side, input, spec, ReduceOp::sum, "over NCCL");
+    const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
+    // The test's own DeviceArray uses cudaMalloc directly, outside the counters.
+    EXPECT_EQ(after.allocations - before.allocations, 0u) << "allocations in " << kCalls << " steady-state calls";
+    std::printf("%s: %.1f host waits per call\n", spec,
+                static_cast<double>(after.synchronizations - before.synchronizations) / kCalls);
+  }
+}
 
 TEST_F(CommunicatorCudaTest, HostMemoryCalledCudaIsRefused) {
   Communicator communicator = self_communicator();

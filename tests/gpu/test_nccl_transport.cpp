@@ -63,10 +63,13 @@ std::unique_ptr<DeviceBytes> on_device(const std::vector<std::byte>& host) {
   return device;
 }
 
-// A device buffer of `bytes` bytes, each `fill`.
+// A device buffer of `bytes` bytes, each `fill`. The memset runs on the legacy stream and may
+// still be running when cudaMemset returns; the transport works on a non-blocking stream of
+// its own, which does not wait for it: finish it here.
 std::unique_ptr<DeviceBytes> filled(std::size_t bytes, unsigned char fill) {
   auto device = std::make_unique<DeviceBytes>(bytes);
   EXPECT_EQ(cudaMemset(device->get(), fill, bytes == 0 ? 1 : bytes), cudaSuccess);
+  gpu_test::finish_legacy_stream();
   return device;
 }
 

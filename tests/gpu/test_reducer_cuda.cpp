@@ -1,6 +1,8 @@
 // The Reducer on CUDA tensors (one rank over SelfTransport: the GPU machine has no MPI): the
-// gradients are written on a stream of the test's own, marked ready right after (the Reducer
-// must wait for that stream's work through its events), and after wait() every tensor holds
+// gradients are written on a non-blocking stream of the test's own that is held back 50 ms
+// before the writes (gpu_test::DelayedProducer), and marked ready right after they are queued,
+// long before they happen: a Reducer that did not order its reads after that stream's work
+// (mark_ready's event) would reduce the previous step's values. After wait() every tensor holds
 // exactly the bytes a host Reducer with the same options leaves in host copies of the same
 // gradients, over NCCL and staged, for dense, compressed, error-feedback and PowerSGD groups,
 // f16 tensors included, for several steps.
@@ -56,7 +58,10 @@ Communicator self_communicator(CudaPath path) {
   return collectives::make_communicator(std::make_unique<collectives::SelfTransport>(), options);
 }
 
-class ReducerCudaTest : public gpu_test::StreamTest {};
+class ReducerCudaTest : public gpu_test::DeviceTest {};
+
+// How long the producer stream sleeps before each step's gradient writes.
+constexpr int kProducerDelayMs = 50;
 
 TEST_F(ReducerCudaTest, DeviceTensorsEndWithTheHostReducersBytes) {
   const std::vector<std::string> specs = {
@@ -72,7 +77,8 @@ TEST_F(ReducerCudaTest, DeviceTensorsEndWithTheHostReducersBytes) {
       options.chunk_bytes = 64 << 10;  // several chunks per group, on both lanes
       options.first_bucket_bytes = 128 << 10;
       options.bucket_bytes = 512 << 10;
-      options.cuda_stream = stream();
+      gpu_test::DelayedProducer producer;
+      options.cuda_stream = producer.stream();
       Reducer host_reducer(host_comm, options);
       Reducer device_reducer(device_comm, options);
 
@@ -90,14 +96,20 @@ TEST_F(ReducerCudaTest, DeviceTensorsEndWithTheHostReducersBytes) {
                            tensor.shape);
       }
       for (int step = 0; step < 3; ++step) {
-        // Backward, last layer first: each gradient written on the test's stream, then marked.
-        for (std::size_t t = kModel.size(); t-- > 0;) {
+        // The step's gradients, uploaded to staging buffers now (synchronously) ...
+        std::vector<std::unique_ptr<gpu_test::DeviceBytes>> staged;
+        for (std::size_t t = 0; t < kModel.size(); ++t) {
           const std::vector<std::byte> gradient = gradient_bytes(kModel[t], t, step);
-          host_tensors[t] = gradient;
+          staged.push_back(std::make_unique<gpu_test::DeviceBytes>(gradient.size()));
+          gpu_test::to_device(staged.back()->get(), gradient.data(), gradient.size());
+        }
+        // ... then backward, last layer first: each gradient copied into its tensor on the held
+        // producer stream and marked ready at once (the copies run 50 ms later).
+        producer.hold(kProducerDelayMs);
+        for (std::size_t t = kModel.size(); t-- > 0;) {
+          host_tensors[t] = gradient_bytes(kModel[t], t, step);
           host_reducer.mark_ready(kModel[t].name);
-          ASSERT_EQ(cudaMemcpyAsync(device_tensors[t]->get(), gradient.data(), gradient.size(),
-                                    cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream())),
-                    cudaSuccess);
+          producer.copy(device_tensors[t]->get(), staged[t]->get(), host_tensors[t].size());
           device_reducer.mark_ready(kModel[t].name);
         }
         host_reducer.wait();

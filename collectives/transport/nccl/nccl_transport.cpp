@@ -10,6 +10,7 @@
 
 #include "collectives/transport/nccl/nccl_layout.h"
 #include "gradzip/error.h"
+#include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/runtime_support.h"
 
 namespace gradzip::collectives {
@@ -60,6 +61,7 @@ NcclTransport::NcclTransport(ncclComm_t comm, bool owns_comm)
                "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming), "NcclTransport",
                "cudaEventCreateWithFlags");
+    ensure_scratch(kInitialScratchBytes, "NcclTransport");
   } catch (...) {
     // The destructor does not run for a constructor that throws.
     release_cuda_resources();
@@ -93,10 +95,10 @@ void NcclTransport::release_cuda_resources() noexcept {
   spare_events_.clear();
   if (sync_event_ != nullptr) cudaEventDestroy(sync_event_);
   sync_event_ = nullptr;
+  kernels::cuda::device_release(scratch_, scratch_bytes_, device_, stream_);
+  scratch_ = nullptr;
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   stream_ = nullptr;
-  if (scratch_ != nullptr) cudaFree(scratch_);
-  scratch_ = nullptr;
   scratch_bytes_ = 0;
 }
 
@@ -205,7 +207,10 @@ void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
   auto sleep = std::chrono::microseconds(2);
   for (int polls = 0;; ++polls) {
     const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaSuccess) return;
+    if (status == cudaSuccess) {
+      kernels::cuda::count_polled_wait();
+      return;
+    }
     if (status != cudaErrorNotReady) check_cuda(status, op, "cudaEventQuery");
     ncclResult_t async_error = ncclSuccess;
     check_nccl(ncclCommGetAsyncError(comm_, &async_error), op, "ncclCommGetAsyncError");
@@ -232,12 +237,18 @@ void NcclTransport::synchronize(std::string_view op) {
 void NcclTransport::ensure_scratch(std::size_t bytes, std::string_view op) {
   if (bytes <= scratch_bytes_) return;
   // Only the collectives use the scratch, and they complete before returning: it is idle here.
-  if (scratch_ != nullptr) check_cuda(cudaFree(scratch_), op, "cudaFree (scratch)");
+  const std::size_t grown = std::max(bytes, 2 * scratch_bytes_);
+  kernels::cuda::device_release(scratch_, scratch_bytes_, device_, stream_);
   scratch_ = nullptr;
   scratch_bytes_ = 0;
-  const std::size_t rounded = (bytes + 255) / 256 * 256;
-  check_cuda(cudaMalloc(&scratch_, rounded), op, "cudaMalloc (scratch)");
-  scratch_bytes_ = rounded;
+  const std::string name(op);
+  try {
+    scratch_ = kernels::cuda::device_allocate(grown, device_, stream_, name.c_str(),
+                                              "allocating the scratch buffer");
+  } catch (const Error& error) {
+    fail(op, error.what());
+  }
+  scratch_bytes_ = grown;
 }
 
 void NcclTransport::end_group(std::string_view op, ncclResult_t first_error,
@@ -303,6 +314,42 @@ void NcclTransport::start_posted() {
   const CurrentCudaDevice scope(device_);
   check_cuda(scope.status(), "start_posted", "cudaSetDevice");
   flush("start_posted");
+}
+
+void NcclTransport::connect_eagerly() {
+  constexpr const char* kOp = "connect_eagerly";
+  require_usable(kOp);
+  const CurrentCudaDevice scope(device_);
+  check_cuda(scope.status(), kOp, "cudaSetDevice");
+  flush(kOp);
+  if (size_ == 1) return;
+  // All-reduces of three sizes, so that the protocols NCCL picks for small, middle and large
+  // messages (LL, LL128, Simple on current versions) are all connected; then one byte each
+  // way with every peer, and one all-gather.
+  constexpr std::size_t kLargestFloats = std::size_t{1} << 20;  // 4 MiB
+  const std::size_t ranks = static_cast<std::size_t>(size_);
+  ensure_scratch(std::max(kLargestFloats * sizeof(float), 2 * ranks), kOp);
+  check_cuda(cudaMemsetAsync(scratch_, 0, kLargestFloats * sizeof(float), stream_), kOp,
+             "cudaMemsetAsync");
+  auto* const floats = static_cast<float*>(scratch_);
+  for (const std::size_t count : {std::size_t{1}, std::size_t{16} * 1024, kLargestFloats}) {
+    check_nccl(ncclAllReduce(floats, floats, count, ncclFloat32, ncclSum, comm_, stream_), kOp,
+               "ncclAllReduce");
+  }
+  synchronize(kOp);
+  auto* const bytes = static_cast<std::byte*>(scratch_);
+  check_nccl(ncclGroupStart(), kOp, "ncclGroupStart");
+  GroupErrors errors;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    const std::size_t p = static_cast<std::size_t>(peer);
+    errors.note(ncclSend(bytes + p, 1, ncclUint8, peer, comm_, stream_), "ncclSend");
+    errors.note(ncclRecv(bytes + ranks + p, 1, ncclUint8, peer, comm_, stream_), "ncclRecv");
+  }
+  end_group(kOp, errors.result, errors.call);
+  check_nccl(ncclAllGather(bytes + static_cast<std::size_t>(rank_), bytes, 1, ncclUint8, comm_, stream_),
+             kOp, "ncclAllGather");
+  synchronize(kOp);
 }
 
 std::size_t NcclTransport::wait(Request request) {

@@ -37,6 +37,9 @@
 //   peer is missing), aborts an owned communicator (ncclCommAbort; an adopted one is left to
 //   the application), and then ends this process (std::abort; abort mode) or throws
 //   ErrorCode::timeout (throw mode), after which every call on the transport throws.
+// - Device memory: the scratch buffer below comes from kernels/cuda/device_runtime.h (stream-
+//   ordered, cached; kInitialScratchBytes reserved at construction, grown by doubling), so no
+//   call synchronises the device (no cudaMalloc / cudaFree).
 // - allgatherv: padded to the largest block (nccl_layout.h) through a device scratch buffer the
 //   transport owns and grows; all.size() must be at least sum(counts) (bytes past it are left
 //   alone). alltoallv: one group of ncclSend/ncclRecv per peer with a non-zero count (self
@@ -129,6 +132,10 @@ class NcclTransport final : public Transport {
   int device_only() const noexcept override { return device_; }
   // Launches the recorded operations as one group now (what the next wait would do).
   void start_posted() override;
+  // One 1-byte send and receive with every peer (one group), one all-gather and one all-reduce,
+  // so that NCCL's point-to-point and collective connections exist before concurrent use; the
+  // scratch buffer is reserved by the constructor.
+  void connect_eagerly() override;
 
   int device() const noexcept { return device_; }
   ncclComm_t comm() const noexcept { return comm_; }
@@ -162,7 +169,9 @@ class NcclTransport final : public Transport {
   void wait_for(cudaEvent_t event, std::string_view op);
   // Records an event after everything on the stream and waits for it.
   void synchronize(std::string_view op);
+  // Scratch of at least `bytes`; grows to max(bytes, 2 x the current size).
   void ensure_scratch(std::size_t bytes, std::string_view op);
+  static constexpr std::size_t kInitialScratchBytes = 64 * 1024;
   cudaEvent_t take_event(std::string_view op);
 
   void require_usable(std::string_view op) const;

@@ -1,0 +1,221 @@
+// gradzip-bench preflight and gradzip-bench calls: what the GPU check runs before anything else
+// on a device, and the per-call cost in device allocations and host waits.
+//
+//   gradzip-bench preflight [--json FILE]
+//     The device as gradzip will use it: name, compute capability, SMs, memory, whether it
+//     supports stream-ordered memory pools (else gradzip falls back to cudaMalloc, see
+//     kernels/cuda/device_runtime.h), one device allocation through gradzip's runtime layer,
+//     and a one-rank NCCL communicator (bootstrapped over the in-process transport, connected
+//     eagerly, one all-reduce checked exactly). Exit 1 naming the step that failed; exit 0 with
+//     "skipped" when there is no device.
+//   gradzip-bench calls [--size N] [--calls K] [--json FILE]
+//     One-rank Communicator all-reduces of an N-element f32 CUDA tensor (default 2^22) over the
+//     NCCL path, per spec: 3 warm-up calls, then K (default 10) calls whose device allocations
+//     and host waits (kernels/cuda/device_runtime.h's counters) are divided by K. Targets: 0
+//     allocations per steady-state call; at most 1 host wait for the fixed-size codecs. The
+//     figures are printed against the targets; missing them is reported, not an error.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "collectives/communicator_state.h"
+#include "collectives/device_memory.h"
+#include "collectives/transport/nccl_transport_factory.h"
+#include "collectives/transport/self_transport.h"
+#include "gradzip/communicator.h"
+#include "gradzip/error.h"
+#include "kernels/cuda/cast_cuda.h"
+
+namespace gradzip::bench {
+namespace {
+
+// Throws unsupported naming `what` unless status is cudaSuccess.
+void check(cudaError_t status, const char* what) {
+  GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, what, ": ", cudaGetErrorString(status));
+}
+
+std::string json_escape(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  if (path.empty()) return;
+  std::FILE* out = std::fopen(path.c_str(), "w");
+  GZ_REQUIRE(out != nullptr, ErrorCode::invalid_argument, "cannot write ", path);
+  std::fputs(text.c_str(), out);
+  std::fclose(out);
+}
+
+// The value after `flag` in argv, or nullptr.
+const char* option(int argc, char** argv, const char* flag) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], flag) == 0) return argv[i + 1];
+  return nullptr;
+}
+
+bool no_device(const char* command, const std::string& json_path) {
+  const char* reason = nullptr;
+  if (kernels::cuda::device_count(&reason) > 0) return false;
+  std::printf("gradzip-bench %s: no CUDA device (%s): skipped\n", command, reason);
+  write_file(json_path, detail::concat("{\"benchmark\": \"", command, "\", \"skipped\": \"",
+                                       json_escape(reason), "\"}\n"));
+  return true;
+}
+
+}  // namespace
+
+int run_preflight(int argc, char** argv) {
+  const char* json_flag = option(argc, argv, "--json");
+  const std::string json_path = json_flag ? json_flag : "";
+  if (no_device("preflight", json_path)) return 0;
+  std::string json = "{\"benchmark\": \"preflight\"";
+  std::string step = "device properties";
+  try {
+    check(cudaSetDevice(0), "cudaSetDevice(0)");
+    cudaDeviceProp props{};
+    check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
+    int pools = 0;
+    check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0),
+          "cudaDeviceGetAttribute(cudaDevAttrMemoryPoolsSupported)");
+    int driver = 0;
+    int runtime = 0;
+    check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
+    check(cudaRuntimeGetVersion(&runtime), "cudaRuntimeGetVersion");
+    std::printf("device 0: %s, compute %d.%d, %d SMs, %.1f GiB, %d-bit memory bus; driver %d, runtime %d\n",
+                props.name, props.major, props.minor, props.multiProcessorCount,
+                static_cast<double>(props.totalGlobalMem) / (1 << 30), props.memoryBusWidth, driver,
+                runtime);
+    std::printf("memory pools: %s\n", pools ? "supported (gradzip's own pool, release threshold max)"
+                                            : "NOT supported: gradzip falls back to cudaMalloc");
+    json += detail::concat(", \"device\": \"", json_escape(props.name), "\", \"compute\": \"",
+                           props.major, ".", props.minor, "\", \"sms\": ", props.multiProcessorCount,
+                           ", \"memory_bytes\": ", props.totalGlobalMem, ", \"driver\": ", driver,
+                           ", \"runtime\": ", runtime, ", \"memory_pools\": ", pools ? "true" : "false");
+
+    step = "an allocation through gradzip's device runtime";
+    const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
+    { const collectives::DeviceAllocation block(1 << 20, 0, "preflight"); }
+    { const collectives::DeviceAllocation again(1 << 20, 0, "preflight"); }
+    const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
+    std::printf("device runtime: 2 allocations of 1 MiB -> %llu from CUDA, %llu from the cache\n",
+                static_cast<unsigned long long>(after.allocations - before.allocations),
+                static_cast<unsigned long long>(after.cache_hits - before.cache_hits));
+    GZ_REQUIRE(after.allocations - before.allocations == 1 && after.cache_hits - before.cache_hits == 1,
+               ErrorCode::internal, "the second allocation of the same size did not come from the cache");
+
+    step = "a one-rank NCCL communicator";
+    json += detail::concat(", \"nccl_built\": ", collectives::nccl_transport_built() ? "true" : "false");
+    if (collectives::nccl_transport_built()) {
+      collectives::SelfTransport bootstrap;
+      std::unique_ptr<collectives::Transport> nccl = collectives::make_nccl_transport(bootstrap, 0);
+      nccl->connect_eagerly();
+      const std::vector<float> values = {1.5f, -2.0f, 3.25f};
+      collectives::DeviceAllocation data(values.size() * sizeof(float), 0, "preflight");
+      collectives::copy_host_to_device(data.data(), values.data(), values.size() * sizeof(float), 0,
+                                       "preflight");
+      nccl->allreduce_f32_sum({reinterpret_cast<float*>(data.data()), values.size()});
+      std::vector<float> back(values.size());
+      collectives::copy_device_to_host(back.data(), data.data(), back.size() * sizeof(float), 0,
+                                       "preflight");
+      GZ_REQUIRE(std::memcmp(back.data(), values.data(), back.size() * sizeof(float)) == 0,
+                 ErrorCode::internal, "a one-rank NCCL all-reduce changed its data");
+      std::printf("NCCL: %s, connected, one all-reduce exact\n", nccl->describe().c_str());
+    } else {
+      std::printf("NCCL: not in this build (CUDA tensors are staged through host memory)\n");
+    }
+  } catch (const std::exception& error) {
+    std::printf("gradzip-bench preflight: FAILED at %s: %s\n", step.c_str(), error.what());
+    write_file(json_path, json + detail::concat(", \"failed\": \"", json_escape(step), ": ",
+                                                json_escape(error.what()), "\"}\n"));
+    return 1;
+  }
+  write_file(json_path, json + "}\n");
+  std::printf("gradzip-bench preflight: OK\n");
+  return 0;
+}
+
+int run_calls(int argc, char** argv) {
+  const char* json_flag = option(argc, argv, "--json");
+  const std::string json_path = json_flag ? json_flag : "";
+  const char* size_flag = option(argc, argv, "--size");
+  const char* calls_flag = option(argc, argv, "--calls");
+  const std::size_t count = size_flag ? std::stoull(size_flag) : (std::size_t{1} << 22);
+  const int calls = calls_flag ? std::stoi(calls_flag) : 10;
+  GZ_REQUIRE(count > 0 && calls > 0, ErrorCode::invalid_argument, "gradzip-bench calls: --size and --calls must be positive");
+  if (no_device("calls", json_path)) return 0;
+  check(cudaSetDevice(0), "cudaSetDevice(0)");
+  // Fixed-size codecs: their messages' sizes are known on the host, so a call needs at most the
+  // one host wait that returns its result.
+  struct Row {
+    const char* spec;
+    bool fixed_size;
+  };
+  const Row rows[] = {{"none", true},           {"fp16", true},
+                      {"qsgd:bits=4", true},    {"sign:ef=on", true},
+                      {"randk:ratio=0.01", true}, {"topk:ratio=0.01,ef=on", false}};
+  float* tensor = nullptr;
+  check(cudaMalloc(&tensor, count * sizeof(float)), "cudaMalloc of the tensor");
+  std::vector<float> host(count);
+  for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  std::printf("one-rank all-reduce of %zu f32 elements on cuda:0, %d steady-state calls after 3 warm-up calls\n",
+              count, calls);
+  std::printf("%-24s %-12s %12s %12s %12s  target\n", "spec", "algorithm", "allocs/call", "waits/call",
+              "cache/call");
+  std::string json = detail::concat("{\"benchmark\": \"calls\", \"size\": ", count, ", \"calls\": ", calls,
+                                    ", \"rows\": [");
+  int status = 0;
+  bool first = true;
+  for (const Row& row : rows) {
+    try {
+      CommunicatorOptions options;
+      options.cuda_path = CudaPath::automatic;
+      Communicator communicator = collectives::make_communicator(
+          std::make_unique<collectives::SelfTransport>(), options);
+      const TensorView view{tensor, count, DType::f32, Device{DeviceKind::cuda, 0}};
+      CollectiveStats stats;
+      for (int warm = 0; warm < 3; ++warm) {
+        check(cudaMemcpy(tensor, host.data(), count * sizeof(float), cudaMemcpyHostToDevice), "upload");
+        stats = communicator.allreduce(view, "g", row.spec);
+      }
+      check(cudaMemcpy(tensor, host.data(), count * sizeof(float), cudaMemcpyHostToDevice), "upload");
+      check(cudaStreamSynchronize(nullptr), "upload");
+      const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
+      for (int call = 0; call < calls; ++call) stats = communicator.allreduce(view, "g", row.spec);
+      const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
+      const double allocations = static_cast<double>(after.allocations - before.allocations) / calls;
+      const double waits = static_cast<double>(after.synchronizations - before.synchronizations) / calls;
+      const double hits = static_cast<double>(after.cache_hits - before.cache_hits) / calls;
+      const bool met = allocations == 0 && (!row.fixed_size || waits <= 1.0);
+      std::printf("%-24s %-12s %12.2f %12.2f %12.2f  0 allocs%s: %s\n", row.spec, stats.algorithm.c_str(),
+                  allocations, waits, hits, row.fixed_size ? ", <= 1 wait" : "", met ? "met" : "NOT met");
+      json += detail::concat(first ? "" : ", ", "{\"spec\": \"", row.spec, "\", \"algorithm\": \"",
+                             json_escape(stats.algorithm), "\", \"note\": \"", json_escape(stats.note),
+                             "\", \"allocations_per_call\": ", allocations, ", \"waits_per_call\": ", waits,
+                             ", \"cache_hits_per_call\": ", hits, ", \"fixed_size\": ",
+                             row.fixed_size ? "true" : "false", ", \"target_met\": ", met ? "true" : "false", "}");
+    } catch (const std::exception& error) {
+      std::printf("%-24s FAILED: %s\n", row.spec, error.what());
+      json += detail::concat(first ? "" : ", ", "{\"spec\": \"", row.spec, "\", \"failed\": \"",
+                             json_escape(error.what()), "\"}");
+      status = 1;
+    }
+    first = false;
+  }
+  cudaFree(tensor);
+  write_file(json_path, json + "]}\n");
+  return status;
+}
+
+}  // namespace gradzip::bench

@@ -1,0 +1,83 @@
+// The one place where gradzip allocates device memory and waits for a stream (not a public
+// header; includes cuda_runtime.h, so only CUDA builds see it). Every device allocation,
+// release and host-side stream wait of the library goes through these functions, which count
+// them; a test (tests/lint/device_runtime_calls.py) fails the build's ctest if cudaMalloc*,
+// cudaFree*, cudaStreamSynchronize, cudaEventSynchronize or cudaDeviceSynchronize appear in the
+// library anywhere else. Why one place:
+//  - cudaMalloc and cudaFree synchronise the whole device. With NCCL kernels of several
+//    communicators (the Reducer's lanes) on one device, a device-wide synchronisation while one
+//    lane's kernel waits for a peer that waits for another lane is the deadlock NCCL's
+//    documentation warns about. Here, allocations are stream-ordered (cudaMallocFromPoolAsync
+//    from a pool of gradzip's own per device) and cached per thread, so a steady-state call
+//    allocates nothing and nothing synchronises the device.
+//  - The GPU check reports allocations and synchronisations per steady-state collective call
+//    (device_runtime_counters(); `gradzip-bench kernels`), counted here, at the runtime calls.
+//
+// Memory pools: where the device supports them (cudaDevAttrMemoryPoolsSupported), gradzip
+// creates one pool per device, once, with its release threshold at the maximum (memory freed to
+// the pool stays there instead of going back to the driver at each synchronisation), and does
+// not touch the device's default pool (the application's). Where pools are unsupported (some
+// virtualised or MIG setups), it falls back to cudaMalloc / cudaFree, which synchronise the
+// device: only on a cache miss (warm-up) and when a cached block is dropped.
+//
+// The cache: released blocks go to a cache of the releasing thread (per device and size class:
+// sizes are rounded up to at most 25% more, 512 bytes at least), and the next allocation of that
+// class on that thread takes one back without calling CUDA. Idle cached bytes per thread are
+// bounded (kMaxIdleCachedBytes); beyond it a released block is freed. The cache is emptied when
+// the thread ends (release_thread_device_cache()). Contract for reuse: the releasing caller has
+// finished every use of the block on every stream (gradzip's calls synchronise before they
+// return, so this holds for everything they release).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gradzip::kernels::cuda {
+
+// Process-wide counts since start (every thread, every device).
+struct DeviceRuntimeCounters {
+  std::uint64_t allocations = 0;     // new blocks from CUDA (pool or cudaMalloc): cache misses
+  std::uint64_t cache_hits = 0;      // allocations served from a thread's cache
+  std::uint64_t frees = 0;           // blocks given back to CUDA (cache full, thread exit)
+  std::uint64_t synchronizations = 0;  // host waits for a stream or an event (synchronize_*)
+};
+DeviceRuntimeCounters device_runtime_counters() noexcept;
+
+// Most bytes a thread's cache keeps idle (1 GiB).
+inline constexpr std::size_t kMaxIdleCachedBytes = std::size_t{1} << 30;
+
+// The size class `bytes` is rounded up to (>= bytes, at most 25% more, at least 512).
+std::size_t device_size_class(std::size_t bytes) noexcept;
+
+// True when `device` supports stream-ordered memory pools (asked once per device).
+// Throws gradzip::Error(unsupported) naming `op` when CUDA cannot say.
+bool device_memory_pools_supported(int device, const char* op);
+
+// At least `bytes` (>= 1) bytes of memory on `device`, which must be the calling thread's
+// current device. A new block is allocated in stream order on `stream` and the stream is then
+// synchronised (counted), so that the block may be used on any stream at once; a cached block is
+// returned without any CUDA call. Throws gradzip::Error(unsupported) naming `op` and `what`
+// when CUDA refuses.
+void* device_allocate(std::size_t bytes, int device, cudaStream_t stream, const char* op,
+                      const char* what);
+
+// Gives a block from device_allocate (same `bytes`, same `device`) back: to the calling thread's
+// cache, or to CUDA (stream-ordered on `stream` where pools are supported). Null is ignored.
+// Never throws.
+void device_release(void* block, std::size_t bytes, int device, cudaStream_t stream) noexcept;
+
+// Frees every block in the calling thread's cache (also done when the thread ends).
+void release_thread_device_cache() noexcept;
+
+// cudaStreamSynchronize(stream), counted; throws gradzip::Error(unsupported) naming `op` and
+// `what` with CUDA's text when it fails.
+void synchronize_stream(cudaStream_t stream, const char* op, const char* what);
+// cudaEventSynchronize(event), counted; throws like synchronize_stream.
+void synchronize_event(cudaEvent_t event, const char* op, const char* what);
+// Counts a host wait that completed by polling (cudaEventQuery until done), as the NCCL
+// transport waits, so that the counters cover every way the host waits for the device.
+void count_polled_wait() noexcept;
+
+}  // namespace gradzip::kernels::cuda
