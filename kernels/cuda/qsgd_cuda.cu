@@ -12,12 +12,40 @@
 // (atomicMax, so the result does not depend on the order of the offences); (2) one thread per
 // element, which writes only when *d_status is still 0.
 // The payload may sit at any alignment: scales are read and written bytewise.
+// That is the reference variant (KernelVariant::reference). The fast variant (the default):
+// Encode, one kernel (plus, for some bucket sizes, a tiny one): block s takes segment s, the
+// largest number of whole buckets that fits 4096 elements (a multiple of 16 elements where
+// possible), or one bucket when it is longer; thread t takes run first + t of 16 consecutive
+// elements (four float4 loads when the input is 16-byte aligned). The run's |x| bits fold into
+// per-bucket maxima (shared-memory atomics for the buckets a run leaves, a segmented warp
+// shuffle reduction for the one it ends in); after a barrier one thread per bucket writes the
+// scale and the bucket's encoder constants (one division per bucket) to shared memory; after
+// another each thread encodes its run from the values still in its registers, with the four
+// Philox blocks it computed at the start (element_offset % 4 != 0: the first words of the next
+// block come from the right neighbour's shared-memory copy), and packs the 16 codes into
+// 2 * bits bytes, stored with the widest aligned stores (bytewise where the address or the
+// segment's edge demands). A bucket longer than 4096 elements is swept twice by its block
+// (maxima, then codes; the second sweep re-reads through L2). A code byte shared by two
+// segments (segment * bits not a multiple of 8, e.g. bucket 1001) is left by both and written
+// by fast_boundary_bytes_kernel, one thread per segment boundary, from the scales in the
+// payload. Decode: a validation kernel reads every scale and, only in segments with a valid
+// non-finite bucket, the codes; the decode kernel (which writes nothing unless the status is
+// still ok) puts each segment's decoder constants in shared memory, then each thread decodes a
+// run from its 2 * bits code bytes (word loads where aligned) with float4 stores. No division
+// in the per-element loops: a run's buckets are walked with a counter. Every per-thread step
+// after the reductions is a function of kernels/qsgd_fast_layout.h, which
+// tests/unit/test_qsgd_fast_layout.cpp runs for every simulated thread on the CPU.
 #include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
 
 #include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/qsgd_cuda.h"
+#include "kernels/qsgd_fast_layout.h"
 #include "kernels/qsgd_math.h"
+#include "kernels/run_fast_layout.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -182,6 +210,396 @@ __global__ void decode_kernel(const std::byte* payload, std::size_t count, int b
   }
 }
 
+// ---- fast variant (KernelVariant::fast): kernels/qsgd_fast_layout.h ---------------------------
+
+static_assert(kFastThreads == kThreads, "the fast kernels run blocks of kThreads");
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+constexpr unsigned kWarpSize = 32;
+
+// What every fast kernel of a launch needs.
+struct FastArgs {
+  const float* in;            // encode: the values
+  float* out;                 // decode: the output
+  std::byte* payload;         // encode: written; decode: read
+  unsigned char* stream;      // payload + 4 * num_buckets
+  std::uint64_t count;
+  std::uint64_t bucket;
+  std::uint64_t code_bytes;
+  QsgdFastPlan plan;
+  QsgdFastKey key;
+  bool vector_values;         // in / out is 16-byte aligned: float4 loads and stores
+  bool aligned_scales;        // the payload is 4-byte aligned: word loads and stores of scales
+};
+
+__device__ __forceinline__ float load_scale(const FastArgs& a, std::uint64_t b) {
+  return a.aligned_scales ? bits_float(load_word<std::uint32_t, true>(a.payload, b))
+                          : load_f32(a.payload + b * sizeof(float));
+}
+
+__device__ __forceinline__ void store_scale(const FastArgs& a, std::uint64_t b, float scale) {
+  if (a.aligned_scales) {
+    store_word<std::uint32_t, true>(a.payload, b, float_bits(scale));
+  } else {
+    store_f32(a.payload + b * sizeof(float), scale);
+  }
+}
+
+// Merges the warp's per-run maxima into maxima[] (shared): lanes hold consecutive runs, so
+// equal buckets sit in adjacent lanes; a segmented shuffle reduction leaves each bucket's
+// maximum in its first lane, which raises the shared entry. All 32 lanes must call it.
+__device__ __forceinline__ void merge_warp_maxima(QsgdFastRunMax tail, std::uint32_t* maxima) {
+  const unsigned lane = threadIdx.x % kWarpSize;
+  std::uint32_t value = tail.abs_max;
+  GZ_FAST_UNROLL
+  for (unsigned offset = 1; offset < kWarpSize; offset *= 2) {
+    const std::uint32_t other_bucket = __shfl_down_sync(kFullWarp, tail.bucket, offset);
+    const std::uint32_t other = __shfl_down_sync(kFullWarp, value, offset);
+    if (lane + offset < kWarpSize && other_bucket == tail.bucket && other > value) value = other;
+  }
+  const std::uint32_t previous_bucket = __shfl_up_sync(kFullWarp, tail.bucket, 1);
+  if (tail.bucket != kQsgdFastNoBucket && value != 0u && (lane == 0 || previous_bucket != tail.bucket)) {
+    atomicMax(maxima + tail.bucket, value);
+  }
+}
+
+// The run's stream bytes (bytes [2 * kBits * k, + 2 * kBits) of the code stream) to global
+// memory: the widest aligned stores when the thread writes them all, else byte by byte.
+template <int kBits>
+__device__ __forceinline__ void store_run_bytes(unsigned char* stream, std::uint64_t k,
+                                                const QsgdFastRunBytes& bytes) {
+  constexpr unsigned kBytes = 2 * kBits;
+  constexpr std::uint32_t kAll = (1u << kBytes) - 1u;
+  unsigned char* const at = stream + std::uint64_t{kBytes} * k;
+  const auto address = reinterpret_cast<std::uintptr_t>(at);
+  if (bytes.write_mask == kAll) {
+    if constexpr (kBytes == 16) {
+      if (address % 16 == 0) {
+        *reinterpret_cast<uint4*>(at) = make_uint4(bytes.word[0], bytes.word[1], bytes.word[2], bytes.word[3]);
+        return;
+      }
+    }
+    if constexpr (kBytes % 8 == 0) {
+      if (address % 8 == 0) {
+        GZ_FAST_UNROLL
+        for (unsigned q = 0; q < kBytes / 8; ++q) {
+          reinterpret_cast<uint2*>(at)[q] = make_uint2(bytes.word[2 * q], bytes.word[2 * q + 1]);
+        }
+        return;
+      }
+    }
+    if constexpr (kBytes % 4 == 0) {
+      if (address % 4 == 0) {
+        GZ_FAST_UNROLL
+        for (unsigned q = 0; q < kBytes / 4; ++q) reinterpret_cast<std::uint32_t*>(at)[q] = bytes.word[q];
+        return;
+      }
+    }
+    if (address % 2 == 0) {
+      GZ_FAST_UNROLL
+      for (unsigned q = 0; q < kBytes / 2; ++q) {
+        reinterpret_cast<std::uint16_t*>(at)[q] =
+            static_cast<std::uint16_t>(bytes.word[q / 2] >> (16 * (q % 2)));
+      }
+      return;
+    }
+  }
+  GZ_FAST_UNROLL
+  for (unsigned m = 0; m < kBytes; ++m) {
+    if ((bytes.write_mask >> m & 1u) != 0u) at[m] = static_cast<unsigned char>(bytes.word[m / 4] >> (8 * (m % 4)));
+  }
+}
+
+// The run's stream bytes from global memory (those below code_bytes; the rest read as 0).
+template <int kBits>
+__device__ __forceinline__ void load_run_bytes(const unsigned char* stream, std::uint64_t k,
+                                               std::uint64_t code_bytes, std::uint32_t (&word)[4]) {
+  constexpr unsigned kBytes = 2 * kBits;
+  const unsigned char* const at = stream + std::uint64_t{kBytes} * k;
+  const auto address = reinterpret_cast<std::uintptr_t>(at);
+  const unsigned present = qsgd_fast_run_stream_bytes<kBits>(k, code_bytes);
+  GZ_FAST_UNROLL
+  for (unsigned w = 0; w < 4; ++w) word[w] = 0;
+  if (present == kBytes) {
+    if constexpr (kBytes == 16) {
+      if (address % 16 == 0) {
+        const uint4 v = *reinterpret_cast<const uint4*>(at);
+        word[0] = v.x;
+        word[1] = v.y;
+        word[2] = v.z;
+        word[3] = v.w;
+        return;
+      }
+    }
+    if constexpr (kBytes % 8 == 0) {
+      if (address % 8 == 0) {
+        GZ_FAST_UNROLL
+        for (unsigned q = 0; q < kBytes / 8; ++q) {
+          const uint2 v = reinterpret_cast<const uint2*>(at)[q];
+          word[2 * q] = v.x;
+          word[2 * q + 1] = v.y;
+        }
+        return;
+      }
+    }
+    if constexpr (kBytes % 4 == 0) {
+      if (address % 4 == 0) {
+        GZ_FAST_UNROLL
+        for (unsigned q = 0; q < kBytes / 4; ++q) word[q] = reinterpret_cast<const std::uint32_t*>(at)[q];
+        return;
+      }
+    }
+    if (address % 2 == 0) {
+      GZ_FAST_UNROLL
+      for (unsigned q = 0; q < kBytes / 2; ++q) {
+        word[q / 2] |= std::uint32_t{reinterpret_cast<const std::uint16_t*>(at)[q]} << (16 * (q % 2));
+      }
+      return;
+    }
+  }
+  GZ_FAST_UNROLL
+  for (unsigned m = 0; m < kBytes; ++m) {
+    if (m < present) word[m / 4] |= std::uint32_t{at[m]} << (8 * (m % 4));
+  }
+}
+
+// Encode, resident segments (every bucket of at most kFastResidentAligned elements): one pass,
+// thread t owns run first + t; its values and Philox blocks stay in registers from the maxima
+// to the codes. Phases (qsgd_fast_layout.h): maxima -> scales and constants -> codes.
+template <int kBits>
+__global__ void __launch_bounds__(kThreads) fast_encode_resident_kernel(FastArgs a) {
+  __shared__ std::uint32_t maxima[kQsgdFastMaxSegmentBuckets];
+  __shared__ QsgdFastEncodeRecord records[kQsgdFastMaxSegmentBuckets];
+  __shared__ Philox4x32 published[kThreads];
+  const unsigned t = threadIdx.x;
+  const unsigned phase = qsgd_fast_phase(a.key);
+  const bool one_bucket = a.plan.segment_buckets == 1;
+  for (std::uint64_t s = blockIdx.x; s < a.plan.num_segments; s += gridDim.x) {
+    const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
+    const std::uint32_t buckets = qsgd_fast_segment_buckets(a.plan, segment, a.bucket);
+    const std::uint64_t first_bucket = s * a.plan.segment_buckets;
+    for (std::uint32_t b = t; b < buckets; b += kThreads) maxima[b] = 0u;
+    __syncthreads();
+
+    // 1. Load, per-bucket maxima, own Philox blocks.
+    const FastPass pass = fast_pass(segment, 0);
+    const bool active = t < pass.runs;
+    const std::uint64_t k = pass.first + t;
+    float x[kFastRun];
+    Philox4x32 own[4] = {};
+    FastRunSpan span{};
+    QsgdFastRunMax tail{kQsgdFastNoBucket, 0u};
+    if (active) {
+      fast_device::load_run(a.in, a.count, k, a.vector_values, x);
+      span = fast_run_span(k, segment, a.bucket, one_bucket);
+      tail = qsgd_fast_run_maxima(x, span, [](std::uint32_t b, std::uint32_t m) {
+        if (m != 0u) atomicMax(maxima + b, m);
+      });
+      qsgd_fast_own_blocks(a.key, k, own);
+      published[t] = own[0];
+    }
+    merge_warp_maxima(tail, maxima);
+    __syncthreads();
+
+    // 2. Scales, constants, the neighbour's Philox block.
+    for (std::uint32_t b = t; b < buckets; b += kThreads) {
+      const float scale = qsgd_scale_from_abs_max_bits(maxima[b]);
+      store_scale(a, first_bucket + b, scale);
+      records[b] = qsgd_fast_encode_record(scale, kBits);
+    }
+    Philox4x32 next = own[0];
+    if (active && qsgd_fast_needs_next(phase, span)) next = qsgd_fast_next_block(published, t, pass.runs, a.key, k);
+    __syncthreads();
+
+    // 3. Codes.
+    if (active) {
+      const QsgdFastRunBytes bytes =
+          qsgd_fast_run_bytes_at<kBits>(phase, x, own, next, span, segment.end == a.count, records);
+      store_run_bytes<kBits>(a.stream, k, bytes);
+    }
+  }
+}
+
+// Encode, one long bucket per segment: the block sweeps the bucket twice, pass by pass (the
+// maxima, then the codes; the second sweep's loads mostly hit L2).
+template <int kBits>
+__global__ void __launch_bounds__(kThreads) fast_encode_streaming_kernel(FastArgs a) {
+  __shared__ std::uint32_t maximum;
+  __shared__ QsgdFastEncodeRecord record;
+  __shared__ Philox4x32 published[kThreads];
+  const unsigned t = threadIdx.x;
+  const unsigned phase = qsgd_fast_phase(a.key);
+  for (std::uint64_t s = blockIdx.x; s < a.plan.num_segments; s += gridDim.x) {
+    const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
+    const std::uint64_t passes = fast_pass_count(segment);
+    if (t == 0) maximum = 0u;
+    __syncthreads();
+
+    std::uint32_t abs_max = 0u;
+    for (std::uint64_t p = 0; p < passes; ++p) {
+      const FastPass pass = fast_pass(segment, p);
+      if (t >= pass.runs) continue;
+      const std::uint64_t k = pass.first + t;
+      float x[kFastRun];
+      fast_device::load_run(a.in, a.count, k, a.vector_values, x);
+      const FastRunSpan span = fast_run_span(k, segment, a.bucket, true);
+      const QsgdFastRunMax tail = qsgd_fast_run_maxima(x, span, [](std::uint32_t, std::uint32_t) {});
+      abs_max = tail.abs_max > abs_max ? tail.abs_max : abs_max;
+    }
+    abs_max = __reduce_max_sync(kFullWarp, abs_max);
+    if (t % kWarpSize == 0 && abs_max != 0u) atomicMax(&maximum, abs_max);
+    __syncthreads();
+    if (t == 0) {
+      const float scale = qsgd_scale_from_abs_max_bits(maximum);
+      store_scale(a, s, scale);
+      record = qsgd_fast_encode_record(scale, kBits);
+    }
+    __syncthreads();
+
+    for (std::uint64_t p = 0; p < passes; ++p) {
+      const FastPass pass = fast_pass(segment, p);
+      const bool active = t < pass.runs;
+      const std::uint64_t k = pass.first + t;
+      float x[kFastRun];
+      Philox4x32 own[4] = {};
+      FastRunSpan span{};
+      if (active) {
+        fast_device::load_run(a.in, a.count, k, a.vector_values, x);
+        span = fast_run_span(k, segment, a.bucket, true);
+        qsgd_fast_own_blocks(a.key, k, own);
+        published[t] = own[0];
+      }
+      __syncthreads();
+      if (active) {
+        Philox4x32 next = own[0];
+        if (qsgd_fast_needs_next(phase, span)) next = qsgd_fast_next_block(published, t, pass.runs, a.key, k);
+        const QsgdFastRunBytes bytes =
+            qsgd_fast_run_bytes_at<kBits>(phase, x, own, next, span, segment.end == a.count, &record);
+        store_run_bytes<kBits>(a.stream, k, bytes);
+      }
+      __syncthreads();  // `published` is read before the next pass overwrites it
+    }
+  }
+}
+
+// The code bytes two segments share (plan.boundary_bytes), after the encode kernel wrote every
+// scale: one thread per segment boundary.
+__global__ void fast_boundary_bytes_kernel(FastArgs a, int bits) {
+  for (std::uint64_t s = 1 + global_thread(); s < a.plan.num_segments; s += grid_threads()) {
+    std::uint64_t byte = 0;
+    if (!qsgd_fast_boundary_byte(a.plan, bits, s, &byte)) continue;
+    const auto element = [&a](std::uint64_t i) { return a.in[i]; };
+    const auto scale_of = [&a](std::uint64_t b) { return load_scale(a, b); };
+    a.stream[byte] = static_cast<unsigned char>(
+        qsgd_fast_code_byte(byte, a.count, bits, a.bucket, a.key, element, scale_of));
+  }
+}
+
+// Validation: per segment, every scale; the codes of the runs only when the segment holds a
+// valid non-finite bucket.
+template <int kBits>
+__global__ void __launch_bounds__(kThreads) fast_validate_kernel(FastArgs a, int* status) {
+  __shared__ std::uint32_t flagged[kQsgdFastMaxSegmentBuckets];
+  __shared__ int any_flagged;
+  const unsigned t = threadIdx.x;
+  const bool one_bucket = a.plan.segment_buckets == 1;
+  for (std::uint64_t s = blockIdx.x; s < a.plan.num_segments; s += gridDim.x) {
+    const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
+    const std::uint32_t buckets = qsgd_fast_segment_buckets(a.plan, segment, a.bucket);
+    const std::uint64_t first_bucket = s * a.plan.segment_buckets;
+    if (t == 0) any_flagged = 0;
+    __syncthreads();
+    for (std::uint32_t b = t; b < buckets; b += kThreads) {
+      if (!qsgd_fast_check_scale(load_scale(a, first_bucket + b), flagged + b)) {
+        atomicMax(status, kQsgdStatusBadScale);
+      }
+      if (flagged[b] != 0u) any_flagged = 1;
+    }
+    __syncthreads();
+    if (any_flagged != 0) {
+      const std::uint64_t passes = fast_pass_count(segment);
+      for (std::uint64_t p = 0; p < passes; ++p) {
+        const FastPass pass = fast_pass(segment, p);
+        if (t >= pass.runs) continue;
+        const std::uint64_t k = pass.first + t;
+        std::uint32_t word[4];
+        load_run_bytes<kBits>(a.stream, k, a.code_bytes, word);
+        if (qsgd_fast_run_has_flagged_code<kBits>(word, fast_run_span(k, segment, a.bucket, one_bucket), flagged)) {
+          atomicMax(status, kQsgdStatusNonzeroCode);
+        }
+      }
+    }
+    __syncthreads();  // `flagged` and `any_flagged` are read before the next segment resets them
+  }
+}
+
+// Decode: per segment, the buckets' constants; then each thread decodes its runs. Writes
+// nothing unless *status is still ok (all validation is done by then: stream order).
+template <int kBits, bool kAccumulate>
+__global__ void __launch_bounds__(kThreads) fast_decode_kernel(FastArgs a, const int* status) {
+  if (*status != kQsgdStatusOk) return;
+  __shared__ QsgdFastDecodeRecord records[kQsgdFastMaxSegmentBuckets];
+  const unsigned t = threadIdx.x;
+  const bool one_bucket = a.plan.segment_buckets == 1;
+  for (std::uint64_t s = blockIdx.x; s < a.plan.num_segments; s += gridDim.x) {
+    const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
+    const std::uint32_t buckets = qsgd_fast_segment_buckets(a.plan, segment, a.bucket);
+    const std::uint64_t first_bucket = s * a.plan.segment_buckets;
+    for (std::uint32_t b = t; b < buckets; b += kThreads) {
+      records[b] = qsgd_fast_decode_record(load_scale(a, first_bucket + b), kBits);
+    }
+    __syncthreads();
+    const std::uint64_t passes = fast_pass_count(segment);
+    for (std::uint64_t p = 0; p < passes; ++p) {
+      const FastPass pass = fast_pass(segment, p);
+      if (t >= pass.runs) continue;
+      const std::uint64_t k = pass.first + t;
+      std::uint32_t word[4];
+      load_run_bytes<kBits>(a.stream, k, a.code_bytes, word);
+      const FastRunSpan span = fast_run_span(k, segment, a.bucket, one_bucket);
+      float values[kFastRun];
+      qsgd_fast_decode_run<kBits>(word, span, records, values);
+      fast_device::store_run_values<kAccumulate>(a.out, k, span, values, a.vector_values);
+    }
+    __syncthreads();  // `records` are read before the next segment overwrites them
+  }
+}
+
+template <int kBits>
+void launch_fast_encode(const FastArgs& a, cudaStream_t stream) {
+  const unsigned blocks = clamp_blocks(a.plan.num_segments);
+  if (a.plan.resident) {
+    fast_encode_resident_kernel<kBits><<<blocks, kThreads, 0, stream>>>(a);
+  } else {
+    fast_encode_streaming_kernel<kBits><<<blocks, kThreads, 0, stream>>>(a);
+  }
+}
+
+template <int kBits>
+void launch_fast_decode(const FastArgs& a, bool accumulate, int* status, cudaStream_t stream) {
+  const unsigned blocks = clamp_blocks(a.plan.num_segments);
+  fast_validate_kernel<kBits><<<blocks, kThreads, 0, stream>>>(a, status);
+  if (accumulate) {
+    fast_decode_kernel<kBits, true><<<blocks, kThreads, 0, stream>>>(a, status);
+  } else {
+    fast_decode_kernel<kBits, false><<<blocks, kThreads, 0, stream>>>(a, status);
+  }
+}
+
+// Calls launch(std::integral_constant<int, bits>{}) (bits in 1..8, checked before).
+template <class Launch>
+void with_bits(int bits, Launch&& launch) {
+  switch (bits) {
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    case 3: launch(std::integral_constant<int, 3>{}); break;
+    case 4: launch(std::integral_constant<int, 4>{}); break;
+    case 5: launch(std::integral_constant<int, 5>{}); break;
+    case 6: launch(std::integral_constant<int, 6>{}); break;
+    case 7: launch(std::integral_constant<int, 7>{}); break;
+    default: launch(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 // ---- host side ---------------------------------------------------------------------------------
 
 void check_shape(const char* op, std::size_t count, int bits, std::size_t bucket) {
@@ -200,6 +618,23 @@ std::size_t code_bytes_for(std::size_t count, int bits) {
   return (count * static_cast<std::size_t>(bits) + 7) / 8;
 }
 
+FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t count, int bits,
+                   std::size_t bucket, const QsgdFastKey& key) {
+  FastArgs a{};
+  a.in = in;
+  a.out = out;
+  a.payload = payload;
+  a.stream = reinterpret_cast<unsigned char*>(payload + num_buckets_for(count, bucket) * sizeof(float));
+  a.count = count;
+  a.bucket = bucket;
+  a.code_bytes = code_bytes_for(count, bits);
+  a.plan = qsgd_fast_plan(count, bits, bucket);
+  a.key = key;
+  a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16);
+  a.aligned_scales = aligned_to(payload, 4);
+  return a;
+}
+
 }  // namespace
 
 std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
@@ -209,13 +644,24 @@ std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) 
 
 void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
                  const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
-                 std::size_t* workspace_bytes, void* stream) {
+                 std::size_t* workspace_bytes, void* stream, KernelVariant variant) {
   constexpr const char* kOp = "cuda.qsgd_encode";
   check_shape(kOp, count, bits, bucket);
   if (answered_workspace_query(d_workspace, workspace_bytes)) return;
   if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
   const auto s = static_cast<cudaStream_t>(stream);
   const std::size_t num_buckets = num_buckets_for(count, bucket);
+  if (variant == KernelVariant::fast) {
+    const QsgdFastKey key{params.seed, params.step, params.tensor_id, params.element_offset};
+    const FastArgs a = fast_args(d_in, nullptr, d_payload, count, bits, bucket, key);
+    with_bits(bits, [&](auto width) { launch_fast_encode<decltype(width)::value>(a, s); });
+    check_launch(kOp, count);
+    if (a.plan.boundary_bytes) {
+      fast_boundary_bytes_kernel<<<grid_for(a.plan.num_segments - 1), kThreads, 0, s>>>(a, bits);
+      check_launch(kOp, count);
+    }
+    return;
+  }
   if (bucket >= kBlockBucket) {
     scales_per_block_kernel<<<clamp_blocks(num_buckets), kThreads, 0, s>>>(d_in, count, bucket,
                                                                              num_buckets, d_payload);
@@ -232,7 +678,7 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
 }
 
 void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
-                 float* d_out, bool accumulate, int* d_status, void* stream) {
+                 float* d_out, bool accumulate, int* d_status, void* stream, KernelVariant variant) {
   constexpr const char* kOp = "cuda.qsgd_decode";
   check_shape(kOp, count, bits, bucket);
   GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
@@ -240,6 +686,16 @@ void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::s
   const auto s = static_cast<cudaStream_t>(stream);
   reset_decode_status(kOp, d_status, s);
   if (count == 0) return;
+  if (variant == KernelVariant::fast) {
+    // The decoders only read the payload: fast_args' pointer is not const for the encoder's sake.
+    const FastArgs a = fast_args(nullptr, d_out, const_cast<std::byte*>(d_payload), count, bits,
+                                 bucket, QsgdFastKey{});
+    with_bits(bits, [&](auto width) {
+      launch_fast_decode<decltype(width)::value>(a, accumulate, d_status, s);
+    });
+    check_launch(kOp, count);
+    return;
+  }
   const std::size_t num_buckets = num_buckets_for(count, bucket);
   const std::size_t code_bytes = code_bytes_for(count, bits);
   const std::size_t tasks = num_buckets > code_bytes ? num_buckets : code_bytes;

@@ -5,6 +5,11 @@
 // the default stream). Every call is asynchronous on `stream`, allocates nothing and never
 // synchronises.
 //
+// Two implementations (`variant`, kernels/cuda/kernel_variant.h): KernelVariant::fast (the
+// default: one pass over each bucket, kernels/qsgd_fast_layout.h) and KernelVariant::reference
+// (the first kernels). Every contract below holds for both, byte for byte; the reference stays
+// until a GPU run has shown the fast kernels identical (tests/gpu/test_qsgd_cuda.cpp checks both).
+//
 // Payload (the bytes after the 32-byte header; any alignment):
 //   [0, 4 * num_buckets)            f32 scale of each bucket, num_buckets = ceil(count / bucket)
 //   [4 * num_buckets, +code_bytes)  codes, an LSB-first bit stream: element i occupies stream
@@ -14,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/kernel_variant.h"
 
 namespace gradzip::kernels::cuda {
 
@@ -53,7 +60,8 @@ std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);
 // count > 0, and gradzip::Error(unsupported) when a launch fails.
 void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
                  const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
-                 std::size_t* workspace_bytes, void* stream);
+                 std::size_t* workspace_bytes, void* stream,
+                 KernelVariant variant = KernelVariant::fast);
 
 // Decodes the payload at d_payload (device memory, qsgd_payload_bytes() bytes) into d_out
 // (device memory, `count` floats): d_out[i] = value, or d_out[i] += value when `accumulate`.
@@ -66,6 +74,7 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
 // Throws gradzip::Error(invalid_argument) for bad bits / bucket / count or null pointers, and
 // gradzip::Error(unsupported) when a launch fails.
 void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
-                 float* d_out, bool accumulate, int* d_status, void* stream);
+                 float* d_out, bool accumulate, int* d_status, void* stream,
+                 KernelVariant variant = KernelVariant::fast);
 
 }  // namespace gradzip::kernels::cuda

@@ -14,6 +14,22 @@
 // Decode: (1) one thread checks the unused bits of the last byte; (2) one thread per element,
 // which writes only when *d_status is still 0.
 // The payload may sit at any alignment: scales are read and written bytewise.
+// That is the reference variant (KernelVariant::reference). The fast variant (the default):
+// Encode, one kernel: block s takes segment s, the largest number of whole buckets that fits
+// 4096 elements, and stages it (plus the up to 7 elements its last sign byte needs) in shared
+// memory with coalesced float4 loads; thread (bucket, lane) folds its canonical lane from
+// shared memory (sign_fast_lane_fold, the reference's lane l in the reference's order); one
+// thread per bucket combines the lanes with the reference's functions (overflow rescue
+// included; buckets under 16 elements take sign_bucket_scale itself) and writes the scale;
+// each warp builds the sign bytes of 32 elements at a time with a ballot and stores them as
+// one word (bytewise at the segment's edges or an unaligned address). Each sign byte belongs to
+// the segment holding its first element. A bucket longer than 4096 elements is staged chunk
+// by chunk, 16 threads carrying its lane sums across the chunks, and its sign bytes re-read
+// the input (through L2). Decode: one thread checks the unused bits (as in the reference); the
+// decode kernel puts each segment's scales in shared memory, then each thread decodes a run of
+// 16 elements from its two sign bytes with float4 stores, walking the run's buckets with a
+// counter (no division per element). Every per-thread step after the ballot is a function of
+// kernels/sign_fast_layout.h, which tests/unit/test_sign_fast_layout.cpp runs on the CPU.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,6 +38,8 @@
 #include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sign_cuda.h"
+#include "kernels/run_fast_layout.h"
+#include "kernels/sign_fast_layout.h"
 #include "kernels/sign_math.h"
 
 namespace gradzip::kernels::cuda {
@@ -115,6 +133,199 @@ __global__ void decode_kernel(const std::byte* scales, const unsigned char* bits
   }
 }
 
+// ---- fast variant (KernelVariant::fast): kernels/sign_fast_layout.h ---------------------------
+
+static_assert(kFastThreads == kThreads, "the fast kernels run blocks of kThreads");
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+constexpr unsigned kWarps = kThreads / kWarp;
+
+// What every fast kernel of a launch needs.
+struct FastArgs {
+  const float* in;        // encode: the values
+  float* out;             // decode: the output
+  std::byte* scales;      // the payload (its first 4 * num_buckets bytes)
+  unsigned char* bits;    // the sign bytes after them
+  std::uint64_t count;
+  std::uint64_t bucket;
+  std::uint64_t bit_bytes;
+  SignFastPlan plan;
+  bool vector_values;     // in / out is 16-byte aligned: float4 loads and stores
+  bool aligned_scales;    // the payload is 4-byte aligned: word loads and stores of scales
+};
+
+__device__ __forceinline__ float load_scale(const FastArgs& a, std::uint64_t b) {
+  return a.aligned_scales ? bits_float(load_word<std::uint32_t, true>(a.scales, b))
+                          : load_f32(a.scales + b * sizeof(float));
+}
+
+__device__ __forceinline__ void store_scale(const FastArgs& a, std::uint64_t b, float scale) {
+  if (a.aligned_scales) {
+    store_word<std::uint32_t, true>(a.scales, b, float_bits(scale));
+  } else {
+    store_f32(a.scales + b * sizeof(float), scale);
+  }
+}
+
+// in[first, end) -> staged[0, end - first) by the whole block, coalesced: float4 loads for the
+// 16-byte-aligned middle when `vector` (then float4 shared stores too when `first` is a
+// multiple of 4). The caller synchronises before reading.
+__device__ __forceinline__ void stage(const float* in, std::uint64_t first, std::uint64_t end,
+                                      bool vector, float* staged) {
+  const std::uint64_t n = end - first;
+  const unsigned t = threadIdx.x;
+  if (!vector) {
+    for (std::uint64_t i = t; i < n; i += kThreads) staged[i] = in[first + i];
+    return;
+  }
+  std::uint64_t head = (4 - first % 4) % 4;
+  if (head > n) head = n;
+  for (std::uint64_t i = t; i < head; i += kThreads) staged[i] = in[first + i];
+  const std::uint64_t quads = (n - head) / 4;
+  const float4* source = reinterpret_cast<const float4*>(in + first + head);
+  if (head == 0) {
+    float4* const target = reinterpret_cast<float4*>(staged);
+    for (std::uint64_t j = t; j < quads; j += kThreads) target[j] = source[j];
+  } else {
+    for (std::uint64_t j = t; j < quads; j += kThreads) {
+      const float4 quad = source[j];
+      float* const at = staged + head + 4 * j;
+      at[0] = quad.x;
+      at[1] = quad.y;
+      at[2] = quad.z;
+      at[3] = quad.w;
+    }
+  }
+  for (std::uint64_t i = head + 4 * quads + t; i < n; i += kThreads) staged[i] = in[first + i];
+}
+
+// Group G's word (the warp's ballot) to sign bytes 4G .. 4G+3, those in `mask`: one word store
+// when all four are and the address allows, else one byte per lane 0..3.
+__device__ __forceinline__ void store_group(unsigned char* bits, std::uint64_t group, std::uint32_t word,
+                                            std::uint32_t mask, unsigned lane) {
+  unsigned char* const at = bits + 4 * group;
+  if (mask == 0xFu && reinterpret_cast<std::uintptr_t>(at) % 4 == 0) {
+    if (lane == 0) *reinterpret_cast<std::uint32_t*>(at) = word;
+  } else if (lane < 4 && (mask >> lane & 1u) != 0u) {
+    at[lane] = static_cast<unsigned char>(word >> (8 * lane));
+  }
+}
+
+// The sign bytes a segment owns, one 32-element group per warp step; load(i) gives element i
+// for i in [lo, hi). Every lane of the block must call it (ballots).
+template <class Load>
+__device__ __forceinline__ void write_sign_bytes(const FastArgs& a, const FastSegment& segment,
+                                                 std::uint64_t lo, std::uint64_t hi, Load&& load) {
+  const unsigned warp = threadIdx.x / kWarp;
+  const unsigned lane = threadIdx.x % kWarp;
+  const SignFastBytes bytes = sign_fast_owned_bytes(segment);
+  const std::uint64_t end = sign_fast_end_group(bytes);
+  for (std::uint64_t group = sign_fast_first_group(bytes) + warp; group < end; group += kWarps) {
+    const std::uint32_t word = __ballot_sync(kFullWarp, sign_fast_lane_bit(group, lane, lo, hi, load) != 0u);
+    store_group(a.bits, group, word, sign_fast_group_mask(group, bytes), lane);
+  }
+}
+
+// Encode, resident segments (bucket <= kFastResidentAligned): stage the segment, fold the
+// lanes, the scales, the sign bytes; the input is read once.
+__global__ void __launch_bounds__(kThreads) fast_encode_resident_kernel(FastArgs a) {
+  __shared__ __align__(16) float staged[kSignFastStaged];
+  __shared__ float lanes[kSignFastMaxLaneBuckets * kSignLanes];
+  const unsigned t = threadIdx.x;
+  const bool lane_sums = a.bucket >= kSignLanes;
+  for (std::uint64_t s = blockIdx.x; s < a.plan.num_segments; s += gridDim.x) {
+    const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
+    const std::uint64_t staged_end = sign_fast_staged_end(segment, a.count);
+    const std::uint64_t buckets = sign_fast_segment_buckets(a.plan, segment, a.bucket);
+    stage(a.in, segment.begin, staged_end, a.vector_values, staged);
+    __syncthreads();
+    if (lane_sums) {
+      for (std::uint64_t p = t; p < buckets * kSignLanes; p += kThreads) {
+        const std::uint64_t b = p / kSignLanes;
+        lanes[p] = sign_fast_lane_fold(0.0f, staged + b * a.bucket, sign_fast_bucket_length(segment, a.bucket, b),
+                                       static_cast<unsigned>(p % kSignLanes));
+      }
+    }
+    __syncthreads();
+    for (std::uint64_t b = t; b < buckets; b += kThreads) {
+      const float* const x = staged + b * a.bucket;
+      const std::uint64_t len = sign_fast_bucket_length(segment, a.bucket, b);
+      const float scale = lane_sums ? sign_fast_scale_from_lanes(lanes + b * kSignLanes, x, len)
+                                    : sign_bucket_scale(x, len);
+      store_scale(a, s * a.plan.segment_buckets + b, scale);
+    }
+    const std::uint64_t begin = segment.begin;
+    write_sign_bytes(a, segment, begin, staged_end, [begin](std::uint64_t i) { return staged[i - begin]; });
+    __syncthreads();  // `staged` and `lanes` are read before the next segment overwrites them
+  }
+}
+
+// Encode, one long bucket per segment: staged chunk by chunk, threads 0..15 carrying their
+// lane sums across the chunks; the sign bytes read the input again (mostly from L2).
+__global__ void __launch_bounds__(kThreads) fast_encode_streaming_kernel(FastArgs a) {
+  __shared__ __align__(16) float staged[kFastResidentAligned];
+  __shared__ float lanes[kSignLanes];
+  const unsigned t = threadIdx.x;
+  for (std::uint64_t s = blockIdx.x; s < a.plan.num_segments; s += gridDim.x) {
+    const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
+    float sum = 0.0f;
+    for (std::uint64_t first = segment.begin; first < segment.end; first += kFastResidentAligned) {
+      const std::uint64_t end =
+          segment.end - first < kFastResidentAligned ? segment.end : first + kFastResidentAligned;
+      stage(a.in, first, end, a.vector_values, staged);
+      __syncthreads();
+      // The chunk starts a multiple of 16 elements into the bucket: its lane l is the bucket's.
+      if (t < kSignLanes) sum = sign_fast_lane_fold(sum, staged, end - first, t);
+      __syncthreads();
+    }
+    if (t < kSignLanes) lanes[t] = sum;
+    __syncthreads();
+    if (t == 0) {
+      store_scale(a, s, sign_fast_scale_from_lanes(lanes, a.in + segment.begin, segment.end - segment.begin));
+    }
+    const float* const in = a.in;
+    write_sign_bytes(a, segment, segment.begin, sign_fast_staged_end(segment, a.count),
+                     [in](std::uint64_t i) { return in[i]; });
+    __syncthreads();  // `lanes` is read before the next segment overwrites it
+  }
+}
+
+// Decode: per segment, the scales into shared memory; then each thread decodes its runs.
+// Writes nothing unless *status is still ok (the validation ran before: stream order).
+template <bool kAccumulate>
+__global__ void __launch_bounds__(kThreads) fast_decode_kernel(FastArgs a, const int* status) {
+  if (*status != kSignStatusOk) return;
+  __shared__ float scales[kFastResidentAligned];
+  const unsigned t = threadIdx.x;
+  const bool one_bucket = a.plan.segment_buckets == 1;
+  for (std::uint64_t s = blockIdx.x; s < a.plan.num_segments; s += gridDim.x) {
+    const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
+    const std::uint64_t buckets = sign_fast_segment_buckets(a.plan, segment, a.bucket);
+    for (std::uint64_t b = t; b < buckets; b += kThreads) {
+      scales[b] = load_scale(a, s * a.plan.segment_buckets + b);
+    }
+    __syncthreads();
+    const std::uint64_t passes = fast_pass_count(segment);
+    for (std::uint64_t p = 0; p < passes; ++p) {
+      const FastPass pass = fast_pass(segment, p);
+      if (t >= pass.runs) continue;
+      const std::uint64_t k = pass.first + t;
+      const unsigned char* const at = a.bits + 2 * k;
+      std::uint32_t bits = 0;
+      if (a.bit_bytes - 2 * k >= 2 && reinterpret_cast<std::uintptr_t>(at) % 2 == 0) {
+        bits = *reinterpret_cast<const std::uint16_t*>(at);
+      } else {
+        bits = at[0];
+        if (a.bit_bytes - 2 * k >= 2) bits |= std::uint32_t{at[1]} << 8;
+      }
+      const FastRunSpan span = fast_run_span(k, segment, a.bucket, one_bucket);
+      float values[kFastRun];
+      sign_fast_decode_run(bits, span, scales, values);
+      fast_device::store_run_values<kAccumulate>(a.out, k, span, values, a.vector_values);
+    }
+    __syncthreads();  // `scales` are read before the next segment overwrites them
+  }
+}
+
 // ---- host side ---------------------------------------------------------------------------------
 
 std::size_t num_buckets_for(std::size_t count, std::size_t bucket) {
@@ -122,6 +333,22 @@ std::size_t num_buckets_for(std::size_t count, std::size_t bucket) {
 }
 
 std::size_t bit_bytes_for(std::size_t count) { return count / 8 + (count % 8 != 0 ? 1 : 0); }
+
+FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t count,
+                   std::size_t bucket) {
+  FastArgs a{};
+  a.in = in;
+  a.out = out;
+  a.scales = payload;
+  a.bits = reinterpret_cast<unsigned char*>(payload + num_buckets_for(count, bucket) * sizeof(float));
+  a.count = count;
+  a.bucket = bucket;
+  a.bit_bytes = bit_bytes_for(count);
+  a.plan = sign_fast_plan(count, bucket);
+  a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16);
+  a.aligned_scales = aligned_to(payload, 4);
+  return a;
+}
 
 }  // namespace
 
@@ -137,12 +364,24 @@ std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
 }
 
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
-                 void* d_workspace, std::size_t* workspace_bytes, void* stream) {
+                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
+                 KernelVariant variant) {
   constexpr const char* kOp = "cuda.sign_encode";
   sign_payload_bytes(count, bucket);  // validates bucket and the size
   if (answered_workspace_query(d_workspace, workspace_bytes)) return;
   if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
   const auto s = static_cast<cudaStream_t>(stream);
+  if (variant == KernelVariant::fast) {
+    const FastArgs a = fast_args(d_in, nullptr, d_payload, count, bucket);
+    const unsigned blocks = clamp_blocks(a.plan.num_segments);
+    if (a.plan.resident) {
+      fast_encode_resident_kernel<<<blocks, kThreads, 0, s>>>(a);
+    } else {
+      fast_encode_streaming_kernel<<<blocks, kThreads, 0, s>>>(a);
+    }
+    check_launch(kOp, count);
+    return;
+  }
   const std::size_t num_buckets = num_buckets_for(count, bucket);
   if (bucket < static_cast<std::size_t>(kSignLanes)) {
     short_scales_kernel<<<grid_for(num_buckets), kThreads, 0, s>>>(d_in, count, bucket,
@@ -162,7 +401,7 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
 }
 
 void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
-                 bool accumulate, int* d_status, void* stream) {
+                 bool accumulate, int* d_status, void* stream, KernelVariant variant) {
   constexpr const char* kOp = "cuda.sign_decode";
   sign_payload_bytes(count, bucket);  // validates bucket and the size
   GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
@@ -175,6 +414,18 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
   if (count % 8 != 0) {
     validate_kernel<<<1, 1, 0, s>>>(bits, count, d_status);
     check_launch(kOp, count);
+  }
+  if (variant == KernelVariant::fast) {
+    // The decoder only reads the payload: fast_args' pointer is not const for the encoder's sake.
+    const FastArgs a = fast_args(nullptr, d_out, const_cast<std::byte*>(d_payload), count, bucket);
+    const unsigned blocks = clamp_blocks(a.plan.num_segments);
+    if (accumulate) {
+      fast_decode_kernel<true><<<blocks, kThreads, 0, s>>>(a, d_status);
+    } else {
+      fast_decode_kernel<false><<<blocks, kThreads, 0, s>>>(a, d_status);
+    }
+    check_launch(kOp, count);
+    return;
   }
   if (accumulate) {
     decode_kernel<true><<<grid_for(count), kThreads, 0, s>>>(d_payload, bits, count, bucket, d_out,

@@ -5,6 +5,11 @@
 // an opaque cudaStream_t cast to void*, nullptr = the default stream). Every call is
 // asynchronous on `stream`, allocates nothing and never synchronises.
 //
+// Two implementations (`variant`, kernels/cuda/kernel_variant.h): KernelVariant::fast (the
+// default: one pass over each bucket, kernels/sign_fast_layout.h) and KernelVariant::reference
+// (the first kernels). Every contract below holds for both, byte for byte; the reference stays
+// until a GPU run has shown the fast kernels identical (tests/gpu/test_sign_cuda.cpp checks both).
+//
 // Payload (the bytes after the 32-byte header; any alignment):
 //   [0, 4 * B)                f32 scale (mean |x|) of each bucket, B = ceil(count / bucket)
 //   [4 * B, + ceil(count/8))  sign bits: element i at bit i % 8 of byte i / 8 (LSB first);
@@ -12,6 +17,8 @@
 #pragma once
 
 #include <cstddef>
+
+#include "kernels/cuda/kernel_variant.h"
 
 namespace gradzip::kernels::cuda {
 
@@ -34,7 +41,8 @@ std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
 // Throws gradzip::Error(invalid_argument) for bucket 0 or null pointers with count > 0, and
 // gradzip::Error(unsupported) when a launch fails.
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
-                 void* d_workspace, std::size_t* workspace_bytes, void* stream);
+                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
+                 KernelVariant variant = KernelVariant::fast);
 
 // Decodes the payload at d_payload (device memory, sign_payload_bytes() bytes) into d_out
 // (device memory, `count` floats): d_out[i] = bit ? -scale : +scale, or d_out[i] += that when
@@ -47,6 +55,7 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
 // Throws gradzip::Error(invalid_argument) for bucket 0 or null pointers, and
 // gradzip::Error(unsupported) when a launch fails.
 void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
-                 bool accumulate, int* d_status, void* stream);
+                 bool accumulate, int* d_status, void* stream,
+                 KernelVariant variant = KernelVariant::fast);
 
 }  // namespace gradzip::kernels::cuda

@@ -1,11 +1,14 @@
-// The CUDA qsgd kernels (kernels/cuda/qsgd_cuda.h) against the CPU codec on the same inputs:
-// byte-identical payloads (after the 32-byte header) for counts {0, 1, 7, 2^20+3, 2^26}, bits
-// {1, 2, 3, 4, 8} and buckets {1, 7, 512} (plus 255, 256 and one bucket larger than the tensor
-// below 2^26), on N(0,1) data, on data with zeros, denormals, tiny and huge values, and on data
-// with Inf/NaN in some buckets; chunks with element_offset != 0; decode and decode-accumulate
-// equal to the CPU codec's decode / decode_add; malformed payloads set the status and leave the
-// output untouched. The size function is checked without a device; everything else skips,
-// saying why, when no device is present.
+// The CUDA qsgd kernels (kernels/cuda/qsgd_cuda.h) against the CPU codec on the same inputs,
+// every device check for both kernel variants (KernelVariant::reference and ::fast, the
+// parameter of the CudaQsgd tests): byte-identical payloads (after the 32-byte header) for
+// counts {0, 1, 7, 2^20+3, 2^26}, bits {1, 2, 3, 4, 8} and buckets {1, 7, 512} (plus 255, 256
+// and one bucket larger than the tensor below 2^26), on N(0,1) data, on data with zeros,
+// denormals, tiny and huge values, and on data with Inf/NaN in some buckets; the fast kernels'
+// shapes (segments sharing a code byte, long buckets swept twice, every bit width); chunks with
+// element_offset != 0; payloads, inputs and outputs at unaligned addresses; decode and
+// decode-accumulate equal to the CPU codec's decode / decode_add; malformed payloads set the
+// status and leave the output untouched. The size function is checked without a device;
+// everything else skips, saying why, when no device is present.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -42,7 +45,14 @@ namespace cuda = kernels::cuda;
 
 using namespace gpu_test;
 
-class CudaQsgd : public StreamTest {};
+using cuda::KernelVariant;
+
+// Every device test runs once per kernel variant.
+class CudaQsgd : public StreamTest, public ::testing::WithParamInterface<KernelVariant> {};
+
+std::string variant_name(const ::testing::TestParamInfo<KernelVariant>& info) {
+  return info.param == KernelVariant::fast ? "fast" : "reference";
+}
 
 std::unique_ptr<Codec> qsgd_codec(int bits, std::size_t bucket) {
   return make_codec("qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket));
@@ -71,7 +81,7 @@ cuda::QsgdEncodeParams params_of(const EncodeContext& ctx) {
 // Encodes x with the CPU codec and with the kernels; checks the payloads byte for byte, then
 // decodes the CPU's message on the device, plainly and accumulating, against decode/decode_add.
 void check_against_cpu(const std::vector<float>& x, int bits, std::size_t bucket,
-                       const EncodeContext& ctx, void* stream) {
+                       const EncodeContext& ctx, KernelVariant variant, void* stream) {
   const std::size_t count = x.size();
   const auto codec = qsgd_codec(bits, bucket);
   std::vector<std::byte> message(codec->max_encoded_bytes(count));
@@ -85,10 +95,10 @@ void check_against_cpu(const std::vector<float>& x, int bits, std::size_t bucket
   ASSERT_EQ(cudaMemset(d_payload.get(), 0xA5, std::max<std::size_t>(payload_bytes, 1)), cudaSuccess);
   std::size_t workspace = 12345;
   cuda::qsgd_encode(d_in.get(), count, bits, bucket, params_of(ctx), d_payload.get(), nullptr,
-                    &workspace, stream);
+                    &workspace, stream, variant);
   EXPECT_EQ(workspace, 0u);
   cuda::qsgd_encode(d_in.get(), count, bits, bucket, params_of(ctx), d_payload.get(), nullptr,
-                    nullptr, stream);
+                    nullptr, stream, variant);
   ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
   const std::vector<std::byte> gpu_payload = d_payload.download();
   const std::byte* cpu_payload = message.data() + kWireHeaderBytes;
@@ -101,7 +111,7 @@ void check_against_cpu(const std::vector<float>& x, int bits, std::size_t bucket
 
   // Decode the CPU's payload.
   const auto decode = [&](const std::byte* d_cpu, float* d_out, bool accumulate, int* d_status) {
-    cuda::qsgd_decode(d_cpu, count, bits, bucket, d_out, accumulate, d_status, stream);
+    cuda::qsgd_decode(d_cpu, count, bits, bucket, d_out, accumulate, d_status, stream, variant);
   };
   check_decode_against_cpu(*codec, message, count, cuda::kQsgdStatusOk, stream, decode);
 }
@@ -109,14 +119,15 @@ void check_against_cpu(const std::vector<float>& x, int bits, std::size_t bucket
 constexpr int kBits[] = {1, 2, 3, 4, 8};
 constexpr Data kData[] = {Data::gaussian, Data::finite_specials, Data::nonfinite};
 
-void check_count(std::size_t count, const std::vector<std::size_t>& buckets, void* stream) {
+void check_count(std::size_t count, const std::vector<std::size_t>& buckets, KernelVariant variant,
+                 void* stream) {
   for (Data data : kData) {
     const std::vector<float> x = make_data(count, data, 1000 + count);
     for (int bits : kBits) {
       for (std::size_t bucket : buckets) {
         SCOPED_TRACE("count=" + std::to_string(count) + " bits=" + std::to_string(bits) +
                      " bucket=" + std::to_string(bucket) + " data=" + data_name(data));
-        check_against_cpu(x, bits, bucket, context(), stream);
+        check_against_cpu(x, bits, bucket, context(), variant, stream);
         if (::testing::Test::HasFatalFailure()) return;
       }
     }
@@ -163,28 +174,29 @@ TEST(CudaQsgdHost, BadShapesThrowBeforeTouchingTheDevice) {
   EXPECT_EQ(workspace, 0u);
 }
 
-TEST_F(CudaQsgd, SmallCountsMatchTheCpuCodec) {
+TEST_P(CudaQsgd, SmallCountsMatchTheCpuCodec) {
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{100}}) {
-    check_count(count, {1, 7, 512, 3, 256}, stream());
+    check_count(count, {1, 7, 512, 3, 256}, GetParam(), stream());
     if (HasFatalFailure()) return;
   }
 }
 
-TEST_F(CudaQsgd, MillionElementsMatchTheCpuCodec) {
-  check_count((std::size_t{1} << 20) + 3, {1, 7, 512, 255, 256, std::size_t{1} << 22}, stream());
+TEST_P(CudaQsgd, MillionElementsMatchTheCpuCodec) {
+  check_count((std::size_t{1} << 20) + 3, {1, 7, 512, 255, 256, std::size_t{1} << 22}, GetParam(),
+              stream());
 }
 
-TEST_F(CudaQsgd, TwoTo26ElementsMatchTheCpuCodec) {
+TEST_P(CudaQsgd, TwoTo26ElementsMatchTheCpuCodec) {
   const std::size_t count = std::size_t{1} << 26;
   std::size_t free_bytes = 0, total_bytes = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
   // Input, payload (<= 2.25 x 4 bytes per element at bucket 1, bits 8) and two outputs.
   if (free_bytes < count * 24) GTEST_SKIP() << "needs " << count * 24 << " bytes of device memory";
-  check_count(count, {1, 7, 512}, stream());
+  check_count(count, {1, 7, 512}, GetParam(), stream());
 }
 
 // Chunks of a tensor: element i of the chunk draws the word of element element_offset + i.
-TEST_F(CudaQsgd, ChunksWithAnElementOffsetMatchTheCpuCodec) {
+TEST_P(CudaQsgd, ChunksWithAnElementOffsetMatchTheCpuCodec) {
   const std::vector<float> x = make_data(50001, Data::nonfinite, 7);
   for (std::uint64_t offset : {std::uint64_t{1}, std::uint64_t{3}, std::uint64_t{512 * 37},
                                std::uint64_t{1000003}, (std::uint64_t{1} << 34) + 5}) {
@@ -192,7 +204,7 @@ TEST_F(CudaQsgd, ChunksWithAnElementOffsetMatchTheCpuCodec) {
       for (std::size_t bucket : {std::size_t{7}, std::size_t{512}}) {
         SCOPED_TRACE("offset=" + std::to_string(offset) + " bits=" + std::to_string(bits) +
                      " bucket=" + std::to_string(bucket));
-        check_against_cpu(x, bits, bucket, context(offset), stream());
+        check_against_cpu(x, bits, bucket, context(offset), GetParam(), stream());
         if (HasFatalFailure()) return;
       }
     }
@@ -200,7 +212,7 @@ TEST_F(CudaQsgd, ChunksWithAnElementOffsetMatchTheCpuCodec) {
 }
 
 // Another seed, step and tensor id (the high key word and the counter words all matter).
-TEST_F(CudaQsgd, OtherKeysMatchTheCpuCodec) {
+TEST_P(CudaQsgd, OtherKeysMatchTheCpuCodec) {
   const std::vector<float> x = make_data(4099, Data::gaussian, 8);
   EncodeContext ctx;
   ctx.seed = 0xFEDCBA9876543210ull;
@@ -209,13 +221,13 @@ TEST_F(CudaQsgd, OtherKeysMatchTheCpuCodec) {
   ctx.element_offset = 0xFFFFFFFFull * 4 - 2;  // the block counter crosses 2^32
   for (int bits : kBits) {
     SCOPED_TRACE("bits=" + std::to_string(bits));
-    check_against_cpu(x, bits, 64, ctx, stream());
+    check_against_cpu(x, bits, 64, ctx, GetParam(), stream());
     if (HasFatalFailure()) return;
   }
 }
 
 // A payload at an odd address (inside a message after a header of any size).
-TEST_F(CudaQsgd, UnalignedPayloadsEncodeAndDecode) {
+TEST_P(CudaQsgd, UnalignedPayloadsEncodeAndDecode) {
   const std::size_t count = 1001;
   const std::vector<float> x = make_data(count, Data::nonfinite, 9);
   for (int bits : kBits) {
@@ -228,10 +240,11 @@ TEST_F(CudaQsgd, UnalignedPayloadsEncodeAndDecode) {
     DeviceArray<std::byte> d_buffer(payload_bytes + 3);
     std::byte* const d_payload = d_buffer.get() + 3;
     cuda::qsgd_encode(d_in.get(), count, bits, 7, params_of(context()), d_payload, nullptr, nullptr,
-                      stream());
+                      stream(), GetParam());
     DeviceArray<float> d_out(count);
     DeviceArray<int> d_status(1);
-    cuda::qsgd_decode(d_payload, count, bits, 7, d_out.get(), false, d_status.get(), stream());
+    cuda::qsgd_decode(d_payload, count, bits, 7, d_out.get(), false, d_status.get(), stream(),
+                      GetParam());
     ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream())), cudaSuccess);
     const std::vector<std::byte> buffer = d_buffer.download();
     EXPECT_EQ(first_byte_difference(buffer.data() + 3, message.data() + kWireHeaderBytes, payload_bytes),
@@ -240,6 +253,62 @@ TEST_F(CudaQsgd, UnalignedPayloadsEncodeAndDecode) {
     std::vector<float> cpu_out(count);
     codec->decode(message, host_view(cpu_out.data(), count));
     EXPECT_EQ(first_float_difference(d_out.download(), cpu_out, count, false), kNoDifference);
+  }
+}
+
+// The fast kernels' shapes (kernels/qsgd_fast_layout.h): buckets whose segments share a code
+// byte (1001: segments of 4 buckets), long buckets swept twice (4095, 4097, 10000), short ones
+// (3), at every bit width, over many blocks, at element offsets in two positions of a Philox block.
+TEST_P(CudaQsgd, FastKernelShapesMatchTheCpuCodec) {
+  const std::vector<float> x = make_data(70001, Data::nonfinite, 10);
+  for (std::size_t bucket : {std::size_t{3}, std::size_t{1001}, std::size_t{4095}, std::size_t{4097},
+                             std::size_t{10000}}) {
+    for (int bits = 1; bits <= 8; ++bits) {
+      for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{2}}) {
+        SCOPED_TRACE("bucket=" + std::to_string(bucket) + " bits=" + std::to_string(bits) +
+                     " offset=" + std::to_string(offset));
+        check_against_cpu(x, bits, bucket, context(offset), GetParam(), stream());
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Inputs and outputs one float past a 16-byte boundary (no vector loads or stores), payloads
+// at every offset from a word boundary (byte, 16-bit and 32-bit stores and loads).
+TEST_P(CudaQsgd, UnalignedInputsOutputsAndPayloadsMatchTheCpuCodec) {
+  const std::size_t count = 20003;
+  const std::vector<float> x = make_data(count, Data::finite_specials, 11);
+  for (int bits : {1, 3, 4, 8}) {
+    const auto codec = qsgd_codec(bits, 512);
+    std::vector<std::byte> message(codec->max_encoded_bytes(count));
+    codec->encode(host_view(x.data(), count), message, context());
+    const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
+    std::vector<float> cpu_out(count);
+    codec->decode(message, host_view(cpu_out.data(), count));
+    std::vector<float> padded(count + 1, 0.0f);
+    std::copy(x.begin(), x.end(), padded.begin() + 1);
+    DeviceArray<float> d_in(padded);
+    for (std::size_t offset : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
+      SCOPED_TRACE("bits=" + std::to_string(bits) + " payload offset=" + std::to_string(offset));
+      DeviceArray<std::byte> d_buffer(payload_bytes + offset);
+      std::byte* const d_payload = d_buffer.get() + offset;
+      cuda::qsgd_encode(d_in.get() + 1, count, bits, 512, params_of(context()), d_payload, nullptr,
+                        nullptr, stream(), GetParam());
+      DeviceArray<float> d_out(count + 1);
+      DeviceArray<int> d_status(1);
+      cuda::qsgd_decode(d_payload, count, bits, 512, d_out.get() + 1, false, d_status.get(), stream(),
+                        GetParam());
+      sync(stream());
+      const std::vector<std::byte> buffer = d_buffer.download();
+      EXPECT_EQ(first_byte_difference(buffer.data() + offset, message.data() + kWireHeaderBytes,
+                                      payload_bytes),
+                kNoDifference);
+      EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
+      const std::vector<float> out = d_out.download();
+      EXPECT_EQ(first_float_difference(std::vector<float>(out.begin() + 1, out.end()), cpu_out, count, false),
+                kNoDifference);
+    }
   }
 }
 
@@ -256,7 +325,7 @@ void set_stream_bit(std::vector<std::byte>& message, std::size_t scale_bytes, st
 
 // The CPU codec refuses `message`; the kernels report `expected_status` and write nothing.
 void expect_refused(const std::vector<std::byte>& message, std::size_t count, int bits,
-                    std::size_t bucket, int expected_status, void* stream) {
+                    std::size_t bucket, int expected_status, KernelVariant variant, void* stream) {
   const auto codec = qsgd_codec(bits, bucket);
   std::vector<float> cpu_out(count, 1.0f);
   try {
@@ -272,7 +341,7 @@ void expect_refused(const std::vector<std::byte>& message, std::size_t count, in
   for (bool accumulate : {false, true}) {
     DeviceArray<float> d_out(sentinel);
     cuda::qsgd_decode(d_payload.get(), count, bits, bucket, d_out.get(), accumulate, d_status.get(),
-                      stream);
+                      stream, variant);
     ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
     EXPECT_EQ(d_status.download()[0], expected_status) << "accumulate=" << accumulate;
     EXPECT_EQ(first_float_difference(d_out.download(), sentinel, count, false), kNoDifference)
@@ -280,7 +349,7 @@ void expect_refused(const std::vector<std::byte>& message, std::size_t count, in
   }
 }
 
-TEST_F(CudaQsgd, MalformedPayloadsSetTheStatusAndWriteNothing) {
+TEST_P(CudaQsgd, MalformedPayloadsSetTheStatusAndWriteNothing) {
   const std::size_t count = 1000;
   const std::size_t bucket = 7;
   std::vector<float> x = gaussian(count, 5);
@@ -325,14 +394,14 @@ TEST_F(CudaQsgd, MalformedPayloadsSetTheStatusAndWriteNothing) {
     });
     for (const Case& c : cases) {
       SCOPED_TRACE(c.name);
-      expect_refused(c.message, count, bits, bucket, c.status, stream());
+      expect_refused(c.message, count, bits, bucket, c.status, GetParam(), stream());
       if (HasFatalFailure()) return;
     }
   }
 }
 
 // Neither decoder checks the unused high bits of the last code byte (encode writes them 0).
-TEST_F(CudaQsgd, UnusedCodeBitsAreIgnoredLikeOnTheCpu) {
+TEST_P(CudaQsgd, UnusedCodeBitsAreIgnoredLikeOnTheCpu) {
   const std::size_t count = 1001;  // 1001 * bits is not a multiple of 8 for odd bits
   const std::vector<float> x = gaussian(count, 6);
   for (int bits : {1, 3}) {
@@ -347,12 +416,16 @@ TEST_F(CudaQsgd, UnusedCodeBitsAreIgnoredLikeOnTheCpu) {
         std::vector<std::byte>(message.begin() + kWireHeaderBytes, message.end()));
     DeviceArray<float> d_out(count);
     DeviceArray<int> d_status(1);
-    cuda::qsgd_decode(d_payload.get(), count, bits, 512, d_out.get(), false, d_status.get(), stream());
+    cuda::qsgd_decode(d_payload.get(), count, bits, 512, d_out.get(), false, d_status.get(), stream(),
+                      GetParam());
     ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream())), cudaSuccess);
     EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
     EXPECT_EQ(first_float_difference(d_out.download(), cpu_out, count, false), kNoDifference);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, CudaQsgd,
+                         ::testing::Values(KernelVariant::reference, KernelVariant::fast), variant_name);
 
 }  // namespace
 }  // namespace gradzip

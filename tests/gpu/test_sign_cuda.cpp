@@ -1,5 +1,7 @@
-// The CUDA sign kernels (kernels/cuda/sign_cuda.h) against the CPU codec on the same inputs:
-// byte-identical payloads (after the 32-byte header) for counts {0, 1, 7, 2^20+3, 2^26} and
+// The CUDA sign kernels (kernels/cuda/sign_cuda.h) against the CPU codec on the same inputs,
+// every device check for both kernel variants (KernelVariant::reference and ::fast, the
+// parameter of the CudaSign tests; the fast kernels' shapes -- long buckets staged chunk by
+// chunk, unaligned inputs, outputs and payloads -- have tests of their own): byte-identical payloads (after the 32-byte header) for counts {0, 1, 7, 2^20+3, 2^26} and
 // buckets {1, 7, 512} (plus 15, 16, 17, 100 and one bucket larger than the tensor below 2^26),
 // on N(0,1) data, on data of a wide dynamic range (where another summation order would give
 // other scale bits), on data with zeros, denormals, tiny and huge values (sums overflowing to
@@ -44,7 +46,14 @@ namespace cuda = kernels::cuda;
 
 using namespace gpu_test;
 
-class CudaSign : public StreamTest {};
+using cuda::KernelVariant;
+
+// Every device test runs once per kernel variant.
+class CudaSign : public StreamTest, public ::testing::WithParamInterface<KernelVariant> {};
+
+std::string variant_name(const ::testing::TestParamInfo<KernelVariant>& info) {
+  return info.param == KernelVariant::fast ? "fast" : "reference";
+}
 
 // ---- the round trip against the CPU codec ------------------------------------------------------
 
@@ -55,9 +64,9 @@ std::unique_ptr<Codec> sign_codec(std::size_t bucket) {
 // Decodes `message` (the CPU codec's) on the device, plainly and accumulating, against the CPU
 // codec's decode / decode_add.
 void check_decode(const std::vector<std::byte>& message, std::size_t count, std::size_t bucket,
-                  void* stream) {
+                  KernelVariant variant, void* stream) {
   const auto decode = [&](const std::byte* d_cpu, float* d_out, bool accumulate, int* d_status) {
-    cuda::sign_decode(d_cpu, count, bucket, d_out, accumulate, d_status, stream);
+    cuda::sign_decode(d_cpu, count, bucket, d_out, accumulate, d_status, stream, variant);
   };
   check_decode_against_cpu(*sign_codec(bucket), message, count, cuda::kSignStatusOk, stream, decode);
 }
@@ -65,7 +74,7 @@ void check_decode(const std::vector<std::byte>& message, std::size_t count, std:
 // Encodes x with the CPU codec and with the kernels, checks the payloads byte for byte, then
 // the decoders.
 void check_against_cpu(const std::vector<float>& x, std::size_t bucket, const EncodeContext& ctx,
-                       void* stream) {
+                       KernelVariant variant, void* stream) {
   const std::size_t count = x.size();
   const auto codec = sign_codec(bucket);
   std::vector<std::byte> message(codec->max_encoded_bytes(count));
@@ -77,9 +86,9 @@ void check_against_cpu(const std::vector<float>& x, std::size_t bucket, const En
   DeviceArray<std::byte> d_payload(payload_bytes);
   ASSERT_EQ(cudaMemset(d_payload.get(), 0xA5, std::max<std::size_t>(payload_bytes, 1)), cudaSuccess);
   std::size_t workspace = 12345;
-  cuda::sign_encode(d_in.get(), count, bucket, d_payload.get(), nullptr, &workspace, stream);
+  cuda::sign_encode(d_in.get(), count, bucket, d_payload.get(), nullptr, &workspace, stream, variant);
   EXPECT_EQ(workspace, 0u);
-  cuda::sign_encode(d_in.get(), count, bucket, d_payload.get(), nullptr, nullptr, stream);
+  cuda::sign_encode(d_in.get(), count, bucket, d_payload.get(), nullptr, nullptr, stream, variant);
   sync(stream);
   const std::vector<std::byte> gpu_payload = d_payload.download();
   const std::byte* cpu_payload = message.data() + kWireHeaderBytes;
@@ -94,18 +103,19 @@ void check_against_cpu(const std::vector<float>& x, std::size_t bucket, const En
   ASSERT_EQ(diff, kNoDifference) << "sign byte " << diff - scale_bytes << ": gpu 0x" << std::hex
                                  << std::to_integer<int>(gpu_payload[diff]) << ", cpu 0x"
                                  << std::to_integer<int>(cpu_payload[diff]);
-  check_decode(message, count, bucket, stream);
+  check_decode(message, count, bucket, variant, stream);
 }
 
 constexpr Data kData[] = {Data::gaussian, Data::wide_range, Data::finite_specials, Data::nonfinite};
 
-void check_count(std::size_t count, const std::vector<std::size_t>& buckets, void* stream) {
+void check_count(std::size_t count, const std::vector<std::size_t>& buckets, KernelVariant variant,
+                 void* stream) {
   for (Data data : kData) {
     const std::vector<float> x = make_data(count, data, 2000 + count);
     for (std::size_t bucket : buckets) {
       SCOPED_TRACE("count=" + std::to_string(count) + " bucket=" + std::to_string(bucket) +
                    " data=" + data_name(data));
-      check_against_cpu(x, bucket, EncodeContext{}, stream);
+      check_against_cpu(x, bucket, EncodeContext{}, variant, stream);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
@@ -145,28 +155,28 @@ TEST(CudaSignHost, BadShapesThrowBeforeTouchingTheDevice) {
   EXPECT_EQ(workspace, 0u);
 }
 
-TEST_F(CudaSign, SmallCountsMatchTheCpuCodec) {
+TEST_P(CudaSign, SmallCountsMatchTheCpuCodec) {
   for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{100}}) {
-    check_count(count, {1, 7, 512, 15, 16, 17}, stream());
+    check_count(count, {1, 7, 512, 15, 16, 17}, GetParam(), stream());
     if (HasFatalFailure()) return;
   }
 }
 
-TEST_F(CudaSign, MillionElementsMatchTheCpuCodec) {
+TEST_P(CudaSign, MillionElementsMatchTheCpuCodec) {
   check_count((std::size_t{1} << 20) + 3, {1, 7, 512, 15, 16, 17, 100, std::size_t{1} << 22},
-              stream());
+              GetParam(), stream());
 }
 
-TEST_F(CudaSign, TwoTo26ElementsMatchTheCpuCodec) {
+TEST_P(CudaSign, TwoTo26ElementsMatchTheCpuCodec) {
   const std::size_t count = std::size_t{1} << 26;
   std::size_t free_bytes = 0, total_bytes = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
   if (free_bytes < count * 24) GTEST_SKIP() << "needs " << count * 24 << " bytes of device memory";
-  check_count(count, {1, 7, 512}, stream());
+  check_count(count, {1, 7, 512}, GetParam(), stream());
 }
 
 // The sign codec draws no random numbers: a chunk with any context encodes like the CPU's.
-TEST_F(CudaSign, ChunksWithAnElementOffsetMatchTheCpuCodec) {
+TEST_P(CudaSign, ChunksWithAnElementOffsetMatchTheCpuCodec) {
   const std::vector<float> x = make_data(50001, Data::nonfinite, 7);
   EncodeContext ctx;
   ctx.seed = 77;
@@ -176,14 +186,14 @@ TEST_F(CudaSign, ChunksWithAnElementOffsetMatchTheCpuCodec) {
     ctx.element_offset = offset;
     for (std::size_t bucket : {std::size_t{7}, std::size_t{512}}) {
       SCOPED_TRACE("offset=" + std::to_string(offset) + " bucket=" + std::to_string(bucket));
-      check_against_cpu(x, bucket, ctx, stream());
+      check_against_cpu(x, bucket, ctx, GetParam(), stream());
       if (HasFatalFailure()) return;
     }
   }
 }
 
 // A payload at an odd address (inside a message after a header of any size).
-TEST_F(CudaSign, UnalignedPayloadsEncodeAndDecode) {
+TEST_P(CudaSign, UnalignedPayloadsEncodeAndDecode) {
   const std::size_t count = 1001;
   const std::vector<float> x = make_data(count, Data::nonfinite, 9);
   for (std::size_t bucket : {std::size_t{7}, std::size_t{100}}) {
@@ -195,10 +205,11 @@ TEST_F(CudaSign, UnalignedPayloadsEncodeAndDecode) {
     DeviceArray<float> d_in(x);
     DeviceArray<std::byte> d_buffer(payload_bytes + 3);
     std::byte* const d_payload = d_buffer.get() + 3;
-    cuda::sign_encode(d_in.get(), count, bucket, d_payload, nullptr, nullptr, stream());
+    cuda::sign_encode(d_in.get(), count, bucket, d_payload, nullptr, nullptr, stream(), GetParam());
     DeviceArray<float> d_out(count);
     DeviceArray<int> d_status(1);
-    cuda::sign_decode(d_payload, count, bucket, d_out.get(), false, d_status.get(), stream());
+    cuda::sign_decode(d_payload, count, bucket, d_out.get(), false, d_status.get(), stream(),
+                      GetParam());
     sync(stream());
     const std::vector<std::byte> buffer = d_buffer.download();
     EXPECT_EQ(first_byte_difference(buffer.data() + 3, message.data() + kWireHeaderBytes, payload_bytes),
@@ -210,8 +221,60 @@ TEST_F(CudaSign, UnalignedPayloadsEncodeAndDecode) {
   }
 }
 
+// The fast kernels' shapes (kernels/sign_fast_layout.h): long buckets staged chunk by chunk
+// (4097, 10000, 2^16 + 5), the longest resident ones (4095, 4096), buckets of one lane group
+// and fewer (16, 3), over many blocks, on data whose scales depend on the summation order.
+TEST_P(CudaSign, FastKernelShapesMatchTheCpuCodec) {
+  for (Data data : {Data::wide_range, Data::nonfinite}) {
+    const std::vector<float> x = make_data(200003, data, 14);
+    for (std::size_t bucket : {std::size_t{3}, std::size_t{16}, std::size_t{4095}, std::size_t{4096},
+                               std::size_t{4097}, std::size_t{10000}, (std::size_t{1} << 16) + 5}) {
+      SCOPED_TRACE("bucket=" + std::to_string(bucket) + " data=" + data_name(data));
+      check_against_cpu(x, bucket, EncodeContext{}, GetParam(), stream());
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Inputs and outputs one float past a 16-byte boundary (no vector loads or stores), payloads
+// at every offset from a word boundary (byte, 16-bit and 32-bit stores and loads).
+TEST_P(CudaSign, UnalignedInputsOutputsAndPayloadsMatchTheCpuCodec) {
+  const std::size_t count = 20003;
+  const std::vector<float> x = make_data(count, Data::finite_specials, 15);
+  for (std::size_t bucket : {std::size_t{7}, std::size_t{512}, std::size_t{5000}}) {
+    const auto codec = sign_codec(bucket);
+    std::vector<std::byte> message(codec->max_encoded_bytes(count));
+    codec->encode(host_view(x.data(), count), message, EncodeContext{});
+    const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
+    std::vector<float> cpu_out(count);
+    codec->decode(message, host_view(cpu_out.data(), count));
+    std::vector<float> padded(count + 1, 0.0f);
+    std::copy(x.begin(), x.end(), padded.begin() + 1);
+    DeviceArray<float> d_in(padded);
+    for (std::size_t offset : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
+      SCOPED_TRACE("bucket=" + std::to_string(bucket) + " payload offset=" + std::to_string(offset));
+      DeviceArray<std::byte> d_buffer(payload_bytes + offset);
+      std::byte* const d_payload = d_buffer.get() + offset;
+      cuda::sign_encode(d_in.get() + 1, count, bucket, d_payload, nullptr, nullptr, stream(), GetParam());
+      DeviceArray<float> d_out(count + 1);
+      DeviceArray<int> d_status(1);
+      cuda::sign_decode(d_payload, count, bucket, d_out.get() + 1, false, d_status.get(), stream(),
+                        GetParam());
+      sync(stream());
+      const std::vector<std::byte> buffer = d_buffer.download();
+      EXPECT_EQ(first_byte_difference(buffer.data() + offset, message.data() + kWireHeaderBytes,
+                                      payload_bytes),
+                kNoDifference);
+      EXPECT_EQ(d_status.download()[0], cuda::kSignStatusOk);
+      const std::vector<float> out = d_out.download();
+      EXPECT_EQ(first_float_difference(std::vector<float>(out.begin() + 1, out.end()), cpu_out, count, false),
+                kNoDifference);
+    }
+  }
+}
+
 // Scales may hold any bits (both decoders accept them): negative, -0, NaNs of any payload.
-TEST_F(CudaSign, AnyScaleBitsDecodeLikeTheCpu) {
+TEST_P(CudaSign, AnyScaleBitsDecodeLikeTheCpu) {
   const std::size_t count = 1003;
   const std::size_t bucket = 10;
   const std::vector<float> x = gaussian(count, 12);
@@ -223,10 +286,10 @@ TEST_F(CudaSign, AnyScaleBitsDecodeLikeTheCpu) {
   for (std::size_t k = 0; k < std::size(odd_scales); ++k) {
     std::memcpy(message.data() + kWireHeaderBytes + 4 * (k * 13), &odd_scales[k], 4);
   }
-  check_decode(message, count, bucket, stream());
+  check_decode(message, count, bucket, GetParam(), stream());
 }
 
-TEST_F(CudaSign, NonzeroUnusedBitsSetTheStatusAndWriteNothing) {
+TEST_P(CudaSign, NonzeroUnusedBitsSetTheStatusAndWriteNothing) {
   for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1001}, std::size_t{4099}}) {
     for (unsigned bit = static_cast<unsigned>(count % 8); bit < 8; ++bit) {
       SCOPED_TRACE("count=" + std::to_string(count) + " bit=" + std::to_string(bit));
@@ -250,7 +313,7 @@ TEST_F(CudaSign, NonzeroUnusedBitsSetTheStatusAndWriteNothing) {
       for (bool accumulate : {false, true}) {
         DeviceArray<float> d_out(sentinel);
         cuda::sign_decode(d_payload.get(), count, bucket, d_out.get(), accumulate, d_status.get(),
-                          stream());
+                          stream(), GetParam());
         sync(stream());
         EXPECT_EQ(d_status.download()[0], cuda::kSignStatusUnusedBits) << "accumulate=" << accumulate;
         EXPECT_EQ(first_float_difference(d_out.download(), sentinel, count, false), kNoDifference)
@@ -259,6 +322,9 @@ TEST_F(CudaSign, NonzeroUnusedBitsSetTheStatusAndWriteNothing) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, CudaSign,
+                         ::testing::Values(KernelVariant::reference, KernelVariant::fast), variant_name);
 
 }  // namespace
 }  // namespace gradzip
