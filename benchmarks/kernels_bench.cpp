@@ -196,43 +196,52 @@ Entry cast_entry(const char* name, bool narrow, bool bf16) {
           }};
 }
 
-Entry qsgd_entry(int bits, bool encode) {
-  return {std::string("qsgd.") + (encode ? "encode" : "decode") + ".bits" + std::to_string(bits),
-          [bits, encode](const Inputs& in, Arena& arena) {
+// qsgd and sign rows: the default (fast) kernels as "qsgd.encode.bits8", ...; the reference
+// kernels (kernels/cuda/kernel_variant.h) as "qsgd.encode.bits8.reference", "sign.encode.reference".
+using kernels::cuda::KernelVariant;
+
+Entry qsgd_entry(int bits, bool encode, KernelVariant variant = KernelVariant::fast) {
+  const char* variant_part = variant == KernelVariant::reference ? ".reference" : "";
+  return {std::string("qsgd.") + (encode ? "encode" : "decode") + ".bits" + std::to_string(bits) + variant_part,
+          [bits, encode, variant](const Inputs& in, Arena& arena) {
             namespace k = kernels::cuda;
             const std::size_t payload_bytes = k::qsgd_payload_bytes(in.n, bits, kBucket);
             std::byte* payload = arena.alloc<std::byte>(payload_bytes);
-            k::qsgd_encode(in.x, in.n, bits, kBucket, kQsgdParams, payload, nullptr, nullptr, nullptr);
+            k::qsgd_encode(in.x, in.n, bits, kBucket, kQsgdParams, payload, nullptr, nullptr, nullptr,
+                           variant);
             if (encode) {
-              return Prepared{in.n * kF32 + payload_bytes, in.n * kF32, [&in, bits, payload](cudaStream_t s) {
+              return Prepared{in.n * kF32 + payload_bytes, in.n * kF32, [&in, bits, payload, variant](cudaStream_t s) {
                                 k::qsgd_encode(in.x, in.n, bits, kBucket, kQsgdParams, payload, nullptr,
-                                               nullptr, s);
+                                               nullptr, s, variant);
                               }, nullptr};
             }
             int* status = arena.alloc<int>(1);
             return Prepared{payload_bytes + in.n * kF32, payload_bytes,
-                            [&in, bits, payload, status](cudaStream_t s) {
-                              k::qsgd_decode(payload, in.n, bits, kBucket, in.out_f32, false, status, s);
+                            [&in, bits, payload, status, variant](cudaStream_t s) {
+                              k::qsgd_decode(payload, in.n, bits, kBucket, in.out_f32, false, status, s,
+                                             variant);
                             },
                             expect_status_zero(status, "qsgd_decode")};
           }};
 }
 
-Entry sign_entry(bool encode) {
-  return {encode ? "sign.encode" : "sign.decode", [encode](const Inputs& in, Arena& arena) {
+Entry sign_entry(bool encode, KernelVariant variant = KernelVariant::fast) {
+  const char* variant_part = variant == KernelVariant::reference ? ".reference" : "";
+  return {std::string(encode ? "sign.encode" : "sign.decode") + variant_part,
+          [encode, variant](const Inputs& in, Arena& arena) {
             namespace k = kernels::cuda;
             const std::size_t payload_bytes = k::sign_payload_bytes(in.n, kBucket);
             std::byte* payload = arena.alloc<std::byte>(payload_bytes);
-            k::sign_encode(in.x, in.n, kBucket, payload, nullptr, nullptr, nullptr);
+            k::sign_encode(in.x, in.n, kBucket, payload, nullptr, nullptr, nullptr, variant);
             if (encode) {
-              return Prepared{in.n * kF32 + payload_bytes, in.n * kF32, [&in, payload](cudaStream_t s) {
-                                k::sign_encode(in.x, in.n, kBucket, payload, nullptr, nullptr, s);
+              return Prepared{in.n * kF32 + payload_bytes, in.n * kF32, [&in, payload, variant](cudaStream_t s) {
+                                k::sign_encode(in.x, in.n, kBucket, payload, nullptr, nullptr, s, variant);
                               }, nullptr};
             }
             int* status = arena.alloc<int>(1);
             return Prepared{payload_bytes + in.n * kF32, payload_bytes,
-                            [&in, payload, status](cudaStream_t s) {
-                              k::sign_decode(payload, in.n, kBucket, in.out_f32, false, status, s);
+                            [&in, payload, status, variant](cudaStream_t s) {
+                              k::sign_decode(payload, in.n, kBucket, in.out_f32, false, status, s, variant);
                             },
                             expect_status_zero(status, "sign_decode")};
           }};
@@ -262,11 +271,16 @@ Entry ef_entry(const char* name, int which) {
           }};
 }
 
-Entry topk_entry(bool approx) {
-  return {approx ? "topk.approx.1pct" : "topk.exact.1pct", [approx](const Inputs& in, Arena& arena) {
+// Top-k of 1%: "topk.exact.1pct" / "topk.approx.1pct" run the default (fast, one-pass
+// compactions); the ".reference" rows the two-pass compactions (count, scan, write).
+Entry topk_entry(bool approx, kernels::cuda::KernelVariant variant) {
+  const bool reference = variant == kernels::cuda::KernelVariant::reference;
+  return {std::string(approx ? "topk.approx.1pct" : "topk.exact.1pct") + (reference ? ".reference" : ""),
+          [approx, variant](const Inputs& in, Arena& arena) {
             namespace k = kernels::cuda;
             const std::uint64_t n = in.n, topk = one_percent(in.n);
             k::TopkCudaOptions options;
+            options.variant = variant;
             options.approx = approx;
             options.seed = 1;
             options.step = 1;
@@ -357,12 +371,18 @@ std::vector<Entry> make_table() {
   for (const int bits : {8, 4, 2}) table.push_back(qsgd_entry(bits, false));
   table.push_back(sign_entry(true));
   table.push_back(sign_entry(false));
+  for (const int bits : {8, 4, 2}) table.push_back(qsgd_entry(bits, true, KernelVariant::reference));
+  for (const int bits : {8, 4, 2}) table.push_back(qsgd_entry(bits, false, KernelVariant::reference));
+  table.push_back(sign_entry(true, KernelVariant::reference));
+  table.push_back(sign_entry(false, KernelVariant::reference));
   table.push_back(ef_entry("ef.compensate", 0));
   table.push_back(ef_entry("ef.update", 1));
   table.push_back(ef_entry("ef.cast_fused.f16", 2));
   table.push_back(ef_entry("ef.cast_fused.bf16", 3));
-  table.push_back(topk_entry(false));
-  table.push_back(topk_entry(true));
+  for (const bool approx : {false, true}) {
+    table.push_back(topk_entry(approx, kernels::cuda::KernelVariant::fast));
+    table.push_back(topk_entry(approx, kernels::cuda::KernelVariant::reference));
+  }
   table.push_back(randk_entry(true));
   table.push_back(randk_entry(false));
   table.push_back(sparse_entry());

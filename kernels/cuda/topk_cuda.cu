@@ -4,9 +4,26 @@
 //
 // Control flow lives on the device: the host launches a fixed sequence of kernels for a given
 // (n, k, options), and each reads TopkDeviceState to learn whether and on what it works
-// (kSourceNone: return at once). Every count is an integer; the only atomics add integer counts
-// into histograms, so every run writes the same bytes.
+// (kSourceNone: return at once). Every count is an integer; the atomics add integer counts into
+// histograms and hand out tile tickets, and no output position depends on which block ran
+// what when, so every run writes the same bytes.
+//
+// Compactions (steps 2, 4 and 6 of kernels/cuda/topk_cuda.h), two variants (KernelVariant):
+//  - fast, one pass: one_pass_kernel. Blocks take tiles by an atomic ticket (so a tile's
+//    predecessors are all held by running blocks), load the tile, count it (block scan), and
+//    warp 0 publishes the count and sums the predecessors' counts by decoupled look-back over
+//    the TopkTileStatus records of the workspace (zeroed by a cudaMemsetAsync at the start of
+//    every call); then the block writes its kept entries. The candidate pass writes positions
+//    below the buffer's capacity only and its last tile leaves the total c in the state for the
+//    decision. Index arithmetic: kernels/cuda/topk_plan.h (tested on the host).
+//  - reference, two passes: count_kernel per tile, CUB exclusive scans of the counts,
+//    write_kernel (which skips tiles with nothing to keep).
 #include <cuda_runtime.h>
+
+#include <cuda/atomic>
+
+#include <cstddef>
+#include <type_traits>
 
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_reduce.cuh>
@@ -23,7 +40,9 @@
 namespace gradzip::kernels::cuda {
 namespace {
 
-constexpr std::uint64_t kNeedAll = ~std::uint64_t{0};  // keep every key equal to the threshold
+constexpr std::uint64_t kNeedAll = kTopkNeedAll;  // keep every key equal to the threshold
+constexpr unsigned kWarpThreads = 32;
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 constexpr unsigned kThreads = kTopkBlockThreads;
 constexpr unsigned kItems = kTopkItemsPerThread;
 constexpr unsigned kHistogramUnroll = 4;
@@ -57,8 +76,14 @@ struct TopkDeviceState {
   std::uint64_t candidates;        // c = #(key >= t)
   std::uint64_t entries;           // m
   Rule rules[2];                   // 0: candidate pass over the tensor, 1: final compaction
+  // One-pass compactions (fast variant), per rule: the next tile ticket, and the kept-rule
+  // counts of the whole source (keys > T, keys == T), written by the block of the last tile.
+  unsigned long long tickets[2];
+  std::uint64_t pass_greater[2];
+  std::uint64_t pass_equal[2];
 };
 static_assert(sizeof(TopkDeviceState) <= kTopkStateBytes, "state does not fit its region");
+static_assert(std::is_standard_layout_v<TopkDeviceState>, "run_select takes offsetof its fields");
 
 template <typename IndexT>
 struct Buffers {
@@ -74,6 +99,8 @@ struct Buffers {
   std::uint64_t* eq_offsets;
   IndexT* candidate_index;
   std::uint32_t* candidate_bits;
+  std::uint64_t candidate_capacity;  // entries the candidate buffer holds
+  TopkTileStatus* tile_status;       // fast: 2 * tiles records (rule i's at i * tiles)
 };
 
 // Where the payload goes: indices at `payload`, values after `entries` indices.
@@ -275,14 +302,15 @@ __global__ void __launch_bounds__(kThreads) count_kernel(Buffers<IndexT> b, int 
   }
 }
 
-// One thread, after the candidate count's scans: c, whether approx accepts the candidates,
-// where the main select and the final compaction read from, and m.
-__global__ void decide_kernel(TopkDeviceState* state, const std::uint64_t* gt_offsets,
-                              const std::uint64_t* eq_offsets, std::uint64_t tiles,
-                              std::uint64_t k, bool approx, std::uint64_t cpu_capacity,
-                              std::uint64_t gpu_capacity) {
+// One thread, after the candidate count (reference: after its scans; greater_total and
+// equal_total point at the last exclusive sums; fast: at the one-pass totals in the state): c,
+// whether approx accepts the candidates, where the main select and the final compaction read
+// from, and m.
+__global__ void decide_kernel(TopkDeviceState* state, const std::uint64_t* greater_total,
+                              const std::uint64_t* equal_total, std::uint64_t k, bool approx,
+                              std::uint64_t cpu_capacity, std::uint64_t gpu_capacity) {
   TopkDeviceState& s = *state;
-  const std::uint64_t c = gt_offsets[tiles] + eq_offsets[tiles];
+  const std::uint64_t c = *greater_total + *equal_total;
   s.candidates = c;
   const TopkDecision decision = topk_decide(c, k, approx, cpu_capacity, gpu_capacity);
   const bool accept = decision.accept;
@@ -393,6 +421,188 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- one-pass compaction (fast variant) -----------------------------------------------------
+
+using DeviceWord = ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>;
+
+__device__ __forceinline__ std::uint64_t load_acquire(std::uint64_t& word) {
+  return DeviceWord(word).load(::cuda::memory_order_acquire);
+}
+__device__ __forceinline__ std::uint64_t load_relaxed(std::uint64_t& word) {
+  return DeviceWord(word).load(::cuda::memory_order_relaxed);
+}
+__device__ __forceinline__ void store_relaxed(std::uint64_t& word, std::uint64_t value) {
+  DeviceWord(word).store(value, ::cuda::memory_order_relaxed);
+}
+__device__ __forceinline__ void store_release(std::uint64_t& word, std::uint64_t value) {
+  DeviceWord(word).store(value, ::cuda::memory_order_release);
+}
+
+// Inclusive counts first, then (release) the flag: a reader that sees the flag (acquire) sees
+// the counts.
+__device__ __forceinline__ void publish_inclusive(TopkTileStatus& status, std::uint32_t aggregate,
+                                                  TopkCounts inclusive) {
+  store_relaxed(status.inclusive_greater, inclusive.greater);
+  store_relaxed(status.inclusive_equal, inclusive.equal);
+  store_release(status.word, topk_status_word(kTopkTileInclusive, aggregate));
+}
+
+__device__ __forceinline__ std::uint64_t warp_sum(std::uint64_t value) {
+  auto v = static_cast<unsigned long long>(value);
+#pragma unroll
+  for (unsigned offset = kWarpThreads / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(kFullWarp, v, offset);
+  return v;
+}
+
+// Called by the 32 lanes of warp 0 of the block that holds `tile` (statuses: this pass's
+// records). Publishes the tile's packed aggregate, walks back over its predecessors (windows of
+// 32 tiles, lane L reading tile nearest - L) until a window holds an inclusive tile, publishes
+// the tile's inclusive counts and returns its exclusive counts (the same in every lane).
+// Every predecessor's block is running (tickets), so each flag it waits for gets set.
+__device__ TopkCounts look_back(TopkTileStatus* statuses, std::uint64_t tile,
+                                std::uint32_t aggregate) {
+  const unsigned lane = threadIdx.x % kWarpThreads;
+  const TopkCounts own = topk_unpack_counts(aggregate);
+  TopkCounts exclusive;
+  if (tile == 0) {
+    if (lane == 0) publish_inclusive(statuses[0], aggregate, own);
+    return exclusive;
+  }
+  if (lane == 0) store_relaxed(statuses[tile].word, topk_status_word(kTopkTileAggregate, aggregate));
+  std::uint64_t nearest = tile - 1;
+  for (;;) {
+    const bool reads = topk_lookback_lane_reads(nearest, lane);
+    TopkTileStatus* const status = reads ? &statuses[nearest - lane] : nullptr;
+    std::uint64_t word = topk_status_word(kTopkTileInclusive, 0);  // lanes past tile 0
+    for (;;) {
+      if (reads) word = load_acquire(status->word);
+      if (__all_sync(kFullWarp, topk_status_flag(word) != kTopkTileUnset)) break;
+      __nanosleep(64);
+    }
+    const unsigned stop = topk_lookback_stop_lane(
+        __ballot_sync(kFullWarp, topk_status_flag(word) == kTopkTileInclusive));
+    TopkCounts inclusive;
+    if (reads && lane == stop) {
+      inclusive.greater = load_relaxed(status->inclusive_greater);
+      inclusive.equal = load_relaxed(status->inclusive_equal);
+    }
+    const TopkCounts mine = topk_lookback_lane_counts(lane, stop, word, inclusive);
+    exclusive.greater += warp_sum(mine.greater);
+    exclusive.equal += warp_sum(mine.equal);
+    if (stop < kWarpThreads) break;
+    nearest -= kWarpThreads;  // no inclusive tile in the window, so it did not reach tile 0
+  }
+  if (lane == 0) {
+    TopkCounts inclusive = exclusive;
+    inclusive.greater += own.greater;
+    inclusive.equal += own.equal;
+    publish_inclusive(statuses[tile], aggregate, inclusive);
+  }
+  return exclusive;
+}
+
+// The rule's compaction in one pass over its source (tiles of kTopkTile entries, taken by
+// ticket in a loop until none is left, so any grid size works). An entry's position is
+// topk_keep_position() from the tile's exclusive counts (look-back) and the counts before it in
+// the tile (block scan). kToPayload: writes the payload (rule 1, from the tensor or the
+// candidates); else the candidate buffer (rule 0, always from the tensor), positions below its
+// capacity only. The block of the source's last tile stores the totals in
+// state->pass_greater / pass_equal.
+// Occupancy: the candidate pass (the hot one) is held to 40 registers, 6 blocks per SM, so
+// that other resident blocks keep loading while some wait in their look-back (ptxas, sm_90:
+// no spills at either bound).
+template <typename IndexT, bool kToPayload>
+__global__ void __launch_bounds__(kThreads, kToPayload ? 3 : 6)
+    one_pass_kernel(Buffers<IndexT> b, int rule_index, PayloadOut out) {
+  using LoadFloat = cub::BlockLoad<float, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using LoadBits = cub::BlockLoad<std::uint32_t, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using LoadIndex = cub::BlockLoad<IndexT, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using Scan = cub::BlockScan<std::uint32_t, kThreads>;
+  __shared__ union {
+    typename LoadFloat::TempStorage load_float;
+    typename LoadBits::TempStorage load_bits;
+    typename LoadIndex::TempStorage load_index;
+    typename Scan::TempStorage scan;
+  } storage;
+  __shared__ std::uint64_t shared_tile;
+  __shared__ std::uint64_t shared_greater;
+  __shared__ std::uint64_t shared_equal;
+  TopkDeviceState* const state = b.state;
+  const Rule rule = state->rules[rule_index];
+  if (rule.source == kSourceNone) return;
+  // Rule 0 reads the tensor only: the candidate-source code is compiled out of its kernel.
+  const bool from_tensor = !kToPayload || rule.source == kSourceTensor;
+  const std::uint64_t count = from_tensor ? b.n : state->candidates;
+  const std::uint64_t tiles = topk_tile_count(count);
+  const std::uint64_t entries = kToPayload ? state->entries : 0;
+  TopkTileStatus* const statuses = b.tile_status + static_cast<std::uint64_t>(rule_index) * b.tiles;
+  for (;;) {
+    if (threadIdx.x == 0) shared_tile = atomicAdd(&state->tickets[rule_index], 1ull);
+    __syncthreads();
+    const std::uint64_t tile = shared_tile;
+    if (tile >= tiles) break;  // the same for every thread of the block
+    const std::uint64_t base = tile * kTopkTile;
+    const int valid = static_cast<int>(topk_tile_items(count, tile));
+    // Item q of this thread is entry base + first + q of the source (blocked arrangement).
+    const std::uint64_t first = std::uint64_t{threadIdx.x} * kItems;
+    std::uint32_t bits[kItems];
+    IndexT index[kItems];  // candidate source only; the tensor's index is the position
+    if (from_tensor) {
+      float values[kItems];
+      LoadFloat(storage.load_float).Load(b.in + base, values, valid, 0.0f);
+#pragma unroll
+      for (unsigned q = 0; q < kItems; ++q) bits[q] = float_bits(values[q]);
+    } else {
+      LoadBits(storage.load_bits).Load(b.candidate_bits + base, bits, valid, 0u);
+      __syncthreads();
+      LoadIndex(storage.load_index).Load(b.candidate_index + base, index, valid, IndexT{0});
+    }
+    __syncthreads();
+    std::uint32_t packed = 0;
+#pragma unroll
+    for (unsigned q = 0; q < kItems; ++q) {
+      if (first + q < static_cast<std::uint64_t>(valid))
+        packed += topk_pack_counts(topk_key_of_bits(bits[q]), rule.threshold);
+    }
+    std::uint32_t before = 0;
+    std::uint32_t aggregate = 0;
+    Scan(storage.scan).ExclusiveSum(packed, before, aggregate);
+    if (threadIdx.x < kWarpThreads) {
+      const TopkCounts exclusive = look_back(statuses, tile, aggregate);
+      if (threadIdx.x == 0) {
+        shared_greater = exclusive.greater;
+        shared_equal = exclusive.equal;
+        if (tile == tiles - 1) {
+          const TopkCounts own = topk_unpack_counts(aggregate);
+          state->pass_greater[rule_index] = exclusive.greater + own.greater;
+          state->pass_equal[rule_index] = exclusive.equal + own.equal;
+        }
+      }
+    }
+    __syncthreads();
+    const TopkCounts in_tile = topk_unpack_counts(before);
+    TopkCounts running;
+    running.greater = shared_greater + in_tile.greater;
+    running.equal = shared_equal + in_tile.equal;
+#pragma unroll
+    for (unsigned q = 0; q < kItems; ++q) {
+      if (first + q >= static_cast<std::uint64_t>(valid)) continue;
+      const std::uint64_t position =
+          topk_keep_position(topk_key_of_bits(bits[q]), rule.threshold, rule.need, running);
+      if (position == kTopkNotKept) continue;
+      const IndexT entry_index = from_tensor ? static_cast<IndexT>(base + first + q) : index[q];
+      if constexpr (kToPayload) {
+        store_entry<IndexT>(out, entries, position, entry_index, bits[q]);
+      } else if (position < b.candidate_capacity) {
+        b.candidate_index[position] = entry_index;
+        b.candidate_bits[position] = bits[q];
+      }
+    }
+    __syncthreads();  // storage and the shared words are reused by the next tile
+  }
+}
+
 __global__ void finish_kernel(const TopkDeviceState* state, std::uint64_t* entries_out) {
   *entries_out = state->failed != 0 ? kNeedAll : state->entries;
 }
@@ -429,8 +639,9 @@ std::size_t scan_temp_bytes(std::uint64_t n) {
 TopkPlan plan_for(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options) {
   GZ_REQUIRE(k <= n, ErrorCode::invalid_argument, "cuda.topk_select: k = ", k, " exceeds the ",
              n, " elements");
-  const bool select = k > 0 && k < n;
-  return make_topk_plan(n, k, options.approx, options.half_values, select ? scan_temp_bytes(n) : 0);
+  const bool scans = k > 0 && k < n && options.variant == KernelVariant::reference;
+  return make_topk_plan(n, k, options.approx, options.half_values, options.variant,
+                        scans ? scan_temp_bytes(n) : 0);
 }
 
 unsigned multiprocessors() {
@@ -450,26 +661,34 @@ unsigned blocks_for(std::uint64_t work, std::uint64_t cap) {
   return detail::clamp_blocks(work, cap);
 }
 
+template <typename T>
+T* region(std::byte* workspace, const TopkRegion& where) {
+  return where.bytes == 0 ? nullptr : reinterpret_cast<T*>(workspace + where.offset);
+}
+
 template <typename IndexT>
 void run_select(const TopkPlan& plan, const float* d_in, const TopkCudaOptions& options,
                 const PayloadOut& out, std::uint64_t* d_entries_out, std::byte* workspace,
                 cudaStream_t stream) {
   const std::uint64_t n = plan.n;
   const std::uint64_t k = plan.k;
+  const bool one_pass = plan.variant == KernelVariant::fast;
   Buffers<IndexT> b;
   b.in = d_in;
   b.n = n;
   b.tiles = plan.tiles;
-  b.state = reinterpret_cast<TopkDeviceState*>(workspace + plan.state_offset);
-  b.histogram = reinterpret_cast<unsigned long long*>(workspace + plan.histogram_offset);
-  b.sample = reinterpret_cast<std::uint32_t*>(workspace + plan.sample_offset);
-  b.gt_counts = reinterpret_cast<std::uint64_t*>(workspace + plan.gt_counts_offset);
-  b.eq_counts = reinterpret_cast<std::uint64_t*>(workspace + plan.eq_counts_offset);
-  b.gt_offsets = reinterpret_cast<std::uint64_t*>(workspace + plan.gt_offsets_offset);
-  b.eq_offsets = reinterpret_cast<std::uint64_t*>(workspace + plan.eq_offsets_offset);
-  b.candidate_index = reinterpret_cast<IndexT*>(workspace + plan.candidate_index_offset);
-  b.candidate_bits = reinterpret_cast<std::uint32_t*>(workspace + plan.candidate_bits_offset);
-  void* const scan_temp = workspace + plan.scan_temp_offset;
+  b.state = region<TopkDeviceState>(workspace, plan.state);
+  b.histogram = region<unsigned long long>(workspace, plan.histogram);
+  b.sample = region<std::uint32_t>(workspace, plan.sample);
+  b.gt_counts = region<std::uint64_t>(workspace, plan.gt_counts);
+  b.eq_counts = region<std::uint64_t>(workspace, plan.eq_counts);
+  b.gt_offsets = region<std::uint64_t>(workspace, plan.gt_offsets);
+  b.eq_offsets = region<std::uint64_t>(workspace, plan.eq_offsets);
+  b.candidate_index = region<IndexT>(workspace, plan.candidate_index);
+  b.candidate_bits = region<std::uint32_t>(workspace, plan.candidate_bits);
+  b.candidate_capacity = plan.gpu_capacity;
+  b.tile_status = region<TopkTileStatus>(workspace, plan.tile_status);
+  void* const scan_temp = workspace + plan.scan_temp.offset;
 
   const std::uint64_t sms = multiprocessors();
   // Histogram blocks: enough to fill the GPU, and at most 2^30 keys per block (32-bit counts).
@@ -480,9 +699,15 @@ void run_select(const TopkPlan& plan, const float* d_in, const TopkCudaOptions& 
     return blocks_for((count + chunk - 1) / chunk, cap);
   };
   const unsigned tile_blocks = blocks_for(plan.tiles + 1, 8 * sms);
+  // One-pass grids. The candidate pass: a block per tile (up to the launch limit), so that the
+  // scheduler keeps as many tiles in flight as fit while some blocks wait in their look-back.
+  // The final compaction's source size is known on the device only (usually the candidates, a
+  // few tiles): a persistent grid that takes tiles until none is left.
+  const unsigned tensor_pass_blocks = blocks_for(plan.tiles, 65535u * 8);
+  const unsigned final_pass_blocks = tile_blocks;
   const auto scan = [&](const char* step) {
     const auto items = static_cast<std::int64_t>(plan.tiles + 1);
-    std::size_t temp_bytes = plan.scan_temp_bytes;
+    std::size_t temp_bytes = plan.scan_temp.bytes;
     cudaError_t status = cub::DeviceScan::ExclusiveSum(scan_temp, temp_bytes, b.gt_counts,
                                                        b.gt_offsets, items, stream);
     if (status == cudaSuccess) {
@@ -493,7 +718,14 @@ void run_select(const TopkPlan& plan, const float* d_in, const TopkCudaOptions& 
                " scan failed for n = ", n, ", k = ", k, ": ", cudaGetErrorString(status));
   };
 
-  // 1. Setup and the sample's threshold t.
+  // 1. Setup (one-pass: the look-back records start unset) and the sample's threshold t.
+  if (one_pass) {
+    const cudaError_t status =
+        cudaMemsetAsync(b.tile_status, 0, plan.tile_status.bytes, stream);
+    GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported,
+               "cuda.topk_select: clearing the tile records failed for n = ", n, ", k = ", k,
+               ": ", cudaGetErrorString(status));
+  }
   setup_kernel<<<1, kThreads, 0, stream>>>(b.state, b.histogram, plan.sample_used,
                                            plan.sample_count, plan.sample_rank);
   check_launch("setup", n, k);
@@ -508,16 +740,30 @@ void run_select(const TopkPlan& plan, const float* d_in, const TopkCudaOptions& 
     }
     check_launch("sample select", n, k);
   }
-  // 2.-3. Count key >= t per tile, scan, decide.
-  count_kernel<IndexT><<<tile_blocks, kThreads, 0, stream>>>(b, 0);
-  check_launch("candidate count", n, k);
-  scan("candidate count");
-  decide_kernel<<<1, 1, 0, stream>>>(b.state, b.gt_offsets, b.eq_offsets, plan.tiles, k,
-                                     plan.approx, plan.cpu_capacity, plan.gpu_capacity);
-  check_launch("decide", n, k);
-  // 4. The candidates (when they are used).
-  write_kernel<IndexT, false><<<tile_blocks, kThreads, 0, stream>>>(b, 0, out);
-  check_launch("candidate write", n, k);
+  // 2.-4. The candidates (key >= t) and c, then the decision. One pass: the candidates are
+  // written as they are counted (those that fit the buffer). Reference: count, scan, decide,
+  // then write (when they are used).
+  if (one_pass) {
+    one_pass_kernel<IndexT, false><<<tensor_pass_blocks, kThreads, 0, stream>>>(b, 0, out);
+    check_launch("candidate pass", n, k);
+    auto* const state_bytes = reinterpret_cast<std::byte*>(b.state);
+    decide_kernel<<<1, 1, 0, stream>>>(
+        b.state,
+        reinterpret_cast<const std::uint64_t*>(state_bytes + offsetof(TopkDeviceState, pass_greater)),
+        reinterpret_cast<const std::uint64_t*>(state_bytes + offsetof(TopkDeviceState, pass_equal)),
+        k, plan.approx, plan.cpu_capacity, plan.gpu_capacity);
+    check_launch("decide", n, k);
+  } else {
+    count_kernel<IndexT><<<tile_blocks, kThreads, 0, stream>>>(b, 0);
+    check_launch("candidate count", n, k);
+    scan("candidate count");
+    decide_kernel<<<1, 1, 0, stream>>>(b.state, b.gt_offsets + plan.tiles,
+                                       b.eq_offsets + plan.tiles, k, plan.approx,
+                                       plan.cpu_capacity, plan.gpu_capacity);
+    check_launch("decide", n, k);
+    write_kernel<IndexT, false><<<tile_blocks, kThreads, 0, stream>>>(b, 0, out);
+    check_launch("candidate write", n, k);
+  }
   // 5. The k-th key over the candidates or the tensor (skipped when accepted or c == k).
   for (int level = 0; level < kTopkDigitLevels; ++level) {
     histogram_kernel<IndexT><<<histogram_blocks(n), kThreads, 0, stream>>>(b, level);
@@ -525,11 +771,16 @@ void run_select(const TopkPlan& plan, const float* d_in, const TopkCudaOptions& 
   }
   check_launch("radix select", n, k);
   // 6. The payload.
-  count_kernel<IndexT><<<tile_blocks, kThreads, 0, stream>>>(b, 1);
-  check_launch("final count", n, k);
-  scan("final count");
-  write_kernel<IndexT, true><<<tile_blocks, kThreads, 0, stream>>>(b, 1, out);
-  check_launch("payload write", n, k);
+  if (one_pass) {
+    one_pass_kernel<IndexT, true><<<final_pass_blocks, kThreads, 0, stream>>>(b, 1, out);
+    check_launch("payload pass", n, k);
+  } else {
+    count_kernel<IndexT><<<tile_blocks, kThreads, 0, stream>>>(b, 1);
+    check_launch("final count", n, k);
+    scan("final count");
+    write_kernel<IndexT, true><<<tile_blocks, kThreads, 0, stream>>>(b, 1, out);
+    check_launch("payload write", n, k);
+  }
   if (d_entries_out != nullptr) {
     finish_kernel<<<1, 1, 0, stream>>>(b.state, d_entries_out);
     check_launch("finish", n, k);

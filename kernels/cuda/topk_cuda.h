@@ -13,21 +13,28 @@
 // decided on the device (each kernel reads the state the previous ones left and returns early
 // when its step does not apply):
 //  1. sample the tensor (kernels/topk_math.h positions) and radix-select its r-th largest key t;
-//  2. count pass: per 4096-element tile, the keys >= t; exclusive scan of the tile counts (CUB);
+//  2. candidate pass, one pass over the tensor (KernelVariant::fast, the default): per
+//     4096-element tile, in the order of an atomic tile ticket, count the keys >= t, publish
+//     the count, sum the earlier tiles' counts by decoupled look-back (kernels/cuda/topk_plan.h)
+//     and write the tile's candidates (index, f32 bits) at those positions into the candidate
+//     buffer, dropping any past its capacity. Reference variant: a count pass, an exclusive
+//     scan of the tile counts (CUB), and after step 3 a write pass (4);
 //  3. decide: c = #(key >= t). approx with c <= CPU capacity and ceil(k/2) <= c < k: the result
 //     is those c elements. Otherwise the exact top-k: from the candidates when c >= k and they
 //     fit the candidate buffer, else from the whole tensor;
-//  4. write pass: stable compaction of the candidates (index, f32 bits) into the workspace;
+//  4. (reference only) write pass: stable compaction of the candidates into the workspace;
 //  5. radix select of the k-th largest key K over the candidates (or the tensor): three levels
 //     (11/11/9-bit digits), each a histogram (shared-memory counts, integer atomics into a
 //     global histogram) and a one-block suffix scan that picks the bin;
-//  6. final compaction: every key > K plus the lowest-index `need` keys == K, positions from
-//     per-tile counts and their exclusive scans, so the output is in index order and the same
-//     on every run (integer atomics only, for counts).
-// Per pass at n = 2^28 f32 (1 GiB): steps 2 and 4 read the tensor once each (1 GiB each; step
-// 4 skips tiles with nothing to keep); steps 1, 5, 6 touch the sample (256 KiB) and the
-// candidates (about 2k entries of 8 bytes) only. The whole-tensor fallback reads it 3 more
-// times (radix levels) plus 2 (final count and write).
+//  6. final compaction into the payload: every key > K plus the lowest-index `need` keys == K,
+//     positions from the counts of the entries before (look-back in one pass; reference:
+//     per-tile counts, their exclusive scans, then a write pass), so the output is in index
+//     order and the same on every run (integer atomics only, for counts and tickets).
+// Per call at n = 2^28 f32 (1 GiB): step 2 reads the tensor once (reference: steps 2 and 4 read
+// it once each; step 4 skips tiles with nothing to keep); steps 1, 5, 6 touch the sample
+// (256 KiB) and the candidates (about 2k entries of 8 bytes) only. The whole-tensor fallback
+// reads it 3 more times (radix levels) plus 1 (final compaction; reference: 2, its count and
+// write passes).
 //
 // Host-callable; no CUDA headers needed by includers (the stream is a cudaStream_t cast to
 // void*, nullptr = the default stream).
@@ -35,6 +42,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/kernel_variant.h"
 
 namespace gradzip::kernels::cuda {
 
@@ -45,11 +54,15 @@ struct TopkCudaOptions {
   std::uint64_t seed = 0;
   std::uint32_t step = 0;
   std::uint32_t tensor_id = 0;
+  // fast: one-pass compactions; reference: the two-pass ones (count, scan, write), kept until a
+  // GPU run has shown fast byte-identical. Both write the same bytes.
+  KernelVariant variant = KernelVariant::fast;
 };
 
-// Workspace bytes topk_select needs for (n, k, options): never 0 (kTopkMinWorkspaceBytes, 256,
-// when k == 0 or k == n), so a workspace allocated at the queried size is never the null
-// pointer that makes topk_select a size query.
+// Workspace bytes topk_select needs for (n, k, options), options.variant included (the layouts
+// differ: kernels/cuda/topk_plan.h): never 0 (kTopkMinWorkspaceBytes, 256, when k == 0 or
+// k == n), so a workspace allocated at the queried size is never the null pointer that makes
+// topk_select a size query.
 // Throws gradzip::Error(invalid_argument) when k > n, (unsupported) when CUB's size query fails.
 std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options);
 

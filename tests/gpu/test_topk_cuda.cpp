@@ -4,7 +4,9 @@
 // (same sample, same acceptance rule), which makes it the exact top-m with
 // ceil(k/2) <= m <= k, checked separately. Also: run-to-run determinism with a dirty
 // workspace, unaligned payloads, the two-phase workspace query, and u64 indices above 2^32.
-// Skips, saying why, when no device is present.
+// Every case runs for both compaction variants (KernelVariant::fast, the one-pass look-back
+// compactions, and KernelVariant::reference, the two-pass count / scan / write ones), each
+// against the CPU codec. Skips, saying why, when no device is present.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -29,9 +31,19 @@
 namespace gradzip {
 namespace {
 
+using kernels::cuda::KernelVariant;
 using kernels::cuda::TopkCudaOptions;
 
-class CudaTopk : public gpu_test::DeviceTest {};
+// Parameter: the compaction variant every selection of the case runs.
+class CudaTopk : public gpu_test::DeviceTest, public ::testing::WithParamInterface<KernelVariant> {
+ protected:
+  // Default options for the variant under test.
+  static TopkCudaOptions options_for_variant() {
+    TopkCudaOptions options;
+    options.variant = GetParam();
+    return options;
+  }
+};
 
 // Owning device allocation.
 class DeviceBuffer {
@@ -202,7 +214,8 @@ void expect_approx_contract(const std::vector<float>& x, std::uint64_t k, const 
   expect_same(gpu, cpu_encode(x, gpu.entries, false, half), what + " (as exact top-m)");
 }
 
-void check_count(std::size_t n, std::initializer_list<Data> kinds, std::initializer_list<bool> halves) {
+void check_count(KernelVariant variant, std::size_t n, std::initializer_list<Data> kinds,
+                 std::initializer_list<bool> halves) {
   for (Data data : kinds) {
     const std::vector<float> x = make_data(data, n, 17 + n);
     DeviceBuffer input(x.size() * sizeof(float));
@@ -215,6 +228,7 @@ void check_count(std::size_t n, std::initializer_list<Data> kinds, std::initiali
         for (bool half : halves) {
           const EncodeContext ctx{12345, 7, 3, 0};
           TopkCudaOptions options;
+          options.variant = variant;
           options.approx = approx;
           options.half_values = half;
           options.seed = ctx.seed;
@@ -237,28 +251,29 @@ void check_count(std::size_t n, std::initializer_list<Data> kinds, std::initiali
   }
 }
 
-TEST_F(CudaTopk, EmptyAndTinyTensorsMatchTheCpu) {
-  check_count(0, {Data::gaussian}, {false, true});
-  check_count(1, {Data::gaussian, Data::zeros}, {false, true});
-  check_count(7, {Data::gaussian, Data::ties, Data::zeros}, {false, true});
+TEST_P(CudaTopk, EmptyAndTinyTensorsMatchTheCpu) {
+  check_count(GetParam(), 0, {Data::gaussian}, {false, true});
+  check_count(GetParam(), 1, {Data::gaussian, Data::zeros}, {false, true});
+  check_count(GetParam(), 7, {Data::gaussian, Data::ties, Data::zeros}, {false, true});
 }
 
-TEST_F(CudaTopk, MillionElementsMatchTheCpu) {
-  check_count((std::size_t{1} << 20) + 3, {Data::gaussian, Data::ties, Data::zeros}, {false, true});
+TEST_P(CudaTopk, MillionElementsMatchTheCpu) {
+  check_count(GetParam(), (std::size_t{1} << 20) + 3, {Data::gaussian, Data::ties, Data::zeros},
+              {false, true});
 }
 
-TEST_F(CudaTopk, SixtyFourMillionElementsMatchTheCpu) {
-  check_count(std::size_t{1} << 26, {Data::gaussian, Data::ties}, {false});
-  check_count(std::size_t{1} << 26, {Data::gaussian}, {true});
+TEST_P(CudaTopk, SixtyFourMillionElementsMatchTheCpu) {
+  check_count(GetParam(), std::size_t{1} << 26, {Data::gaussian, Data::ties}, {false});
+  check_count(GetParam(), std::size_t{1} << 26, {Data::gaussian}, {true});
 }
 
 // Sizes around the sampling boundary, the tile size and odd counts.
-TEST_F(CudaTopk, AssortedSizesMatchTheCpu) {
+TEST_P(CudaTopk, AssortedSizesMatchTheCpu) {
   for (std::size_t n : {2u, 3u, 100u, 4095u, 4096u, 4097u, 65535u, 65536u, 65537u, 70001u, 300007u}) {
     const std::vector<float> x = make_data(Data::gaussian, n, n);
     for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{2}, n / 3 + 1, n - 1}) {
       for (bool approx : {false, true}) {
-        TopkCudaOptions options;
+        TopkCudaOptions options = options_for_variant();
         options.approx = approx;
         options.seed = 99;
         expect_same(gpu_select(x, k, options), cpu_encode(x, k, approx, false, EncodeContext{99}),
@@ -270,7 +285,7 @@ TEST_F(CudaTopk, AssortedSizesMatchTheCpu) {
 
 // Approx over many sample keys: the GPU takes the CPU's choice each time, and the accepted
 // path (m < k) is among them.
-TEST_F(CudaTopk, ApproxFollowsTheCpuAcrossSeeds) {
+TEST_P(CudaTopk, ApproxFollowsTheCpuAcrossSeeds) {
   const std::size_t n = (std::size_t{1} << 20) + 3;
   const std::vector<float> x = make_data(Data::gaussian, n, 5);
   DeviceBuffer input(n * sizeof(float));
@@ -278,7 +293,7 @@ TEST_F(CudaTopk, ApproxFollowsTheCpuAcrossSeeds) {
   int accepted = 0;
   for (std::uint64_t seed = 0; seed < 16; ++seed) {
     for (std::uint64_t k : {std::uint64_t{10486}, std::uint64_t{1000}}) {
-      TopkCudaOptions options;
+      TopkCudaOptions options = options_for_variant();
       options.approx = true;
       options.seed = seed;
       options.step = 1;
@@ -294,7 +309,7 @@ TEST_F(CudaTopk, ApproxFollowsTheCpuAcrossSeeds) {
   EXPECT_GT(accepted, 0) << "no seed exercised the accepted-candidates path";
 }
 
-TEST_F(CudaTopk, RunsAreDeterministicWhateverTheWorkspaceHolds) {
+TEST_P(CudaTopk, RunsAreDeterministicWhateverTheWorkspaceHolds) {
   const std::size_t n = (std::size_t{1} << 22) + 11;
   for (Data data : {Data::gaussian, Data::ties}) {
     const std::vector<float> x = make_data(data, n, 3);
@@ -302,7 +317,7 @@ TEST_F(CudaTopk, RunsAreDeterministicWhateverTheWorkspaceHolds) {
     ASSERT_EQ(cudaMemcpy(input.get(), x.data(), n * sizeof(float), cudaMemcpyHostToDevice),
               cudaSuccess);
     for (bool approx : {false, true}) {
-      TopkCudaOptions options;
+      TopkCudaOptions options = options_for_variant();
       options.approx = approx;
       const std::uint64_t k = n / 100;
       const Selection first = gpu_select(input.get<float>(), n, k, options);
@@ -314,11 +329,11 @@ TEST_F(CudaTopk, RunsAreDeterministicWhateverTheWorkspaceHolds) {
   }
 }
 
-TEST_F(CudaTopk, UnalignedPayloadsGetTheSameBytes) {
+TEST_P(CudaTopk, UnalignedPayloadsGetTheSameBytes) {
   const std::vector<float> x = make_data(Data::gaussian, 100003, 8);
   for (bool half : {false, true}) {
     for (std::uint64_t k : {std::uint64_t{1001}, std::uint64_t{100003}}) {
-      TopkCudaOptions options;
+      TopkCudaOptions options = options_for_variant();
       options.half_values = half;
       const Selection cpu = cpu_encode(x, k, false, half);
       for (std::size_t offset : {1u, 2u, 3u, 5u}) {
@@ -329,26 +344,27 @@ TEST_F(CudaTopk, UnalignedPayloadsGetTheSameBytes) {
   }
 }
 
-TEST_F(CudaTopk, RefusesBadArguments) {
+TEST_P(CudaTopk, RefusesBadArguments) {
+  const TopkCudaOptions options = options_for_variant();
   std::size_t bytes = 0;
-  EXPECT_THROW(kernels::cuda::topk_select(nullptr, 10, 11, {}, nullptr, nullptr, nullptr, &bytes,
-                                          nullptr),
+  EXPECT_THROW(kernels::cuda::topk_select(nullptr, 10, 11, options, nullptr, nullptr, nullptr,
+                                          &bytes, nullptr),
                Error);
-  EXPECT_THROW(kernels::cuda::topk_select(nullptr, 10, 5, {}, nullptr, nullptr, nullptr, nullptr,
-                                          nullptr),
+  EXPECT_THROW(kernels::cuda::topk_select(nullptr, 10, 5, options, nullptr, nullptr, nullptr,
+                                          nullptr, nullptr),
                Error);
-  const std::size_t needed = kernels::cuda::topk_workspace_bytes(1000000, 5000, {});
+  const std::size_t needed = kernels::cuda::topk_workspace_bytes(1000000, 5000, options);
   ASSERT_GT(needed, 0u);
   DeviceBuffer workspace(needed);
   DeviceBuffer input(1000000 * sizeof(float));
   DeviceBuffer payload(kernels::cuda::topk_payload_bytes(1000000, 5000, false));
   std::size_t too_small = needed - 1;
-  EXPECT_THROW(kernels::cuda::topk_select(input.get<float>(), 1000000, 5000, {},
+  EXPECT_THROW(kernels::cuda::topk_select(input.get<float>(), 1000000, 5000, options,
                                           payload.get<std::byte>(), nullptr, workspace.get(),
                                           &too_small, nullptr),
                Error);
   std::size_t enough = needed;
-  EXPECT_THROW(kernels::cuda::topk_select(input.get<float>(), 1000000, 5000, {},
+  EXPECT_THROW(kernels::cuda::topk_select(input.get<float>(), 1000000, 5000, options,
                                           payload.get<std::byte>(), nullptr,
                                           workspace.get<std::byte>() + 8, &enough, nullptr),
                Error);
@@ -356,7 +372,7 @@ TEST_F(CudaTopk, RefusesBadArguments) {
 
 // More than 2^32 elements: u64 indices. Zeros with a few large values; k reaches into the
 // zeros, so the lowest-index zeros fill up the selection. Expected payload built here.
-TEST_F(CudaTopk, WideIndicesAboveTwoToThe32) {
+TEST_P(CudaTopk, WideIndicesAboveTwoToThe32) {
   const std::uint64_t n = (std::uint64_t{1} << 32) + 5;
   DeviceBuffer input(n * sizeof(float));
   ASSERT_NE(input.get(), nullptr);
@@ -373,7 +389,7 @@ TEST_F(CudaTopk, WideIndicesAboveTwoToThe32) {
   const std::vector<std::uint64_t> indices = {0, 1, 2, 3, 4, 5, 6, (std::uint64_t{1} << 32) - 1, std::uint64_t{1} << 32, n - 1};
   const std::vector<float> expected_values = {0, 0, 0, 5.0f, 0, 0, 0, -7.0f, 6.0f, -8.0f};
   for (bool approx : {false, true}) {
-    TopkCudaOptions options;
+    TopkCudaOptions options = options_for_variant();
     options.approx = approx;
     const Selection gpu = gpu_select(input.get<float>(), n, k, options);
     ASSERT_EQ(gpu.entries, k) << (approx ? "approx" : "exact");
@@ -383,6 +399,13 @@ TEST_F(CudaTopk, WideIndicesAboveTwoToThe32) {
     expect_same(gpu, Selection{k, expected}, approx ? "approx" : "exact");
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, CudaTopk,
+                         ::testing::Values(KernelVariant::fast, KernelVariant::reference),
+                         [](const ::testing::TestParamInfo<KernelVariant>& info) {
+                           return std::string(info.param == KernelVariant::fast ? "fast"
+                                                                                : "reference");
+                         });
 
 }  // namespace
 }  // namespace gradzip
