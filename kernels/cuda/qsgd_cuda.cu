@@ -445,7 +445,14 @@ __global__ void __launch_bounds__(kThreads) fast_encode_streaming_kernel(FastArg
       const QsgdFastRunMax tail = qsgd_fast_run_maxima(x, span, [](std::uint32_t, std::uint32_t) {});
       abs_max = tail.abs_max > abs_max ? tail.abs_max : abs_max;
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     abs_max = __reduce_max_sync(kFullWarp, abs_max);
+#else  // __reduce_max_sync needs sm_80: a butterfly of shuffles gives the same maximum
+    for (int lane_mask = kWarpSize / 2; lane_mask > 0; lane_mask /= 2) {
+      const std::uint32_t other = __shfl_xor_sync(kFullWarp, abs_max, lane_mask);
+      abs_max = other > abs_max ? other : abs_max;
+    }
+#endif
     if (t % kWarpSize == 0 && abs_max != 0u) atomicMax(&maximum, abs_max);
     __syncthreads();
     if (t == 0) {
