@@ -29,6 +29,7 @@
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/sign_cuda.h"
+#include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
 #include "kernels/randk_math.h"
@@ -223,7 +224,7 @@ WireHeader encode_payload(const CompressionSpec& spec, const float* d_in, std::s
       const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
       std::array<std::byte, kernels::kRandkKeyBytes> key_bytes{};
       kernels::randk_write_key(key, key_bytes.data());
-      copy_to_device(d_payload, key_bytes.data(), key_bytes.size(), op);
+      cuda::write_small_bytes(d_payload, key_bytes.data(), key_bytes.size(), work_stream());
       cuda::randk_gather(d_in, n, key, k, half, d_payload + kernels::kRandkKeyBytes, work_stream());
       return WireHeader{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
                         kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
@@ -279,6 +280,7 @@ std::size_t expected_cast_payload(const WireHeader& header, std::size_t element_
 
 // Checks the codec-specific header fields the host decoder checks, then decodes the payload
 // into `target`. `prefix` holds the first bytes of the message (header and, for randk, key).
+// Returns with the work stream synchronised (every case ends with its one wait).
 void decode_payload(const CompressionSpec& spec, const WireHeader& header,
                     std::span<const std::byte> prefix, const std::byte* d_payload,
                     const DecodeTarget& target, const std::string& op) {
@@ -286,7 +288,10 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
   switch (spec.codec) {
     case CodecKind::none: {
       expected_cast_payload(header, sizeof(float), op);
-      if (!target.accumulate) return copy_on_device(target.data, d_payload, n * sizeof(float), op);
+      if (!target.accumulate) {
+        copy_on_device(target.data, d_payload, n * sizeof(float), op);
+        return synchronize(op);
+      }
       DeviceScratch staging(aligned(d_payload, 4) ? 0 : n * sizeof(float), op);
       const float* values = reinterpret_cast<const float*>(d_payload);
       if (!aligned(d_payload, 4)) {
@@ -300,7 +305,10 @@ void decode_payload(const CompressionSpec& spec, const WireHeader& header,
     case CodecKind::bf16: {
       expected_cast_payload(header, 2, op);
       const bool bf16 = spec.codec == CodecKind::bf16;
-      if (!target.accumulate) return widen_half_payload(d_payload, n, bf16, target.data, op);
+      if (!target.accumulate) {
+        widen_half_payload(d_payload, n, bf16, target.data, op);
+        return synchronize(op);
+      }
       DeviceScratch widened(n * sizeof(float), op);
       widen_half_payload(d_payload, n, bf16, widened.as<float>(), op);
       cuda::ef_compensate(target.data, widened.as<float>(), target.data, n, work_stream());
@@ -420,7 +428,8 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
       encode_payload(spec, values.data(), in.count, ctx, out.data() + kWireHeaderBytes, op);
   std::array<std::byte, kWireHeaderBytes> header_bytes{};
   write_header(header, header_bytes);
-  copy_to_device(out.data(), header_bytes.data(), header_bytes.size(), op);
+  // As a kernel argument, not a copy from pageable memory (which would wait for the stream).
+  cuda::write_small_bytes(out.data(), header_bytes.data(), header_bytes.size(), work_stream());
   synchronize(op);
   return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
 }
@@ -478,10 +487,9 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
     copy_on_device(out.data, d_payload, out.count * 2, op);
     return synchronize(op);
   }
-  if (out.dtype == DType::f32) {
-    decode_payload(spec, header, prefix, d_payload,
-                   DecodeTarget{static_cast<float*>(out.data), out.count, accumulate}, op);
-    return synchronize(op);
+  if (out.dtype == DType::f32) {  // decode_payload returns with the stream synchronised
+    return decode_payload(spec, header, prefix, d_payload,
+                          DecodeTarget{static_cast<float*>(out.data), out.count, accumulate}, op);
   }
   // f16 / bf16 output: decode into f32 scratch, then round (only once the payload passed).
   DeviceScratch decoded(checked_product(out.count, sizeof(float), op), op);
