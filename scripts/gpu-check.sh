@@ -322,6 +322,9 @@ PY
   NCCL_DEBUG=WARN GRADZIP_TIMEOUT_S=60 timeout --kill-after=10 "$(bound_for 60)" \
     "$build/gradzip/bin/gradzip-bench" calls --json "$results/calls.json" ||
     fail_later "gradzip-bench calls (exit $?; 124: over its bound)"
+  if [[ $allow_skip != 1 ]] && grep -q '"skipped"' "$results/calls.json" 2>/dev/null; then
+    fail_later "gradzip-bench calls found no device: $(cat "$results/calls.json")"
+  fi
 
   step "ctest -L gpu"
   local ctest_log=$build/ctest-gpu.log
