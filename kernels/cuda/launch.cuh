@@ -111,4 +111,18 @@ __device__ __forceinline__ void store_f32(std::byte* p, float value) {
   store_word<std::uint32_t, false>(p, 0, float_bits(value));
 }
 
+// f32 number j of an array at `base` (device memory): a word access when `aligned` (base is
+// 4-byte aligned, decided once on the host), else bytewise (any address). The scales of the
+// qsgd and sign payloads, which follow a 32-byte header inside messages at any offset.
+__device__ __forceinline__ float load_f32_at(const std::byte* base, std::uint64_t j, bool aligned) {
+  return aligned ? bits_float(load_word<std::uint32_t, true>(base, j)) : load_f32(base + j * sizeof(float));
+}
+__device__ __forceinline__ void store_f32_at(std::byte* base, std::uint64_t j, float value, bool aligned) {
+  if (aligned) {
+    store_word<std::uint32_t, true>(base, j, float_bits(value));
+  } else {
+    store_f32(base + j * sizeof(float), value);
+  }
+}
+
 }  // namespace gradzip::kernels::cuda::detail

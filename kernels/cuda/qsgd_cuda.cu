@@ -231,17 +231,12 @@ struct FastArgs {
   bool aligned_scales;        // the payload is 4-byte aligned: word loads and stores of scales
 };
 
+// Scale b of the payload (launch.cuh's word or bytewise access, by a.aligned_scales).
 __device__ __forceinline__ float load_scale(const FastArgs& a, std::uint64_t b) {
-  return a.aligned_scales ? bits_float(load_word<std::uint32_t, true>(a.payload, b))
-                          : load_f32(a.payload + b * sizeof(float));
+  return load_f32_at(a.payload, b, a.aligned_scales);
 }
-
 __device__ __forceinline__ void store_scale(const FastArgs& a, std::uint64_t b, float scale) {
-  if (a.aligned_scales) {
-    store_word<std::uint32_t, true>(a.payload, b, float_bits(scale));
-  } else {
-    store_f32(a.payload + b * sizeof(float), scale);
-  }
+  store_f32_at(a.payload, b, scale, a.aligned_scales);
 }
 
 // Merges the warp's per-run maxima into maxima[] (shared): lanes hold consecutive runs, so

@@ -153,17 +153,12 @@ struct FastArgs {
   bool aligned_scales;    // the payload is 4-byte aligned: word loads and stores of scales
 };
 
+// Scale b of the payload (launch.cuh's word or bytewise access, by a.aligned_scales).
 __device__ __forceinline__ float load_scale(const FastArgs& a, std::uint64_t b) {
-  return a.aligned_scales ? bits_float(load_word<std::uint32_t, true>(a.scales, b))
-                          : load_f32(a.scales + b * sizeof(float));
+  return load_f32_at(a.scales, b, a.aligned_scales);
 }
-
 __device__ __forceinline__ void store_scale(const FastArgs& a, std::uint64_t b, float scale) {
-  if (a.aligned_scales) {
-    store_word<std::uint32_t, true>(a.scales, b, float_bits(scale));
-  } else {
-    store_f32(a.scales + b * sizeof(float), scale);
-  }
+  store_f32_at(a.scales, b, scale, a.aligned_scales);
 }
 
 // in[first, end) -> staged[0, end - first) by the whole block, coalesced: float4 loads for the

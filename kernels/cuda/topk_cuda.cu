@@ -337,6 +337,22 @@ __global__ void decide_kernel(TopkDeviceState* state, const std::uint64_t* great
 
 // ---- compaction -----------------------------------------------------------------------------
 
+// The block-wide CUB primitives of the tile passes (write_kernel, one_pass_kernel): loads of
+// kItems per thread and a block scan, sharing one shared-memory union.
+template <typename IndexT>
+struct TileWork {
+  using LoadFloat = cub::BlockLoad<float, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using LoadBits = cub::BlockLoad<std::uint32_t, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using LoadIndex = cub::BlockLoad<IndexT, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using Scan = cub::BlockScan<std::uint32_t, kThreads>;
+  union Storage {
+    typename LoadFloat::TempStorage load_float;
+    typename LoadBits::TempStorage load_bits;
+    typename LoadIndex::TempStorage load_index;
+    typename Scan::TempStorage scan;
+  };
+};
+
 // Stable compaction of the rule's source by tiles: an entry's position is the number of kept
 // entries before it, (keys > T before it) + min(keys == T before it, need), from the scanned
 // tile counts and a block scan inside the tile. kToPayload: write the payload (rule 1), else
@@ -344,16 +360,12 @@ __global__ void decide_kernel(TopkDeviceState* state, const std::uint64_t* great
 template <typename IndexT, bool kToPayload>
 __global__ void __launch_bounds__(kThreads)
     write_kernel(Buffers<IndexT> b, int rule_index, PayloadOut out) {
-  using LoadFloat = cub::BlockLoad<float, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using LoadBits = cub::BlockLoad<std::uint32_t, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using LoadIndex = cub::BlockLoad<IndexT, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using Scan = cub::BlockScan<std::uint32_t, kThreads>;
-  __shared__ union {
-    typename LoadFloat::TempStorage load_float;
-    typename LoadBits::TempStorage load_bits;
-    typename LoadIndex::TempStorage load_index;
-    typename Scan::TempStorage scan;
-  } storage;
+  using Tile = TileWork<IndexT>;
+  using LoadFloat = typename Tile::LoadFloat;
+  using LoadBits = typename Tile::LoadBits;
+  using LoadIndex = typename Tile::LoadIndex;
+  using Scan = typename Tile::Scan;
+  __shared__ typename Tile::Storage storage;
   const TopkDeviceState* const state = b.state;
   const Rule rule = state->rules[rule_index];
   if (rule.source == kSourceNone) return;
@@ -515,16 +527,12 @@ __device__ TopkCounts look_back(TopkTileStatus* statuses, std::uint64_t tile,
 template <typename IndexT, bool kToPayload>
 __global__ void __launch_bounds__(kThreads, kToPayload ? 3 : 6)
     one_pass_kernel(Buffers<IndexT> b, int rule_index, PayloadOut out) {
-  using LoadFloat = cub::BlockLoad<float, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using LoadBits = cub::BlockLoad<std::uint32_t, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using LoadIndex = cub::BlockLoad<IndexT, kThreads, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using Scan = cub::BlockScan<std::uint32_t, kThreads>;
-  __shared__ union {
-    typename LoadFloat::TempStorage load_float;
-    typename LoadBits::TempStorage load_bits;
-    typename LoadIndex::TempStorage load_index;
-    typename Scan::TempStorage scan;
-  } storage;
+  using Tile = TileWork<IndexT>;
+  using LoadFloat = typename Tile::LoadFloat;
+  using LoadBits = typename Tile::LoadBits;
+  using LoadIndex = typename Tile::LoadIndex;
+  using Scan = typename Tile::Scan;
+  __shared__ typename Tile::Storage storage;
   __shared__ std::uint64_t shared_tile;
   __shared__ std::uint64_t shared_greater;
   __shared__ std::uint64_t shared_equal;
