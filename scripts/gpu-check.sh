@@ -134,6 +134,20 @@ fail_later() {
   FAILURES+=("$*")
 }
 
+# device_bench NAME BUILD RESULTS ALLOW_SKIP: `gradzip-bench NAME --json RESULTS/NAME.json`,
+# at most 60 s (or what is left), NCCL quiet but for warnings and gradzip's waits at most 60 s;
+# a failure, an overrun or (without --allow-skip) a run that found no device is noted.
+device_bench() {
+  local name=$1 build=$2 results=$3 allow_skip=$4
+  rm -f "$results/$name.json"
+  NCCL_DEBUG=WARN GRADZIP_TIMEOUT_S=60 timeout --kill-after=10 "$(bound_for 60)" \
+    "$build/gradzip/bin/gradzip-bench" "$name" --json "$results/$name.json" ||
+    fail_later "gradzip-bench $name (exit $?; 124: over its bound)"
+  if [[ $allow_skip != 1 ]] && grep -q '"skipped"' "$results/$name.json" 2>/dev/null; then
+    fail_later "gradzip-bench $name found no device: $(cat "$results/$name.json")"
+  fi
+}
+
 check() {
   local allow_skip=$1 memcheck=$2 build=$3 jobs=$4 size=$5 repeat=$6 deadline=$7
   local results=${OUT:-$build/results}
@@ -226,13 +240,7 @@ check() {
   echo "built in $((SECONDS - step_start)) s"
 
   step "gradzip-bench preflight: the device, its memory pools, a one-rank NCCL communicator"
-  rm -f "$results/preflight.json"
-  NCCL_DEBUG=WARN GRADZIP_TIMEOUT_S=60 timeout --kill-after=10 "$(bound_for 60)" \
-    "$build/gradzip/bin/gradzip-bench" preflight --json "$results/preflight.json" ||
-    fail_later "gradzip-bench preflight (exit $?; 124: over its bound)"
-  if [[ $allow_skip != 1 ]] && grep -q '"skipped"' "$results/preflight.json" 2>/dev/null; then
-    fail_later "gradzip-bench preflight found no device: $(cat "$results/preflight.json")"
-  fi
+  device_bench preflight "$build" "$results" "$allow_skip"
 
   step "gradzip-bench kernels"
   local bench_args=(--json "$results/kernels.json")
@@ -318,13 +326,7 @@ PY
   fi
 
   step "gradzip-bench calls: device allocations and host waits per steady-state call"
-  rm -f "$results/calls.json"
-  NCCL_DEBUG=WARN GRADZIP_TIMEOUT_S=60 timeout --kill-after=10 "$(bound_for 60)" \
-    "$build/gradzip/bin/gradzip-bench" calls --json "$results/calls.json" ||
-    fail_later "gradzip-bench calls (exit $?; 124: over its bound)"
-  if [[ $allow_skip != 1 ]] && grep -q '"skipped"' "$results/calls.json" 2>/dev/null; then
-    fail_later "gradzip-bench calls found no device: $(cat "$results/calls.json")"
-  fi
+  device_bench calls "$build" "$results" "$allow_skip"
 
   step "ctest -L gpu"
   local ctest_log=$build/ctest-gpu.log
