@@ -65,6 +65,24 @@ const char* option(int argc, char** argv, const char* flag) {
   return nullptr;
 }
 
+// "site a 2.00, site b 1.00": the waits per call of every site whose count grew between two
+// readings of collectives::device_wait_sites() (both sorted by site).
+std::string wait_sites_per_call(const std::vector<std::pair<std::string, std::uint64_t>>& before,
+                                const std::vector<std::pair<std::string, std::uint64_t>>& after,
+                                int calls) {
+  std::string out;
+  for (const auto& [site, count] : after) {
+    std::uint64_t earlier = 0;
+    for (const auto& [old_site, old_count] : before)
+      if (old_site == site) earlier = old_count;
+    if (count == earlier) continue;
+    char figure[32];
+    std::snprintf(figure, sizeof figure, "%.2f", static_cast<double>(count - earlier) / calls);
+    out += detail::concat(out.empty() ? "" : ", ", site, " ", figure);
+  }
+  return out.empty() ? "none" : out;
+}
+
 bool no_device(const char* command, const std::string& json_path) {
   const char* reason = nullptr;
   if (kernels::cuda::device_count(&reason) > 0) return false;
@@ -191,19 +209,23 @@ int run_calls(int argc, char** argv) {
       }
       check(cudaMemcpy(tensor, host.data(), count * sizeof(float), cudaMemcpyHostToDevice), "upload");
       check(cudaStreamSynchronize(nullptr), "upload");
+      const auto sites_before = collectives::device_wait_sites();
       const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
       for (int call = 0; call < calls; ++call) stats = communicator.allreduce(view, "g", row.spec);
       const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
+      const std::string sites = wait_sites_per_call(sites_before, collectives::device_wait_sites(), calls);
       const double allocations = static_cast<double>(after.allocations - before.allocations) / calls;
       const double waits = static_cast<double>(after.synchronizations - before.synchronizations) / calls;
       const double hits = static_cast<double>(after.cache_hits - before.cache_hits) / calls;
       const bool met = allocations == 0 && (!row.fixed_size || waits <= 1.0);
       std::printf("%-24s %-12s %12.2f %12.2f %12.2f  0 allocs%s: %s\n", row.spec, stats.algorithm.c_str(),
                   allocations, waits, hits, row.fixed_size ? ", <= 1 wait" : "", met ? "met" : "NOT met");
+      std::printf("%-24s waits per call by site: %s\n", "", sites.c_str());
       json += detail::concat(first ? "" : ", ", "{\"spec\": \"", row.spec, "\", \"algorithm\": \"",
                              json_escape(stats.algorithm), "\", \"note\": \"", json_escape(stats.note),
                              "\", \"allocations_per_call\": ", allocations, ", \"waits_per_call\": ", waits,
-                             ", \"cache_hits_per_call\": ", hits, ", \"fixed_size\": ",
+                             ", \"cache_hits_per_call\": ", hits, ", \"wait_sites\": \"",
+                             json_escape(sites), "\", \"fixed_size\": ",
                              row.fixed_size ? "true" : "false", ", \"target_met\": ", met ? "true" : "false", "}");
     } catch (const std::exception& error) {
       std::printf("%-24s FAILED: %s\n", row.spec, error.what());

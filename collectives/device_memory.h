@@ -10,7 +10,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "gradzip/tensor_view.h"
 
@@ -132,5 +135,9 @@ struct DeviceRuntimeCounts {
   std::uint64_t synchronizations = 0;
 };
 DeviceRuntimeCounts device_runtime_counts() noexcept;
+// The host waits of device_runtime_counts().synchronizations by the site that waited (the
+// operation's name, "nccl transport" for the NCCL transport's polls), sorted by site. Empty in
+// a build without CUDA.
+std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites();
 
 }  // namespace gradzip::collectives

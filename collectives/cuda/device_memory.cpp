@@ -191,6 +191,10 @@ DeviceAllocation::~DeviceAllocation() {
   kernels::cuda::device_release(data_, bytes_, device_, work_stream());
 }
 
+std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites() {
+  return kernels::cuda::device_wait_sites();
+}
+
 DeviceRuntimeCounts device_runtime_counts() noexcept {
   const kernels::cuda::DeviceRuntimeCounters counters = kernels::cuda::device_runtime_counters();
   return DeviceRuntimeCounts{counters.allocations, counters.cache_hits, counters.frees,

@@ -52,5 +52,6 @@ DeviceAllocation::DeviceAllocation(std::size_t, int device, std::string_view op)
 DeviceAllocation::~DeviceAllocation() = default;
 
 DeviceRuntimeCounts device_runtime_counts() noexcept { return {}; }
+std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites() { return {}; }
 
 }  // namespace gradzip::collectives

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,27 @@ std::atomic<std::uint64_t> g_allocations{0};
 std::atomic<std::uint64_t> g_cache_hits{0};
 std::atomic<std::uint64_t> g_frees{0};
 std::atomic<std::uint64_t> g_synchronizations{0};
+
+std::mutex g_sites_mutex;
+std::map<std::string, std::uint64_t>& wait_sites() {
+  static auto* sites = new std::map<std::string, std::uint64_t>();  // never destroyed
+  return *sites;
+}
+
+// One host wait at `site`.
+void count_wait(const char* site) noexcept {
+  g_synchronizations.fetch_add(1, std::memory_order_relaxed);
+  try {
+    std::lock_guard<std::mutex> lock(g_sites_mutex);
+    std::map<std::string, std::uint64_t>& sites = wait_sites();
+    const std::string name = site != nullptr ? site : "(unnamed)";
+    auto found = sites.find(name);
+    if (found == sites.end() && sites.size() >= kMaxWaitSites) found = sites.try_emplace("(other sites)", 0).first;
+    if (found == sites.end()) found = sites.emplace(name, 0).first;
+    ++found->second;
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: the total above still counts
+  }
+}
 
 // Per device, decided once: gradzip's own pool (release threshold at the maximum), or none
 // (pools unsupported: cudaMalloc / cudaFree).
@@ -173,15 +195,20 @@ void device_release(void* block, std::size_t bytes, int device, cudaStream_t str
 void release_thread_device_cache() noexcept { thread_cache().clear(); }
 
 void synchronize_stream(cudaStream_t stream, const char* op, const char* what) {
-  g_synchronizations.fetch_add(1, std::memory_order_relaxed);
+  count_wait(op);
   check_runtime(cudaStreamSynchronize(stream), op, what);
 }
 
 void synchronize_event(cudaEvent_t event, const char* op, const char* what) {
-  g_synchronizations.fetch_add(1, std::memory_order_relaxed);
+  count_wait(op);
   check_runtime(cudaEventSynchronize(event), op, what);
 }
 
-void count_polled_wait() noexcept { g_synchronizations.fetch_add(1, std::memory_order_relaxed); }
+void count_polled_wait(const char* site) noexcept { count_wait(site); }
+
+std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites() {
+  std::lock_guard<std::mutex> lock(g_sites_mutex);
+  return {wait_sites().begin(), wait_sites().end()};
+}
 
 }  // namespace gradzip::kernels::cuda

@@ -33,6 +33,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace gradzip::kernels::cuda {
 
@@ -78,6 +81,14 @@ void synchronize_stream(cudaStream_t stream, const char* op, const char* what);
 void synchronize_event(cudaEvent_t event, const char* op, const char* what);
 // Counts a host wait that completed by polling (cudaEventQuery until done), as the NCCL
 // transport waits, so that the counters cover every way the host waits for the device.
-void count_polled_wait() noexcept;
+// `site` names the waiter (a fixed string, e.g. "nccl transport").
+void count_polled_wait(const char* site) noexcept;
+
+// Host waits per site since start: the `op` of synchronize_stream / synchronize_event, the
+// `site` of count_polled_wait; sorted by site. Up to kMaxWaitSites names, the rest counted under
+// "(other sites)". What `gradzip-bench calls` prints per codec, so that a GPU run says where
+// a call's waits come from.
+inline constexpr std::size_t kMaxWaitSites = 256;
+std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites();
 
 }  // namespace gradzip::kernels::cuda

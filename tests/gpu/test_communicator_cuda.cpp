@@ -257,6 +257,7 @@ TEST_F(CommunicatorCudaTest, SteadyStateCallsOverNcclAllocateNothing) {
     Communicator device_side = self_communicator(CudaPath::nccl);
     for (int call = 0; call < 3; ++call)
       expect_device_result_is_host_result(host_side, device_side, input, spec, ReduceOp::sum, "over NCCL");
+    const auto sites_before = collectives::device_wait_sites();
     const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
     constexpr int kCalls = 5;
     for (int call = 0; call < kCalls; ++call)
@@ -264,8 +265,15 @@ TEST_F(CommunicatorCudaTest, SteadyStateCallsOverNcclAllocateNothing) {
     const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
     // The test's own DeviceArray uses cudaMalloc directly, outside the counters.
     EXPECT_EQ(after.allocations - before.allocations, 0u) << "allocations in " << kCalls << " steady-state calls";
-    std::printf("%s: %.1f host waits per call\n", spec,
+    std::printf("%s: %.1f host waits per call, by site:", spec,
                 static_cast<double>(after.synchronizations - before.synchronizations) / kCalls);
+    for (const auto& [site, count] : collectives::device_wait_sites()) {
+      std::uint64_t earlier = 0;
+      for (const auto& [old_site, old_count] : sites_before)
+        if (old_site == site) earlier = old_count;
+      if (count != earlier) std::printf(" %s %.1f;", site.c_str(), static_cast<double>(count - earlier) / kCalls);
+    }
+    std::printf("\n");
   }
 }
 

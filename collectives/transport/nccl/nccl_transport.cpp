@@ -208,7 +208,7 @@ void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
   for (int polls = 0;; ++polls) {
     const cudaError_t status = cudaEventQuery(event);
     if (status == cudaSuccess) {
-      kernels::cuda::count_polled_wait();
+      kernels::cuda::count_polled_wait("nccl transport");
       return;
     }
     if (status != cudaErrorNotReady) check_cuda(status, op, "cudaEventQuery");
