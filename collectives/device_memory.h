@@ -135,9 +135,15 @@ struct DeviceRuntimeCounts {
   std::uint64_t synchronizations = 0;
 };
 DeviceRuntimeCounts device_runtime_counts() noexcept;
-// The host waits of device_runtime_counts().synchronizations by the site that waited (the
-// operation's name, "nccl transport" for the NCCL transport's polls), sorted by site. Empty in
-// a build without CUDA.
+// Host waits by the site that waited (the operation's name, "nccl transport" for the NCCL
+// transport's polls), counted only while set_wait_site_counting(true) (off by default: then a
+// wait costs one atomic increment), sorted by site; wait_sites_between gives the sites whose
+// count grew between two readings, with the growth (kernels/cuda/device_runtime.h). Empty in a
+// build without CUDA.
+void set_wait_site_counting(bool on) noexcept;
 std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites();
+std::vector<std::pair<std::string, std::uint64_t>> wait_sites_between(
+    const std::vector<std::pair<std::string, std::uint64_t>>& before,
+    const std::vector<std::pair<std::string, std::uint64_t>>& after);
 
 }  // namespace gradzip::collectives

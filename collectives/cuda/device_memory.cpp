@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
 
 #include "gradzip/error.h"
 #include "kernels/cuda/cast_cuda.h"
@@ -25,19 +24,15 @@ cudaStream_t work_stream() noexcept {
 }
 
 void synchronize(std::string_view op, const char* what) {
-  const std::string name(op);
-  kernels::cuda::synchronize_stream(work_stream(), name.c_str(), what);
+  kernels::cuda::synchronize_stream(work_stream(), op, what);
 }
 
 // For destructors: runs `release` with `device` current and restores the caller's device,
 // throwing nothing (a failing CUDA call leaves the resource to the process's end).
 template <typename Release>
 void release_on(int device, Release release) noexcept {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) return;
-  if (previous != device) cudaSetDevice(device);
+  const kernels::cuda::CurrentCudaDevice current(device);
   release();
-  if (previous != device) cudaSetDevice(previous);
 }
 
 void copy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, int device,
@@ -170,9 +165,7 @@ void DeviceEvent::record(void* stream, std::string_view op) {
 }
 
 void DeviceEvent::synchronize(std::string_view op) const {
-  const std::string name(op);
-  kernels::cuda::synchronize_event(static_cast<cudaEvent_t>(event_), name.c_str(),
-                                   "cudaEventSynchronize");
+  kernels::cuda::synchronize_event(static_cast<cudaEvent_t>(event_), op, "cudaEventSynchronize");
 }
 
 // From kernels/cuda/device_runtime.h: a block of the thread's cache, or a new stream-ordered
@@ -182,17 +175,24 @@ void DeviceEvent::synchronize(std::string_view op) const {
 DeviceAllocation::DeviceAllocation(std::size_t bytes, int device, std::string_view op)
     : bytes_(bytes), device_(device) {
   const CurrentDevice current(device, op);
-  const std::string name(op);
-  data_ = static_cast<std::byte*>(kernels::cuda::device_allocate(
-      bytes, device, work_stream(), name.c_str(), "allocating message buffers"));
+  data_ = static_cast<std::byte*>(
+      kernels::cuda::device_allocate(bytes, device, work_stream(), op, "allocating message buffers"));
 }
 
 DeviceAllocation::~DeviceAllocation() {
   kernels::cuda::device_release(data_, bytes_, device_, work_stream());
 }
 
+void set_wait_site_counting(bool on) noexcept { kernels::cuda::set_wait_site_counting(on); }
+
 std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites() {
   return kernels::cuda::device_wait_sites();
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> wait_sites_between(
+    const std::vector<std::pair<std::string, std::uint64_t>>& before,
+    const std::vector<std::pair<std::string, std::uint64_t>>& after) {
+  return kernels::cuda::wait_sites_between(before, after);
 }
 
 DeviceRuntimeCounts device_runtime_counts() noexcept {

@@ -52,6 +52,12 @@ DeviceAllocation::DeviceAllocation(std::size_t, int device, std::string_view op)
 DeviceAllocation::~DeviceAllocation() = default;
 
 DeviceRuntimeCounts device_runtime_counts() noexcept { return {}; }
+void set_wait_site_counting(bool) noexcept {}
 std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites() { return {}; }
+std::vector<std::pair<std::string, std::uint64_t>> wait_sites_between(
+    const std::vector<std::pair<std::string, std::uint64_t>>&,
+    const std::vector<std::pair<std::string, std::uint64_t>>&) {
+  return {};
+}
 
 }  // namespace gradzip::collectives

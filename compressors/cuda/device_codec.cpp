@@ -61,8 +61,8 @@ class DeviceScratch {
     if (bytes == 0) return;
     GZ_REQUIRE(cudaGetDevice(&device_) == cudaSuccess, ErrorCode::unsupported, op,
                ": cudaGetDevice failed");
-    data_ = cuda::device_allocate(bytes, device_, static_cast<cudaStream_t>(work_stream()),
-                                  op.c_str(), "allocating scratch");
+    data_ = cuda::device_allocate(bytes, device_, static_cast<cudaStream_t>(work_stream()), op,
+                                  "allocating scratch");
   }
   ~DeviceScratch() {
     cuda::device_release(data_, bytes_, device_, static_cast<cudaStream_t>(work_stream()));
@@ -82,7 +82,7 @@ class DeviceScratch {
 };
 
 void synchronize(const std::string& op) {
-  cuda::synchronize_stream(static_cast<cudaStream_t>(work_stream()), op.c_str(),
+  cuda::synchronize_stream(static_cast<cudaStream_t>(work_stream()), op,
                            "the device work (cudaStreamSynchronize)");
 }
 

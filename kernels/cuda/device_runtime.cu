@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -21,22 +23,23 @@ std::atomic<std::uint64_t> g_cache_hits{0};
 std::atomic<std::uint64_t> g_frees{0};
 std::atomic<std::uint64_t> g_synchronizations{0};
 
+std::atomic<bool> g_count_sites{false};
 std::mutex g_sites_mutex;
-std::map<std::string, std::uint64_t>& wait_sites() {
-  static auto* sites = new std::map<std::string, std::uint64_t>();  // never destroyed
+std::map<std::string, std::uint64_t, std::less<>>& wait_sites() {
+  static auto* sites = new std::map<std::string, std::uint64_t, std::less<>>();  // never destroyed
   return *sites;
 }
 
 // One host wait at `site`.
-void count_wait(const char* site) noexcept {
+void count_wait(std::string_view site) noexcept {
   g_synchronizations.fetch_add(1, std::memory_order_relaxed);
+  if (!g_count_sites.load(std::memory_order_relaxed)) return;
   try {
     std::lock_guard<std::mutex> lock(g_sites_mutex);
-    std::map<std::string, std::uint64_t>& sites = wait_sites();
-    const std::string name = site != nullptr ? site : "(unnamed)";
-    auto found = sites.find(name);
-    if (found == sites.end() && sites.size() >= kMaxWaitSites) found = sites.try_emplace("(other sites)", 0).first;
-    if (found == sites.end()) found = sites.emplace(name, 0).first;
+    auto& sites = wait_sites();
+    auto found = sites.find(site);
+    if (found == sites.end())
+      found = sites.emplace(sites.size() < kMaxWaitSites ? std::string(site) : "(other sites)", 0).first;
     ++found->second;
   } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: the total above still counts
   }
@@ -56,7 +59,7 @@ std::map<int, DevicePool>& pools() {
 }
 
 // Must be called with `device` current.
-DevicePool pool_of(int device, const char* op) {
+DevicePool pool_of(int device, std::string_view op) {
   std::lock_guard<std::mutex> lock(g_pools_mutex);
   const auto found = pools().find(device);
   if (found != pools().end()) return found->second;
@@ -88,13 +91,10 @@ void free_to_cuda(void* block, int device, cudaStream_t stream) noexcept {
     if (found == pools().end()) return;  // never allocated by device_allocate
     pool = found->second;
   }
-  int previous = -1;
-  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-  if (previous != device) cudaSetDevice(device);
+  const CurrentCudaDevice current(device);
   // Errors are ignored: at process exit the runtime may already be unloading.
   const cudaError_t status = pool.supported ? cudaFreeAsync(block, stream) : cudaFree(block);
   if (status != cudaSuccess) cudaGetLastError();
-  if (previous >= 0 && previous != device) cudaSetDevice(previous);
   g_frees.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -158,13 +158,13 @@ std::size_t device_size_class(std::size_t bytes) noexcept {
   return (bytes + step - 1) / step * step;
 }
 
-bool device_memory_pools_supported(int device, const char* op) {
+bool device_memory_pools_supported(int device, std::string_view op) {
   const CurrentDevice current(device, op);
   return pool_of(device, op).supported;
 }
 
-void* device_allocate(std::size_t bytes, int device, cudaStream_t stream, const char* op,
-                      const char* what) {
+void* device_allocate(std::size_t bytes, int device, cudaStream_t stream, std::string_view op,
+                      std::string_view what) {
   const std::size_t size_class = device_size_class(bytes == 0 ? 1 : bytes);
   if (void* cached = thread_cache().take(device, size_class)) {
     g_cache_hits.fetch_add(1, std::memory_order_relaxed);
@@ -194,21 +194,34 @@ void device_release(void* block, std::size_t bytes, int device, cudaStream_t str
 
 void release_thread_device_cache() noexcept { thread_cache().clear(); }
 
-void synchronize_stream(cudaStream_t stream, const char* op, const char* what) {
+void synchronize_stream(cudaStream_t stream, std::string_view op, std::string_view what) {
   count_wait(op);
   check_runtime(cudaStreamSynchronize(stream), op, what);
 }
 
-void synchronize_event(cudaEvent_t event, const char* op, const char* what) {
+void synchronize_event(cudaEvent_t event, std::string_view op, std::string_view what) {
   count_wait(op);
   check_runtime(cudaEventSynchronize(event), op, what);
 }
 
-void count_polled_wait(const char* site) noexcept { count_wait(site); }
+void count_polled_wait(std::string_view site) noexcept { count_wait(site); }
 
-std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites() {
+void set_wait_site_counting(bool on) noexcept { g_count_sites.store(on, std::memory_order_relaxed); }
+
+WaitSites device_wait_sites() {
   std::lock_guard<std::mutex> lock(g_sites_mutex);
   return {wait_sites().begin(), wait_sites().end()};
+}
+
+WaitSites wait_sites_between(const WaitSites& before, const WaitSites& after) {
+  WaitSites grown;
+  auto earlier = before.begin();
+  for (const auto& [site, count] : after) {  // both sorted by site
+    while (earlier != before.end() && earlier->first < site) ++earlier;
+    const std::uint64_t old = earlier != before.end() && earlier->first == site ? earlier->second : 0;
+    if (count > old) grown.emplace_back(site, count - old);
+  }
+  return grown;
 }
 
 }  // namespace gradzip::kernels::cuda

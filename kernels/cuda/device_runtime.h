@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,15 +57,15 @@ std::size_t device_size_class(std::size_t bytes) noexcept;
 
 // True when `device` supports stream-ordered memory pools (asked once per device).
 // Throws gradzip::Error(unsupported) naming `op` when CUDA cannot say.
-bool device_memory_pools_supported(int device, const char* op);
+bool device_memory_pools_supported(int device, std::string_view op);
 
 // At least `bytes` (>= 1) bytes of memory on `device`, which must be the calling thread's
 // current device. A new block is allocated in stream order on `stream` and the stream is then
 // synchronised (counted), so that the block may be used on any stream at once; a cached block is
 // returned without any CUDA call. Throws gradzip::Error(unsupported) naming `op` and `what`
 // when CUDA refuses.
-void* device_allocate(std::size_t bytes, int device, cudaStream_t stream, const char* op,
-                      const char* what);
+void* device_allocate(std::size_t bytes, int device, cudaStream_t stream, std::string_view op,
+                      std::string_view what);
 
 // Gives a block from device_allocate (same `bytes`, same `device`) back: to the calling thread's
 // cache, or to CUDA (stream-ordered on `stream` where pools are supported). Null is ignored.
@@ -76,19 +77,26 @@ void release_thread_device_cache() noexcept;
 
 // cudaStreamSynchronize(stream), counted; throws gradzip::Error(unsupported) naming `op` and
 // `what` with CUDA's text when it fails.
-void synchronize_stream(cudaStream_t stream, const char* op, const char* what);
+void synchronize_stream(cudaStream_t stream, std::string_view op, std::string_view what);
 // cudaEventSynchronize(event), counted; throws like synchronize_stream.
-void synchronize_event(cudaEvent_t event, const char* op, const char* what);
+void synchronize_event(cudaEvent_t event, std::string_view op, std::string_view what);
 // Counts a host wait that completed by polling (cudaEventQuery until done), as the NCCL
 // transport waits, so that the counters cover every way the host waits for the device.
-// `site` names the waiter (a fixed string, e.g. "nccl transport").
-void count_polled_wait(const char* site) noexcept;
+// `site` names the waiter (e.g. "nccl transport").
+void count_polled_wait(std::string_view site) noexcept;
 
-// Host waits per site since start: the `op` of synchronize_stream / synchronize_event, the
-// `site` of count_polled_wait; sorted by site. Up to kMaxWaitSites names, the rest counted under
-// "(other sites)". What `gradzip-bench calls` prints per codec, so that a GPU run says where
-// a call's waits come from.
+// Waits by site: off by default, so that a wait costs one atomic increment. While on, each
+// wait is also counted under its site (the `op` of synchronize_*, the `site` of
+// count_polled_wait), under a lock: for measurements (`gradzip-bench calls`, the GPU tests), not
+// for training runs.
+void set_wait_site_counting(bool on) noexcept;
+// Host waits per site counted while site counting was on, sorted by site. Up to kMaxWaitSites
+// names; the rest are counted under "(other sites)".
 inline constexpr std::size_t kMaxWaitSites = 256;
-std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites();
+using WaitSites = std::vector<std::pair<std::string, std::uint64_t>>;
+WaitSites device_wait_sites();
+// The sites whose count grew from `before` to `after` (two readings of device_wait_sites()),
+// with the growth, sorted by site.
+WaitSites wait_sites_between(const WaitSites& before, const WaitSites& after);
 
 }  // namespace gradzip::kernels::cuda

@@ -46,6 +46,31 @@ class CurrentDevice {
   bool changed_ = false;
 };
 
+// CurrentDevice without exceptions, for destructors and code that reports CUDA errors itself:
+// makes `device` the calling thread's current CUDA device for the scope and restores the
+// previous one afterwards. status() is cudaSetDevice's.
+class CurrentCudaDevice {
+ public:
+  explicit CurrentCudaDevice(int device) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) {
+      status_ = cudaSetDevice(device);
+      changed_ = status_ == cudaSuccess && previous_ >= 0;
+    }
+  }
+  ~CurrentCudaDevice() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  CurrentCudaDevice(const CurrentCudaDevice&) = delete;
+  CurrentCudaDevice& operator=(const CurrentCudaDevice&) = delete;
+  cudaError_t status() const noexcept { return status_; }
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
 // What cudaPointerGetAttributes says a pointer is, in words for error messages.
 inline const char* memory_kind(cudaMemoryType type) noexcept {
   switch (type) {

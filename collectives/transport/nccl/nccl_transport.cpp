@@ -241,10 +241,8 @@ void NcclTransport::ensure_scratch(std::size_t bytes, std::string_view op) {
   kernels::cuda::device_release(scratch_, scratch_bytes_, device_, stream_);
   scratch_ = nullptr;
   scratch_bytes_ = 0;
-  const std::string name(op);
   try {
-    scratch_ = kernels::cuda::device_allocate(grown, device_, stream_, name.c_str(),
-                                              "allocating the scratch buffer");
+    scratch_ = kernels::cuda::device_allocate(grown, device_, stream_, op, "allocating the scratch buffer");
   } catch (const Error& error) {
     fail(op, error.what());
   }

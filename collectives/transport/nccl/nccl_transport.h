@@ -64,32 +64,12 @@
 #include <vector>
 
 #include "collectives/transport/transport.h"
+#include "kernels/cuda/runtime_support.h"
 
 namespace gradzip::collectives {
 
-// Makes `device` the calling thread's current CUDA device for the scope and restores the
-// previous one afterwards (callers may work on another device). status() is cudaSetDevice's.
-class CurrentCudaDevice {
- public:
-  explicit CurrentCudaDevice(int device) noexcept {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) {
-      status_ = cudaSetDevice(device);
-      changed_ = status_ == cudaSuccess && previous_ >= 0;
-    }
-  }
-  ~CurrentCudaDevice() {
-    if (changed_) cudaSetDevice(previous_);
-  }
-  CurrentCudaDevice(const CurrentCudaDevice&) = delete;
-  CurrentCudaDevice& operator=(const CurrentCudaDevice&) = delete;
-  cudaError_t status() const noexcept { return status_; }
-
- private:
-  int previous_ = -1;
-  bool changed_ = false;
-  cudaError_t status_ = cudaSuccess;
-};
+// The no-throw scoped device switch the transport uses (kernels/cuda/runtime_support.h).
+using kernels::cuda::CurrentCudaDevice;
 
 class NcclTransport final : public Transport {
  public:
