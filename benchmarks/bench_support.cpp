@@ -1,8 +1,10 @@
 #include "benchmarks/bench_support.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 
 #if GRADZIP_HAVE_MPI
 #include <mpi.h>
@@ -37,6 +39,13 @@ std::string json_string(const std::string& text) {
     quoted += c;
   }
   return quoted + "\"";
+}
+
+void write_json_file(const char* command, const std::string& path, const std::string& body) {
+  std::ofstream json(path);
+  GZ_REQUIRE(json.good(), ErrorCode::io_error, command, ": cannot write --json file '", path, "'");
+  json << body;
+  GZ_REQUIRE(json.good(), ErrorCode::io_error, command, ": writing --json file '", path, "' failed");
 }
 
 std::string json_number(double value) {

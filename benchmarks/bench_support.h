@@ -28,6 +28,10 @@ std::string human_bytes(double bytes);
 // and specs hold no control characters).
 std::string json_string(const std::string& text);
 
+// Writes `body` to `path` (replacing it). Throws Error(io_error) "<command>: cannot write
+// --json file '<path>'" when the file cannot be opened or written.
+void write_json_file(const char* command, const std::string& path, const std::string& body);
+
 // `value` as a JSON number with 9 significant digits (%.9g); JSON has no infinity or NaN, so
 // those become null (and fail any check that reads them).
 std::string json_number(double value);

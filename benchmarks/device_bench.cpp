@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "benchmarks/bench_support.h"
 #include "collectives/communicator_state.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/nccl_transport_factory.h"
@@ -31,6 +32,7 @@
 #include "gradzip/communicator.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/device_runtime.h"
 
 namespace gradzip::bench {
 namespace {
@@ -40,24 +42,6 @@ void check(cudaError_t status, const char* what) {
   GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, what, ": ", cudaGetErrorString(status));
 }
 
-std::string json_escape(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
-  }
-  return out;
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  if (path.empty()) return;
-  std::FILE* out = std::fopen(path.c_str(), "w");
-  GZ_REQUIRE(out != nullptr, ErrorCode::invalid_argument, "cannot write ", path);
-  std::fputs(text.c_str(), out);
-  std::fclose(out);
-}
-
 // The value after `flag` in argv, or nullptr.
 const char* option(int argc, char** argv, const char* flag) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -65,30 +49,32 @@ const char* option(int argc, char** argv, const char* flag) {
   return nullptr;
 }
 
-// "site a 2.00, site b 1.00": the waits per call of every site whose count grew between two
-// readings of collectives::device_wait_sites() (both sorted by site).
+// "site a 2.00, site b 1.00": per call, the waits of every site whose count grew between two
+// readings of collectives::device_wait_sites().
 std::string wait_sites_per_call(const std::vector<std::pair<std::string, std::uint64_t>>& before,
                                 const std::vector<std::pair<std::string, std::uint64_t>>& after,
                                 int calls) {
   std::string out;
-  for (const auto& [site, count] : after) {
-    std::uint64_t earlier = 0;
-    for (const auto& [old_site, old_count] : before)
-      if (old_site == site) earlier = old_count;
-    if (count == earlier) continue;
+  for (const auto& [site, grown] : collectives::wait_sites_between(before, after)) {
     char figure[32];
-    std::snprintf(figure, sizeof figure, "%.2f", static_cast<double>(count - earlier) / calls);
+    std::snprintf(figure, sizeof figure, "%.2f", static_cast<double>(grown) / calls);
     out += detail::concat(out.empty() ? "" : ", ", site, " ", figure);
   }
   return out.empty() ? "none" : out;
+}
+
+// Writes `body` to `path` unless no --json was given.
+void write_json_if_asked(const char* command, const std::string& path, const std::string& body) {
+  if (!path.empty()) write_json_file(command, path, body);
 }
 
 bool no_device(const char* command, const std::string& json_path) {
   const char* reason = nullptr;
   if (kernels::cuda::device_count(&reason) > 0) return false;
   std::printf("gradzip-bench %s: no CUDA device (%s): skipped\n", command, reason);
-  write_file(json_path, detail::concat("{\"benchmark\": \"", command, "\", \"skipped\": \"",
-                                       json_escape(reason), "\"}\n"));
+  write_json_if_asked(command, json_path,
+                      detail::concat("{\"benchmark\": ", json_string(command), ", \"skipped\": ",
+                                     json_string(reason), "}\n"));
   return true;
 }
 
@@ -104,9 +90,8 @@ int run_preflight(int argc, char** argv) {
     check(cudaSetDevice(0), "cudaSetDevice(0)");
     cudaDeviceProp props{};
     check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
-    int pools = 0;
-    check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0),
-          "cudaDeviceGetAttribute(cudaDevAttrMemoryPoolsSupported)");
+    // gradzip's own answer (the one its allocations follow), not a second query of CUDA's.
+    const bool pools = kernels::cuda::device_memory_pools_supported(0, "preflight");
     int driver = 0;
     int runtime = 0;
     check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
@@ -117,7 +102,7 @@ int run_preflight(int argc, char** argv) {
                 runtime);
     std::printf("memory pools: %s\n", pools ? "supported (gradzip's own pool, release threshold max)"
                                             : "NOT supported: gradzip falls back to cudaMalloc");
-    json += detail::concat(", \"device\": \"", json_escape(props.name), "\", \"compute\": \"",
+    json += detail::concat(", \"device\": ", json_string(props.name), ", \"compute\": \"",
                            props.major, ".", props.minor, "\", \"sms\": ", props.multiProcessorCount,
                            ", \"memory_bytes\": ", props.totalGlobalMem, ", \"driver\": ", driver,
                            ", \"runtime\": ", runtime, ", \"memory_pools\": ", pools ? "true" : "false");
@@ -155,11 +140,11 @@ int run_preflight(int argc, char** argv) {
     }
   } catch (const std::exception& error) {
     std::printf("gradzip-bench preflight: FAILED at %s: %s\n", step.c_str(), error.what());
-    write_file(json_path, json + detail::concat(", \"failed\": \"", json_escape(step), ": ",
-                                                json_escape(error.what()), "\"}\n"));
+    write_json_if_asked("preflight", json_path,
+                        json + detail::concat(", \"failed\": ", json_string(step + ": " + error.what()), "}\n"));
     return 1;
   }
-  write_file(json_path, json + "}\n");
+  write_json_if_asked("preflight", json_path, json + "}\n");
   std::printf("gradzip-bench preflight: OK\n");
   return 0;
 }
@@ -169,8 +154,8 @@ int run_calls(int argc, char** argv) {
   const std::string json_path = json_flag ? json_flag : "";
   const char* size_flag = option(argc, argv, "--size");
   const char* calls_flag = option(argc, argv, "--calls");
-  const std::size_t count = size_flag ? std::stoull(size_flag) : (std::size_t{1} << 22);
-  const int calls = calls_flag ? std::stoi(calls_flag) : 10;
+  const std::size_t count = size_flag ? parse_count("calls", size_flag, "--size") : (std::size_t{1} << 22);
+  const int calls = calls_flag ? static_cast<int>(parse_count("calls", calls_flag, "--calls")) : 10;
   GZ_REQUIRE(count > 0 && calls > 0, ErrorCode::invalid_argument, "gradzip-bench calls: --size and --calls must be positive");
   if (no_device("calls", json_path)) return 0;
   check(cudaSetDevice(0), "cudaSetDevice(0)");
@@ -187,6 +172,7 @@ int run_calls(int argc, char** argv) {
   check(cudaMalloc(&tensor, count * sizeof(float)), "cudaMalloc of the tensor");
   std::vector<float> host(count);
   for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  collectives::set_wait_site_counting(true);  // a measurement: the waits by site too
   std::printf("one-rank all-reduce of %zu f32 elements on cuda:0, %d steady-state calls after 3 warm-up calls\n",
               count, calls);
   std::printf("%-24s %-12s %12s %12s %12s  target\n", "spec", "algorithm", "allocs/call", "waits/call",
@@ -221,22 +207,22 @@ int run_calls(int argc, char** argv) {
       std::printf("%-24s %-12s %12.2f %12.2f %12.2f  0 allocs%s: %s\n", row.spec, stats.algorithm.c_str(),
                   allocations, waits, hits, row.fixed_size ? ", <= 1 wait" : "", met ? "met" : "NOT met");
       std::printf("%-24s waits per call by site: %s\n", "", sites.c_str());
-      json += detail::concat(first ? "" : ", ", "{\"spec\": \"", row.spec, "\", \"algorithm\": \"",
-                             json_escape(stats.algorithm), "\", \"note\": \"", json_escape(stats.note),
-                             "\", \"allocations_per_call\": ", allocations, ", \"waits_per_call\": ", waits,
-                             ", \"cache_hits_per_call\": ", hits, ", \"wait_sites\": \"",
-                             json_escape(sites), "\", \"fixed_size\": ",
+      json += detail::concat(first ? "" : ", ", "{\"spec\": ", json_string(row.spec), ", \"algorithm\": ",
+                             json_string(stats.algorithm), ", \"note\": ", json_string(stats.note),
+                             ", \"allocations_per_call\": ", json_number(allocations), ", \"waits_per_call\": ",
+                             json_number(waits), ", \"cache_hits_per_call\": ", json_number(hits),
+                             ", \"wait_sites\": ", json_string(sites), ", \"fixed_size\": ",
                              row.fixed_size ? "true" : "false", ", \"target_met\": ", met ? "true" : "false", "}");
     } catch (const std::exception& error) {
       std::printf("%-24s FAILED: %s\n", row.spec, error.what());
-      json += detail::concat(first ? "" : ", ", "{\"spec\": \"", row.spec, "\", \"failed\": \"",
-                             json_escape(error.what()), "\"}");
+      json += detail::concat(first ? "" : ", ", "{\"spec\": ", json_string(row.spec), ", \"failed\": ",
+                             json_string(error.what()), "}");
       status = 1;
     }
     first = false;
   }
   cudaFree(tensor);
-  write_file(json_path, json + "]}\n");
+  write_json_if_asked("calls", json_path, json + "]}\n");
   return status;
 }
 

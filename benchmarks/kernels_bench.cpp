@@ -30,7 +30,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -452,10 +451,7 @@ struct Row {
 };
 
 void write_json(const std::string& path, const std::string& body) {
-  std::ofstream json(path);
-  GZ_REQUIRE(json.good(), ErrorCode::io_error, "kernels: cannot write --json file '", path, "'");
-  json << body;
-  GZ_REQUIRE(json.good(), ErrorCode::io_error, "kernels: writing --json file '", path, "' failed");
+  write_json_file("kernels", path, body);
 }
 
 std::string rows_json(const cudaDeviceProp& device, const Options& options, double input_copy_gbps,
