@@ -73,8 +73,8 @@ void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Devi
 }
 
 void count_sent(const ReduceJob& job, std::span<const std::byte> message) {
-  const bool indexed = job.codec.spec().codec == CodecKind::topk;
-  if (job.device.kind != DeviceKind::cuda || indexed || message.size() < compressors::kWireHeaderBytes)
+  // Sparse codecs' messages carry index bytes, which only the header can split off.
+  if (job.device.kind != DeviceKind::cuda || job.codec.sparse() || message.size() < compressors::kWireHeaderBytes)
     return count_sent(job.stats, message, job.device);
   job.stats.sent_header_bytes += compressors::kWireHeaderBytes;
   job.stats.sent_payload_bytes += message.size() - compressors::kWireHeaderBytes;

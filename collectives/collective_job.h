@@ -72,9 +72,9 @@ EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset,
 // Adds one message this rank sent to the stats, split into header / index / payload bytes.
 // A message in CUDA memory (`where` says so) has its header copied to the host first.
 void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Device where = {});
-// The same for a message of `job` (its codec, its device). A device message of a codec whose
-// messages carry no index bytes (every codec but top-k: the split is header + the rest) is
-// counted from its size alone, with no copy from the device and no synchronisation.
+// The same for a message of `job` (its codec, its device). A device message of a codec that is
+// not sparse (Codec::sparse(): no index bytes, so the split is header + the rest) is counted
+// from its size alone, with no copy from the device and no synchronisation.
 void count_sent(const ReduceJob& job, std::span<const std::byte> message);
 // Adds the input bytes (as f32) a set of messages encoded, for compression_ratio.
 void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size_t message_bytes);

@@ -84,7 +84,7 @@ void with_bits(int bits, F&& f) {
   }
 }
 
-std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+using testing::ceil_div;
 
 // Gaussian values with zeros everywhere, and in a few places: runs of subnormal, tiny (whole
 // buckets with a scale below 2^-64) and huge values; with `nonfinite`, scattered Inf and NaN
@@ -121,17 +121,7 @@ void load_run(const std::vector<float>& x, std::uint64_t k, const FastRunSpan& s
   }
 }
 
-struct Payload {
-  std::vector<std::byte> bytes;
-  std::vector<int> writes;  // per byte
-
-  explicit Payload(std::size_t n) : bytes(n, std::byte{0xA5}), writes(n, 0) {}
-  void write(std::size_t at, std::uint32_t byte) {
-    ASSERT_LT(at, bytes.size());
-    bytes[at] = static_cast<std::byte>(byte & 0xFFu);
-    ++writes[at];
-  }
-};
+using Payload = testing::EmulatedPayload;
 
 // The fast encode launch, thread by thread.
 Payload emulate_encode(const std::vector<float>& x, int bits, std::uint64_t bucket, const QsgdFastKey& key) {
@@ -179,8 +169,7 @@ Payload emulate_encode(const std::vector<float>& x, int bits, std::uint64_t buck
       std::vector<kernels::QsgdFastEncodeRecord> records(buckets);
       for (std::uint32_t b = 0; b < buckets; ++b) {
         const float scale = kernels::qsgd_scale_from_abs_max_bits(maxima[b]);
-        const std::uint32_t scale_bits = float_bits(scale);
-        for (unsigned m = 0; m < 4; ++m) payload.write(4 * (first_bucket + b) + m, scale_bits >> (8 * m));
+        payload.write_scale(first_bucket + b, scale);
         records[b] = kernels::qsgd_fast_encode_record(scale, kBits);
       }
       // 3. Codes, pass by pass: own blocks published, then the runs.
@@ -245,14 +234,8 @@ void check_encode(const std::vector<float>& x, int bits, std::uint64_t bucket, c
   const std::vector<std::byte> message = cpu_message(x, bits, bucket, key);
   const Payload payload = emulate_encode(x, bits, bucket, key);
   if (::testing::Test::HasFatalFailure()) return;
-  ASSERT_EQ(payload.bytes.size(), message.size() - kWireHeaderBytes);
   const std::size_t scale_bytes = 4 * ceil_div(x.size(), bucket);
-  for (std::size_t i = 0; i < payload.bytes.size(); ++i) {
-    ASSERT_EQ(payload.writes[i], 1) << "payload byte " << i << " written " << payload.writes[i] << " times";
-    ASSERT_EQ(std::to_integer<int>(payload.bytes[i]), std::to_integer<int>(message[kWireHeaderBytes + i]))
-        << "payload byte " << i << (i < scale_bytes ? " (scale of bucket " : " (code byte ")
-        << (i < scale_bytes ? i / 4 : i - scale_bytes) << ")";
-  }
+  ASSERT_TRUE(testing::matches_message_payload(payload, message, scale_bytes, "code"));
 }
 
 // ---- decode ------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ std::unique_ptr<Codec> sign_codec(std::uint64_t bucket) {
   return make_codec("sign:bucket=" + std::to_string(bucket));
 }
 
-std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+using testing::ceil_div;
 
 enum class Data { gaussian, wide_range, overflowing, nonfinite };
 
@@ -72,20 +72,7 @@ std::vector<float> make_values(std::size_t count, std::uint64_t seed, Data data)
   return x;
 }
 
-struct Payload {
-  std::vector<std::byte> bytes;
-  std::vector<int> writes;  // per byte
-
-  explicit Payload(std::size_t n) : bytes(n, std::byte{0xA5}), writes(n, 0) {}
-  void write(std::size_t at, std::uint32_t byte) {
-    ASSERT_LT(at, bytes.size());
-    bytes[at] = static_cast<std::byte>(byte & 0xFFu);
-    ++writes[at];
-  }
-  void write_scale(std::uint64_t b, float scale) {
-    for (unsigned m = 0; m < 4; ++m) write(4 * b + m, float_bits(scale) >> (8 * m));
-  }
-};
+using Payload = testing::EmulatedPayload;
 
 // x[first, end) as the kernel stages it, followed by junk that no function may read (negative,
 // so that a stray sign bit or |x| shows).
@@ -165,14 +152,8 @@ void check_encode(const std::vector<float>& x, std::uint64_t bucket) {
   const std::vector<std::byte> message = testing::encode_message(*sign_codec(bucket), host_view(x.data(), x.size()));
   const Payload payload = emulate_encode(x, bucket);
   if (::testing::Test::HasFatalFailure()) return;
-  ASSERT_EQ(payload.bytes.size(), message.size() - kWireHeaderBytes);
   const std::size_t scale_bytes = 4 * ceil_div(x.size(), bucket);
-  for (std::size_t i = 0; i < payload.bytes.size(); ++i) {
-    ASSERT_EQ(payload.writes[i], 1) << "payload byte " << i << " written " << payload.writes[i] << " times";
-    ASSERT_EQ(std::to_integer<int>(payload.bytes[i]), std::to_integer<int>(message[kWireHeaderBytes + i]))
-        << "payload byte " << i << (i < scale_bytes ? " (scale of bucket " : " (sign byte ")
-        << (i < scale_bytes ? i / 4 : i - scale_bytes) << ")";
-  }
+  ASSERT_TRUE(testing::matches_message_payload(payload, message, scale_bytes, "sign"));
 }
 
 // ---- decode ------------------------------------------------------------------------------------

@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <random>
 
+#include "compressors/wire_format.h"
 #include "kernels/cast_math.h"
 #ifdef GRADZIP_HAVE_CUDA
 #include "kernels/cuda/cast_cuda.h"
@@ -86,6 +89,39 @@ ErrorCode error_code_of(const std::function<void()>& call, std::string* message)
     if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0)
       return ::testing::AssertionFailure() << "element " << i << " of " << actual.size() << ": "
                                            << actual[i] << ", expected " << expected[i];
+  return ::testing::AssertionSuccess();
+}
+
+void EmulatedPayload::write(std::size_t at, std::uint32_t byte) {
+  ASSERT_LT(at, bytes.size());
+  bytes[at] = static_cast<std::byte>(byte & 0xFFu);
+  ++writes[at];
+}
+
+void EmulatedPayload::write_scale(std::uint64_t b, float scale) {
+  std::uint32_t word = 0;
+  std::memcpy(&word, &scale, sizeof word);
+  for (unsigned m = 0; m < 4; ++m) write(4 * b + m, word >> (8 * m));
+}
+
+::testing::AssertionResult matches_message_payload(const EmulatedPayload& emulated,
+                                                   std::span<const std::byte> message,
+                                                   std::size_t scale_bytes, const char* data_name) {
+  constexpr std::size_t kHeader = compressors::kWireHeaderBytes;
+  if (message.size() < kHeader || emulated.bytes.size() != message.size() - kHeader) {
+    return ::testing::AssertionFailure() << "the emulated payload has " << emulated.bytes.size()
+                                         << " bytes, the message's " << message.size() - std::min(message.size(), kHeader);
+  }
+  for (std::size_t i = 0; i < emulated.bytes.size(); ++i) {
+    const int want = std::to_integer<int>(message[kHeader + i]);
+    const int got = std::to_integer<int>(emulated.bytes[i]);
+    if (emulated.writes[i] == 1 && got == want) continue;
+    auto failure = ::testing::AssertionFailure() << "payload byte " << i;
+    if (i < scale_bytes) failure << " (scale of bucket " << i / 4 << ")";
+    else failure << " (" << data_name << " byte " << i - scale_bytes << ")";
+    if (emulated.writes[i] != 1) return failure << " written " << emulated.writes[i] << " times";
+    return failure << ": " << got << ", the CPU codec's " << want;
+  }
   return ::testing::AssertionSuccess();
 }
 

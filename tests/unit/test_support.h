@@ -68,6 +68,29 @@ ErrorCode fake_cuda_view_error();
 // a failure names the first element that differs.
 ::testing::AssertionResult same_bits(std::span<const float> actual, std::span<const float> expected);
 
+// ceil(a / b) for b > 0.
+inline std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+// A payload written by a kernel launch emulated thread by thread (the fast-layout tests): each
+// byte's value (0xA5 until written) and how many times it was written.
+struct EmulatedPayload {
+  std::vector<std::byte> bytes;
+  std::vector<int> writes;
+
+  explicit EmulatedPayload(std::size_t n) : bytes(n, std::byte{0xA5}), writes(n, 0) {}
+  // bytes[at] = the low byte of `byte` (a failure when `at` is outside the payload).
+  void write(std::size_t at, std::uint32_t byte);
+  // The 4 little-endian bytes of f32 number b (a bucket's scale) at 4 b.
+  void write_scale(std::uint64_t b, float scale);
+};
+
+// Every byte of `emulated` was written exactly once and equals the payload of `message` (what
+// follows its 32-byte header); a failure names the first byte that is not, as the scale of a
+// bucket (below `scale_bytes`) or as `data_name` byte j after the scales.
+::testing::AssertionResult matches_message_payload(const EmulatedPayload& emulated,
+                                                   std::span<const std::byte> message,
+                                                   std::size_t scale_bytes, const char* data_name);
+
 // Runs body(isa) once per ISA this CPU has (scalar, avx2, avx512), with that ISA forced and
 // named in failures; prints a note for the ones it lacks. Clears the override afterwards.
 void for_each_available_isa(const std::function<void(kernels::cpu::Isa)>& body);
