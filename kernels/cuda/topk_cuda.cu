@@ -351,6 +351,25 @@ struct TileWork {
     typename LoadIndex::TempStorage load_index;
     typename Scan::TempStorage scan;
   };
+
+  // This thread's kItems source entries of the tile at `base` (`valid` of them real, blocked
+  // arrangement): the key bits of the tensor's values (from_tensor) or of the candidate list,
+  // and, from the candidate list, their indices. Ends with a barrier, so `storage` is free.
+  __device__ __forceinline__ static void load(Storage& storage, const Buffers<IndexT>& b,
+                                              std::uint64_t base, int valid, bool from_tensor,
+                                              std::uint32_t (&bits)[kItems], IndexT (&index)[kItems]) {
+    if (from_tensor) {
+      float values[kItems];
+      LoadFloat(storage.load_float).Load(b.in + base, values, valid, 0.0f);
+#pragma unroll
+      for (unsigned q = 0; q < kItems; ++q) bits[q] = float_bits(values[q]);
+    } else {
+      LoadBits(storage.load_bits).Load(b.candidate_bits + base, bits, valid, 0u);
+      __syncthreads();
+      LoadIndex(storage.load_index).Load(b.candidate_index + base, index, valid, IndexT{0});
+    }
+    __syncthreads();
+  }
 };
 
 // Stable compaction of the rule's source by tiles: an entry's position is the number of kept
@@ -361,9 +380,6 @@ template <typename IndexT, bool kToPayload>
 __global__ void __launch_bounds__(kThreads)
     write_kernel(Buffers<IndexT> b, int rule_index, PayloadOut out) {
   using Tile = TileWork<IndexT>;
-  using LoadFloat = typename Tile::LoadFloat;
-  using LoadBits = typename Tile::LoadBits;
-  using LoadIndex = typename Tile::LoadIndex;
   using Scan = typename Tile::Scan;
   __shared__ typename Tile::Storage storage;
   const TopkDeviceState* const state = b.state;
@@ -383,20 +399,11 @@ __global__ void __launch_bounds__(kThreads)
     const int valid = static_cast<int>(left < kTopkTile ? left : kTopkTile);
     std::uint32_t bits[kItems];
     IndexT index[kItems];
+    Tile::load(storage, b, base, valid, rule.source == kSourceTensor, bits, index);
     if (rule.source == kSourceTensor) {
-      float values[kItems];
-      LoadFloat(storage.load_float).Load(b.in + base, values, valid, 0.0f);
 #pragma unroll
-      for (unsigned q = 0; q < kItems; ++q) {
-        bits[q] = float_bits(values[q]);
-        index[q] = static_cast<IndexT>(base + threadIdx.x * kItems + q);
-      }
-    } else {
-      LoadBits(storage.load_bits).Load(b.candidate_bits + base, bits, valid, 0u);
-      __syncthreads();
-      LoadIndex(storage.load_index).Load(b.candidate_index + base, index, valid, IndexT{0});
+      for (unsigned q = 0; q < kItems; ++q) index[q] = static_cast<IndexT>(base + threadIdx.x * kItems + q);
     }
-    __syncthreads();
     std::uint32_t packed = 0;
 #pragma unroll
     for (unsigned q = 0; q < kItems; ++q) {
@@ -528,9 +535,6 @@ template <typename IndexT, bool kToPayload>
 __global__ void __launch_bounds__(kThreads, kToPayload ? 3 : 6)
     one_pass_kernel(Buffers<IndexT> b, int rule_index, PayloadOut out) {
   using Tile = TileWork<IndexT>;
-  using LoadFloat = typename Tile::LoadFloat;
-  using LoadBits = typename Tile::LoadBits;
-  using LoadIndex = typename Tile::LoadIndex;
   using Scan = typename Tile::Scan;
   __shared__ typename Tile::Storage storage;
   __shared__ std::uint64_t shared_tile;
@@ -556,17 +560,7 @@ __global__ void __launch_bounds__(kThreads, kToPayload ? 3 : 6)
     const std::uint64_t first = std::uint64_t{threadIdx.x} * kItems;
     std::uint32_t bits[kItems];
     IndexT index[kItems];  // candidate source only; the tensor's index is the position
-    if (from_tensor) {
-      float values[kItems];
-      LoadFloat(storage.load_float).Load(b.in + base, values, valid, 0.0f);
-#pragma unroll
-      for (unsigned q = 0; q < kItems; ++q) bits[q] = float_bits(values[q]);
-    } else {
-      LoadBits(storage.load_bits).Load(b.candidate_bits + base, bits, valid, 0u);
-      __syncthreads();
-      LoadIndex(storage.load_index).Load(b.candidate_index + base, index, valid, IndexT{0});
-    }
-    __syncthreads();
+    Tile::load(storage, b, base, valid, from_tensor, bits, index);
     std::uint32_t packed = 0;
 #pragma unroll
     for (unsigned q = 0; q < kItems; ++q) {
