@@ -423,4 +423,40 @@ void check_decode_against_cpu(const Codec& codec, const std::vector<std::byte>& 
       << ", cpu " << hex(float_bits(cpu_acc[acc_diff]));
 }
 
+// Encodes x (the input one float past a 16-byte boundary) into a payload at each offset 1, 2, 4
+// and 8 from a word boundary and decodes it into an output one float past one: the payload must
+// be `message`'s (the CPU codec's, after its header), *d_status == ok_status, and the decode the
+// CPU decoder's bits. encode(d_in, d_payload) and decode(d_payload, d_out, d_status) launch the
+// device kernels on `stream`.
+template <typename Encode, typename Decode>
+void check_unaligned_round_trip(const Codec& codec, const std::vector<float>& x,
+                                const std::vector<std::byte>& message, int ok_status, void* stream,
+                                Encode encode, Decode decode) {
+  const std::size_t count = x.size();
+  const std::size_t payload_bytes = message.size() - compressors::kWireHeaderBytes;
+  std::vector<float> cpu_out(count);
+  codec.decode(message, host_view(cpu_out.data(), count));
+  std::vector<float> padded(count + 1, 0.0f);
+  std::copy(x.begin(), x.end(), padded.begin() + 1);
+  DeviceArray<float> d_in(padded);
+  for (std::size_t offset : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
+    SCOPED_TRACE("payload offset=" + std::to_string(offset));
+    DeviceArray<std::byte> d_buffer(payload_bytes + offset);
+    std::byte* const d_payload = d_buffer.get() + offset;
+    encode(d_in.get() + 1, d_payload);
+    DeviceArray<float> d_out(count + 1);
+    DeviceArray<int> d_status(1);
+    decode(d_payload, d_out.get() + 1, d_status.get());
+    sync(stream);
+    const std::vector<std::byte> buffer = d_buffer.download();
+    EXPECT_EQ(first_byte_difference(buffer.data() + offset, message.data() + compressors::kWireHeaderBytes,
+                                    payload_bytes),
+              kNoDifference);
+    EXPECT_EQ(d_status.download()[0], ok_status);
+    const std::vector<float> out = d_out.download();
+    EXPECT_EQ(first_float_difference(std::vector<float>(out.begin() + 1, out.end()), cpu_out, count, false),
+              kNoDifference);
+  }
+}
+
 }  // namespace gradzip::gpu_test

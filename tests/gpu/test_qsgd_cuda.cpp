@@ -283,32 +283,16 @@ TEST_P(CudaQsgd, UnalignedInputsOutputsAndPayloadsMatchTheCpuCodec) {
     const auto codec = qsgd_codec(bits, 512);
     std::vector<std::byte> message(codec->max_encoded_bytes(count));
     codec->encode(host_view(x.data(), count), message, context());
-    const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
-    std::vector<float> cpu_out(count);
-    codec->decode(message, host_view(cpu_out.data(), count));
-    std::vector<float> padded(count + 1, 0.0f);
-    std::copy(x.begin(), x.end(), padded.begin() + 1);
-    DeviceArray<float> d_in(padded);
-    for (std::size_t offset : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}}) {
-      SCOPED_TRACE("bits=" + std::to_string(bits) + " payload offset=" + std::to_string(offset));
-      DeviceArray<std::byte> d_buffer(payload_bytes + offset);
-      std::byte* const d_payload = d_buffer.get() + offset;
-      cuda::qsgd_encode(d_in.get() + 1, count, bits, 512, params_of(context()), d_payload, nullptr,
-                        nullptr, stream(), GetParam());
-      DeviceArray<float> d_out(count + 1);
-      DeviceArray<int> d_status(1);
-      cuda::qsgd_decode(d_payload, count, bits, 512, d_out.get() + 1, false, d_status.get(), stream(),
-                        GetParam());
-      sync(stream());
-      const std::vector<std::byte> buffer = d_buffer.download();
-      EXPECT_EQ(first_byte_difference(buffer.data() + offset, message.data() + kWireHeaderBytes,
-                                      payload_bytes),
-                kNoDifference);
-      EXPECT_EQ(d_status.download()[0], cuda::kQsgdStatusOk);
-      const std::vector<float> out = d_out.download();
-      EXPECT_EQ(first_float_difference(std::vector<float>(out.begin() + 1, out.end()), cpu_out, count, false),
-                kNoDifference);
-    }
+    SCOPED_TRACE("bits=" + std::to_string(bits));
+    gpu_test::check_unaligned_round_trip(
+        *codec, x, message, cuda::kQsgdStatusOk, stream(),
+        [&](const float* d_in, std::byte* d_payload) {
+          cuda::qsgd_encode(d_in, count, bits, 512, params_of(context()), d_payload, nullptr, nullptr,
+                            stream(), GetParam());
+        },
+        [&](const std::byte* d_payload, float* d_out, int* d_status) {
+          cuda::qsgd_decode(d_payload, count, bits, 512, d_out, false, d_status, stream(), GetParam());
+        });
   }
 }
 
