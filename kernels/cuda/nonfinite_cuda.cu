@@ -61,10 +61,12 @@ DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DTyp
   constexpr std::size_t kResultBytes = 2 * sizeof(unsigned long long);
   auto* const d_result = static_cast<unsigned long long*>(
       device_allocate(kResultBytes, device, cuda_stream, op, "allocating the result"));
-  const unsigned long long initial[2] = {0, ~0ull};
+  // The count starts at 0 and the first index at ~0, set by memsets: a copy from pageable host
+  // memory would wait for the stream before it starts.
   unsigned long long result[2] = {0, 0};
-  cudaError_t status = cudaMemcpyAsync(d_result, initial, sizeof initial, cudaMemcpyHostToDevice,
-                                       cuda_stream);
+  cudaError_t status = cudaMemsetAsync(d_result, 0, sizeof(unsigned long long), cuda_stream);
+  if (status == cudaSuccess)
+    status = cudaMemsetAsync(d_result + 1, 0xFF, sizeof(unsigned long long), cuda_stream);
   if (status == cudaSuccess) {
     const unsigned blocks = detail::grid_for(count);
     switch (dtype) {
