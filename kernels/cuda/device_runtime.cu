@@ -192,8 +192,6 @@ void device_release(void* block, std::size_t bytes, int device, cudaStream_t str
   free_to_cuda(block, device, stream);
 }
 
-void release_thread_device_cache() noexcept { thread_cache().clear(); }
-
 void synchronize_stream(cudaStream_t stream, std::string_view op, std::string_view what) {
   count_wait(op);
   check_runtime(cudaStreamSynchronize(stream), op, what);

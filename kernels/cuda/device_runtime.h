@@ -24,7 +24,7 @@
 // sizes are rounded up to at most 25% more, 512 bytes at least), and the next allocation of that
 // class on that thread takes one back without calling CUDA. Idle cached bytes per thread are
 // bounded (kMaxIdleCachedBytes); beyond it a released block is freed. The cache is emptied when
-// the thread ends (release_thread_device_cache()). Contract for reuse: the releasing caller has
+// the thread ends. Contract for reuse: the releasing caller has
 // finished every use of the block on every stream (gradzip's calls synchronise before they
 // return, so this holds for everything they release).
 #pragma once
@@ -71,9 +71,6 @@ void* device_allocate(std::size_t bytes, int device, cudaStream_t stream, std::s
 // cache, or to CUDA (stream-ordered on `stream` where pools are supported). Null is ignored.
 // Never throws.
 void device_release(void* block, std::size_t bytes, int device, cudaStream_t stream) noexcept;
-
-// Frees every block in the calling thread's cache (also done when the thread ends).
-void release_thread_device_cache() noexcept;
 
 // cudaStreamSynchronize(stream), counted; throws gradzip::Error(unsupported) naming `op` and
 // `what` with CUDA's text when it fails.
