@@ -394,17 +394,20 @@ struct Call {
   std::optional<std::uint32_t> explicit_step;
   // Set by begin_call: the ranks whose input holds NaN or Inf (the same on every rank).
   std::vector<NonfiniteInput> nonfinite;
+  // Set by begin_call: counting the non-finite input of a CUDA tensor waited for the thread's
+  // work stream, so the work queued before the call is done (open_call_memory skips its wait).
+  bool device_work_finished = false;
 };
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    const CompressionSpec& spec) {
-  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}};
+  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}, false};
 }
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    std::string_view spec_text) {
   Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt,
-            std::nullopt, {}};
+            std::nullopt, {}, false};
   try {
     call.spec = CompressionSpec::parse(spec_text);
     call.spec_text = call.spec->to_string();
@@ -477,6 +480,7 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
       if (call.tensor.device.kind == DeviceKind::cuda) {
         const NonfiniteOnDevice found = count_nonfinite_on_device(call.tensor, begin, end);
         mine = NonfiniteInput{0, found.count, begin + found.first};
+        call.device_work_finished = found.work_stream_drained;
       } else {
         const kernels::cpu::NonfiniteCount found =
             kernels::cpu::count_nonfinite(call.tensor, begin, end - begin);
@@ -562,8 +566,9 @@ CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec
 // Prepares elements [begin, end) of the call's tensor (the rest is left for the algorithm to
 // overwrite). For CUDA tensors `route` (cuda_route) picks the path; every path of a CUDA
 // tensor says in the stats' note which it took.
-CallMemory open_call_memory(CommunicatorState& state, const TensorView& tensor, std::size_t begin,
+CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::size_t begin,
                             std::size_t end, const CudaRoute& route, CollectiveStats& stats) {
+  const TensorView& tensor = call.tensor;
   CallMemory memory;
   memory.transport = &state.transport();
   memory.host = tensor;
@@ -571,8 +576,11 @@ CallMemory open_call_memory(CommunicatorState& state, const TensorView& tensor, 
     const bool nccl = route.kind == CudaRoute::Kind::nccl;
     if (nccl) memory.transport = &state.nccl_transport(tensor.device.index);
     // The transport may read the tensor from a stream of its own: the work that produced it
-    // (earlier work of blocking streams, as the contract says) must be done first.
-    finish_queued_work(tensor.device.index, "a collective on a CUDA tensor");
+    // (earlier work of blocking streams, as the contract says) must be done first. Counting
+    // the non-finite input already waited for it, with nothing queued since; then one wait
+    // is enough.
+    if (!call.device_work_finished)
+      finish_queued_work(tensor.device.index, "a collective on a CUDA tensor");
     memory.device = tensor.device;
     stats.note += detail::concat(stats.note.empty() ? "" : "; ",
                                  nccl ? "over NCCL" : "over CUDA-aware MPI");
@@ -758,7 +766,7 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
   switch (call.kind) {
     case CollectiveKind::allreduce: {
       stats.algorithm = "mpi";
-      const CallMemory memory = open_call_memory(state, tensor, 0, count,
+      const CallMemory memory = open_call_memory(state, call, 0, count,
                                                  route_of(state, tensor, dense, std::nullopt), stats);
       divide_for_average(memory, call.op);
       {
@@ -771,7 +779,7 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
     case CollectiveKind::reduce_scatter: {
       stats.algorithm = "ring";
       const CallMemory memory = open_call_memory(
-          state, tensor, 0, count, route_of(state, tensor, dense, Algorithm::ring), stats);
+          state, call, 0, count, route_of(state, tensor, dense, Algorithm::ring), stats);
       divide_for_average(memory, call.op);
       ReduceJob job = make_job(state, dense, memory, std::string(call.name), call.name, step, stats);
       ring_reduce_scatter(job);
@@ -783,7 +791,7 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
     case CollectiveKind::allgather: {
       stats.algorithm = "allgather";
       const CallMemory memory = open_call_memory(
-          state, tensor, shard_begin(count, transport.size(), transport.rank()),
+          state, call, shard_begin(count, transport.size(), transport.rank()),
           shard_begin(count, transport.size(), transport.rank() + 1),
           route_of(state, tensor, dense, Algorithm::allgather), stats);
       ReduceJob job = make_job(state, dense, memory, allgather_residual_key(call.name), call.name,
@@ -835,7 +843,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
                               choice.algorithm == Algorithm::auto_select &&
                               spec.codec == CodecKind::randk;
     const CallMemory memory =
-        open_call_memory(state, call.tensor, 0, count,
+        open_call_memory(state, call, 0, count,
                          route_of(state, call.tensor, spec, algorithm, shared_index), stats);
     divide_for_average(memory, call.op);
     if (choice.path == AllreducePath::transport_sum) {
@@ -861,7 +869,7 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
     const CallMemory memory = open_call_memory(
-        state, call.tensor, 0, count, route_of(state, call.tensor, spec, choice.algorithm), stats);
+        state, call, 0, count, route_of(state, call.tensor, spec, choice.algorithm), stats);
     divide_for_average(memory, call.op);
     ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);
     if (choice.algorithm == Algorithm::sra)
@@ -883,7 +891,7 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
     const std::size_t count = call.tensor.count;
     // Only this rank's shard holds data on entry; the algorithm writes every other shard.
     const CallMemory memory = open_call_memory(
-        state, call.tensor, shard_begin(count, transport.size(), transport.rank()),
+        state, call, shard_begin(count, transport.size(), transport.rank()),
         shard_begin(count, transport.size(), transport.rank() + 1),
         route_of(state, call.tensor, spec, Algorithm::allgather), stats);
     ReduceJob job = make_job(state, spec, memory, allgather_residual_key(call.name), call.name,

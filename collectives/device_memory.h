@@ -51,10 +51,14 @@ void widen_on_device(const TensorView& tensor, std::size_t begin, std::size_t en
 // Elements [begin, end) of d_f32 back into `tensor` (f16 / bf16, rounded to nearest even).
 void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor);
 // Non-finite elements (NaN, +-Inf) among elements [begin, end) of a CUDA tensor: their count
-// and the first one's index relative to `begin` (kernels/cuda/nonfinite_cuda.h).
+// and the first one's index relative to `begin` (kernels/cuda/nonfinite_cuda.h). When
+// end > begin the count is read back after a wait for the thread's work stream, so that stream
+// is then drained exactly as finish_queued_work would leave it (`work_stream_drained`), and a
+// call that counted need not wait again before its transport reads the tensor.
 struct NonfiniteOnDevice {
   std::uint64_t count = 0;
   std::uint64_t first = 0;
+  bool work_stream_drained = false;
 };
 NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t begin,
                                             std::size_t end);

@@ -118,7 +118,7 @@ NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_
   const auto* data = static_cast<const std::byte*>(tensor.data) + begin * dtype_size(tensor.dtype);
   const kernels::cuda::DeviceNonfiniteCount found =
       kernels::cuda::count_nonfinite(data, end - begin, tensor.dtype, work_stream());
-  return NonfiniteOnDevice{found.count, found.first};
+  return NonfiniteOnDevice{found.count, found.first, /*work_stream_drained=*/true};
 }
 
 void divide_on_device(float* d_data, std::size_t count, float divisor, int device) {
