@@ -25,6 +25,7 @@
 #include "gradzip/error.h"
 #include "gradzip/version.h"
 #include "pipeline/powersgd.h"
+#include "process_group_transport.h"
 
 namespace py = pybind11;
 
@@ -148,25 +149,46 @@ PYBIND11_MODULE(_gradzip, m) {
   m.def("parse_spec", [](const std::string& spec) { return CompressionSpec::parse(spec).to_string(); },
         py::arg("spec"), "The canonical form of a compression spec (gradzip.Error if it does not parse).");
 
-  py::class_<Communicator>(m, "Communicator", R"(Compressed collectives over MPI_COMM_WORLD.
+  py::class_<Communicator>(m, "Communicator", R"(Compressed collectives over a transport.
 
-Initialises MPI (MPI_THREAD_MULTIPLE) unless the application did. Every rank calls every
-collective in the same order with the same name, size, dtype, spec and op.
+engine=None (the default): over MPI_COMM_WORLD; initialises MPI (MPI_THREAD_MULTIPLE) unless
+the application did. engine=a gradzip._process_group.ProcessGroupEngine: over torch.distributed
+(gradzip.Communicator(transport="torch") makes the engine). Every rank calls every collective in
+the same order with the same name, size, dtype, spec and op.
 
 link_gbps > 0 gives algo=auto's cost model the link (link_latency_us its latency,
 link_exchange_gbps a pairwise-exchange rate, 0: link_gbps) instead of measuring it at the first
-call that needs it; all three 0 (the default): measured. GRADZIP_LINK overrides them.)")
+call that needs it; all three 0 (the default): measured. GRADZIP_LINK overrides them.
+timeout_s > 0 is the deadline of every blocking wait (GRADZIP_TIMEOUT_S overrides it; default
+600 s); on_timeout is "abort" (end the process, exit code 124) or "throw" (gradzip.Error with
+code "timeout"; the communicator is dead afterwards).)")
       .def(py::init([](const std::string& default_spec, double link_latency_us, double link_gbps,
-                       double link_exchange_gbps) {
+                       double link_exchange_gbps, double timeout_s, const std::string& on_timeout,
+                       py::object engine) {
              CommunicatorOptions options;
              options.default_spec = default_spec;
              options.link_latency_us = link_latency_us;
              options.link_gbps = link_gbps;
              options.link_exchange_gbps = link_exchange_gbps;
-             return Communicator::world(std::move(options));
+             options.timeout_seconds = timeout_s;
+             if (on_timeout == "abort") options.on_timeout = TimeoutAction::abort;
+             else if (on_timeout == "throw") options.on_timeout = TimeoutAction::throw_error;
+             else throw py::value_error("on_timeout '" + on_timeout + "' (accepted: abort, throw)");
+             if (engine.is_none()) return Communicator::world(std::move(options));
+             return collectives::make_communicator(
+                 std::make_unique<python::ProcessGroupTransport>(std::move(engine)), std::move(options));
            }),
            py::arg("default_spec") = "none", py::kw_only(), py::arg("link_latency_us") = 0.0,
-           py::arg("link_gbps") = 0.0, py::arg("link_exchange_gbps") = 0.0)
+           py::arg("link_gbps") = 0.0, py::arg("link_exchange_gbps") = 0.0,
+           py::arg("timeout_s") = 0.0, py::arg("on_timeout") = "abort", py::arg("engine") = py::none())
+      .def_property_readonly(
+          "transport",
+          [](Communicator& communicator) { return collectives::state_of(communicator).transport().describe(); },
+          "What moves this communicator's bytes, e.g. \"mpi rank 0 of 2\" or \"torch.distributed (gloo) rank 0 of 2\".")
+      .def_property_readonly(
+          "timeout_s",
+          [](Communicator& communicator) { return collectives::state_of(communicator).transport().deadline_policy().seconds; },
+          "The deadline of every blocking wait, in seconds (after GRADZIP_TIMEOUT_S).")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def(
