@@ -9,7 +9,6 @@
 // Collective calls release the GIL while they run, so a Python thread can drive them while others
 // keep going (the DDP hook's communication thread does).
 #include <pybind11/pybind11.h>
-#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
@@ -90,6 +89,20 @@ TensorView buffer_view(py::handle object, bool writable, const char* what) {
     expected *= info.shape[d];
   }
   return TensorView{info.ptr, static_cast<std::size_t>(info.size), kind, Device{}};
+}
+
+// A new float32 NumPy array of `count` elements, and the address of its data. Made through
+// NumPy's Python API and the buffer protocol, never pybind11's NumPy C-API wrappers: those read
+// NumPy's structs, whose layout changed in NumPy 2 (pybind11 before 2.12, as Debian ships,
+// computes zero strides there), and users of a current PyTorch from PyPI get NumPy 2.
+py::object numpy_f32_array(std::size_t count) {
+  return py::module_::import("numpy").attr("empty")(count, py::arg("dtype") = "float32");
+}
+void* writable_f32_buffer(const py::object& array, std::size_t count) {
+  const py::buffer_info info = py::reinterpret_borrow<py::buffer>(array).request(/*writable=*/true);
+  if (info.itemsize != 4 || static_cast<std::size_t>(info.size) != count)
+    throw std::logic_error("numpy.empty did not return " + std::to_string(count) + " float32 values");
+  return info.ptr;
 }
 
 TensorView view_of(py::handle object, bool writable, const char* what) {
@@ -223,18 +236,20 @@ error feedback and the random streams); `spec` defaults to the communicator's de
             const error_feedback::ResidualStore& store = collectives::state_of(communicator).residuals();
             if (!store.contains(name)) return py::none();
             const std::span<const float> values = store.residual(name);
-            py::array_t<float> copy(static_cast<py::ssize_t>(values.size()));
-            if (!values.empty()) std::memcpy(copy.mutable_data(), values.data(), values.size_bytes());
+            py::object copy = numpy_f32_array(values.size());
+            if (!values.empty()) std::memcpy(writable_f32_buffer(copy, values.size()), values.data(), values.size_bytes());
             return copy;
           },
           py::arg("name"), "A copy of the residual `name` (float32 array), or None.")
       .def(
           "set_residual",
-          [](Communicator& communicator, const std::string& name,
-             py::array_t<float, py::array::c_style | py::array::forcecast> values) {
+          [](Communicator& communicator, const std::string& name, py::handle values) {
+            const py::object contiguous = py::module_::import("numpy").attr("ascontiguousarray")(
+                values, py::arg("dtype") = "float32");
+            const py::buffer_info info = py::reinterpret_borrow<py::buffer>(contiguous).request();
             error_feedback::ResidualStore& store = collectives::state_of(communicator).residuals();
-            const std::span<float> target = store.residual(name, static_cast<std::size_t>(values.size()));
-            if (!target.empty()) std::memcpy(target.data(), values.data(), target.size_bytes());
+            const std::span<float> target = store.residual(name, static_cast<std::size_t>(info.size));
+            if (!target.empty()) std::memcpy(target.data(), info.ptr, target.size_bytes());
           },
           py::arg("name"), py::arg("values"),
           "Sets the residual `name` (registering it with values' size; a registered residual of "

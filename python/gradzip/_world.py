@@ -1,9 +1,10 @@
 """Whether a gradzip communicator spans the ranks torch.distributed trains with.
 
-gradzip's collectives run over MPI. Launched by torchrun (or any launcher that is not MPI's),
-each process's MPI_COMM_WORLD is a singleton of one rank, so an all-reduce through gradzip would
-return each rank's own gradient and the ranks would train unsynchronised with no error. The
-checks here refuse that at construction instead.
+A communicator over MPI (transport "mpi") in a process that torchrun (or any launcher that is
+not MPI's) started has an MPI_COMM_WORLD of one rank, so an all-reduce through it would return
+each rank's own gradient and the ranks would train unsynchronised with no error. The checks here
+refuse that at construction instead. (Under torchrun, gradzip runs over torch.distributed once
+the process group is initialised: gradzip.Communicator(transport="auto" or "torch").)
 
 torch.distributed's rank count is the process group's size when torch.distributed is initialised
 (the group DDP uses, default: the world), else the WORLD_SIZE variable that torchrun and
@@ -16,9 +17,10 @@ import sys
 from . import _gradzip
 
 _HOW_TO_LAUNCH = (
-    "gradzip's collectives run over MPI: launch every process with mpirun (for example "
-    "`mpirun -np 2 python train.py`, taking the process group's rank and world size from "
-    "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE), not with torchrun or another launcher alone")
+    "Under torchrun, call torch.distributed.init_process_group(...) before making the gradzip "
+    "communicator (gradzip.Communicator() then runs over torch.distributed, transport 'torch'); "
+    "or launch every process with mpirun (for example `mpirun -np 2 python train.py`) for "
+    "transport 'mpi'")
 
 
 def torch_world(process_group=None):
@@ -41,7 +43,7 @@ def _refuse(who, communicator_size, torch_size, source):
     error = _gradzip.Error(
         f"{who}: the gradzip communicator spans {communicator_size} rank(s) but {source} says "
         f"{torch_size}: gradzip would average over other ranks than the training does (with one "
-        f"MPI rank, each process only its own gradient: the ranks would train unsynchronised). "
+        f"rank, each process only its own gradient: the ranks would train unsynchronised). "
         f"{_HOW_TO_LAUNCH}.")
     error.code = "invalid_argument"
     raise error

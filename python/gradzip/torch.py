@@ -5,11 +5,12 @@
     state = gradzip.torch.GradzipState(model, spec="topk:ratio=0.01,ef=on", warmup=100)
     ddp.register_comm_hook(state, gradzip.torch.hook)
 
-Run under mpirun: gradzip's collectives go over MPI (gradzip initialises it), whatever backend
-the process group uses (gloo here). Every rank must build the same model and state. A state
-whose communicator does not have the process group's rank count is refused (gradzip.Error):
-under torchrun alone each process's MPI world is one rank, and the hook would return each
-rank's own gradient.
+Run under torchrun (after torch.distributed.init_process_group, as DDP needs anyway): the
+default communicator runs over torch.distributed, on a gloo group of gradzip's own over the
+process group's ranks. Under mpirun it runs over MPI (gradzip initialises it), whatever backend
+the process group uses. Every rank must build the same model and state. A state whose
+communicator does not have the process group's rank count is refused (gradzip.Error), so a
+gradient is never averaged over other ranks than the training's.
 
 - hook(state, bucket) averages the bucket's flat gradient buffer with gradzip and returns a
   torch.futures.Future that gradzip's communication thread completes, so DDP goes on with
@@ -35,6 +36,7 @@ import torch
 
 from . import _gradzip, _world
 from . import Communicator
+from . import choose_transport as _gradzip_choose_transport
 
 
 class _CommunicationThread:
@@ -61,7 +63,9 @@ class GradzipState:
     model: the module DDP wraps (its named_parameters() name the residuals).
     spec: a gradzip compression spec, e.g. "topk:ratio=0.01,ef=on" (checked here).
     warmup: iterations run uncompressed first.
-    communicator: a gradzip.Communicator (default: a new one over MPI_COMM_WORLD).
+    communicator: a gradzip.Communicator (default: a new one, transport "auto": over
+        torch.distributed's `process_group` when torch.distributed is initialised and no MPI
+        launcher started the process, else over MPI_COMM_WORLD).
     process_group: the torch.distributed group DDP reduces over (default: the world).
 
     The communicator must span that group: gradzip.Error when its rank count differs from the
@@ -74,7 +78,10 @@ class GradzipState:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = int(warmup)
-        self.communicator = communicator if communicator is not None else Communicator()
+        if communicator is None:
+            torch_transport = _gradzip_choose_transport() == "torch"
+            communicator = Communicator(process_group=process_group) if torch_transport else Communicator()
+        self.communicator = communicator
         self._process_group = process_group
         _world.refuse_communicator_not_spanning(self.communicator.size, process_group)
         self._spans_checked = _world.torch_world(process_group) is not None

@@ -1,12 +1,16 @@
 """Shared fixtures of gradzip's Python tests.
 
-Run under mpirun (see tests/CMakeLists.txt): every rank runs the same tests in the same order,
-so the collectives inside them pair up. Without mpirun they run as one rank.
+Run under mpirun, or under torchrun (or tests/python/torchrun_like.py, which starts processes
+the same way; see tests/CMakeLists.txt): every rank runs the same tests in the same order, so the
+collectives inside them pair up. Without a launcher they run as one rank.
 
-- comm: one gradzip.Communicator over MPI_COMM_WORLD for the session.
+- comm: one gradzip.Communicator for the session: over MPI_COMM_WORLD under mpirun; under
+  torchrun over torch.distributed (transport "torch"), after this file has initialised the
+  default process group (gloo, env://) from torchrun's variables.
 - rank, size: this process's rank and the rank count (from the communicator).
-- process_group: torch.distributed's gloo group over loopback (tcp://127.0.0.1:PORT, PORT from
-  GRADZIP_TEST_PORT so that ctest's parallel runs do not collide), created once per session.
+- process_group: torch.distributed's gloo group: under mpirun made here over loopback
+  (tcp://127.0.0.1:PORT, PORT from GRADZIP_TEST_PORT so that ctest's parallel runs do not
+  collide), under torchrun the default group made for `comm`.
 - gather_digests(comm, data): every rank's SHA-256 of `data` on every rank (a cross-rank
   identity check made with gradzip itself, see its comment).
 """
@@ -16,12 +20,33 @@ import os
 import numpy as np
 import pytest
 
+try:
+    # torch before gradzip: with a PyTorch from PyPI, gradzip's module loads the CUDA toolkit's
+    # NCCL first and torch's CUDA library then fails to load (a known loader clash, tested on
+    # its own); the order does not matter for what these tests check.
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 import gradzip
+
+
+def launched_by_torchrun():
+    """Started by torchrun (or torchrun_like.py): WORLD_SIZE set, no MPI launcher."""
+    return not gradzip.launched_by_mpi() and "WORLD_SIZE" in os.environ
 
 
 @pytest.fixture(scope="session")
 def comm():
-    return gradzip.Communicator()
+    if launched_by_torchrun():
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="env://")
+        communicator = gradzip.Communicator()
+        assert communicator.transport_name == "torch", communicator.transport
+        yield communicator
+        dist.destroy_process_group()
+        return
+    yield gradzip.Communicator()
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +63,9 @@ def size(comm):
 def process_group(comm):
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
+    if dist.is_initialized():  # torchrun: the group `comm` was made over
+        yield dist.group.WORLD
+        return
     env_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     env_size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
     assert (env_rank, env_size) == (comm.rank, comm.size), "MPI and Open MPI's environment disagree"

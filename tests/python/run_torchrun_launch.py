@@ -1,13 +1,17 @@
 #!/usr/bin/python3
-"""A torchrun-style launch without mpirun must be refused, never train unsynchronised.
+"""A torchrun-style launch without mpirun: gradzip runs over torch.distributed, or refuses;
+it never trains unsynchronised.
 
 torchrun starts each process with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set
-and no MPI launcher around it, so each process's MPI world is a singleton of one rank: gradzip's
-all-reduce would return each rank's own gradient. This driver starts 2 processes exactly that way
-(its own launcher: Debian's torch 1.13 torchrun fails on Python 3.11) and each must see:
+and no MPI launcher around it, so each process's MPI world is a singleton of one rank: an MPI
+communicator's all-reduce would return each rank's own gradient. This driver starts 2 processes
+exactly that way (tests/python/torchrun_like.py's environment: Debian's torch 1.13 torchrun
+fails on Python 3.11) and each must see:
 
   1. gradzip.Communicator() refused with gradzip.Error, code invalid_argument, naming WORLD_SIZE
-     before torch.distributed is initialised, and torch.distributed's process group after;
+     and init_process_group, before torch.distributed is initialised; after it,
+     Communicator(transport="mpi") refused naming torch.distributed's process group, and
+     Communicator() running over torch.distributed ("torch", 2 ranks, an exact sum);
   2. gradzip.torch.GradzipState with a one-rank communicator (the binding's own, which does not
      check) refused at construction, naming the process group's 2 ranks and mpirun;
   3. a state made before torch.distributed existed (nothing to compare with then) refused at the
@@ -25,6 +29,8 @@ import os
 import subprocess
 import sys
 import time
+
+from torchrun_like import torchrun_environment
 
 WORLD = 2
 OUTER_BOUND_S = 240
@@ -63,16 +69,27 @@ def worker():
 
     # 1, before torch.distributed: WORLD_SIZE says 2.
     expect_refusal("Communicator() before init_process_group", gradzip.Communicator,
-                   "WORLD_SIZE", "says 2", "mpirun")
+                   "WORLD_SIZE", "says 2", "init_process_group", "mpirun")
     # 3, first half: no WORLD_SIZE and no process group yet, so nothing to compare with.
     world_size = os.environ.pop("WORLD_SIZE")
     early_state = gradzip.torch.GradzipState(model, "none", communicator=singleton)
     os.environ["WORLD_SIZE"] = world_size
 
     dist.init_process_group("gloo", init_method="env://")
-    # 1, after: the process group says 2.
-    expect_refusal("Communicator() after init_process_group", gradzip.Communicator,
+    # 1, after: the process group says 2; over MPI refused, over torch.distributed it works.
+    expect_refusal("Communicator(transport='mpi') after init_process_group",
+                   lambda: gradzip.Communicator(transport="mpi"),
                    "torch.distributed's process group", "mpirun")
+    over_torch = gradzip.Communicator()
+    if (over_torch.transport_name, over_torch.size, over_torch.rank) != ("torch", WORLD, rank):
+        failures.append(f"Communicator() after init_process_group: {over_torch.transport_name}, "
+                        f"{over_torch.size} ranks, rank {over_torch.rank}; expected torch, {WORLD}, {rank}")
+    values = torch.arange(4096, dtype=torch.float32) * (rank + 1)
+    over_torch.allreduce(values, "launch-check", "none:min_bytes=0")
+    expected = torch.arange(4096, dtype=torch.float32) * sum(range(1, WORLD + 1))
+    if not torch.equal(values, expected):
+        failures.append(f"the all-reduce over torch.distributed is off by "
+                        f"{(values - expected).abs().max().item()}")
     # 2.
     expect_refusal("GradzipState(communicator of 1 rank)",
                    lambda: gradzip.torch.GradzipState(model, "none", communicator=singleton),
@@ -105,17 +122,6 @@ def worker():
     return 1 if failures else 0
 
 
-def launcher_environment(rank, port):
-    """This process's environment as torchrun would give rank `rank`: the torch variables set,
-    and nothing that tells MPI a launcher started it (ctest runs this test outside mpirun, but
-    a developer may not)."""
-    mpi_launcher = ("OMPI_COMM_WORLD", "OMPI_MCA_", "PMIX_", "PMI_", "ORTE_", "OPAL_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(mpi_launcher)}
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    return env
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=29690)
@@ -130,7 +136,7 @@ def main():
         return 77
     start = time.monotonic()
     processes = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
-                                  env=launcher_environment(rank, args.port), stdout=subprocess.PIPE,
+                                  env=torchrun_environment(rank, WORLD, args.port), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
                  for rank in range(WORLD)]
     ok = True
