@@ -88,7 +88,8 @@ void ProcessGroupTransport::time_out(const char* op, const std::string& pending)
   report += policy_.action == TimeoutAction::abort
                 ? "  action: ending this process (CommunicatorOptions::on_timeout = abort)\n"
                 : "  action: throwing ErrorCode::timeout; this communicator is dead, end the job\n";
-  collectives::note_timeout();
+  // No note_timeout(): that flag stops gradzip's MPI_Finalize at exit, which an MPI operation
+  // left pending could hang; a torch.distributed wait leaves none.
   collectives::write_timeout_report(report);
   if (policy_.action == TimeoutAction::abort) abort_job();
   dead_ = true;

@@ -127,9 +127,13 @@ class ProcessGroupEngine:
         group of its own. Collective over the default group: every rank of the job calls it."""
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "gradzip's torch transport needs torch.distributed initialised: call "
-                "torch.distributed.init_process_group(...) first (torchrun sets its variables)")
+            from . import _gradzip
+            error = _gradzip.Error(
+                "gradzip.Communicator(transport='torch'): torch.distributed is not initialised; "
+                "call torch.distributed.init_process_group(...) first (under torchrun, "
+                "init_process_group('gloo') or ('nccl') reads the launcher's variables)")
+            error.code = "invalid_argument"
+            raise error
         group = process_group if process_group is not None else dist.group.WORLD
         ranks = [_global_rank(dist, group, r) for r in range(dist.get_world_size(group))]
         return cls(_new_gloo_group(dist, ranks, timeout_s, every_rank_calls=True), ranks, timeout_s)

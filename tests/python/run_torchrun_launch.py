@@ -11,7 +11,8 @@ fails on Python 3.11) and each must see:
   1. gradzip.Communicator() refused with gradzip.Error, code invalid_argument, naming WORLD_SIZE
      and init_process_group, before torch.distributed is initialised; after it,
      Communicator(transport="mpi") refused naming torch.distributed's process group, and
-     Communicator() running over torch.distributed ("torch", 2 ranks, an exact sum);
+     Communicator() running over torch.distributed ("torch", 2 ranks, an exact sum); and
+     Communicator(transport="torch") before init_process_group refused naming it;
   2. gradzip.torch.GradzipState with a one-rank communicator (the binding's own, which does not
      check) refused at construction, naming the process group's 2 ranks and mpirun;
   3. a state made before torch.distributed existed (nothing to compare with then) refused at the
@@ -70,6 +71,9 @@ def worker():
     # 1, before torch.distributed: WORLD_SIZE says 2.
     expect_refusal("Communicator() before init_process_group", gradzip.Communicator,
                    "WORLD_SIZE", "says 2", "init_process_group", "mpirun")
+    expect_refusal("Communicator(transport='torch') before init_process_group",
+                   lambda: gradzip.Communicator(transport="torch"),
+                   "torch.distributed is not initialised", "init_process_group")
     # 3, first half: no WORLD_SIZE and no process group yet, so nothing to compare with.
     world_size = os.environ.pop("WORLD_SIZE")
     early_state = gradzip.torch.GradzipState(model, "none", communicator=singleton)
