@@ -3,8 +3,12 @@
 
 The C++ example's task (examples/train_fashion_mnist.cpp) in PyTorch: MLP 784-512-256-10, SGD
 with momentum 0.9, learning rate 0.1 on a cosine schedule down to 0, a global batch of 240 split
-over the ranks, 5 epochs. Run it under mpirun (gradzip's collectives go over MPI; the process
-group is gloo over loopback):
+over the ranks, 5 epochs. Run it under torchrun (gradzip's collectives then go over
+torch.distributed, on a gloo group of gradzip's own):
+
+    torchrun --nproc_per_node 2 examples/torch_ddp_fashion_mnist.py --spec topk:ratio=0.01,ef=on
+
+or under mpirun (gradzip's collectives go over MPI; the process group is gloo over loopback):
 
     mpirun -np 2 /usr/bin/python3 examples/torch_ddp_fashion_mnist.py --spec none
     mpirun -np 2 /usr/bin/python3 examples/torch_ddp_fashion_mnist.py --spec topk:ratio=0.01,ef=on
@@ -15,7 +19,7 @@ Rank 0 prints, per epoch, the test accuracy and the bytes gradzip sent from rank
 
 Options: --epochs N [5]  --spec SPEC [topk:ratio=0.01,ef=on]  --warmup STEPS [0]
          --data DIR [/usr/share/datasets/fashion-mnist]  --max-steps N (stop early; 0: no limit)
-         --port P [29650] (the gloo rendezvous on 127.0.0.1)
+         --port P [29650] (under mpirun: the gloo rendezvous on 127.0.0.1; torchrun gives its own)
 """
 import argparse
 import gzip
@@ -62,10 +66,13 @@ def main():
     parser.add_argument("--lr", type=float, default=0.1)
     args = parser.parse_args()
 
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
-                            world_size=world)
+    if "WORLD_SIZE" in os.environ and not gradzip.launched_by_mpi():  # torchrun
+        dist.init_process_group("gloo", init_method="env://")
+    else:  # mpirun, or one process on its own
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                rank=int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")),
+                                world_size=int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % world:
         raise SystemExit(f"--batch {args.batch} does not split over {world} ranks")
     local_batch = args.batch // world
@@ -92,7 +99,8 @@ def main():
         optimizer, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total_steps) / total_steps)))
     if rank == 0:
         print(f"gradzip {gradzip.__version__}: {world} ranks, spec {state.spec.split(',')[0]}..., "
-              f"global batch {args.batch}, {total_steps} steps", flush=True)
+              f"global batch {args.batch}, {total_steps} steps, over {state.communicator.transport} "
+              f"(torch {torch.__version__})", flush=True)
 
     step = 0
     for epoch in range(args.epochs):
