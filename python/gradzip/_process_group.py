@@ -33,11 +33,11 @@ torch.frombuffer (no copy), kept alive here until the operation completes.
 """
 import hashlib
 import inspect
-import queue
 import socket
-import threading
 import time
 from datetime import timedelta
+
+from . import _lifecycle
 
 
 
@@ -63,26 +63,24 @@ class _Send:
 
 class _SendReaper:
     """Waits for buffered sends in the background (see the module docstring) and keeps their
-    tensors alive until gloo is done with them. `failure` names the first send that failed."""
+    tensors alive until gloo is done with them; a gradzip/_lifecycle.py worker, stopped at
+    interpreter exit. `failure` names the first send that failed."""
 
     def __init__(self):
         self.failure = None
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="gradzip-torch-sends", daemon=True)
-        self._thread.start()
+        self._worker = _lifecycle.Worker("gradzip-torch-sends", self._reap)
 
     def put(self, item):
-        self._queue.put(item)
+        self._worker.submit(item)
 
-    def _run(self):
-        while True:
-            works, _keep, what = self._queue.get()
-            try:
-                for work in works:
-                    work.wait()
-            except Exception as error:  # noqa: BLE001 - reported by the engine's next call
-                if self.failure is None:
-                    self.failure = f"{what} failed: {error}"
+    def _reap(self, item):
+        works, _keep, what = item
+        try:
+            for work in works:
+                work.wait()
+        except Exception as error:  # noqa: BLE001 - reported by the engine's next call
+            if self.failure is None:
+                self.failure = f"{what} failed: {error}"
 
 
 class _Receive:

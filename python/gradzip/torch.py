@@ -28,33 +28,17 @@ gradient is never averaged over other ranks than the training's.
   does not hold PowerSGD's residuals and Q yet.
 """
 import hashlib
-import queue
-import threading
 
 import numpy as np
 import torch
 
-from . import _gradzip, _world
+from . import _gradzip, _lifecycle, _world
 from . import Communicator
 from . import choose_transport as _gradzip_choose_transport
 
 
-class _CommunicationThread:
-    """One thread that runs gradzip's calls in submission order (DDP submits the buckets in the
-    same order on every rank, so every rank's collectives pair up)."""
-
-    def __init__(self):
-        self._tasks = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="gradzip-communication", daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while True:
-            task = self._tasks.get()
-            task()
-
-    def submit(self, task):
-        self._tasks.put(task)
+def _run_task(task):
+    task()  # each task delivers its own errors through its future
 
 
 class GradzipState:
@@ -94,7 +78,29 @@ class GradzipState:
         # parameter name -> residual slice (float32) waiting for the bucket that holds it
         self._pending = {}
         self.last_stats = {}  # bucket index -> the stats dict of its latest call
-        self._thread = _CommunicationThread()
+        # One thread runs gradzip's calls in submission order (DDP submits the buckets in the
+        # same order on every rank, so every rank's collectives pair up); stopped by close() or
+        # at interpreter exit (gradzip/_lifecycle.py says why it must be).
+        self._thread = _lifecycle.Worker("gradzip-communication", _run_task)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def close(self, timeout=_lifecycle.EXIT_JOIN_S):
+        """Finishes the buckets already submitted and stops the communication thread (at most
+        `timeout` seconds; returns whether it ended). Idempotent; the hook refuses afterwards.
+        Interpreter exit does it for every state still open."""
+        return self._thread.stop(timeout)
+
+    @property
+    def closed(self):
+        return not self._thread.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+        return False
 
     # ---- layouts and residuals ---------------------------------------------------------------
 
@@ -235,5 +241,9 @@ def hook(state, bucket):
         except Exception as error:  # the future carries it to DDP's wait
             future.set_exception(error)
 
-    state._thread.submit(communicate)
+    try:
+        state._thread.submit(communicate)
+    except RuntimeError as error:
+        raise RuntimeError("gradzip.torch.hook: this GradzipState was closed; register the hook "
+                           "with an open state") from error
     return future
