@@ -78,6 +78,8 @@ class GradzipState:
         # parameter name -> residual slice (float32) waiting for the bucket that holds it
         self._pending = {}
         self.last_stats = {}  # bucket index -> the stats dict of its latest call
+        # Bucket residuals assembled and copied into the communicator (new layouts only).
+        self.residual_copies = 0
         # One thread runs gradzip's calls in submission order (DDP submits the buckets in the
         # same order on every rank, so every rank's collectives pair up); stopped by close() or
         # at interpreter exit (gradzip/_lifecycle.py says why it must be).
@@ -137,17 +139,22 @@ class GradzipState:
         """The bucket's name; on a new layout, its residual assembled per parameter.
 
         Runs on the communication thread, the only one that touches the communicator while DDP
-        runs. A layout not seen at this index means DDP rebuilt its buckets (or this is the first
-        call): every parameter's residual moves to _pending first, so a bucket that takes
-        parameters from a bucket not re-prepared yet still finds them, and the old layouts are
-        forgotten. The new bucket's residual is always set (zeros where nothing is carried), so a
-        name left in the communicator by an earlier state never leaks in.
+        runs. A bucket index seen before with the same layout costs nothing (the steady state:
+        no residual is copied). An index seen before with another layout, or a layout holding a
+        parameter that a known bucket holds, means DDP rebuilt its buckets: every parameter's
+        residual moves to _pending first, so a bucket that takes parameters from a bucket not
+        re-prepared yet still finds them, and the old layouts are forgotten. A layout not seen
+        yet (an index never seen, or any bucket after a rebuild) has its residual set from
+        _pending (zeros where nothing is carried), so a name left in the communicator by an
+        earlier state never leaks in.
         """
         known = self._layouts.get(index)
         if known is not None and known[1] == layout:
             return known[0]
-        self._pending.update(self._parameter_residuals())
-        self._layouts = {}
+        held = {parameter for _, old in self._layouts.values() for parameter, _, _ in old}
+        if known is not None or any(parameter in held for parameter, _, _ in layout):
+            self._pending.update(self._parameter_residuals())  # DDP rebuilt its buckets
+            self._layouts = {}
         name = self._bucket_name(index, layout)
         residual = np.zeros(numel, dtype=np.float32)
         for parameter, offset, count in layout:
@@ -155,6 +162,7 @@ class GradzipState:
             if carried is not None:
                 residual[offset:offset + count] = carried
         self.communicator.set_residual(name, residual)
+        self.residual_copies += 1
         self._layouts[index] = (name, layout)
         return name
 
