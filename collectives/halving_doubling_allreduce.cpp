@@ -39,6 +39,11 @@
 //   halving_step_residual_key(k, name) (the size of the range sent at step k >= 1, offset 0):
 //       the re-encode of the partial sum at step k;
 //   halving_owner_residual_key(name) (the size of block h): the owner's encode.
+//   A worker residual's elements that none of this rank's worker encodes compensate (left by
+//   another algorithm for the same name, or residuals folded into it by
+//   ResidualStore::fold_into) are added to the data before the fold and zeroed.
+//   Each of the other residuals is placed in "<name>" (ResidualStore::set_placement) at the
+//   elements it covers.
 // Random draws: step 0 and the fold use encode_context(job, offset) (seed mixed with the rank);
 // steps k >= 1 use offset 0 with the seed further mixed with k, so steps do not reuse draws;
 // the owner uses encode_context's server stream.
@@ -148,13 +153,19 @@ class HalvingDoubling {
         int lo = 0;
         for (int k = 0; k < steps_; ++k) {
           const Step step = halving_step(k, lo);
-          if (k > 0)
+          if (k > 0) {
             job.residuals->residual(halving_step_residual_key(k, job.name),
                                     range_count(step.send_lo, step.send_hi));
+            job.residuals->set_placement(halving_step_residual_key(k, job.name), job.name,
+                                         block_begin(step.send_lo));
+          }
           lo = step.keep_lo;
         }
         job.residuals->residual(halving_owner_residual_key(job.name), block_count(hd_));
+        job.residuals->set_placement(halving_owner_residual_key(job.name), job.name,
+                                     block_begin(hd_));
       }
+      flush_uncovered_worker_residual();
     }
   }
 
@@ -239,6 +250,31 @@ class HalvingDoubling {
   void decode_add(std::span<const std::byte> message, std::span<float> into) {
     StageTimer timer(job_.stats.decode_seconds);
     job_.codec.decode_add(message, TensorView{into.data(), into.size(), DType::f32, job_.device});
+  }
+
+  // The worker residual "<name>" may hold mass where this rank's worker encodes do not
+  // compensate it: another algorithm's worker residual (algo=auto chose differently for the
+  // same name), or residuals folded into it (ResidualStore::fold_into). This rank's worker
+  // encodes cover the whole tensor when it is folded, the range sent at halving step 0 when it
+  // takes part with steps, and nothing with one participant. The rest is added to the data
+  // (still f32, before any encode, so the later encodes and their residuals carry it) and
+  // zeroed: nothing is lost and nothing counted twice. Host memory: this algorithm is staged.
+  void flush_uncovered_worker_residual() {
+    if (folded_ || !job_.residuals->contains(job_.name)) return;
+    GZ_REQUIRE(job_.device.kind == DeviceKind::cpu, ErrorCode::internal,
+               "halving_doubling_allreduce of '", job_.name, "': runs on host memory only");
+    const std::span<float> worker = job_.residuals->residual(job_.name, count_);
+    std::size_t covered_begin = 0, covered_end = 0;
+    if (hd_ >= 0 && steps_ > 0) {
+      const Step first = halving_step(0, 0);
+      covered_begin = block_begin(first.send_lo);
+      covered_end = block_begin(first.send_hi);
+    }
+    for (std::size_t i = 0; i < count_; ++i) {
+      if (i >= covered_begin && i < covered_end) continue;
+      job_.data[i] += worker[i];
+      worker[i] = 0.0f;
+    }
   }
 
   // Rank 2i + 1 < 2x sends its encoded tensor to rank 2i, which adds it to its data.

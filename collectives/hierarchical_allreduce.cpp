@@ -227,6 +227,19 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter, 
   const int local = intra.rank();
   const std::size_t count = job.data.size();
 
+  // A worker residual "<name>" (another algorithm's for the same name, or residuals folded into
+  // it by ResidualStore::fold_into) is compensated by no encode here (the inner algorithm keeps
+  // "<name>@hier"): it joins the data before the node stage, which sums exactly, and is zeroed.
+  if (job.residuals != nullptr && job.residuals->contains(job.name)) {
+    GZ_REQUIRE(job.device.kind == DeviceKind::cpu, ErrorCode::internal, "hierarchical_allreduce of '",
+               job.name, "': runs on host memory (the Communicator stages CUDA tensors)");
+    const std::span<float> worker = job.residuals->residual(job.name, count);
+    for (std::size_t i = 0; i < count; ++i) {
+      job.data[i] += worker[i];
+      worker[i] = 0.0f;
+    }
+  }
+
   if (intra.size() > 1) {  // (a)
     ReduceJob node_sum{intra, uncompressed_codec(), job.data, job.name, /*residuals=*/nullptr,
                        job.ctx, job.stats};
@@ -242,6 +255,9 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter, 
     ctx.tensor_id ^= static_cast<std::uint32_t>(local + 1) * 0x9E3779B9u;
     ReduceJob across_nodes{inter, job.codec, job.data.subspan(shard.begin, shard.size()),
                            job.name + "@hier", job.residuals, ctx, job.stats};
+    // The shard's residuals (the inner algorithm's, keyed "<name>@hier") sit at the shard's
+    // offset of the tensor (ResidualStore::fold_into).
+    if (job.residuals != nullptr) job.residuals->set_placement(across_nodes.name, job.name, shard.begin);
     try {
       run_flat_allreduce(across_nodes, inner);
       algorithm = job.stats.algorithm;  // may carry a switch, e.g. "allgather->ring"

@@ -82,6 +82,9 @@ class SraRound {
       // A non-owning handle on job.codec (the aliasing constructor with an empty owner): the
       // codec outlives this call, which is all the decorator needs.
       error_feedback_.emplace(feedback_codec(job));
+      // The owner-side residual covers this rank's chunk of the tensor (ResidualStore::fold_into).
+      job.residuals->set_placement(server_residual_key(job.name), job.name,
+                                   chunk_begin_[idx(job.transport.rank())]);
     }
   }
 

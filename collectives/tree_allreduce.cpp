@@ -17,6 +17,9 @@
 // Bytes sent by rank r: 32 + 4n in the reduce (r != 0), plus e(n) per child in the broadcast
 // (rank 0: ceil(log2 P) children). One compression per element; error: the P - 1 f32 adds plus
 // one compression of the sum. P == 1: D(C(g + e)).
+// A worker residual "<name>" (left by another algorithm for the same name, or holding residuals
+// folded into it by ResidualStore::fold_into) is added to the data first and zeroed: the tree
+// compensates no worker encode, so this is how that mass reaches the result.
 //
 // Errors: a malformed message in the reduce throws at once (after this rank's own send has
 // completed); a bad broadcast message is still forwarded and its decode error thrown after the
@@ -61,6 +64,18 @@ void tree_allreduce(ReduceJob& job) {
   const TensorView data_view{data.data(), n, DType::f32, job.device};
   const ConstTensorView data_input(data.data(), n, DType::f32, job.device);
 
+  // A worker residual "<name>" (another algorithm's, when algo=auto chose differently for this
+  // name, or residuals folded into it by ResidualStore::fold_into) is not compensated by any
+  // encode here: it joins the f32 data that the tree sums exactly, and is zeroed, so its mass
+  // reaches the result instead of being stranded.
+  if (job.residuals != nullptr && job.residuals->contains(job.name)) {
+    const std::span<float> worker = job.residuals->residual(job.name, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      data[i] += worker[i];
+      worker[i] = 0.0f;
+    }
+  }
+
   std::optional<error_feedback::ErrorFeedbackCodec> ef;
   if (job.residuals != nullptr && rank == 0) {
     ef.emplace(feedback_codec(job));
@@ -68,6 +83,7 @@ void tree_allreduce(ReduceJob& job) {
     // on rank 0 alone, but only when the tensor's size changed, which the call check has made
     // every rank agree on, and every rank's registration of its other residuals is the same.
     job.residuals->residual(tree_root_residual_key(job.name), n);
+    job.residuals->set_placement(tree_root_residual_key(job.name), job.name, 0);
   }
 
   // Reduce to rank 0.

@@ -306,6 +306,68 @@ std::size_t ResidualStore::total_bytes() const noexcept {
 
 void ResidualStore::clear() noexcept {
   residuals_.clear();
+  placements_.clear();
+}
+
+void ResidualStore::set_placement(std::string_view name, std::string_view parent,
+                                  std::size_t offset) {
+  GZ_REQUIRE(!name.empty() && !parent.empty() && name != parent, ErrorCode::invalid_argument,
+             "set_placement: residual '", name, "' placed in '", parent,
+             "' (both names non-empty and different)");
+  Placement& placement = placements_[std::string(name)];
+  placement.parent = std::string(parent);
+  placement.offset = offset;
+}
+
+std::size_t ResidualStore::fold_into(std::string_view root, std::size_t count) {
+  // Where each registered residual sits: the end of its placement chain and the summed offset.
+  struct Place {
+    std::string_view root;
+    std::size_t offset = 0;
+    bool placed = false;
+  };
+  const auto place_of = [&](std::string_view name) {
+    Place place{name, 0, false};
+    std::size_t hops = 0;
+    for (auto found = placements_.find(place.root); found != placements_.end();
+         found = placements_.find(place.root)) {
+      place.offset += found->second.offset;
+      place.root = found->second.parent;
+      place.placed = true;
+      GZ_REQUIRE(++hops <= placements_.size(), ErrorCode::internal, "fold_into '", root,
+                 "': the placements of '", name, "' form a cycle");
+    }
+    return place;
+  };
+  // Every place is found before anything is erased: folding one residual erases its placement,
+  // which may be a link in another's chain ("sra-server:x@hier" -> "x@hier" -> "x").
+  std::vector<std::pair<std::string, std::size_t>> to_fold;
+  for (const auto& entry : residuals_) {
+    const Place place = place_of(entry.first);
+    if (place.placed && place.root == root) to_fold.emplace_back(entry.first, place.offset);
+  }
+  if (to_fold.empty()) return 0;
+  auto target = residuals_.find(root);
+  if (target == residuals_.end()) {
+    residual(root, count);
+    target = residuals_.find(root);
+  }
+  std::vector<float>& into = target->second.values;
+  for (const auto& [name, offset] : to_fold) {
+    const std::vector<float>& values = residuals_.find(name)->second.values;
+    GZ_REQUIRE(offset <= into.size() && values.size() <= into.size() - offset, ErrorCode::internal,
+               "fold_into '", root, "': residual '", name, "' (", values.size(), " elements at ",
+               offset, ") does not fit in its ", into.size(), " elements");
+  }
+  for (const auto& [name, offset] : to_fold) {
+    const auto tensor = residuals_.find(name);
+    const std::vector<float>& values = tensor->second.values;
+    for (std::size_t i = 0; i < values.size(); ++i) into[offset + i] += values[i];
+    residuals_.erase(tensor);
+    placements_.erase(name);
+  }
+  const std::size_t folded = to_fold.size();
+  return folded;
 }
 
 std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept) {
@@ -315,6 +377,7 @@ std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept) {
       ++tensor;
       continue;
     }
+    placements_.erase(tensor->first);
     tensor = residuals_.erase(tensor);
     ++released;
   }

@@ -102,6 +102,23 @@ class ResidualStore {
   void set_use_clock(std::uint64_t now) noexcept { clock_ = now; }
   std::size_t release_unused_before(std::uint64_t oldest_kept);
 
+  // Placements: where an auxiliary residual's elements sit in another tensor's. Algorithms that
+  // keep residuals besides the worker's "<name>" (SRA's owner side, the tree's root, halving /
+  // doubling's steps and owner, the hierarchical all-reduce's shard) record, when they register
+  // one, that its element i is element offset + i of `parent` (itself placed or a worker
+  // residual). Not saved in checkpoints (they are re-recorded by the next call that uses them).
+  void set_placement(std::string_view name, std::string_view parent, std::size_t offset);
+  // Moves into residual `root` every registered residual placed in it (directly or through a
+  // chain of placements): each element is added to root's element at its place, and the folded
+  // residuals are released (the next call registers them again, zero). Per element the
+  // residual mass this rank holds is unchanged, so error feedback still delivers all of it: what
+  // a worker encode of root compensates next now includes what an owner or root encode would
+  // have. Used before a tensor's layout changes (the DDP hook's bucket rebuild) and before its
+  // residual is read per element. When `root` is not registered but something is placed in
+  // it, it is registered first with `count` elements (zeros). Returns how many residuals it
+  // folded; ErrorCode::internal when a placed residual does not fit inside its root.
+  std::size_t fold_into(std::string_view root, std::size_t count);
+
   // Writes the checkpoint (format above) with `counters` (names non-empty). Throws ErrorCode::io_error naming the path and the
   // system's reason when the file cannot be written; the target is then left as it was and
   // the temporary file is removed.
@@ -137,8 +154,14 @@ class ResidualStore {
 
   std::uint32_t world_size_;
   std::uint32_t rank_;
+  struct Placement {
+    std::string parent;
+    std::size_t offset = 0;
+  };
+
   ResizePolicy policy_;
   Tensors residuals_;
+  std::map<std::string, Placement, std::less<>> placements_;  // set_placement
   std::uint64_t clock_ = 0;  // the use clock (set_use_clock)
 };
 

@@ -254,6 +254,19 @@ error feedback and the random streams); `spec` defaults to the communicator's de
           py::arg("name"), py::arg("values"),
           "Sets the residual `name` (registering it with values' size; a registered residual of "
           "another size follows the store's resize policy).")
+      .def(
+          "fold_residuals",
+          [](Communicator& communicator, const std::string& name, std::size_t count) {
+            return collectives::state_of(communicator).residuals().fold_into(name, count);
+          },
+          py::arg("name"), py::arg("count"),
+          R"(Moves every residual the algorithms keep besides the worker residual `name` (SRA's
+owner side, the tree's root, halving/doubling's steps and owner, the hierarchical shard's) into
+`name` at the elements they cover, registering `name` with `count` elements if needed. Per
+element this rank's residual mass is unchanged, and every algorithm compensates or delivers
+what its worker residual holds, so nothing is lost; afterwards residual(name) holds all of it
+(what the DDP hook carries across bucket rebuilds and checkpoints). Returns how many residuals
+were folded.)")
       .def("shard_begin", &Communicator::shard_begin, py::arg("count"), py::arg("rank"))
       .def(
           "powersgd_allreduce",

@@ -125,9 +125,16 @@ class GradzipState:
         return f"ddp.bucket{index}.{digest}"
 
     def _parameter_residuals(self):
-        """The residual slice of every parameter in the current buckets, by parameter name."""
+        """The residual slice of every parameter in the current buckets, by parameter name.
+
+        Every residual an algorithm keeps for a bucket besides the worker's (SRA's owner side,
+        the tree's root, halving/doubling's, the hierarchical shard's) is folded into the
+        worker's first (Communicator.fold_residuals: the same mass per element, delivered by the
+        next call whatever algorithm runs it), so the slices hold all of it."""
         slices = {}
         for name, layout in self._layouts.values():
+            numel = max((offset + count for _, offset, count in layout), default=0)
+            self.communicator.fold_residuals(name, numel)
             values = self.communicator.residual(name)
             if values is None:
                 continue

@@ -463,6 +463,37 @@ TEST(HalvingDoublingAndTree, ErrorFeedbackTelescopesExactlyOnIntegerData) {
   }
 }
 
+// A worker residual "<name>" that these algorithms' encodes do not compensate (left by another
+// algorithm for the same name, as algo=auto may switch, or holding residuals folded into it)
+// must reach the result, not be stranded: with the lossless `none` codec through error
+// feedback, one call delivers every rank's input plus every rank's old worker residual exactly
+// (integers), and afterwards every residual, folded into "<name>" (ResidualStore::fold_into,
+// which also checks the placements the algorithms record), is zero.
+TEST(HalvingDoublingAndTree, AWorkerResidualTheyDoNotCompensateIsDeliveredNotStranded) {
+  const int ranks = testing::world_size(), rank = testing::world_rank();
+  const auto codec = make_codec("none");
+  const std::string name = "layer.weight";
+  for (Algo algo : {Algo::rhd, Algo::tree}) {
+    for (std::size_t n : {std::size_t{3}, std::size_t{1000}}) {
+      SCOPED_TRACE(std::string(algo_name(algo)) + ", count " + std::to_string(n));
+      ResidualStore store(static_cast<std::uint32_t>(ranks), static_cast<std::uint32_t>(rank),
+                          ResizePolicy::error);
+      const std::vector<float> left = testing::integer_contribution(n, rank, 900, 50);
+      std::copy(left.begin(), left.end(), store.residual(name, n).begin());
+      std::vector<float> data = testing::integer_contribution(n, rank, 901, 50);
+      std::vector<double> expected(n);
+      for (std::size_t i = 0; i < n; ++i) expected[i] = double{data[i]} + double{left[i]};
+      MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM,
+                    MPI_COMM_WORLD);
+      run(algo, *codec, data, &store, 0, name);
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(double{data[i]}, expected[i]) << "element " << i;
+      store.fold_into(name, n);
+      EXPECT_EQ(store.names(), std::vector<std::string>{name});
+      for (const float e : store.residual(name)) ASSERT_EQ(e, 0.0f);
+    }
+  }
+}
+
 // qsgd's residuals have the documented keys and sizes too, and a second call with error
 // feedback differs from the same call without it (the residual is added before encoding).
 TEST(HalvingDoubling, QsgdResidualsHaveTheDocumentedKeysAndChangeTheNextCall) {

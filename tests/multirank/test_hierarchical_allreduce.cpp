@@ -259,6 +259,37 @@ TEST(HierarchicalAllreduce, SignEqualsFlatSraOverTheNodeSums) {
 // draw different stochastic rounding: with every node holding the same values in each of its
 // S shards (n = 3840 splits evenly for S = 2..5), qsgd's results for the shards must differ.
 // Without the mixing they would be bit-identical (same inter rank, same seed, same offsets).
+// A worker residual "grad" (another algorithm's, or residuals folded into it) is compensated by
+// no encode here (the inner algorithm keeps "grad@hier"): it must reach the result, not be
+// stranded. With `none` through error feedback one call delivers every rank's input plus its
+// old worker residual exactly (integers), and afterwards every residual, folded into "grad"
+// (ResidualStore::fold_into, through the placements "grad@hier" and its inner ones record), is 0.
+TEST(HierarchicalAllreduce, AWorkerResidualItDoesNotCompensateIsDeliveredNotStranded) {
+  MpiTransport world(MPI_COMM_WORLD);
+  const auto codec = make_codec("none:ef=on");
+  ASSERT_TRUE(codec->spec().error_feedback);
+  for (int ranks_per_node : node_sizes(world.size())) {
+    Topology topology = make_topology(world, ranks_per_node);
+    for (std::size_t count : {std::size_t{5}, std::size_t{1000}}) {
+      SCOPED_TRACE(std::to_string(ranks_per_node) + " ranks per node, count " + std::to_string(count));
+      ResidualStore store = fresh_store(world);
+      const std::vector<float> left = testing::integer_contribution(count, world.rank(), kSeed + 1);
+      std::copy(left.begin(), left.end(), store.residual("grad", count).begin());
+      std::vector<double> expected(count);
+      const std::vector<float> mine = contribution(count, world.rank());
+      for (std::size_t i = 0; i < count; ++i) expected[i] = double{mine[i]} + double{left[i]};
+      MPI_Allreduce(MPI_IN_PLACE, expected.data(), static_cast<int>(count), MPI_DOUBLE, MPI_SUM,
+                    MPI_COMM_WORLD);
+      const Outcome outcome = run_hierarchical(world, topology, *codec, count, store, Algorithm::sra);
+      for (std::size_t i = 0; i < count; ++i)
+        ASSERT_EQ(double{outcome.data[i]}, expected[i]) << "element " << i;
+      store.fold_into("grad", count);
+      EXPECT_EQ(store.names(), std::vector<std::string>{"grad"});
+      for (const float e : store.residual("grad")) ASSERT_EQ(e, 0.0f);
+    }
+  }
+}
+
 TEST(HierarchicalAllreduce, ShardsDrawDifferentRandomNumbers) {
   MpiTransport world(MPI_COMM_WORLD);
   const int ranks = world.size();

@@ -170,6 +170,54 @@ def test_topk_residuals_survive_the_bucket_rebuild(process_group, rank, size):
     check_carried(comm, model, r0, r1, "rebuild")
 
 
+# Every algorithm the hook may run, each with the residuals it keeps: SRA's owner side, the
+# tree's root, halving/doubling's steps and owner, the hierarchical shard's (and its inner SRA's),
+# the ring's and the sparse all-gather's worker residuals; and algo=auto.
+EVERY_ALGORITHM = [
+    "sign:algo=sra,min_bytes=0", "sign:algo=tree,min_bytes=0", "sign:algo=rhd,min_bytes=0",
+    "sign:algo=hier,ranks_per_node=1,min_bytes=0", "topk:ratio=0.01,algo=ring,min_bytes=0",
+    "topk:ratio=0.01,algo=allgather,min_bytes=0", "sign:min_bytes=0", "qsgd:bits=2,ef=on,min_bytes=0"]
+
+
+@pytest.mark.parametrize("spec", EVERY_ALGORITHM)
+def test_every_algorithms_residuals_survive_the_rebuild_and_the_checkpoint(comm, process_group, rank, size, spec):
+    # Error feedback's invariant, summed over ranks and per element: result + residual mass
+    # after = input + residual mass before. After DDP's rebuild (before iteration 1's backward)
+    # the buckets change; iteration 1 feeds zero gradients, so its result must equal
+    # sum_r (M0_r - M1_r), M = state_dict()'s per-parameter residuals (every residual folded in,
+    # owner and root ones included). A residual dropped at the rebuild, or left out of the
+    # checkpoint, breaks the equation by its own size; f32 rounding stays within the bound,
+    # taken per parameter from its largest magnitudes (a folded M may be small where a worker
+    # and an owner residual nearly cancel, while the rounding follows their own sizes).
+    model = make_net(6)
+    ddp = DDP(model, bucket_cap_mb=0.5)
+    own = gradzip.Communicator()
+    state = gradzip.torch.GradzipState(model, spec, communicator=own)
+    ddp.register_comm_hook(state, gradzip.torch.hook)
+    step(ddp, rank, 0)
+    names_before = set(own.residual_names())
+    auxiliary = [n for n in names_before if not n.startswith("ddp.bucket")]
+    if "algo=sra" in spec or "algo=hier" in spec or ("algo=tree" in spec and rank == 0) or "algo=rhd" in spec:
+        assert auxiliary, f"{spec}: the algorithm should keep residuals besides the workers' ({names_before})"
+    m0 = residuals_of(state)
+    assert set(m0) == {n for n, _ in model.named_parameters()}
+    step(ddp, rank, 1, zero=True)
+    assert set(own.residual_names()) - names_before, "DDP's rebuild should have produced new buckets"
+    m1 = residuals_of(state)
+    delivered = sum_over_ranks(comm, [torch.from_numpy(m0[n] - m1[n]) for n, _ in model.named_parameters()],
+                               f"every-algorithm.{spec}")
+    scale = sum_over_ranks(comm, [torch.from_numpy(np.abs(m0[n]) + np.abs(m1[n]))
+                                  for n, _ in model.named_parameters()], f"every-algorithm.{spec}.abs")
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.count_nonzero(delivered) > 0
+    bound = torch.cat([torch.full((p.numel(),), 8 * (size + 2) * U * (
+        scale[o:o + p.numel()].max().item() + size * got[o:o + p.numel()].abs().max().item()))
+        for o, p in zip(np.cumsum([0] + [q.numel() for q in model.parameters()]), model.parameters())])
+    excess = (got - delivered).abs() - bound
+    algorithms = sorted({stats["algorithm"] for stats in state.last_stats.values()})
+    assert torch.all(excess <= 0), f"{spec} ({algorithms}): max excess {excess.max().item()} (max |delivered| {delivered.abs().max().item()})"
+
+
 def test_steady_state_copies_no_residual(process_group, rank, size):
     # Residuals are assembled and copied into the communicator only for a new bucket layout:
     # once per bucket of iteration 0, once per bucket after DDP's rebuild (iteration 1), then

@@ -412,6 +412,66 @@ TEST(ResidualStore, ReleasesExactlyTheTensorsUnusedSinceTheGivenClock) {
   EXPECT_EQ(loaded.size(), 0u);
 }
 
+// Fills a residual with value(i) for its elements.
+void fill_residual(ResidualStore& store, const std::string& name, std::size_t count,
+                   float (*value)(std::size_t)) {
+  const std::span<float> values = store.residual(name, count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = value(i);
+}
+
+TEST(ResidualStore, FoldIntoAddsEveryPlacedResidualAtItsElementsThroughChains) {
+  ResidualStore store(2, 0, ResizePolicy::error);
+  fill_residual(store, "x", 8, [](std::size_t i) { return 1.0f + static_cast<float>(i); });
+  // The hierarchical shard [2, 6) of x, and SRA's owner residual over [1, 3) of that shard.
+  fill_residual(store, "x@hier", 4, [](std::size_t i) { return 100.0f * static_cast<float>(i + 1); });
+  fill_residual(store, "sra-server:x@hier", 2, [](std::size_t i) { return 0.5f + static_cast<float>(i); });
+  store.set_placement("x@hier", "x", 2);
+  store.set_placement("sra-server:x@hier", "x@hier", 1);
+  // Placed elsewhere: untouched.
+  fill_residual(store, "y", 3, [](std::size_t) { return 7.0f; });
+  fill_residual(store, "tree-root:y", 3, [](std::size_t) { return 2.0f; });
+  store.set_placement("tree-root:y", "y", 0);
+
+  EXPECT_EQ(store.fold_into("x", 8), 2u);
+  const std::vector<float> x(store.residual("x").begin(), store.residual("x").end());
+  // x[i] = 1 + i, plus x@hier at [2, 6): 100, 200, 300, 400, plus the server residual at
+  // x@hier's [1, 3), i.e. x's [3, 5): 0.5, 1.5.
+  const std::vector<float> expected = {1, 2, 3 + 100, 4 + 200 + 0.5f, 5 + 300 + 1.5f, 6 + 400, 7, 8};
+  EXPECT_EQ(x, expected);
+  EXPECT_FALSE(store.contains("x@hier"));
+  EXPECT_FALSE(store.contains("sra-server:x@hier"));
+  EXPECT_EQ(store.residual("tree-root:y")[0], 2.0f);
+  EXPECT_EQ(store.residual("y")[0], 7.0f);
+  // Folded residuals are released, and their placements with them: a second fold finds none.
+  EXPECT_EQ(store.fold_into("x", 8), 0u);
+}
+
+TEST(ResidualStore, FoldIntoRegistersAMissingRootOnlyWhenSomethingIsPlacedInIt) {
+  ResidualStore store(2, 0, ResizePolicy::error);
+  EXPECT_EQ(store.fold_into("z", 5), 0u);
+  EXPECT_FALSE(store.contains("z"));
+  fill_residual(store, "tree-root:z", 5, [](std::size_t i) { return -1.0f * static_cast<float>(i); });
+  store.set_placement("tree-root:z", "z", 0);
+  EXPECT_EQ(store.fold_into("z", 5), 1u);
+  const std::vector<float> z(store.residual("z").begin(), store.residual("z").end());
+  EXPECT_EQ(z, (std::vector<float>{0, -1, -2, -3, -4}));
+}
+
+TEST(ResidualStore, FoldIntoRefusesAPlacementOutsideItsRootAndChangesNothing) {
+  ResidualStore store(2, 0, ResizePolicy::error);
+  fill_residual(store, "w", 4, [](std::size_t) { return 1.0f; });
+  fill_residual(store, "rhd-owner:w", 3, [](std::size_t) { return 5.0f; });
+  store.set_placement("rhd-owner:w", "w", 2);  // [2, 5) of a 4-element residual
+  const CaughtError outside = error_of([&] { store.fold_into("w", 4); });
+  EXPECT_EQ(outside.code, ErrorCode::internal) << outside.what;
+  expect_mentions(outside, {"rhd-owner:w", "does not fit"});
+  EXPECT_TRUE(store.contains("rhd-owner:w"));
+  EXPECT_EQ(store.residual("w")[3], 1.0f);
+  const CaughtError self = error_of([&] { store.set_placement("w", "w", 0); });
+  EXPECT_EQ(self.code, ErrorCode::invalid_argument) << self.what;
+  expect_mentions(self, {"different"});
+}
+
 TEST(ResidualStoreCheckpoint, RoundTripRestoresEveryValueBitForBit) {
   TempDir dir;
   ResidualStore store(4, 3, ResizePolicy::error);
