@@ -24,8 +24,8 @@ gradient is never averaged over other ranks than the training's.
 - warmup=N: the first N iterations run uncompressed (spec "none", no error feedback).
 - spec powersgd:rank=R: each parameter of two or more dimensions (rows = shape[0]) is reduced
   by PowerSGD as a rows x (numel / rows) matrix, its residual and Q kept per parameter name
-  (so bucket rebuilds need nothing); other parameters are averaged uncompressed. state_dict()
-  does not hold PowerSGD's residuals and Q yet.
+  (so bucket rebuilds need nothing, and state_dict() holds them by parameter name); other
+  parameters are averaged uncompressed.
 """
 import hashlib
 
@@ -174,15 +174,28 @@ class GradzipState:
         return name
 
     def state_dict(self):
-        """Residuals per parameter name, the iteration and the settings (NumPy arrays)."""
+        """Residuals per parameter name, the iteration and the settings (NumPy arrays); with a
+        powersgd spec also PowerSGD's per-matrix state ("powersgd": parameter name ->
+        {"residual", "q"}), kept by parameter name and so independent of the bucket layout."""
         residuals = dict(self._pending)
         residuals.update(self._parameter_residuals())
-        return {"spec": self.spec, "warmup": self.warmup, "iteration": self.iteration,
-                "residuals": residuals}
+        state = {"spec": self.spec, "warmup": self.warmup, "iteration": self.iteration,
+                 "residuals": residuals}
+        if self._powersgd:
+            powersgd = {}
+            for name in self._shapes:
+                entry = {part: self.communicator.residual(f"{prefix}:{name}")
+                         for part, prefix in (("residual", "powersgd"), ("q", "powersgd-q"))}
+                entry = {part: values for part, values in entry.items() if values is not None}
+                if entry:
+                    powersgd[name] = entry
+            state["powersgd"] = powersgd
+        return state
 
     def load_state_dict(self, state):
         """Restores what state_dict() returned: the residuals reach their buckets at the next
-        call of each (whatever the bucket layout is by then)."""
+        call of each (whatever the bucket layout is by then); PowerSGD's residuals and Q are set
+        at once."""
         if _gradzip.parse_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.torch: the checkpoint's spec '{state['spec']}' is not this "
                              f"state's '{self.spec}'")
@@ -190,6 +203,10 @@ class GradzipState:
         self._pending = {name: np.asarray(values, dtype=np.float32).copy()
                          for name, values in state["residuals"].items()}
         self._layouts = {}  # every bucket re-assembles its residual from the checkpoint
+        for name, entry in state.get("powersgd", {}).items():
+            for part, prefix in (("residual", "powersgd"), ("q", "powersgd-q")):
+                if part in entry:
+                    self.communicator.set_residual(f"{prefix}:{name}", entry[part])
 
 
 def _ring_bytes(stats, element_bytes=4):

@@ -218,6 +218,78 @@ def test_every_algorithms_residuals_survive_the_rebuild_and_the_checkpoint(comm,
     assert torch.all(excess <= 0), f"{spec} ({algorithms}): max excess {excess.max().item()} (max |delivered| {delivered.abs().max().item()})"
 
 
+def _orthonormal_columns(p):
+    """Modified Gram-Schmidt in f64 with PowerSGD's rule (pipeline/powersgd.h): a column whose
+    norm after projection is at most 1e-5 of its norm before is set to zero."""
+    p = p.astype(np.float64).copy()
+    for j in range(p.shape[1]):
+        before = np.linalg.norm(p[:, j])
+        for i in range(j):
+            p[:, j] -= np.dot(p[:, i], p[:, j]) * p[:, i]
+        after = np.linalg.norm(p[:, j])
+        p[:, j] = p[:, j] / after if after > 1e-5 * before and after > 0 else 0.0
+    return p
+
+
+def test_powersgd_hook_equals_a_reference_step(comm, process_group, rank, size):
+    # One PowerSGD step of the hook against NumPy, from the state the hook kept (Q and each
+    # rank's residual E after two steps): for each matrix, with A = the average over ranks of
+    # M_r + E_r (M_r: rank r's local gradient, computed here on a plain copy of the model),
+    #   P = orthonormal columns of A Q,  output = P (A^T P)^T;
+    # other parameters (biases): the plain average. Then the state round-trips through
+    # state_dict() into a fresh state, bit for bit.
+    spec = "powersgd:rank=2"
+    model = make_net(8)
+    ddp = DDP(model, bucket_cap_mb=0.5)
+    state = gradzip.torch.GradzipState(model, spec, communicator=gradzip.Communicator())
+    ddp.register_comm_hook(state, gradzip.torch.hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for i in range(2):
+        step(ddp, rank, i)
+        optimizer.step()
+    own = state.communicator
+    matrices = {n: p for n, p in model.named_parameters() if p.dim() >= 2}
+    kept = {n: (own.residual(f"powersgd-q:{n}"), own.residual(f"powersgd:{n}")) for n in matrices}
+    assert all(q is not None and e is not None for q, e in kept.values())
+
+    plain = make_net()
+    plain.load_state_dict(model.state_dict())
+    x, y = batch(rank, 2)
+    torch.nn.functional.cross_entropy(plain(x), y).backward()
+    local = {n: p.grad.detach().numpy().astype(np.float32) for n, p in plain.named_parameters()}
+    compensated = [torch.from_numpy(local[n].reshape(-1) + (kept[n][1] if n in matrices else 0))
+                   for n, _ in model.named_parameters()]
+    summed = sum_over_ranks(comm, compensated, "powersgd.reference").numpy()
+
+    step(ddp, rank, 2)
+    offset = 0
+    for name, parameter in model.named_parameters():
+        numel = parameter.numel()
+        average = summed[offset:offset + numel].astype(np.float64) / size
+        offset += numel
+        got = parameter.grad.detach().numpy().reshape(-1).astype(np.float64)
+        if name in matrices:
+            rows = parameter.shape[0]
+            a = average.reshape(rows, numel // rows)
+            q_flat, _ = kept[name]
+            rank_r = q_flat.size // a.shape[1]
+            q = q_flat.reshape(rank_r, a.shape[1]).T  # column-major storage: column j is a row here
+            p = _orthonormal_columns(a @ q)
+            expected = (p @ (a.T @ p).T).reshape(-1)
+        else:
+            expected = average
+        tolerance = 1e-4 * max(np.abs(expected).max(), 1e-30)
+        assert np.abs(got - expected).max() <= tolerance, (name, np.abs(got - expected).max(), tolerance)
+
+    saved = state.state_dict()
+    assert set(saved["powersgd"]) == set(matrices)
+    restored = gradzip.torch.GradzipState(make_net(8), spec, communicator=gradzip.Communicator())
+    restored.load_state_dict(saved)
+    for name in matrices:
+        for prefix, part in (("powersgd-q", "q"), ("powersgd", "residual")):
+            assert np.array_equal(restored.communicator.residual(f"{prefix}:{name}"), saved["powersgd"][name][part])
+
+
 def test_steady_state_copies_no_residual(process_group, rank, size):
     # Residuals are assembled and copied into the communicator only for a new bucket layout:
     # once per bucket of iteration 0, once per bucket after DDP's rebuild (iteration 1), then
