@@ -197,7 +197,27 @@ void CommunicatorState::start_call() {
   if (release_window_ != 0 && call != 0 && call % release_window_ == 0) {
     // The window [call - N, call) just ended: forget what it did not use.
     const std::uint64_t oldest_kept = call - release_window_;
-    residuals_.release_unused_before(oldest_kept);
+    std::vector<std::string> released;
+    residuals_.release_unused_before(oldest_kept, &released);
+    released_residuals_ += released.size();
+    if (!released.empty() && !warned_release_) {
+      // Once per communicator: a name that comes back starts error feedback anew, which is
+      // right for a tensor that is gone but wrong for one only paused (say, by a long
+      // evaluation loop of other all-reduces), so the first release is said aloud.
+      warned_release_ = true;
+      std::string names;
+      for (std::size_t i = 0; i < released.size() && i < 5; ++i)
+        names += detail::concat(i == 0 ? "" : ", ", "'", released[i], "'");
+      if (released.size() > 5) names += detail::concat(" and ", released.size() - 5, " more");
+      std::fprintf(stderr,
+                   "gradzip: warning: released the error-feedback residuals of %s (rank %d): no "
+                   "call used them for %llu calls of this communicator "
+                   "(CommunicatorOptions::release_unused_after_calls); such a name that comes "
+                   "back starts with zero residuals. Set release_unused_after_calls = 0 to keep "
+                   "every residual. (Said once per communicator.)\n",
+                   names.c_str(), transport_->rank(),
+                   static_cast<unsigned long long>(release_window_));
+    }
     std::erase_if(steps_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
   }
   residuals_.set_use_clock(call);

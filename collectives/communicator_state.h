@@ -45,6 +45,9 @@ class CommunicatorState {
   // this call's uses with its number.
   void start_call();
   std::uint64_t calls_started() const noexcept { return calls_started_; }
+  // Residuals released by start_call so far (the first release also writes one warning to
+  // stderr naming them: a name that comes back starts error feedback anew).
+  std::uint64_t released_residuals() const noexcept { return released_residuals_; }
 
   // Checkpoint of the residuals and call numbers (Communicator::save_residuals / load_residuals).
   void save_checkpoint(const std::string& path) const;
@@ -166,6 +169,8 @@ class CommunicatorState {
   std::vector<std::byte> host_staging_;
   CudaPath cuda_path_ = CudaPath::automatic;
   std::uint64_t release_window_ = 0;  // CommunicatorOptions::release_unused_after_calls
+  std::uint64_t released_residuals_ = 0;
+  bool warned_release_ = false;
   DeadlinePolicy deadline_policy_;
   std::map<int, std::unique_ptr<Transport>> nccl_transports_;
   std::map<int, std::unique_ptr<DeviceAllocation>> device_scratch_;

@@ -370,13 +370,15 @@ std::size_t ResidualStore::fold_into(std::string_view root, std::size_t count) {
   return folded;
 }
 
-std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept) {
+std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept,
+                                                 std::vector<std::string>* released_names) {
   std::size_t released = 0;
   for (auto tensor = residuals_.begin(); tensor != residuals_.end();) {
     if (tensor->second.last_use >= oldest_kept) {
       ++tensor;
       continue;
     }
+    if (released_names != nullptr) released_names->push_back(tensor->first);
     placements_.erase(tensor->first);
     tensor = residuals_.erase(tensor);
     ++released;

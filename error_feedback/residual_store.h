@@ -100,7 +100,9 @@ class ResidualStore {
   // dangle) and returns how many it forgot. The Communicator sets the clock to its call number
   // (gradzip/communicator.h, CommunicatorOptions::release_unused_after_calls).
   void set_use_clock(std::uint64_t now) noexcept { clock_ = now; }
-  std::size_t release_unused_before(std::uint64_t oldest_kept);
+  // `released`, when given, receives the names it forgot (in byte-wise order).
+  std::size_t release_unused_before(std::uint64_t oldest_kept,
+                                    std::vector<std::string>* released = nullptr);
 
   // Placements: where an auxiliary residual's elements sit in another tensor's. Algorithms that
   // keep residuals besides the worker's "<name>" (SRA's owner side, the tree's root, halving /

@@ -174,16 +174,19 @@ link_exchange_gbps a pairwise-exchange rate, 0: link_gbps) instead of measuring 
 call that needs it; all three 0 (the default): measured. GRADZIP_LINK overrides them.
 timeout_s > 0 is the deadline of every blocking wait (GRADZIP_TIMEOUT_S overrides it; default
 600 s); on_timeout is "abort" (end the process, exit code 124) or "throw" (gradzip.Error with
-code "timeout"; the communicator is dead afterwards).)")
+code "timeout"; the communicator is dead afterwards). release_unused_after_calls: the residuals
+and call number of a name no call used for that many calls are released (the first release is
+said on stderr); 0 keeps everything.)")
       .def(py::init([](const std::string& default_spec, double link_latency_us, double link_gbps,
                        double link_exchange_gbps, double timeout_s, const std::string& on_timeout,
-                       py::object engine) {
+                       std::uint64_t release_unused_after_calls, py::object engine) {
              CommunicatorOptions options;
              options.default_spec = default_spec;
              options.link_latency_us = link_latency_us;
              options.link_gbps = link_gbps;
              options.link_exchange_gbps = link_exchange_gbps;
              options.timeout_seconds = timeout_s;
+             options.release_unused_after_calls = release_unused_after_calls;
              if (on_timeout == "abort") options.on_timeout = TimeoutAction::abort;
              else if (on_timeout == "throw") options.on_timeout = TimeoutAction::throw_error;
              else throw py::value_error("on_timeout '" + on_timeout + "' (accepted: abort, throw)");
@@ -193,7 +196,9 @@ code "timeout"; the communicator is dead afterwards).)")
            }),
            py::arg("default_spec") = "none", py::kw_only(), py::arg("link_latency_us") = 0.0,
            py::arg("link_gbps") = 0.0, py::arg("link_exchange_gbps") = 0.0,
-           py::arg("timeout_s") = 0.0, py::arg("on_timeout") = "abort", py::arg("engine") = py::none())
+           py::arg("timeout_s") = 0.0, py::arg("on_timeout") = "abort",
+           py::arg("release_unused_after_calls") = CommunicatorOptions{}.release_unused_after_calls,
+           py::arg("engine") = py::none())
       .def_property_readonly(
           "transport",
           [](Communicator& communicator) { return collectives::state_of(communicator).transport().describe(); },

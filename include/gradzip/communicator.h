@@ -133,7 +133,11 @@ struct CommunicatorOptions {
   // released at the end of that window, i.e. after between N and 2N - 1 unused calls. Windows
   // are counted in calls (every collective of the communicator, failed ones included), so every
   // rank releases the same names at the same call. A released name that comes back starts
-  // anew: zero residuals, call number 0 (so warm-up runs again). 0: keep everything.
+  // anew: zero residuals, call number 0 (so warm-up runs again). The first release that drops
+  // residuals writes one warning to stderr naming them (once per communicator): a name only
+  // paused, e.g. by a long evaluation loop of other all-reduces on the same communicator, would
+  // otherwise restart error feedback silently; use a communicator of its own for such calls,
+  // or 0. 0: keep everything.
   std::uint64_t release_unused_after_calls = 10000;
   // Deadline of every blocking wait (each transport completion: point-to-point waits and the
   // collectives the algorithms run; Reducer::wait), in seconds. GRADZIP_TIMEOUT_S, when set,

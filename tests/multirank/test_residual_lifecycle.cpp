@@ -66,11 +66,21 @@ TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
     EXPECT_TRUE(a_keys.count("sra-server:grad_x")) << "server residual";
   }
   EXPECT_EQ(state.step_of("grad_x"), 2u);
+  ::testing::internal::CaptureStderr();
   for (int call = 2; call < 8; ++call) reduce(comm, "grad_y", 1000, 10 + call, kSraSpec);
   EXPECT_EQ(keys_of(comm, "grad_x"), a_keys) << "unused for 6 calls (< 2 windows): still kept";
   EXPECT_EQ(state.step_of("grad_x"), 2u);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "nothing released, nothing said";
+  EXPECT_EQ(state.released_residuals(), 0u);
+  ::testing::internal::CaptureStderr();
   reduce(comm, "grad_y", 1000, 30, kSraSpec);  // call 8 ends the window [4, 8)
+  const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(keys_of(comm, "grad_x").empty());
+  // Not silent: the release is said once, naming the residuals and how to keep them.
+  EXPECT_EQ(state.released_residuals(), a_keys.size());
+  for (const char* part : {"gradzip: warning: released the error-feedback residuals of",
+                           "'grad_x'", "release_unused_after_calls = 0", "4 calls"})
+    EXPECT_NE(said.find(part), std::string::npos) << "missing '" << part << "' in: " << said;
   EXPECT_EQ(state.step_of("grad_x"), 0u) << "its call number is released too";
   EXPECT_EQ(state.step_of("grad_y"), 7u);
   EXPECT_FALSE(keys_of(comm, "grad_y").empty());
@@ -84,6 +94,13 @@ TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
   fresh.allreduce(host_view(first.data(), first.size()), "grad_x", kSraSpec, ReduceOp::average);
   EXPECT_TRUE(testing::same_bits(again, first));
   EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(again)));
+
+  // Said once per communicator: releasing "grad_x" again (unused from call 9 on) is silent.
+  ::testing::internal::CaptureStderr();
+  for (int call = 0; call < 10; ++call) reduce(comm, "grad_y", 1000, 40 + call, kSraSpec);
+  EXPECT_TRUE(keys_of(comm, "grad_x").empty());
+  EXPECT_GT(state.released_residuals(), a_keys.size());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
 TEST(ResidualRelease, ZeroKeepsEverything) {

@@ -252,3 +252,19 @@ def test_given_link_drives_algo_auto(rank, size):
     assert "(link 0.2 ms, " in got_fast["note"], got_fast["note"]
     with pytest.raises(gradzip.Error, match="link_gbps"):
         gradzip.Communicator(link_latency_us=5)
+
+
+def test_released_residuals_are_said_and_the_window_is_settable(capfd, rank, size):
+    # A name's residual released after a window of calls without it is said on stderr (once);
+    # release_unused_after_calls=0 keeps it however many other calls come.
+    transport = "torch" if gradzip.choose_transport() == "torch" else "mpi"
+    for window, released in ((2, True), (0, False)):
+        comm = gradzip.Communicator(transport=transport, release_unused_after_calls=window)
+        comm.allreduce(small_ints(rank, size, 40_000), "np.release.kept", "topk:ratio=0.01,ef=on,min_bytes=0")
+        assert "np.release.kept" in comm.residual_names()
+        capfd.readouterr()
+        for _ in range(5):
+            comm.allreduce(small_ints(rank, size, 8), "np.release.metric", "none")
+        err = capfd.readouterr().err
+        assert ("np.release.kept" not in comm.residual_names()) == released
+        assert ("warning: released the error-feedback residuals of 'np.release.kept'" in err) == released, err
