@@ -219,8 +219,17 @@ void CommunicatorState::start_call() {
                    static_cast<unsigned long long>(release_window_));
     }
     std::erase_if(steps_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
+    std::erase_if(tensor_ids_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
   }
   residuals_.set_use_clock(call);
+}
+
+std::optional<std::string> CommunicatorState::claim_tensor_id(std::string_view name) {
+  const std::uint32_t id = tensor_id_of(name);
+  const auto [entry, inserted] = tensor_ids_.try_emplace(id, IdUse{std::string(name), calls_started_});
+  if (!inserted && entry->second.name != name) return entry->second.name;
+  entry->second.last_use = calls_started_;
+  return std::nullopt;
 }
 
 namespace {
@@ -481,6 +490,13 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
                  call.tensor.device.kind == DeviceKind::cpu
                      ? std::string("in host memory")
                      : detail::concat("on cuda:", call.tensor.device.index));
+      if (const std::optional<std::string> other = state.claim_tensor_id(call.name)) {
+        GZ_THROW(ErrorCode::invalid_argument, collective_kind_name(call.kind), " of '", call.name,
+                 "': the name's tensor id 0x", std::hex, tensor_id_of(call.name), std::dec,
+                 " (a 32-bit hash that keys the random streams) is also that of '", *other,
+                 "', which this communicator uses: the two would draw the same random numbers. "
+                 "Rename one of them");
+      }
     } catch (const Error& error) {
       call.error = error;
     }

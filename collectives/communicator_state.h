@@ -45,6 +45,12 @@ class CommunicatorState {
   // this call's uses with its number.
   void start_call();
   std::uint64_t calls_started() const noexcept { return calls_started_; }
+  // Records that `name` is in use with tensor id tensor_id_of(name) (at the current call, for
+  // the release window) and returns nothing; or, when another name in use has the same id (their
+  // random streams would coincide), returns that name and records nothing. Every rank sees the
+  // same names in the same order (the call check), so every rank decides alike.
+  std::optional<std::string> claim_tensor_id(std::string_view name);
+
   // Residuals released by start_call so far (the first release also writes one warning to
   // stderr naming them: a name that comes back starts error feedback anew).
   std::uint64_t released_residuals() const noexcept { return released_residuals_; }
@@ -157,6 +163,12 @@ class CommunicatorState {
     std::uint64_t last_use = 0; // the communicator call that last counted it
   };
   std::map<std::string, NameUse, std::less<>> steps_;
+  // tensor_id_of(name) -> the name using it and the call that last did (claim_tensor_id).
+  struct IdUse {
+    std::string name;
+    std::uint64_t last_use = 0;
+  };
+  std::map<std::uint32_t, IdUse> tensor_ids_;
   std::uint64_t calls_started_ = 0;
   std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs_;
   std::map<std::uint32_t, NodeTransports> nodes_;
@@ -193,7 +205,10 @@ CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, s
                                   const Error* preset_error);
 
 // The tensor id of a name in EncodeContext: FNV-1a 64 of the name folded to 32 bits (high
-// half XOR low half), the same on every rank and in every run.
+// half XOR low half), the same on every rank and in every run. Two names can share one; a
+// communicator refuses a call whose name shares the id of another name it uses
+// (CommunicatorState::claim_tensor_id), so that no two tensors in use draw the same random
+// numbers.
 std::uint32_t tensor_id_of(std::string_view name) noexcept;
 
 // Key of an all-gather's residual in the store: all-gathers of parameters never share a

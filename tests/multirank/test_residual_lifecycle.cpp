@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <set>
+#include <unordered_map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,38 @@ TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
   EXPECT_TRUE(keys_of(comm, "grad_x").empty());
   EXPECT_GT(state.released_residuals(), a_keys.size());
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+// Two names with the same 32-bit tensor id, found by search (the same pair on every rank).
+std::pair<std::string, std::string> names_sharing_a_tensor_id() {
+  std::unordered_map<std::uint32_t, std::string> seen;
+  for (std::uint64_t i = 0;; ++i) {
+    std::string name = "layer" + std::to_string(i) + ".weight";
+    const auto [entry, inserted] = seen.try_emplace(collectives::tensor_id_of(name), name);
+    if (!inserted) return {entry->second, name};
+  }
+}
+
+TEST(TensorIds, ANameSharingTheTensorIdOfANameInUseIsRefusedOnEveryRank) {
+  const auto [first, second] = names_sharing_a_tensor_id();
+  ASSERT_NE(first, second);
+  ASSERT_EQ(collectives::tensor_id_of(first), collectives::tensor_id_of(second));
+  Communicator comm = world_with_window(4);
+  reduce(comm, first, 1000, 1, kSraSpec);
+  const ErrorCode code = testing::error_code_of([&] { reduce(comm, second, 1000, 2, kSraSpec); });
+  EXPECT_EQ(code, ErrorCode::invalid_argument);
+  std::string message;
+  testing::error_code_of([&] { reduce(comm, second, 1000, 2, kSraSpec); }, &message);
+  for (const std::string& part : {first, second, std::string("tensor id"), std::string("Rename")})
+    EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in: " << message;
+  // The communicator goes on, and the first name keeps its id.
+  reduce(comm, first, 1000, 3, kSraSpec);
+  reduce(comm, "another.weight", 1000, 4, kSraSpec);
+  // Once the first name is released (a window without it), the second may take the id.
+  for (int call = 0; call < 8; ++call) reduce(comm, "another.weight", 1000, 5 + call, kSraSpec);
+  reduce(comm, second, 1000, 20, kSraSpec);
+  EXPECT_EQ(testing::error_code_of([&] { reduce(comm, first, 1000, 21, kSraSpec); }),
+            ErrorCode::invalid_argument);
 }
 
 TEST(ResidualRelease, ZeroKeepsEverything) {
