@@ -22,6 +22,7 @@ enum Field : std::size_t {
   kError,   // 0: arguments valid; else ErrorCode + 1
   kNonfiniteCount,  // from here on: reported, not compared
   kNonfiniteFirst,
+  kBeyondWireRange,
   kFieldCount,
 };
 constexpr std::size_t kComparedFields = kNonfiniteCount;
@@ -149,9 +150,11 @@ std::uint64_t fingerprint64(std::string_view text) noexcept {
   return hash;
 }
 
-std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescription& call) {
+std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescription& call,
+                                       std::uint64_t* beyond_wire_range) {
   if (transport.size() == 1) {  // nobody to disagree with or to tell
     if (call.local_error != nullptr) throw *call.local_error;
+    if (beyond_wire_range != nullptr) *beyond_wire_range = call.beyond_wire_range;
     if (call.nonfinite_count == 0) return {};
     return {NonfiniteInput{0, call.nonfinite_count, call.nonfinite_first}};
   }
@@ -167,6 +170,7 @@ std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescripti
       call.local_error != nullptr ? static_cast<std::uint64_t>(call.local_error->code()) + 1 : 0,
       call.nonfinite_count,
       call.nonfinite_first,
+      call.beyond_wire_range,
   };
   const std::size_t ranks = static_cast<std::size_t>(transport.size());
   std::vector<std::uint64_t> gathered(kFieldCount * ranks);
@@ -182,6 +186,10 @@ std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescripti
     any_error = any_error || records[r][kError] != 0;
   }
   if (all_agree && !any_error) {
+    if (beyond_wire_range != nullptr) {
+      *beyond_wire_range = 0;
+      for (std::size_t r = 0; r < ranks; ++r) *beyond_wire_range += records[r][kBeyondWireRange];
+    }
     std::vector<NonfiniteInput> nonfinite;
     for (std::size_t r = 0; r < ranks; ++r) {
       if (records[r][kNonfiniteCount] == 0) continue;

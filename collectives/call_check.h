@@ -3,12 +3,13 @@
 // lesson from Horovod: a rank that submits another tensor must be named, not waited for).
 //
 // Protocol, every collective call, on every rank:
-//   1. all-gather a fixed record of 11 u64 (Transport::allgather_u64): fingerprint of the tensor
+//   1. all-gather a fixed record of 12 u64 (Transport::allgather_u64): fingerprint of the tensor
 //      name, element count, dtype, reduce op, collective kind, fingerprint of the canonical spec
 //      string, the name's call number (step), where the tensor lives (host or CUDA memory: the
 //      paths differ, CUDA tensors may run over NCCL), this rank's argument error code
 //      (0 = none), and, outside the comparison, this rank's count of non-finite input elements
-//      and the index of its first one (the nonfinite= policy of compression_spec.h);
+//      and the index of its first one (the nonfinite= policy of compression_spec.h) and of
+//      finite elements beyond what the spec's 16-bit wire type holds (the overflow fallback);
 //   2. if every compared field is equal and no rank reported an argument error: return which
 //      ranks reported non-finite input (the same list on every rank);
 //   3. otherwise (all ranks see the same records, so all take this branch together) all-gather
@@ -21,7 +22,7 @@
 //          rank 0,2,3: 4097; rank 1: 4096".
 //
 // With one rank there is nobody to disagree with: the check only rethrows a local error.
-// Cost: one all-gather of 88 bytes per rank per call (a few microseconds on shared memory, one
+// Cost: one all-gather of 96 bytes per rank per call (a few microseconds on shared memory, one
 // latency-bound collective across nodes), paid on every call so that a rank that skips or
 // reorders calls is caught on the very call where it happens. The texts travel only when the
 // check fails.
@@ -67,6 +68,9 @@ struct CallDescription {
   // the index of the first one in the tensor; not compared between ranks.
   std::uint64_t nonfinite_count = 0;
   std::uint64_t nonfinite_first = 0;
+  // Finite elements of this rank's input that the spec's 16-bit wire type could not carry
+  // through the reduction (collectives/communicator.cpp, wire_range_limit); not compared.
+  std::uint64_t beyond_wire_range = 0;
 };
 
 // A rank whose input holds non-finite elements, as its record reported it.
@@ -78,7 +82,9 @@ struct NonfiniteInput {
 
 // Runs the protocol above over `transport` (a collective: every rank must call it). Returns
 // the ranks with non-finite input, in rank order (empty when none): every rank gets the same
-// list. With one rank: this rank's own count.
-std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescription& call);
+// list. With one rank: this rank's own count. `beyond_wire_range`, when given, receives the
+// sum over ranks of CallDescription::beyond_wire_range (the same on every rank).
+std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescription& call,
+                                       std::uint64_t* beyond_wire_range = nullptr);
 
 }  // namespace gradzip::collectives

@@ -426,17 +426,20 @@ struct Call {
   // Set by begin_call: counting the non-finite input of a CUDA tensor waited for the thread's
   // work stream, so the work queued before the call is done (open_call_memory skips its wait).
   bool device_work_finished = false;
+  // Set by begin_call: the input elements, summed over ranks, beyond what the spec's 16-bit
+  // wire type carries through the reduction (wire_range_limit); > 0 runs the call uncompressed.
+  std::uint64_t beyond_wire_range = 0;
 };
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    const CompressionSpec& spec) {
-  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}, false};
+  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}, false, 0};
 }
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    std::string_view spec_text) {
   Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt,
-            std::nullopt, {}, false};
+            std::nullopt, {}, false, 0};
   try {
     call.spec = CompressionSpec::parse(spec_text);
     call.spec_text = call.spec->to_string();
@@ -477,6 +480,26 @@ std::uint64_t memory_field(const CommunicatorState& state, const TensorView& ten
 
 // Checks the arguments, runs the call check with every rank, and counts the call. Returns the
 // call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.
+// The largest magnitude an input element may have for the spec's 16-bit wire values (fp16 and
+// bf16, top-k and random-k with values=fp16) to carry the whole reduction without saturating
+// anywhere: the type's largest finite value for an average (every rank's values are divided by
+// the rank count first, so every partial sum of them is at most the largest input) and for an
+// all-gather (no sums), that over the rank count for a sum (a partial sum of up to P inputs).
+// Conservative: a call may fall back although its actual sums would have fitted. 0: the spec
+// narrows nothing.
+float wire_range_limit(const CompressionSpec& spec, CollectiveKind kind, ReduceOp op, int ranks) {
+  constexpr float kF16Max = 65504.0f;
+  constexpr float kBf16Max = 3.38953139e38f;  // 0x7F7F0000
+  float type_max = 0.0f;
+  if (spec.codec == CodecKind::fp16) type_max = kF16Max;
+  else if (spec.codec == CodecKind::bf16) type_max = kBf16Max;
+  else if ((spec.codec == CodecKind::topk || spec.codec == CodecKind::randk) && spec.values == DType::f16)
+    type_max = kF16Max;
+  if (type_max == 0.0f) return 0.0f;
+  const bool sums = kind != CollectiveKind::allgather && op == ReduceOp::sum;
+  return sums ? type_max / static_cast<float>(std::max(ranks, 1)) : type_max;
+}
+
 std::uint32_t begin_call(CommunicatorState& state, Call& call) {
   if (!call.error) {
     try {
@@ -504,6 +527,8 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
   // This rank's non-finite input, counted only when its arguments are valid (a bad pointer
   // must not be read): the whole tensor, or for an all-gather the rank's own shard.
   NonfiniteInput mine;
+  // Host tensors only: CUDA tensors are not checked against the wire range yet.
+  std::uint64_t beyond = 0;
   if (!call.error && call.tensor.count > 0) {
     try {
       const Transport& transport = state.transport();
@@ -518,9 +543,19 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
         mine = NonfiniteInput{0, found.count, begin + found.first};
         call.device_work_finished = found.work_stream_drained;
       } else {
-        const kernels::cpu::NonfiniteCount found =
-            kernels::cpu::count_nonfinite(call.tensor, begin, end - begin);
-        mine = NonfiniteInput{0, found.count, begin + found.first};
+        const float limit = call.spec ? wire_range_limit(*call.spec, call.kind, call.op,
+                                                         transport.size())
+                                      : 0.0f;
+        if (limit > 0.0f) {
+          const kernels::cpu::RangeCount found =
+              kernels::cpu::count_nonfinite_and_beyond(call.tensor, begin, end - begin, limit);
+          mine = NonfiniteInput{0, found.nonfinite.count, begin + found.nonfinite.first};
+          beyond = found.beyond;
+        } else {
+          const kernels::cpu::NonfiniteCount found =
+              kernels::cpu::count_nonfinite(call.tensor, begin, end - begin);
+          mine = NonfiniteInput{0, found.count, begin + found.first};
+        }
       }
     } catch (const Error& error) {
       call.error = error;
@@ -532,7 +567,9 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
       check_call(state.transport(),
                  CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
                                  call.spec_text, step, memory_field(state, call.tensor),
-                                 call.error ? &*call.error : nullptr, mine.count, mine.first});
+                                 call.error ? &*call.error : nullptr, mine.count, mine.first,
+                                 beyond},
+                 &call.beyond_wire_range);
   if (!call.explicit_step) state.count_call(call.name);
   return step;
 }
@@ -758,6 +795,9 @@ std::string rank_list(const std::vector<NonfiniteInput>& inputs) {
 // as usual); else runs the policy and returns true, or throws (nonfinite=error). No branch
 // adds, updates or even registers an error-feedback residual (worker or server side): a NaN
 // must never reach one.
+void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t step,
+                      CollectiveStats& stats);
+
 bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint32_t step,
                           CollectiveStats& stats) {
   if (call.nonfinite.empty()) return false;
@@ -797,6 +837,36 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
   // where a plain all-reduce puts them.
   stats.note = detail::concat("non-finite input on rank(s) ", ranks,
                               ": reduced uncompressed; error feedback untouched");
+  run_uncompressed(state, call, step, stats);
+  return true;
+}
+
+// The wire-range fallback: a call whose spec narrows values to a 16-bit type (fp16, bf16, or
+// top-k / random-k with values=fp16) and whose input holds, on some rank, a finite value that
+// the narrowing could saturate somewhere in the reduction (wire_range_limit) runs uncompressed
+// in f32, with the true values, instead of returning a silently clipped sum; error feedback
+// is left untouched. Every rank learned the count through the call check, so every rank takes
+// the same branch. Returns whether it ran the call.
+bool run_wire_range_fallback(CommunicatorState& state, const Call& call, std::uint32_t step,
+                             CollectiveStats& stats) {
+  if (call.beyond_wire_range == 0) return false;
+  stats.note = detail::concat(call.beyond_wire_range, " input element(s) beyond what ",
+                              call.spec->to_string(), "'s 16-bit values carry through this "
+                              "reduction (|x| > ", wire_range_limit(*call.spec, call.kind, call.op,
+                              state.transport().size()), "): reduced uncompressed in f32 "
+                              "(the true values, not a saturated sum); error feedback untouched");
+  run_uncompressed(state, call, step, stats);
+  return true;
+}
+
+// Runs the call with the `none` codec and no error feedback (what nonfinite=propagate and the
+// wire-range fallback do): the transport's own sum for an all-reduce, the ring for a
+// reduce-scatter, the all-gather for an all-gather.
+void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t step,
+                      CollectiveStats& stats) {
+  const CompressionSpec& spec = *call.spec;
+  const TensorView& tensor = call.tensor;
+  const std::size_t count = tensor.count;
   const CompressionSpec dense = warmup_spec(spec);
   const Transport& transport = state.transport();
   switch (call.kind) {
@@ -810,7 +880,7 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
         memory.transport->allreduce_f32_sum(memory.data);
       }
       close_call_memory(memory, tensor, 0, count);
-      return true;
+      return;
     }
     case CollectiveKind::reduce_scatter: {
       stats.algorithm = "ring";
@@ -822,7 +892,7 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
       const Transport& moved_by = *memory.transport;
       close_call_memory(memory, tensor, shard_begin(count, moved_by.size(), moved_by.rank()),
                         shard_begin(count, moved_by.size(), moved_by.rank() + 1));
-      return true;
+      return;
     }
     case CollectiveKind::allgather: {
       stats.algorithm = "allgather";
@@ -834,15 +904,15 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
                                step, stats);
       compressed_allgather(job);
       close_call_memory(memory, tensor, 0, count);
-      return true;
+      return;
     }
   }
-  return true;
 }
 
 CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
     if (run_nonfinite_policy(state, call, step, stats)) return;
+    if (run_wire_range_fallback(state, call, step, stats)) return;
     const CompressionSpec& spec = *call.spec;
     const std::size_t count = call.tensor.count;
     // algo=auto's model: the link and γ are measured at the first call that needs them (every
@@ -901,6 +971,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
 CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
     if (run_nonfinite_policy(state, call, step, stats)) return;
+    if (run_wire_range_fallback(state, call, step, stats)) return;
     const ShardedChoice choice = choose_reduce_scatter(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
@@ -921,6 +992,7 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
 CollectiveStats run_allgather(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
     if (run_nonfinite_policy(state, call, step, stats)) return;
+    if (run_wire_range_fallback(state, call, step, stats)) return;
     Transport& transport = state.transport();
     const ShardedChoice choice = choose_allgather(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);

@@ -20,4 +20,15 @@ struct NonfiniteCount {
 // first index is searched only when the count is non-zero.
 NonfiniteCount count_nonfinite(ConstTensorView tensor, std::size_t begin, std::size_t count) noexcept;
 
+// The same count, and in the same pass the finite elements whose magnitude exceeds `limit`
+// (> 0, finite): what a narrowing to a 16-bit wire type would saturate (the Communicator's
+// overflow check; see its use in collectives/communicator.cpp). Exact: the comparison is on the
+// bits, against the first 16- or 32-bit pattern whose value exceeds `limit`.
+struct RangeCount {
+  NonfiniteCount nonfinite;
+  std::uint64_t beyond = 0;  // finite elements with |x| > limit
+};
+RangeCount count_nonfinite_and_beyond(ConstTensorView tensor, std::size_t begin, std::size_t count,
+                                      float limit) noexcept;
+
 }  // namespace gradzip::kernels::cpu

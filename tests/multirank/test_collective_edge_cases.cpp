@@ -171,6 +171,49 @@ TEST(CollectiveEdgeCases, Fp16AverageOfMaxValuesThroughSraAndAllgather) {
   check_near_max_average(comm, "allgather", DType::f16);
 }
 
+// Values a 16-bit wire type would saturate somewhere in the reduction run uncompressed in f32
+// (the wire-range fallback): an fp16 SUM of 40000 (x P ranks) at one element, or a top-k with
+// values=fp16 carrying 70000, returns the true f32 sum, not 65504, on every rank, and says so in
+// the note; the same values as an AVERAGE (each divided by P first, no partial sum above 40000)
+// stay compressed. Integers: every f32 sum is exact.
+TEST(CollectiveEdgeCases, ValuesBeyondA16BitWireTypeFallBackToF32InsteadOfSaturating) {
+  Communicator comm = Communicator::world();
+  const int ranks = world_size(), rank = world_rank();
+  const std::size_t n = 40000;  // past min_bytes: the compressed path would run
+  const auto input = [&](float peak) {
+    std::vector<float> data(n);
+    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<float>((i + static_cast<std::size_t>(rank)) % 7);
+    data[5] = peak;
+    return data;
+  };
+  const auto exact_sum = [&](float peak, std::size_t i) {
+    if (i == 5) return static_cast<double>(peak) * ranks;
+    double total = 0;
+    for (int r = 0; r < ranks; ++r) total += static_cast<double>((i + static_cast<std::size_t>(r)) % 7);
+    return total;
+  };
+  for (const char* spec : {"fp16", "fp16:algo=sra", "topk:ratio=1,values=fp16,algo=allgather"}) {
+    SCOPED_TRACE(spec);
+    const float peak = std::string(spec).starts_with("topk") ? 70000.0f : 40000.0f;
+    std::vector<float> data = input(peak);
+    const CollectiveStats stats = comm.allreduce(host_view(data.data(), n), std::string("wire.") + spec, spec);
+    const bool beyond = peak > 65504.0f / static_cast<float>(ranks);
+    EXPECT_EQ(stats.note.find("reduced uncompressed in f32") != std::string::npos, beyond) << stats.note;
+    EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
+    if (beyond) {
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(static_cast<double>(data[i]), exact_sum(peak, i)) << "element " << i;
+    }
+  }
+  // As an average, 40000 needs no fallback: every partial sum of values divided by P is at most
+  // 40000, inside fp16's range.
+  std::vector<float> data = input(40000.0f);
+  const CollectiveStats stats =
+      comm.allreduce(host_view(data.data(), n), "wire.average", "fp16", ReduceOp::average);
+  EXPECT_EQ(stats.note.find("reduced uncompressed"), std::string::npos) << stats.note;
+  EXPECT_NEAR(data[5], 40000.0f, 40000.0f * 0x1p-10f * ranks);
+}
+
 // -------------------------------------------------------------------------------------------
 // k rounding: ratio * n < 1.
 // -------------------------------------------------------------------------------------------

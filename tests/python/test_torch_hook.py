@@ -290,6 +290,70 @@ def test_powersgd_hook_equals_a_reference_step(comm, process_group, rank, size):
             assert np.array_equal(restored.communicator.residual(f"{prefix}:{name}"), saved["powersgd"][name][part])
 
 
+def _scaled_step(rank, hook, hook_state, scale):
+    """One GradScaler step of a 64-64 linear model whose loss is multiplied by `scale`: returns
+    (the reduced gradient of the weight, whether the optimiser step was skipped, the scale after
+    update())."""
+    torch.manual_seed(11)
+    model = torch.nn.Linear(256, 256)
+    ddp = DDP(model)
+    if hook is not None:
+        ddp.register_comm_hook(hook_state(model) if callable(hook_state) else hook_state, hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=1000)
+    before = model.weight.detach().clone()
+    g = torch.Generator().manual_seed(rank)
+    loss = ddp(torch.randn(8, 256, generator=g) * (1 + rank)).pow(2).sum()
+    scaler.scale(loss).backward()
+    reduced = model.weight.grad.detach().clone()
+    scaler.step(optimizer)
+    scaler.update()
+    skipped = torch.equal(before, model.weight.detach())
+    return reduced, skipped, scaler.get_scale()
+
+
+@pytest.mark.current_torch
+def test_gradscaler_sees_true_values_or_the_overflow_never_a_clipped_gradient(process_group, rank, size):
+    # AMP policy: gradzip's fp16 never hands a saturated (clipped) gradient to the GradScaler.
+    # (1) Scaled gradients beyond fp16's range but finite in f32: the call falls back to an
+    # uncompressed f32 reduction (the wire-range fallback), so the result equals DDP's own
+    # all-reduce and the step is taken; PyTorch's fp16_compress_hook turns them into Inf and
+    # skips the step (the scenario does overflow fp16), and a saturating codec would have taken
+    # a step with clipped gradients. (2) Gradients that overflow f32 itself: gradzip propagates
+    # the Inf (nonfinite=propagate), so the scaler skips the step and backs the scale off
+    # exactly as with PyTorch's hook.
+    if not hasattr(torch, "amp") or not hasattr(torch.amp, "GradScaler"):
+        pytest.skip("torch.amp.GradScaler on the CPU needs a current PyTorch (2.3 or later)")
+    try:
+        torch.amp.GradScaler("cpu")
+    except Exception as error:  # noqa: BLE001
+        pytest.skip(f"torch.amp.GradScaler('cpu') is not available here: {error}")
+
+    def gradzip_state(model):
+        return gradzip.torch.GradzipState(model, "fp16:min_bytes=0", communicator=gradzip.Communicator())
+
+    scale = 2.0 ** 16
+    dense, dense_skipped, _ = _scaled_step(rank, None, None, scale)
+    assert dense.abs().max().item() > 65504 and torch.isfinite(dense).all(), "the scenario must exceed fp16"
+    ours, ours_skipped, ours_scale = _scaled_step(rank, gradzip.torch.hook, gradzip_state, scale)
+    theirs, theirs_skipped, _ = _scaled_step(rank, default_hooks.fp16_compress_hook, dist.group.WORLD, scale)
+    assert not dense_skipped and not ours_skipped and theirs_skipped
+    assert not torch.isfinite(theirs).all()
+    assert ours_scale == scale
+    if size == 2:
+        assert torch.equal(ours, dense)  # both: halves added once, in either order the same bits
+    else:
+        assert torch.all((ours - dense).abs() <= 2 * (size - 1) * U * dense.abs() * 1.01 + 1e-30)
+
+    huge = 2.0 ** 125  # the scaled gradients overflow f32 itself
+    ours, ours_skipped, ours_scale = _scaled_step(rank, gradzip.torch.hook, gradzip_state, huge)
+    theirs, theirs_skipped, theirs_scale = _scaled_step(rank, default_hooks.fp16_compress_hook,
+                                                        dist.group.WORLD, huge)
+    assert ours_skipped and theirs_skipped
+    assert ours_scale == theirs_scale == huge * 0.5
+    assert not torch.isfinite(ours).all()
+
+
 def test_steady_state_copies_no_residual(process_group, rank, size):
     # Residuals are assembled and copied into the communicator only for a new bucket layout:
     # once per bucket of iteration 0, once per bucket after DDP's rebuild (iteration 1), then

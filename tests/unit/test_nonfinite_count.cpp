@@ -167,5 +167,51 @@ TEST(ResidualGuard, FusedCastUpdateStaysFinite) {
   EXPECT_EQ(kernels::float_bits(e), 0u);
 }
 
+// count_nonfinite_and_beyond against a scalar reference, for every 16-bit pattern (f16, bf16)
+// and f32 values around the limits: beyond = finite and |x| > limit, exactly at the boundary
+// (the limit itself is not beyond; the next representable value is), and the non-finite count
+// unchanged by the second count.
+std::uint64_t reference_beyond(const std::vector<float>& values, float limit) {
+  std::uint64_t n = 0;
+  for (float v : values) n += (std::isfinite(v) && std::fabs(v) > limit) ? 1 : 0;
+  return n;
+}
+
+TEST(RangeCount, Every16BitPatternAgainstTheScalarComparison) {
+  std::vector<std::uint16_t> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  for (const float limit : {65504.0f, 65504.0f / 3.0f, 1.0f, 0.1f, 32752.0f, 3.0e38f}) {
+    SCOPED_TRACE(limit);
+    for (const DType dtype : {DType::f16, DType::bf16}) {
+      std::vector<float> widened(all.size());
+      for (std::size_t i = 0; i < all.size(); ++i)
+        widened[i] = dtype == DType::f16 ? kernels::f16_bits_to_f32(all[i]) : kernels::bf16_bits_to_f32(all[i]);
+      const ConstTensorView view(all.data(), all.size(), dtype);
+      const kernels::cpu::RangeCount found =
+          kernels::cpu::count_nonfinite_and_beyond(view, 0, all.size(), limit);
+      EXPECT_EQ(found.beyond, reference_beyond(widened, limit)) << dtype_name(dtype);
+      EXPECT_EQ(found.nonfinite.count, count_nonfinite(view, 0, all.size()).count);
+    }
+  }
+}
+
+TEST(RangeCount, F32AtTheBoundaryAndAmongNonFiniteValues) {
+  const float limit = 65504.0f;
+  const float above = std::nextafter(limit, std::numeric_limits<float>::infinity());
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> values = {limit, -limit, above, -above, 1e30f, -3.4e38f, inf, -inf,
+                                     std::numeric_limits<float>::quiet_NaN(), 0.0f, -0.0f, 1.0f};
+  const kernels::cpu::RangeCount found = kernels::cpu::count_nonfinite_and_beyond(
+      ConstTensorView(values.data(), values.size(), DType::f32), 0, values.size(), limit);
+  EXPECT_EQ(found.beyond, 4u);  // above, -above, 1e30, -3.4e38; not the limit, not Inf / NaN
+  EXPECT_EQ(found.nonfinite.count, 3u);
+  EXPECT_EQ(found.nonfinite.first, 6u);
+  // A sub-range: [2, 5) holds above, -above, 1e30.
+  const kernels::cpu::RangeCount part = kernels::cpu::count_nonfinite_and_beyond(
+      ConstTensorView(values.data(), values.size(), DType::f32), 2, 3, limit);
+  EXPECT_EQ(part.beyond, 3u);
+  EXPECT_EQ(part.nonfinite.count, 0u);
+}
+
 }  // namespace
 }  // namespace gradzip
