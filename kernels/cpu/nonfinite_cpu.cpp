@@ -8,37 +8,68 @@
 namespace gradzip::kernels::cpu {
 namespace {
 
-// Counts with a branch-free body (the compiler vectorises it: a mask, an and and a compare per
-// element); the first index is looked for only when the count says there is one.
-// The elements are read with memcpy (a plain load once compiled): the tensor's memory holds
-// floats or 16-bit values of the caller's type, not Bits.
-template <typename Bits, typename IsNonfinite>
-NonfiniteCount count_in(const void* data, std::size_t begin, std::size_t count,
-                        IsNonfinite is_nonfinite) noexcept {
-  const auto* bytes = static_cast<const unsigned char*>(data) + begin * sizeof(Bits);
-  const auto at = [bytes](std::size_t i) {
+// Element i of [begin, begin + count) read as Bits with memcpy (a plain load once compiled):
+// the tensor's memory holds floats or 16-bit values of the caller's type, not Bits.
+template <typename Bits>
+struct ElementBits {
+  const unsigned char* bytes;
+  Bits operator()(std::size_t i) const noexcept {
     Bits bits;
     std::memcpy(&bits, bytes + i * sizeof(Bits), sizeof bits);
     return bits;
-  };
-  // 32-bit counts per block keep the vector lanes as narrow as the elements (a 64-bit sum per
-  // element halves the throughput); a block never holds more than 2^32 - 1 elements.
+  }
+};
+template <typename Bits>
+ElementBits<Bits> element_bits(const void* data, std::size_t begin) noexcept {
+  return {static_cast<const unsigned char*>(data) + begin * sizeof(Bits)};
+}
+
+// How many of the `count` elements satisfy `first_test`, and how many `second_test`, in one
+// pass with a branch-free body the compiler vectorises (a mask, an and and a compare per element
+// and test). 32-bit counts per block keep the vector lanes as narrow as the elements (a 64-bit
+// sum per element halves the throughput); a block never holds more than 2^32 - 1 elements.
+struct TwoCounts {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+};
+template <typename Bits, typename FirstTest, typename SecondTest>
+TwoCounts count_where(ElementBits<Bits> at, std::size_t count, FirstTest first_test,
+                      SecondTest second_test) noexcept {
   constexpr std::size_t kBlock = std::size_t{1} << 16;
-  std::uint64_t found = 0;
+  TwoCounts found;
   for (std::size_t block = 0; block < count; block += kBlock) {
     const std::size_t end = block + kBlock < count ? block + kBlock : count;
-    std::uint32_t in_block = 0;
-    for (std::size_t i = block; i < end; ++i) in_block += is_nonfinite(at(i)) ? 1u : 0u;
-    found += in_block;
-  }
-  NonfiniteCount result{found, 0};
-  if (found == 0) return result;
-  for (std::size_t i = 0; i < count; ++i) {
-    if (is_nonfinite(at(i))) {
-      result.first = i;
-      break;
+    std::uint32_t first_in_block = 0, second_in_block = 0;
+    for (std::size_t i = block; i < end; ++i) {
+      const Bits bits = at(i);
+      first_in_block += first_test(bits) ? 1u : 0u;
+      second_in_block += second_test(bits) ? 1u : 0u;
     }
+    found.first += first_in_block;
+    found.second += second_in_block;
   }
+  return found;
+}
+
+// A second test that counts nothing (the compiler drops it).
+constexpr auto kNothing = [](auto) { return false; };
+
+// The first index of an element satisfying `test` (there is one).
+template <typename Bits, typename Test>
+std::uint64_t first_where(ElementBits<Bits> at, std::size_t count, Test test) noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (test(at(i))) return i;
+  }
+  return 0;
+}
+
+// The non-finite count; the first index is looked for only when the count says there is one.
+template <typename Bits, typename IsNonfinite>
+NonfiniteCount count_in(const void* data, std::size_t begin, std::size_t count,
+                        IsNonfinite is_nonfinite) noexcept {
+  const ElementBits<Bits> at = element_bits<Bits>(data, begin);
+  NonfiniteCount result{count_where(at, count, is_nonfinite, kNothing).first, 0};
+  if (result.count != 0) result.first = first_where(at, count, is_nonfinite);
   return result;
 }
 
@@ -56,30 +87,20 @@ std::uint32_t first_pattern_above(float limit, std::uint32_t infinity_bits, Valu
   return low;
 }
 
-// count_in with a second, branch-free count in the same pass: finite magnitudes at or above
+// The non-finite count and, in the same pass, the count of finite magnitudes at or above
 // `above` (a magnitude bit pattern) and below `infinity`.
 template <typename Bits, typename IsNonfinite>
 RangeCount count_in_range(const void* data, std::size_t begin, std::size_t count,
                           IsNonfinite is_nonfinite, Bits magnitude_mask, Bits above,
                           Bits infinity) noexcept {
-  const auto* bytes = static_cast<const unsigned char*>(data) + begin * sizeof(Bits);
-  const auto at = [bytes](std::size_t i) {
-    Bits bits;
-    std::memcpy(&bits, bytes + i * sizeof(Bits), sizeof bits);
-    return bits;
-  };
-  constexpr std::size_t kBlock = std::size_t{1} << 16;
-  std::uint64_t beyond = 0;
-  for (std::size_t block = 0; block < count; block += kBlock) {
-    const std::size_t end = block + kBlock < count ? block + kBlock : count;
-    std::uint32_t in_block = 0;
-    for (std::size_t i = block; i < end; ++i) {
-      const Bits magnitude = static_cast<Bits>(at(i) & magnitude_mask);
-      in_block += (magnitude >= above && magnitude < infinity) ? 1u : 0u;
-    }
-    beyond += in_block;
-  }
-  return RangeCount{count_in<Bits>(data, begin, count, is_nonfinite), beyond};
+  const ElementBits<Bits> at = element_bits<Bits>(data, begin);
+  const TwoCounts found = count_where(at, count, is_nonfinite, [=](Bits bits) {
+    const Bits magnitude = static_cast<Bits>(bits & magnitude_mask);
+    return magnitude >= above && magnitude < infinity;
+  });
+  RangeCount result{NonfiniteCount{found.first, 0}, found.second};
+  if (found.first != 0) result.nonfinite.first = first_where(at, count, is_nonfinite);
+  return result;
 }
 
 }  // namespace
