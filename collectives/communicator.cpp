@@ -478,8 +478,6 @@ std::uint64_t memory_field(const CommunicatorState& state, const TensorView& ten
   return 1 + static_cast<std::uint64_t>(state.cuda_path());
 }
 
-// Checks the arguments, runs the call check with every rank, and counts the call. Returns the
-// call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.
 // The largest magnitude an input element may have for the spec's 16-bit wire values (fp16 and
 // bf16, top-k and random-k with values=fp16) to carry the whole reduction without saturating
 // anywhere: the type's largest finite value for an average (every rank's values are divided by
@@ -500,6 +498,8 @@ float wire_range_limit(const CompressionSpec& spec, CollectiveKind kind, ReduceO
   return sums ? type_max / static_cast<float>(std::max(ranks, 1)) : type_max;
 }
 
+// Checks the arguments, runs the call check with every rank, and counts the call. Returns the
+// call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.
 std::uint32_t begin_call(CommunicatorState& state, Call& call) {
   if (!call.error) {
     try {
