@@ -32,6 +32,20 @@ error_feedback::ErrorFeedbackCodec feedback_codec(const ReduceJob& job) {
       &scratch);
 }
 
+void deliver_worker_residual(ReduceJob& job, std::string_view algorithm, std::size_t keep_begin,
+                             std::size_t keep_end) {
+  if (job.residuals == nullptr || !job.residuals->contains(job.name)) return;
+  GZ_REQUIRE(job.device.kind == DeviceKind::cpu, ErrorCode::internal, algorithm, " of '", job.name,
+             "': runs on host memory (the Communicator stages CUDA tensors)");
+  const std::size_t count = job.data.size();
+  const std::span<float> worker = job.residuals->residual(job.name, count);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (i >= keep_begin && i < keep_end) continue;
+    job.data[i] += worker[i];
+    worker[i] = 0.0f;
+  }
+}
+
 std::size_t shard_begin(std::size_t count, int ranks, int r) noexcept {
   __extension__ typedef unsigned __int128 u128;  // count * r needs 128 bits for huge counts
   if (ranks <= 0) return 0;

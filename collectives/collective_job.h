@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collectives/device_memory.h"
@@ -48,6 +49,16 @@ struct ReduceJob {
 // be null). It does not own the codec, and its g' scratch is a per-thread buffer kept across
 // calls, so encoding a large tensor does not fault in fresh pages every call.
 error_feedback::ErrorFeedbackCodec feedback_codec(const ReduceJob& job);
+
+// For the algorithms that compensate no worker encode (the tree, the hierarchical node stage,
+// halving/doubling outside its first step's sent range): adds the worker residual "<name>", when
+// the store holds one (another algorithm's for the same name, or residuals folded into it by
+// ResidualStore::fold_into), into job.data outside [keep_begin, keep_end) and zeroes it there,
+// so its mass reaches the result instead of being stranded. The elements in [keep_begin,
+// keep_end) keep their residual for an encode that compensates them. Host memory only
+// (`algorithm` names the caller in the error otherwise).
+void deliver_worker_residual(ReduceJob& job, std::string_view algorithm, std::size_t keep_begin = 0,
+                             std::size_t keep_end = 0);
 
 // Rank r's shard of `count` elements split over `ranks`: [shard_begin(r), shard_begin(r + 1)),
 // as even as possible (sizes differ by at most one), for any count and rank count.

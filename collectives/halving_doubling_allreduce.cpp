@@ -260,21 +260,14 @@ class HalvingDoubling {
   // (still f32, before any encode, so the later encodes and their residuals carry it) and
   // zeroed: nothing is lost and nothing counted twice. Host memory: this algorithm is staged.
   void flush_uncovered_worker_residual() {
-    if (folded_ || !job_.residuals->contains(job_.name)) return;
-    GZ_REQUIRE(job_.device.kind == DeviceKind::cpu, ErrorCode::internal,
-               "halving_doubling_allreduce of '", job_.name, "': runs on host memory only");
-    const std::span<float> worker = job_.residuals->residual(job_.name, count_);
+    if (folded_) return;
     std::size_t covered_begin = 0, covered_end = 0;
     if (hd_ >= 0 && steps_ > 0) {
       const Step first = halving_step(0, 0);
       covered_begin = block_begin(first.send_lo);
       covered_end = block_begin(first.send_hi);
     }
-    for (std::size_t i = 0; i < count_; ++i) {
-      if (i >= covered_begin && i < covered_end) continue;
-      job_.data[i] += worker[i];
-      worker[i] = 0.0f;
-    }
+    deliver_worker_residual(job_, "halving_doubling_allreduce", covered_begin, covered_end);
   }
 
   // Rank 2i + 1 < 2x sends its encoded tensor to rank 2i, which adds it to its data.

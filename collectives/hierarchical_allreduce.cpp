@@ -230,15 +230,7 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter, 
   // A worker residual "<name>" (another algorithm's for the same name, or residuals folded into
   // it by ResidualStore::fold_into) is compensated by no encode here (the inner algorithm keeps
   // "<name>@hier"): it joins the data before the node stage, which sums exactly, and is zeroed.
-  if (job.residuals != nullptr && job.residuals->contains(job.name)) {
-    GZ_REQUIRE(job.device.kind == DeviceKind::cpu, ErrorCode::internal, "hierarchical_allreduce of '",
-               job.name, "': runs on host memory (the Communicator stages CUDA tensors)");
-    const std::span<float> worker = job.residuals->residual(job.name, count);
-    for (std::size_t i = 0; i < count; ++i) {
-      job.data[i] += worker[i];
-      worker[i] = 0.0f;
-    }
-  }
+  deliver_worker_residual(job, "hierarchical_allreduce");
 
   if (intra.size() > 1) {  // (a)
     ReduceJob node_sum{intra, uncompressed_codec(), job.data, job.name, /*residuals=*/nullptr,

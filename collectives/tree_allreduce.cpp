@@ -68,13 +68,7 @@ void tree_allreduce(ReduceJob& job) {
   // name, or residuals folded into it by ResidualStore::fold_into) is not compensated by any
   // encode here: it joins the f32 data that the tree sums exactly, and is zeroed, so its mass
   // reaches the result instead of being stranded.
-  if (job.residuals != nullptr && job.residuals->contains(job.name)) {
-    const std::span<float> worker = job.residuals->residual(job.name, n);
-    for (std::size_t i = 0; i < n; ++i) {
-      data[i] += worker[i];
-      worker[i] = 0.0f;
-    }
-  }
+  deliver_worker_residual(job, "tree_allreduce");
 
   std::optional<error_feedback::ErrorFeedbackCodec> ef;
   if (job.residuals != nullptr && rank == 0) {
