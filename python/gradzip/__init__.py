@@ -50,7 +50,8 @@ class Communicator(_gradzip.Communicator):
     __doc__ = _gradzip.Communicator.__doc__ + """
 
 gradzip.Communicator(default_spec="none", *, transport="auto", process_group=None, ...):
-transport "mpi" runs over MPI_COMM_WORLD; "torch" over torch.distributed: gradzip makes a gloo
+transport "mpi" runs over MPI_COMM_WORLD (a `process_group` given must have its rank count);
+"torch" over torch.distributed: gradzip makes a gloo
 group of its own over the ranks of `process_group` (default: the world; collective: every rank
 of the job constructs its communicator together), so it works under torchrun with no MPI
 launcher, whatever backend the application's group uses. "auto" (the default) picks mpi under
@@ -69,10 +70,10 @@ torch.distributed was initialised): its all-reduces would return each rank's own
             engine = _process_group.ProcessGroupEngine.over_group(process_group, timeout_s)
             super().__init__(default_spec, engine=engine, **kwargs)
         else:
-            if process_group is not None:
-                raise ValueError("process_group is for transport='torch'; an MPI communicator "
-                                 "spans MPI_COMM_WORLD")
             super().__init__(default_spec, **kwargs)
+            if process_group is not None:  # MPI_COMM_WORLD must be the group's ranks
+                _world.refuse_communicator_not_spanning(
+                    self.size, process_group, who="gradzip.Communicator(transport='mpi', process_group=...)")
             _world.refuse_singleton_among_torch_ranks(self.size)
 
 

@@ -57,9 +57,11 @@ def refuse_singleton_among_torch_ranks(communicator_size):
         _refuse("gradzip.Communicator", communicator_size, world[0], world[1])
 
 
-def refuse_communicator_not_spanning(communicator_size, process_group=None):
-    """The DDP hook's state: the communicator must have exactly the process group's rank count
-    (when torch.distributed is initialised or WORLD_SIZE is set; otherwise nothing to compare)."""
+def refuse_communicator_not_spanning(communicator_size, process_group=None,
+                                     who="gradzip.torch.GradzipState"):
+    """The DDP hook's state, or an MPI communicator given a process group: the communicator must
+    have exactly the process group's rank count (when torch.distributed is initialised or
+    WORLD_SIZE is set; otherwise nothing to compare)."""
     world = torch_world(process_group)
     if world is not None and world[0] != communicator_size:
-        _refuse("gradzip.torch.GradzipState", communicator_size, world[0], world[1])
+        _refuse(who, communicator_size, world[0], world[1])

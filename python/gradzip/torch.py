@@ -15,6 +15,11 @@ gradient is never averaged over other ranks than the training's.
 - hook(state, bucket) averages the bucket's flat gradient buffer with gradzip and returns a
   torch.futures.Future that gradzip's communication thread completes, so DDP goes on with
   backward (and launches the next buckets) while the bucket is compressed and sent.
+- With algo=auto (the default), a parameter under the spec's min_bytes (65536 by default: biases,
+  small layers) is averaged uncompressed, as a collective sends a tensor under min_bytes: the
+  bucket's small parameters go packed in one uncompressed call, the others in one compressed call
+  (in place when they are contiguous in the bucket, else through a packed copy). Error feedback
+  covers the compressed parameters only; state_dict() has no residual for the others.
 - Buckets are all-reduced under names made of their parameters' names, and error-feedback
   residuals are kept per bucket name. When DDP rebuilds its buckets (after the first
   iteration), a bucket with a new set of parameters starts from the residual slices its
@@ -34,7 +39,6 @@ import torch
 
 from . import _gradzip, _lifecycle, _world
 from . import Communicator
-from . import choose_transport as _gradzip_choose_transport
 
 
 def _run_task(task):
@@ -63,8 +67,7 @@ class GradzipState:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = int(warmup)
         if communicator is None:
-            torch_transport = _gradzip_choose_transport() == "torch"
-            communicator = Communicator(process_group=process_group) if torch_transport else Communicator()
+            communicator = Communicator(process_group=process_group)
         self.communicator = communicator
         self._process_group = process_group
         _world.refuse_communicator_not_spanning(self.communicator.size, process_group)
@@ -73,6 +76,15 @@ class GradzipState:
         self._names = {id(p): name for name, p in model.named_parameters()}
         self._shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         self._powersgd = self.spec.split(":")[0] == "powersgd"
+        # With algo=auto a collective sends a tensor under min_bytes uncompressed; the hook
+        # applies that rule per parameter, not to the bucket as a whole (a bucket is far above
+        # min_bytes): such parameters are averaged uncompressed, the others compressed.
+        # Compressing a small output layer with error feedback is what made sign diverge.
+        codec, _, options = self.spec.partition(":")
+        options = dict(option.split("=", 1) for option in options.split(",") if option)
+        self._min_bytes = (int(options["min_bytes"]) if codec not in ("none", "powersgd")
+                           and options.get("algo") == "auto" else 0)
+        self._splits = {}  # bucket layout -> _Split (only for layouts with a parameter under it)
         # bucket index -> (bucket name, ((parameter name, offset, numel), ...)) as last seen
         self._layouts = {}
         # parameter name -> residual slice (float32) waiting for the bucket that holds it
@@ -118,6 +130,23 @@ class GradzipState:
                                  "given to GradzipState (pass the module DDP wraps)")
             layout.append((name, (gradient.data_ptr() - base) // size, gradient.numel()))
         return tuple(layout)
+
+    def _split_of(self, layout):
+        """The bucket's _Split when it holds a parameter under min_bytes (and the spec uses the
+        rule), else None: the whole bucket is one compressed call."""
+        if self._min_bytes == 0:
+            return None
+        split = self._splits.get(layout)
+        if split is None:
+            small = tuple(entry for entry in layout if 4 * entry[2] < self._min_bytes)
+            if not small:
+                split = _Split.WHOLE
+            else:
+                large = sorted((entry for entry in layout if 4 * entry[2] >= self._min_bytes),
+                               key=lambda entry: entry[1])
+                split = _Split(small, large)
+            self._splits[layout] = split
+        return None if split is _Split.WHOLE else split
 
     @staticmethod
     def _bucket_name(index, layout):
@@ -209,6 +238,67 @@ class GradzipState:
                     self.communicator.set_residual(f"{prefix}:{name}", entry[part])
 
 
+class _Split:
+    """A bucket's parameters divided by min_bytes.
+
+    small: ((parameter, offset, numel), ...) under min_bytes, packed and averaged uncompressed.
+    large: the others in buffer order; `run` is (begin, end) when they fill one contiguous range
+        of the bucket (compressed in place), else None (packed into a copy, compressed, copied
+        back). `layout` gives their offsets in what is compressed: it names the residual.
+    """
+    WHOLE = object()  # marks a layout with nothing under min_bytes
+
+    def __init__(self, small, large):
+        self.small = small
+        self.large = tuple(large)
+        self.run = None
+        if large:
+            begin, end = large[0][1], large[-1][1] + large[-1][2]
+            if end - begin == sum(numel for _, _, numel in large):
+                self.run = (begin, end)
+        base = self.run[0] if self.run else 0
+        offsets = np.cumsum([0] + [numel for _, _, numel in self.large])
+        self.layout = tuple((parameter, (offset - base) if self.run else int(packed), numel)
+                            for (parameter, offset, numel), packed in zip(self.large, offsets))
+
+
+def _pack(buffer, entries):
+    return torch.cat([buffer[offset:offset + numel] for _, offset, numel in entries])
+
+
+def _unpack(packed, buffer, entries):
+    at = 0
+    for _, offset, numel in entries:
+        buffer[offset:offset + numel].copy_(packed[at:at + numel])
+        at += numel
+
+
+def _split_allreduce(state, buffer, index, layout, split, spec):
+    """Averages the bucket's parameters under min_bytes uncompressed (one call, packed) and the
+    others with `spec` (one call: in place when contiguous, else packed); one stats dict for the
+    bucket (the compressed call's, its sent_bytes including the uncompressed call's)."""
+    stats = None
+    if split.large:
+        target = buffer[split.run[0]:split.run[1]] if split.run else _pack(buffer, split.large)
+        name = state._prepare(index, split.layout, target.numel())
+        stats = state.communicator.allreduce(target, name, spec, op="average")
+        if split.run is None:
+            _unpack(target, buffer, split.large)
+    else:
+        name = state._bucket_name(index, layout)
+    dense = _pack(buffer, split.small)
+    dense_stats = state.communicator.allreduce(dense, f"{name}.uncompressed", "none", op="average")
+    _unpack(dense, buffer, split.small)
+    if stats is None:
+        stats = dict(dense_stats, sent_bytes=_ring_bytes(dense_stats))
+    else:
+        stats["sent_bytes"] = _ring_bytes(stats) + _ring_bytes(dense_stats)
+    uncompressed = sum(numel for _, _, numel in split.small)
+    stats["note"] = (stats["note"] + "; " if stats["note"] else "") + (
+        f"{len(split.small)} parameters under min_bytes ({uncompressed} elements) uncompressed")
+    return stats
+
+
 def _ring_bytes(stats, element_bytes=4):
     """stats' sent bytes; MPI's own all-reduce (small tensors) reports none: a ring's count."""
     if stats["algorithm"] != "mpi":
@@ -265,6 +355,11 @@ def hook(state, bucket):
         try:
             if state._powersgd and spec != "none":
                 state.last_stats[index] = _powersgd_allreduce(state, buffer, index, layout, step)
+                future.set_result(buffer)
+                return
+            split = state._split_of(layout) if spec != "none" else None
+            if split is not None:
+                state.last_stats[index] = _split_allreduce(state, buffer, index, layout, split, spec)
                 future.set_result(buffer)
                 return
             name = state._prepare(index, layout, buffer.numel())

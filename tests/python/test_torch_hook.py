@@ -176,7 +176,18 @@ def test_topk_residuals_survive_the_bucket_rebuild(process_group, rank, size):
 EVERY_ALGORITHM = [
     "sign:algo=sra,min_bytes=0", "sign:algo=tree,min_bytes=0", "sign:algo=rhd,min_bytes=0",
     "sign:algo=hier,ranks_per_node=1,min_bytes=0", "topk:ratio=0.01,algo=ring,min_bytes=0",
-    "topk:ratio=0.01,algo=allgather,min_bytes=0", "sign:min_bytes=0", "qsgd:bits=2,ef=on,min_bytes=0"]
+    "topk:ratio=0.01,algo=allgather,min_bytes=0", "sign:min_bytes=0", "qsgd:bits=2,ef=on,min_bytes=0",
+    # the defaults: parameters under min_bytes averaged uncompressed, the rest packed or in place
+    "sign", "topk:ratio=0.01"]
+
+
+def compressed_parameters(model, spec):
+    """The parameters the hook compresses (and keeps residuals for): with algo=auto, those of at
+    least min_bytes (4 bytes an element); with another algorithm, all."""
+    canonical = gradzip.parse_spec(spec)
+    min_bytes = int(canonical.split("min_bytes=")[1].split(",")[0])
+    auto = "algo=auto" in canonical
+    return {n for n, p in model.named_parameters() if not auto or 4 * p.numel() >= min_bytes}
 
 
 @pytest.mark.parametrize("spec", EVERY_ALGORITHM)
@@ -200,10 +211,14 @@ def test_every_algorithms_residuals_survive_the_rebuild_and_the_checkpoint(comm,
     if "algo=sra" in spec or "algo=hier" in spec or ("algo=tree" in spec and rank == 0) or "algo=rhd" in spec:
         assert auxiliary, f"{spec}: the algorithm should keep residuals besides the workers' ({names_before})"
     m0 = residuals_of(state)
-    assert set(m0) == {n for n, _ in model.named_parameters()}
+    assert set(m0) == compressed_parameters(model, spec)
     step(ddp, rank, 1, zero=True)
     assert set(own.residual_names()) - names_before, "DDP's rebuild should have produced new buckets"
     m1 = residuals_of(state)
+    # a parameter averaged uncompressed has no residual: none before, none after
+    for n, p in model.named_parameters():
+        m0.setdefault(n, np.zeros(p.numel(), dtype=np.float32))
+        m1.setdefault(n, np.zeros(p.numel(), dtype=np.float32))
     delivered = sum_over_ranks(comm, [torch.from_numpy(m0[n] - m1[n]) for n, _ in model.named_parameters()],
                                f"every-algorithm.{spec}")
     scale = sum_over_ranks(comm, [torch.from_numpy(np.abs(m0[n]) + np.abs(m1[n]))
@@ -216,6 +231,53 @@ def test_every_algorithms_residuals_survive_the_rebuild_and_the_checkpoint(comm,
     excess = (got - delivered).abs() - bound
     algorithms = sorted({stats["algorithm"] for stats in state.last_stats.values()})
     assert torch.all(excess <= 0), f"{spec} ({algorithms}): max excess {excess.max().item()} (max |delivered| {delivered.abs().max().item()})"
+
+
+def test_split_of_a_bucket_by_min_bytes():
+    # Offsets and numels in elements; the large parameters go in buffer order. Contiguous large
+    # parameters are compressed in place (run = their range, offsets relative to it); otherwise
+    # they are packed and the offsets are the packed ones.
+    split = gradzip.torch._Split(small=(("b", 0, 5),), large=[("w", 5, 100), ("v", 105, 50)])
+    assert split.run == (5, 155)
+    assert split.layout == (("w", 0, 100), ("v", 100, 50))
+    split = gradzip.torch._Split(small=(("b1", 100, 5),), large=[("w1", 0, 100), ("w2", 105, 200)])
+    assert split.run is None
+    assert split.layout == (("w1", 0, 100), ("w2", 100, 200))
+    split = gradzip.torch._Split(small=(("b", 0, 5), ("c", 5, 3)), large=[])
+    assert split.run is None and split.layout == ()
+
+
+@pytest.mark.parametrize("spec", ["sign", "topk:ratio=0.01", "qsgd:bits=2"])
+def test_parameters_under_min_bytes_are_averaged_uncompressed(comm, process_group, rank, size, spec):
+    # With algo=auto and the default min_bytes (65536), Net's biases and its 10 x 256 output
+    # layer (10 KiB) are averaged uncompressed: each within the f32 rounding of an all-reduce,
+    # (P + 1) u A_i (A_i = sum_r |g_r,i| / P; 2x and 1% for the orders of the sums), of the exact
+    # average, which no compressed parameter is; those keep residuals, the small ones none.
+    model = make_net(9)
+    ddp = DDP(model, bucket_cap_mb=0.5)
+    state = gradzip.torch.GradzipState(model, spec, communicator=gradzip.Communicator())
+    ddp.register_comm_hook(state, gradzip.torch.hook)
+    step(ddp, rank, 0)
+    reference = make_net(9)
+    x, y = batch(rank, 0)
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    names = [n for n, _ in model.named_parameters()]
+    exact = sum_over_ranks(comm, [p.grad / size for p in reference.parameters()], f"min_bytes.{spec}")
+    a = divided_abs_sum(comm, make_net(9), rank, 0, f"min_bytes.{spec}.abs")
+    large = compressed_parameters(model, spec)
+    assert large == {"a.weight", "e.weight", "d.weight", "b.weight"}
+    offset = 0
+    for name, p in zip(names, model.parameters()):
+        got = p.grad.reshape(-1)
+        want = exact[offset:offset + p.numel()]
+        bound = 2 * (size + 1) * U * a[offset:offset + p.numel()] * 1.01
+        offset += p.numel()
+        assert torch.count_nonzero(want) > 0, name
+        within = torch.all((got - want).abs() <= bound).item()
+        assert within == (name not in large), f"{spec} {name}: within the rounding bound: {within}"
+    assert set(state.state_dict()["residuals"]) == large
+    notes = [s["note"] for s in state.last_stats.values()]
+    assert any("parameters under min_bytes" in note for note in notes), notes
 
 
 def _orthonormal_columns(p):

@@ -35,6 +35,20 @@ def test_the_communicator_says_what_it_runs_over(over_torch, rank, size):
         gradzip.Communicator(transport="nccl")
 
 
+def test_an_mpi_communicator_takes_only_a_process_group_of_its_rank_count(process_group, rank, size):
+    # Over MPI the communicator spans MPI_COMM_WORLD: a process group with the same rank count
+    # (the world) is accepted, one with fewer ranks refused on every rank (a rank outside the
+    # group sees a size of -1 there, also refused).
+    if not gradzip.launched_by_mpi():
+        pytest.skip("transport 'mpi' over more than one rank needs an MPI launcher")
+    comm = gradzip.Communicator(transport="mpi", process_group=process_group)
+    assert (comm.transport_name, comm.size) == ("mpi", size)
+    if size > 1:
+        fewer = dist.new_group(list(range(size - 1)))
+        with pytest.raises(gradzip.Error, match=f"spans {size} rank"):
+            gradzip.Communicator(transport="mpi", process_group=fewer)
+
+
 # Every algorithm, exact with codec none and with fp16 on small integers (see small_ints): the
 # hierarchical ones split the transport into node and cross-node groups (ranks_per_node=1: one
 # rank per node; 0: nodes by host name, here one node).
