@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "collectives/communicator_state.h"
+#ifdef GRADZIP_HAVE_NCCL
+#include "collectives/transport/nccl/nccl_library.h"
+#endif
 #include "gradzip/codec.h"
 #include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
@@ -159,6 +162,35 @@ PYBIND11_MODULE(_gradzip, m) {
     }
   });
 
+  m.def(
+      "nccl_library",
+      []() {
+#ifdef GRADZIP_HAVE_NCCL
+        const collectives::NcclApi& api = collectives::nccl_api();
+        py::dict library;
+        library["path"] = api.path;
+        library["found_by"] = api.found_by;
+        library["version"] = api.version;
+        return library;
+#else
+        GZ_THROW(ErrorCode::unsupported, "nccl_library: this gradzip was built without NCCL");
+#endif
+      },
+      R"(The NCCL that CUDA tensors go over: {"path", "found_by", "version"} (version as NCCL's
+code, e.g. 22809). Loads it if no call has yet (the one already in the process first, e.g.
+PyTorch's). gradzip.Error when the build has no NCCL or none can be loaded (the message lists
+each place tried).)");
+  m.def(
+      "add_nccl_library_candidates",
+      [](const std::vector<std::string>& paths) {
+#ifdef GRADZIP_HAVE_NCCL
+        collectives::add_nccl_library_candidates(paths);
+#else
+        (void)paths;
+#endif
+      },
+      py::arg("paths"),
+      "Paths of libnccl.so.2 to try before the dynamic loader's search (no effect once loaded).");
   m.def("parse_spec", [](const std::string& spec) { return CompressionSpec::parse(spec).to_string(); },
         py::arg("spec"), "The canonical form of a compression spec (gradzip.Error if it does not parse).");
 

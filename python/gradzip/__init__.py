@@ -7,11 +7,30 @@
 The collectives and codecs are the C++ library's (gradzip._gradzip); gradzip.torch holds the
 DDP communication hook.
 """
+import importlib.util
 import os
 import sys
 
 from . import _gradzip, _world
 from ._gradzip import Codec, Error, __version__, parse_spec
+
+
+def _register_nccl_wheel():
+    """Offers the nvidia-nccl wheel's libnccl.so.2 (the NCCL a pip-installed PyTorch loads) to
+    gradzip's run-time NCCL search, ahead of the dynamic loader's own search: loaded by gradzip
+    first, it is the file torch then finds already loaded. torch is not imported."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    paths = [os.path.join(folder, "nccl", "lib", "libnccl.so.2")
+             for folder in spec.submodule_search_locations]
+    _gradzip.add_nccl_library_candidates([path for path in paths if os.path.isfile(path)])
+
+
+_register_nccl_wheel()
 
 # Variables an MPI launcher sets in every process it starts (Open MPI, MPICH / Intel MPI's
 # Hydra, PMIx-based launchers, Slurm's srun --mpi).

@@ -16,7 +16,7 @@
 #include "collectives/transport/self_transport.h"
 #include "gpu_test_support.h"
 #ifdef GRADZIP_HAVE_NCCL
-#include <nccl.h>
+#include "collectives/transport/nccl/nccl_library.h"
 #endif
 #include "gradzip/communicator.h"
 #include "gradzip/error.h"
@@ -186,7 +186,7 @@ TEST_F(CommunicatorCudaTest, ShardedCollectivesOverNcclEqualTheHostResult) {
 TEST_F(CommunicatorCudaTest, ACommunicatorFromAnNcclCommReducesItsDevicesTensorsOnly) {
   ncclComm_t nccl = nullptr;
   const int devices[1] = {0};
-  ASSERT_EQ(ncclCommInitAll(&nccl, 1, devices), ncclSuccess);
+  ASSERT_EQ(collectives::nccl_api().ncclCommInitAll(&nccl, 1, devices), ncclSuccess);
   {
     Communicator device_side = Communicator::from_nccl(nccl);
     Communicator host_side = self_communicator();
@@ -214,7 +214,7 @@ TEST_F(CommunicatorCudaTest, ACommunicatorFromAnNcclCommReducesItsDevicesTensors
       EXPECT_EQ(error.code(), ErrorCode::unsupported) << error.what();
     }
   }
-  ncclCommDestroy(nccl);
+  collectives::nccl_api().ncclCommDestroy(nccl);
 }
 #endif
 

@@ -21,7 +21,7 @@
 #include "gpu_test_support.h"
 
 #if defined(GRADZIP_HAVE_NCCL)
-#include <nccl.h>
+#include "collectives/transport/nccl/nccl_library.h"
 #endif
 
 namespace gradzip::collectives {
@@ -92,14 +92,14 @@ class NcclTransportTest : public DeviceTest {
     if (IsSkipped()) return;
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     const int devices[1] = {0};
-    const ncclResult_t status = ncclCommInitAll(&comm_, 1, devices);
-    ASSERT_EQ(status, ncclSuccess) << ncclGetErrorString(status);
+    const ncclResult_t status = nccl_api().ncclCommInitAll(&comm_, 1, devices);
+    ASSERT_EQ(status, ncclSuccess) << nccl_api().ncclGetErrorString(status);
     transport_ = adopt_nccl_communicator(comm_);
   }
   void TearDown() override {
     transport_.reset();
     if (comm_ != nullptr) {
-      EXPECT_EQ(ncclCommDestroy(comm_), ncclSuccess);
+      EXPECT_EQ(nccl_api().ncclCommDestroy(comm_), ncclSuccess);
     }
   }
   Transport& transport() { return *transport_; }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "collectives/transport/nccl/nccl_layout.h"
+#include "collectives/transport/nccl/nccl_library.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/runtime_support.h"
@@ -52,9 +53,9 @@ NcclTransport::NcclTransport(ncclComm_t comm, bool owns_comm)
   GZ_REQUIRE(comm != nullptr, ErrorCode::invalid_argument,
              "NcclTransport: the NCCL communicator is null");
   try {
-    check_nccl(ncclCommUserRank(comm_, &rank_), "NcclTransport", "ncclCommUserRank");
-    check_nccl(ncclCommCount(comm_, &size_), "NcclTransport", "ncclCommCount");
-    check_nccl(ncclCommCuDevice(comm_, &device_), "NcclTransport", "ncclCommCuDevice");
+    check_nccl(nccl_api().ncclCommUserRank(comm_, &rank_), "NcclTransport", "ncclCommUserRank");
+    check_nccl(nccl_api().ncclCommCount(comm_, &size_), "NcclTransport", "ncclCommCount");
+    check_nccl(nccl_api().ncclCommCuDevice(comm_, &device_), "NcclTransport", "ncclCommCuDevice");
     const CurrentCudaDevice scope(device_);
     check_cuda(scope.status(), "NcclTransport", "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "NcclTransport",
@@ -65,7 +66,7 @@ NcclTransport::NcclTransport(ncclComm_t comm, bool owns_comm)
   } catch (...) {
     // The destructor does not run for a constructor that throws.
     release_cuda_resources();
-    if (owns_comm_ && !comm_aborted_) ncclCommAbort(comm_);
+    if (owns_comm_ && !comm_aborted_) nccl_api().ncclCommAbort(comm_);
     throw;
   }
 }
@@ -80,9 +81,9 @@ NcclTransport::~NcclTransport() {
       if (cudaEventQuery(batch.event) != cudaSuccess) in_flight = true;
     }
     if (broken_ || in_flight) {
-      ncclCommAbort(comm_);
+      nccl_api().ncclCommAbort(comm_);
     } else {
-      ncclCommDestroy(comm_);
+      nccl_api().ncclCommDestroy(comm_);
     }
   }
   release_cuda_resources();
@@ -111,7 +112,7 @@ std::string NcclTransport::describe() const {
 void NcclTransport::fail(std::string_view op, const std::string& what) {
   const std::string message = detail::concat(op, " (", describe(), "): ", what);
   if (owns_comm_ && !comm_aborted_) {
-    ncclCommAbort(comm_);
+    nccl_api().ncclCommAbort(comm_);
     comm_aborted_ = true;
   }
   broken_ = true;
@@ -126,8 +127,8 @@ void NcclTransport::check_cuda(cudaError_t status, std::string_view op, const ch
 
 void NcclTransport::check_nccl(ncclResult_t status, std::string_view op, const char* call) {
   if (status == ncclSuccess) return;
-  const char* last = ncclGetLastError(comm_);
-  fail(op, detail::concat(call, " failed: ", ncclGetErrorString(status),
+  const char* last = nccl_api().ncclGetLastError(comm_);
+  fail(op, detail::concat(call, " failed: ", nccl_api().ncclGetErrorString(status),
                           last != nullptr && *last != '\0' ? " (" : "",
                           last != nullptr ? last : "", last != nullptr && *last != '\0' ? ")" : ""));
 }
@@ -162,7 +163,7 @@ void NcclTransport::time_out(std::string_view op, double waited_seconds) {
   note_timeout();
   write_timeout_report(report);
   if (owns_comm_ && !comm_aborted_) {
-    ncclCommAbort(comm_);
+    nccl_api().ncclCommAbort(comm_);
     comm_aborted_ = true;
   }
   broken_ = true;
@@ -213,7 +214,7 @@ void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
     }
     if (status != cudaErrorNotReady) check_cuda(status, op, "cudaEventQuery");
     ncclResult_t async_error = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_, &async_error), op, "ncclCommGetAsyncError");
+    check_nccl(nccl_api().ncclCommGetAsyncError(comm_, &async_error), op, "ncclCommGetAsyncError");
     if (async_error != ncclSuccess && async_error != ncclInProgress) {
       check_nccl(async_error, op, "an NCCL operation (asynchronous error)");
     }
@@ -251,7 +252,7 @@ void NcclTransport::ensure_scratch(std::size_t bytes, std::string_view op) {
 
 void NcclTransport::end_group(std::string_view op, ncclResult_t first_error,
                               const char* first_call) {
-  const ncclResult_t end = ncclGroupEnd();
+  const ncclResult_t end = nccl_api().ncclGroupEnd();
   check_nccl(first_error, op, first_call);
   check_nccl(end, op, "ncclGroupEnd");
 }
@@ -287,17 +288,17 @@ void NcclTransport::flush(std::string_view op) {
   Batch& batch = batches_[id];
   batch.event = take_event(op);
   batch.outstanding = unlaunched_.size();
-  check_nccl(ncclGroupStart(), op, "ncclGroupStart");
+  check_nccl(nccl_api().ncclGroupStart(), op, "ncclGroupStart");
   GroupErrors errors;
   for (const std::size_t slot : unlaunched_) {
     Pending& pending = pending_[slot];
     pending.batch = id;
     if (pending.receive) {
-      errors.note(ncclRecv(const_cast<void*>(pending.data), pending.bytes, ncclUint8, pending.peer,
+      errors.note(nccl_api().ncclRecv(const_cast<void*>(pending.data), pending.bytes, ncclUint8, pending.peer,
                            comm_, stream_),
                   "ncclRecv");
     } else {
-      errors.note(ncclSend(pending.data, pending.bytes, ncclUint8, pending.peer, comm_, stream_),
+      errors.note(nccl_api().ncclSend(pending.data, pending.bytes, ncclUint8, pending.peer, comm_, stream_),
                   "ncclSend");
     }
   }
@@ -331,21 +332,21 @@ void NcclTransport::connect_eagerly() {
              "cudaMemsetAsync");
   auto* const floats = static_cast<float*>(scratch_);
   for (const std::size_t count : {std::size_t{1}, std::size_t{16} * 1024, kLargestFloats}) {
-    check_nccl(ncclAllReduce(floats, floats, count, ncclFloat32, ncclSum, comm_, stream_), kOp,
+    check_nccl(nccl_api().ncclAllReduce(floats, floats, count, ncclFloat32, ncclSum, comm_, stream_), kOp,
                "ncclAllReduce");
   }
   synchronize(kOp);
   auto* const bytes = static_cast<std::byte*>(scratch_);
-  check_nccl(ncclGroupStart(), kOp, "ncclGroupStart");
+  check_nccl(nccl_api().ncclGroupStart(), kOp, "ncclGroupStart");
   GroupErrors errors;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     const std::size_t p = static_cast<std::size_t>(peer);
-    errors.note(ncclSend(bytes + p, 1, ncclUint8, peer, comm_, stream_), "ncclSend");
-    errors.note(ncclRecv(bytes + ranks + p, 1, ncclUint8, peer, comm_, stream_), "ncclRecv");
+    errors.note(nccl_api().ncclSend(bytes + p, 1, ncclUint8, peer, comm_, stream_), "ncclSend");
+    errors.note(nccl_api().ncclRecv(bytes + ranks + p, 1, ncclUint8, peer, comm_, stream_), "ncclRecv");
   }
   end_group(kOp, errors.result, errors.call);
-  check_nccl(ncclAllGather(bytes + static_cast<std::size_t>(rank_), bytes, 1, ncclUint8, comm_, stream_),
+  check_nccl(nccl_api().ncclAllGather(bytes + static_cast<std::size_t>(rank_), bytes, 1, ncclUint8, comm_, stream_),
              kOp, "ncclAllGather");
   synchronize(kOp);
 }
@@ -407,7 +408,7 @@ void NcclTransport::allgatherv(std::span<const std::byte> mine, std::span<std::b
                "allgatherv", "cudaMemcpyAsync (mine into its padded block)");
   }
   // In place: this rank's block already sits at its slot of the padded buffer.
-  check_nccl(ncclAllGather(my_slot, scratch, layout.padded_block, ncclUint8, comm_, stream_),
+  check_nccl(nccl_api().ncclAllGather(my_slot, scratch, layout.padded_block, ncclUint8, comm_, stream_),
              "allgatherv", "ncclAllGather");
   for (const NcclAllgatherLayout::Copy& copy : layout.copies) {
     check_cuda(cudaMemcpyAsync(all.data() + copy.destination, scratch + copy.source, copy.bytes,
@@ -436,19 +437,19 @@ void NcclTransport::alltoallv(std::span<const std::byte> send,
   check_cuda(scope.status(), "alltoallv", "cudaSetDevice");
   flush("alltoallv");
   if (send_total == 0 && recv_total == 0) return;
-  check_nccl(ncclGroupStart(), "alltoallv", "ncclGroupStart");
+  check_nccl(nccl_api().ncclGroupStart(), "alltoallv", "ncclGroupStart");
   GroupErrors errors;
   std::size_t send_offset = 0;
   std::size_t recv_offset = 0;
   for (std::size_t peer = 0; peer < ranks; ++peer) {
     const int peer_rank = static_cast<int>(peer);
     if (send_counts[peer] != 0) {
-      errors.note(ncclSend(send.data() + send_offset, send_counts[peer], ncclUint8, peer_rank,
+      errors.note(nccl_api().ncclSend(send.data() + send_offset, send_counts[peer], ncclUint8, peer_rank,
                            comm_, stream_),
                   "ncclSend");
     }
     if (recv_counts[peer] != 0) {
-      errors.note(ncclRecv(recv.data() + recv_offset, recv_counts[peer], ncclUint8, peer_rank,
+      errors.note(nccl_api().ncclRecv(recv.data() + recv_offset, recv_counts[peer], ncclUint8, peer_rank,
                            comm_, stream_),
                   "ncclRecv");
     }
@@ -477,7 +478,7 @@ void NcclTransport::allgather_u64(std::span<const std::uint64_t> mine,
   // address works.
   check_cuda(cudaMemcpyAsync(my_slot, mine.data(), block_bytes, cudaMemcpyDefault, stream_),
              "allgather_u64", "cudaMemcpyAsync (to the device)");
-  check_nccl(ncclAllGather(my_slot, scratch, mine.size(), ncclUint64, comm_, stream_),
+  check_nccl(nccl_api().ncclAllGather(my_slot, scratch, mine.size(), ncclUint64, comm_, stream_),
              "allgather_u64", "ncclAllGather");
   // Complete the gather first: a copy into pageable memory blocks inside CUDA, where errors
   // of the gather could not be seen.
@@ -494,7 +495,7 @@ void NcclTransport::allreduce_f32_sum(std::span<float> data) {
   check_cuda(scope.status(), "allreduce_f32_sum", "cudaSetDevice");
   flush("allreduce_f32_sum");
   if (data.empty()) return;
-  check_nccl(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat32, ncclSum, comm_,
+  check_nccl(nccl_api().ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
              "allreduce_f32_sum", "ncclAllReduce");
   synchronize("allreduce_f32_sum");
@@ -507,7 +508,7 @@ void NcclTransport::barrier() {
   flush("barrier");
   ensure_scratch(sizeof(int), "barrier");
   check_cuda(cudaMemsetAsync(scratch_, 0, sizeof(int), stream_), "barrier", "cudaMemsetAsync");
-  check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier",
+  check_nccl(nccl_api().ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier",
              "ncclAllReduce");
   synchronize("barrier");
 }
@@ -522,7 +523,7 @@ std::unique_ptr<Transport> NcclTransport::split(int color, int key) {
   check_cuda(scope.status(), "split", "cudaSetDevice");
   flush("split");
   ncclComm_t sub = nullptr;
-  check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "split", "ncclCommSplit");
+  check_nccl(nccl_api().ncclCommSplit(comm_, color, key, &sub, nullptr), "split", "ncclCommSplit");
   GZ_REQUIRE(sub != nullptr, ErrorCode::internal, "split (", describe(), "): ncclCommSplit with color ",
              color, " returned no communicator");
   auto result = std::make_unique<NcclTransport>(sub, true);

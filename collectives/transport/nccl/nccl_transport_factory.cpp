@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/transport/nccl/nccl_library.h"
 #include "collectives/transport/nccl/nccl_transport.h"
 #include "gradzip/error.h"
 
@@ -35,12 +36,21 @@ std::unique_ptr<Transport> make_nccl_transport(Transport& host, int cuda_device)
                              cudaGetErrorString(scope.status()), " (this process sees ", devices,
                              " CUDA devices)");
   }
+  // NCCL itself is loaded at its first use (nccl_library.h); a rank that cannot load it says so
+  // in the exchange below like any other failure, so no rank is left in ncclCommInitRank.
+  if (failure.empty()) {
+    try {
+      (void)nccl_api();
+    } catch (const Error& error) {
+      failure = error.what();
+    }
+  }
   ncclUniqueId id{};
   static_assert(sizeof id == 16 * sizeof(std::uint64_t));
   if (rank == 0 && failure.empty()) {
-    const ncclResult_t status = ncclGetUniqueId(&id);
+    const ncclResult_t status = nccl_api().ncclGetUniqueId(&id);
     if (status != ncclSuccess) {
-      failure = detail::concat("ncclGetUniqueId failed: ", ncclGetErrorString(status));
+      failure = detail::concat("ncclGetUniqueId failed: ", nccl_api().ncclGetErrorString(status));
     }
   }
   constexpr std::size_t kWords = 17;
@@ -57,16 +67,16 @@ std::unique_ptr<Transport> make_nccl_transport(Transport& host, int cuda_device)
     }
   }
   GZ_REQUIRE(failed_ranks.empty(), ErrorCode::unsupported, who,
-             ": setting up CUDA or the NCCL id failed on rank(s) ", failed_ranks);
+             ": setting up CUDA, loading NCCL or making the NCCL id failed on rank(s) ", failed_ranks);
   std::memcpy(&id, &all[1], sizeof id);
 
   ncclComm_t comm = nullptr;
-  const ncclResult_t status = ncclCommInitRank(&comm, ranks, id, rank);
+  const ncclResult_t status = nccl_api().ncclCommInitRank(&comm, ranks, id, rank);
   if (status != ncclSuccess) {
-    const char* last = ncclGetLastError(comm);
+    const char* last = nccl_api().ncclGetLastError(comm);
     const std::string detail_text = last != nullptr ? last : "";
-    if (comm != nullptr) ncclCommAbort(comm);
-    GZ_THROW(ErrorCode::unsupported, who, ": ncclCommInitRank failed: ", ncclGetErrorString(status),
+    if (comm != nullptr) nccl_api().ncclCommAbort(comm);
+    GZ_THROW(ErrorCode::unsupported, who, ": ncclCommInitRank failed: ", nccl_api().ncclGetErrorString(status),
              detail_text.empty() ? "" : " (", detail_text, detail_text.empty() ? "" : ")",
              "; one known cause: two ranks on one GPU, which NCCL refuses");
   }
