@@ -71,8 +71,9 @@ def main():
     if not os.path.exists(python):
         print(f"SKIP: {python} does not exist (scripts/install-deps.sh --torch-venv makes it)")
         return 77
-    if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0:
-        print(f"SKIP: {python} has no torch")
+    installed = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"
+    if subprocess.run([python, "-c", installed], capture_output=True).returncode != 0:
+        print(f"SKIP: {python} has no torch")  # not installed; one that fails to load fails below
         return 77
     import json
     failures = []
