@@ -527,7 +527,7 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
   // This rank's non-finite input, counted only when its arguments are valid (a bad pointer
   // must not be read): the whole tensor, or for an all-gather the rank's own shard.
   NonfiniteInput mine;
-  // Host tensors only: CUDA tensors are not checked against the wire range yet.
+  // Elements a narrowing wire type would saturate (host and CUDA tensors alike).
   std::uint64_t beyond = 0;
   if (!call.error && call.tensor.count > 0) {
     try {
@@ -538,14 +538,15 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
       const std::size_t end = shard_only ? shard_begin(call.tensor.count, transport.size(),
                                                        transport.rank() + 1)
                                          : call.tensor.count;
+      const float limit = call.spec ? wire_range_limit(*call.spec, call.kind, call.op,
+                                                       transport.size())
+                                    : 0.0f;
       if (call.tensor.device.kind == DeviceKind::cuda) {
-        const NonfiniteOnDevice found = count_nonfinite_on_device(call.tensor, begin, end);
+        const NonfiniteOnDevice found = count_nonfinite_on_device(call.tensor, begin, end, limit);
         mine = NonfiniteInput{0, found.count, begin + found.first};
+        beyond = found.beyond;
         call.device_work_finished = found.work_stream_drained;
       } else {
-        const float limit = call.spec ? wire_range_limit(*call.spec, call.kind, call.op,
-                                                         transport.size())
-                                      : 0.0f;
         if (limit > 0.0f) {
           const kernels::cpu::RangeCount found =
               kernels::cpu::count_nonfinite_and_beyond(call.tensor, begin, end - begin, limit);

@@ -54,14 +54,17 @@ void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, co
 // and the first one's index relative to `begin` (kernels/cuda/nonfinite_cuda.h). When
 // end > begin the count is read back after a wait for the thread's work stream, so that stream
 // is then drained exactly as finish_queued_work would leave it (`work_stream_drained`), and a
-// call that counted need not wait again before its transport reads the tensor.
+// call that counted need not wait again before its transport reads the tensor. With
+// `wire_limit` > 0, the same pass also counts the finite elements with |x| > wire_limit
+// (`beyond`: what a 16-bit wire type would saturate; the host count's twin).
 struct NonfiniteOnDevice {
   std::uint64_t count = 0;
   std::uint64_t first = 0;
+  std::uint64_t beyond = 0;
   bool work_stream_drained = false;
 };
 NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t begin,
-                                            std::size_t end);
+                                            std::size_t end, float wire_limit = 0.0f);
 // d_data[i] /= divisor on `device` (the bits of the host's division).
 void divide_on_device(float* d_data, std::size_t count, float divisor, int device);
 

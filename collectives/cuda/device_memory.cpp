@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "gradzip/error.h"
+#include "kernels/cpu/nonfinite_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/nonfinite_cuda.h"
@@ -112,13 +113,17 @@ void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, co
 }
 
 NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t begin,
-                                            std::size_t end) {
+                                            std::size_t end, float wire_limit) {
   if (end <= begin) return {};
   const CurrentDevice current(tensor.device.index, "count_nonfinite_on_device");
   const auto* data = static_cast<const std::byte*>(tensor.data) + begin * dtype_size(tensor.dtype);
   const kernels::cuda::DeviceNonfiniteCount found =
-      kernels::cuda::count_nonfinite(data, end - begin, tensor.dtype, work_stream());
-  return NonfiniteOnDevice{found.count, found.first, /*work_stream_drained=*/true};
+      wire_limit > 0.0f
+          ? kernels::cuda::count_nonfinite_and_beyond(
+                data, end - begin, tensor.dtype,
+                kernels::cpu::beyond_threshold_bits(tensor.dtype, wire_limit), work_stream())
+          : kernels::cuda::count_nonfinite(data, end - begin, tensor.dtype, work_stream());
+  return NonfiniteOnDevice{found.count, found.first, found.beyond, /*work_stream_drained=*/true};
 }
 
 void divide_on_device(float* d_data, std::size_t count, float divisor, int device) {

@@ -35,7 +35,7 @@ void narrow_on_device(const float*, std::size_t, std::size_t, const TensorView& 
   refuse("narrow_on_device", tensor.device.index);
 }
 void divide_on_device(float*, std::size_t, float, int device) { refuse("divide_on_device", device); }
-NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t, std::size_t) {
+NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t, std::size_t, float) {
   refuse("count_nonfinite_on_device", tensor.device.index);
 }
 

@@ -87,17 +87,13 @@ std::uint32_t first_pattern_above(float limit, std::uint32_t infinity_bits, Valu
   return low;
 }
 
-// The non-finite count and, in the same pass, the count of finite magnitudes at or above
-// `above` (a magnitude bit pattern) and below `infinity`.
-template <typename Bits, typename IsNonfinite>
+// The non-finite count and, in the same pass, the count of finite magnitudes beyond the
+// limit (`is_beyond`: the shared bit test of kernels/nonfinite_math.h).
+template <typename Bits, typename IsNonfinite, typename IsBeyond>
 RangeCount count_in_range(const void* data, std::size_t begin, std::size_t count,
-                          IsNonfinite is_nonfinite, Bits magnitude_mask, Bits above,
-                          Bits infinity) noexcept {
+                          IsNonfinite is_nonfinite, IsBeyond is_beyond) noexcept {
   const ElementBits<Bits> at = element_bits<Bits>(data, begin);
-  const TwoCounts found = count_where(at, count, is_nonfinite, [=](Bits bits) {
-    const Bits magnitude = static_cast<Bits>(bits & magnitude_mask);
-    return magnitude >= above && magnitude < infinity;
-  });
+  const TwoCounts found = count_where(at, count, is_nonfinite, is_beyond);
   RangeCount result{NonfiniteCount{found.first, 0}, found.second};
   if (found.first != 0) result.nonfinite.first = first_where(at, count, is_nonfinite);
   return result;
@@ -105,33 +101,44 @@ RangeCount count_in_range(const void* data, std::size_t begin, std::size_t count
 
 }  // namespace
 
-RangeCount count_nonfinite_and_beyond(ConstTensorView tensor, std::size_t begin, std::size_t count,
-                                      float limit) noexcept {
-  if (count == 0) return {};
-  switch (tensor.dtype) {
-    case DType::f32: {
-      const std::uint32_t above = first_pattern_above(limit, 0x7F800000u, [](std::uint32_t m) {
+std::uint32_t beyond_threshold_bits(DType dtype, float limit) noexcept {
+  switch (dtype) {
+    case DType::f32:
+      return first_pattern_above(limit, 0x7F800000u, [](std::uint32_t m) {
         float value;
         std::memcpy(&value, &m, sizeof value);
         return value;
       });
-      return count_in_range<std::uint32_t>(tensor.data, begin, count,
-                                           [](std::uint32_t b) { return f32_bits_nonfinite(b); },
-                                           0x7FFFFFFFu, above, 0x7F800000u);
-    }
+    case DType::f16:
+      return first_pattern_above(
+          limit, 0x7C00u, [](std::uint32_t m) { return f16_bits_to_f32(static_cast<std::uint16_t>(m)); });
+    case DType::bf16:
+      return first_pattern_above(
+          limit, 0x7F80u, [](std::uint32_t m) { return bf16_bits_to_f32(static_cast<std::uint16_t>(m)); });
+  }
+  return 0;
+}
+
+RangeCount count_nonfinite_and_beyond(ConstTensorView tensor, std::size_t begin, std::size_t count,
+                                      float limit) noexcept {
+  if (count == 0) return {};
+  const std::uint32_t above = beyond_threshold_bits(tensor.dtype, limit);
+  switch (tensor.dtype) {
+    case DType::f32:
+      return count_in_range<std::uint32_t>(
+          tensor.data, begin, count, [](std::uint32_t b) { return f32_bits_nonfinite(b); },
+          [above](std::uint32_t b) { return f32_bits_beyond(b, above); });
     case DType::f16: {
-      const auto above = static_cast<std::uint16_t>(first_pattern_above(
-          limit, 0x7C00u, [](std::uint32_t m) { return f16_bits_to_f32(static_cast<std::uint16_t>(m)); }));
-      return count_in_range<std::uint16_t>(tensor.data, begin, count,
-                                           [](std::uint16_t b) { return f16_bits_nonfinite(b); },
-                                           std::uint16_t{0x7FFF}, above, std::uint16_t{0x7C00});
+      const auto above16 = static_cast<std::uint16_t>(above);
+      return count_in_range<std::uint16_t>(
+          tensor.data, begin, count, [](std::uint16_t b) { return f16_bits_nonfinite(b); },
+          [above16](std::uint16_t b) { return f16_bits_beyond(b, above16); });
     }
     case DType::bf16: {
-      const auto above = static_cast<std::uint16_t>(first_pattern_above(
-          limit, 0x7F80u, [](std::uint32_t m) { return bf16_bits_to_f32(static_cast<std::uint16_t>(m)); }));
-      return count_in_range<std::uint16_t>(tensor.data, begin, count,
-                                           [](std::uint16_t b) { return bf16_bits_nonfinite(b); },
-                                           std::uint16_t{0x7FFF}, above, std::uint16_t{0x7F80});
+      const auto above16 = static_cast<std::uint16_t>(above);
+      return count_in_range<std::uint16_t>(
+          tensor.data, begin, count, [](std::uint16_t b) { return bf16_bits_nonfinite(b); },
+          [above16](std::uint16_t b) { return bf16_bits_beyond(b, above16); });
     }
   }
   return {};

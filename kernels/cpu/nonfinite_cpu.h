@@ -31,4 +31,10 @@ struct RangeCount {
 RangeCount count_nonfinite_and_beyond(ConstTensorView tensor, std::size_t begin, std::size_t count,
                                       float limit) noexcept;
 
+// The first magnitude bit pattern of `dtype` (f32: 31 bits, f16 / bf16: 15 bits) whose value
+// exceeds `limit`: the `above` of the *_bits_beyond tests (kernels/nonfinite_math.h) that this
+// count and the CUDA count (kernels/cuda/nonfinite_cuda.h) share. The infinity pattern when no
+// finite value exceeds `limit`.
+std::uint32_t beyond_threshold_bits(DType dtype, float limit) noexcept;
+
 }  // namespace gradzip::kernels::cpu

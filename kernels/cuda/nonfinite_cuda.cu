@@ -26,11 +26,26 @@ __device__ __forceinline__ bool nonfinite_at(const std::uint16_t* d_data, std::u
   return Kind == DType::bf16 ? bf16_bits_nonfinite(d_data[i]) : f16_bits_nonfinite(d_data[i]);
 }
 
-// d_result[0] += non-finite count; d_result[1] = min(d_result[1], first index).
-template <DType Kind, typename Bits>
-__global__ void count_nonfinite_kernel(const Bits* d_data, std::size_t count,
+__device__ __forceinline__ bool beyond_at(const std::uint32_t* d_data, std::uint64_t i,
+                                          std::uint32_t above) {
+  return f32_bits_beyond(d_data[i], above);
+}
+
+template <DType Kind>
+__device__ __forceinline__ bool beyond_at(const std::uint16_t* d_data, std::uint64_t i,
+                                          std::uint32_t above) {
+  const auto above16 = static_cast<std::uint16_t>(above);
+  return Kind == DType::bf16 ? bf16_bits_beyond(d_data[i], above16)
+                             : f16_bits_beyond(d_data[i], above16);
+}
+
+// d_result[0] += non-finite count; d_result[1] = min(d_result[1], first index); with
+// CountBeyond, d_result[2] += the finite elements beyond `above` (the wire range).
+template <DType Kind, bool CountBeyond, typename Bits>
+__global__ void count_nonfinite_kernel(const Bits* d_data, std::size_t count, std::uint32_t above,
                                        unsigned long long* d_result) {
   unsigned long long found = 0;
+  unsigned long long beyond = 0;
   unsigned long long first = ~0ull;
   for (std::uint64_t i = global_thread(); i < count; i += grid_threads()) {
     bool nonfinite;
@@ -40,49 +55,61 @@ __global__ void count_nonfinite_kernel(const Bits* d_data, std::size_t count,
       if (found == 0) first = i;
       ++found;
     }
+    if constexpr (CountBeyond) {
+      bool out_of_range;
+      if constexpr (Kind == DType::f32) out_of_range = beyond_at(d_data, i, above);
+      else out_of_range = beyond_at<Kind>(d_data, i, above);
+      beyond += out_of_range ? 1 : 0;
+    }
   }
   if (found != 0) {
     atomicAdd(&d_result[0], found);
     atomicMin(&d_result[1], first);
   }
+  if (CountBeyond && beyond != 0) atomicAdd(&d_result[2], beyond);
 }
 
-}  // namespace
+template <bool CountBeyond>
+void launch_count(const void* d_data, std::size_t count, DType dtype, std::uint32_t above,
+                  unsigned long long* d_result, cudaStream_t stream) {
+  const unsigned blocks = detail::grid_for(count);
+  switch (dtype) {
+    case DType::f32:
+      count_nonfinite_kernel<DType::f32, CountBeyond><<<blocks, detail::kThreads, 0, stream>>>(
+          static_cast<const std::uint32_t*>(d_data), count, above, d_result);
+      break;
+    case DType::f16:
+      count_nonfinite_kernel<DType::f16, CountBeyond><<<blocks, detail::kThreads, 0, stream>>>(
+          static_cast<const std::uint16_t*>(d_data), count, above, d_result);
+      break;
+    case DType::bf16:
+      count_nonfinite_kernel<DType::bf16, CountBeyond><<<blocks, detail::kThreads, 0, stream>>>(
+          static_cast<const std::uint16_t*>(d_data), count, above, d_result);
+      break;
+  }
+}
 
-DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
-                                     void* stream) {
+// Both counts: the result words are set by memsets (a copy from pageable host memory would
+// wait for the stream before it starts), one kernel, one read-back.
+DeviceNonfiniteCount count_on_device(const void* d_data, std::size_t count, DType dtype,
+                                     bool count_beyond, std::uint32_t above, void* stream) {
   if (count == 0) return {};
-  const char* const op = "cuda.count_nonfinite";
+  const char* const op = count_beyond ? "cuda.count_nonfinite_and_beyond" : "cuda.count_nonfinite";
   GZ_REQUIRE(d_data != nullptr, ErrorCode::invalid_argument, op, ": null data for ", count,
              " elements");
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   int device = 0;
   check_runtime(cudaGetDevice(&device), op, "cudaGetDevice");
-  constexpr std::size_t kResultBytes = 2 * sizeof(unsigned long long);
+  constexpr std::size_t kResultBytes = 3 * sizeof(unsigned long long);
   auto* const d_result = static_cast<unsigned long long*>(
       device_allocate(kResultBytes, device, cuda_stream, op, "allocating the result"));
-  // The count starts at 0 and the first index at ~0, set by memsets: a copy from pageable host
-  // memory would wait for the stream before it starts.
-  unsigned long long result[2] = {0, 0};
-  cudaError_t status = cudaMemsetAsync(d_result, 0, sizeof(unsigned long long), cuda_stream);
+  unsigned long long result[3] = {0, 0, 0};
+  cudaError_t status = cudaMemsetAsync(d_result, 0, kResultBytes, cuda_stream);
   if (status == cudaSuccess)
     status = cudaMemsetAsync(d_result + 1, 0xFF, sizeof(unsigned long long), cuda_stream);
   if (status == cudaSuccess) {
-    const unsigned blocks = detail::grid_for(count);
-    switch (dtype) {
-      case DType::f32:
-        count_nonfinite_kernel<DType::f32><<<blocks, detail::kThreads, 0, cuda_stream>>>(
-            static_cast<const std::uint32_t*>(d_data), count, d_result);
-        break;
-      case DType::f16:
-        count_nonfinite_kernel<DType::f16><<<blocks, detail::kThreads, 0, cuda_stream>>>(
-            static_cast<const std::uint16_t*>(d_data), count, d_result);
-        break;
-      case DType::bf16:
-        count_nonfinite_kernel<DType::bf16><<<blocks, detail::kThreads, 0, cuda_stream>>>(
-            static_cast<const std::uint16_t*>(d_data), count, d_result);
-        break;
-    }
+    if (count_beyond) launch_count<true>(d_data, count, dtype, above, d_result, cuda_stream);
+    else launch_count<false>(d_data, count, dtype, above, d_result, cuda_stream);
     status = cudaGetLastError();
     if (status == cudaSuccess)
       status = cudaMemcpyAsync(result, d_result, sizeof result, cudaMemcpyDeviceToHost, cuda_stream);
@@ -99,7 +126,19 @@ DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DTyp
   }
   device_release(d_result, kResultBytes, device, cuda_stream);
   check_runtime(status, op, "counting non-finite elements");
-  return DeviceNonfiniteCount{result[0], result[0] == 0 ? 0 : result[1]};
+  return DeviceNonfiniteCount{result[0], result[0] == 0 ? 0 : result[1], result[2]};
+}
+
+}  // namespace
+
+DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
+                                     void* stream) {
+  return count_on_device(d_data, count, dtype, false, 0, stream);
+}
+
+DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count, DType dtype,
+                                                std::uint32_t above_bits, void* stream) {
+  return count_on_device(d_data, count, dtype, true, above_bits, stream);
 }
 
 }  // namespace gradzip::kernels::cuda

@@ -15,9 +15,16 @@ namespace gradzip::kernels::cuda {
 struct DeviceNonfiniteCount {
   std::uint64_t count = 0;  // non-finite elements
   std::uint64_t first = 0;  // index of the first one; 0 when count == 0
+  std::uint64_t beyond = 0;  // finite elements beyond the wire range (count_nonfinite_and_beyond)
 };
 
 // Elements [0, count) of d_data, of `dtype` (f32, f16 or bf16).
 DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype, void* stream);
+
+// The same count and, in the same pass, the finite elements whose magnitude pattern is at or
+// above `above_bits` (kernels/cpu/nonfinite_cpu.h, beyond_threshold_bits: |x| > limit), with
+// the bit tests the CPU count uses (kernels/nonfinite_math.h).
+DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count, DType dtype,
+                                                std::uint32_t above_bits, void* stream);
 
 }  // namespace gradzip::kernels::cuda

@@ -71,6 +71,34 @@ TEST_F(CommunicatorCudaTest, AllreduceOfADeviceTensorEqualsTheHostResult) {
   }
 }
 
+// The wire-range fallback on the device: fp16 values beyond 65504 on a CUDA tensor are counted
+// on the device and the call runs uncompressed in f32 (the true values come back, not 65504),
+// exactly as for a host tensor; within range the fp16 path runs.
+TEST_F(CommunicatorCudaTest, ValuesBeyondTheWireRangeFallBackToF32AsOnTheHost) {
+  std::vector<float> input = gpu_test::gaussian(4096, 5);
+  input[100] = 70000.0f;
+  input[3000] = -1.0e6f;
+  for (const CudaPath path : {CudaPath::staged, CudaPath::automatic}) {
+    SCOPED_TRACE(path == CudaPath::staged ? "staged" : "automatic");
+    Communicator host_side = self_communicator();
+    Communicator device_side = self_communicator(path);
+    expect_device_result_is_host_result(host_side, device_side, input, "fp16:min_bytes=0",
+                                        ReduceOp::average, "beyond what");
+    DeviceArray<float> d_tensor(input);
+    device_side.allreduce(TensorView{d_tensor.get(), input.size(), DType::f32, Device{DeviceKind::cuda, 0}},
+                          "g2", "fp16:min_bytes=0", ReduceOp::average);
+    const std::vector<float> got = d_tensor.download();
+    EXPECT_EQ(got[100], 70000.0f);
+    EXPECT_EQ(got[3000], -1.0e6f);
+    std::vector<float> within = gpu_test::gaussian(4096, 6);
+    DeviceArray<float> d_within(within);
+    const CollectiveStats stats = device_side.allreduce(
+        TensorView{d_within.get(), within.size(), DType::f32, Device{DeviceKind::cuda, 0}}, "g3",
+        "fp16:min_bytes=0", ReduceOp::average);
+    EXPECT_FALSE(note_says(stats, "beyond what")) << stats.note;
+  }
+}
+
 TEST_F(CommunicatorCudaTest, HalfTensorsAndShardedCollectivesEqualTheHostResult) {
   const std::size_t count = 4097;
   std::vector<std::uint16_t> input(count);

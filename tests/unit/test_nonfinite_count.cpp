@@ -213,5 +213,32 @@ TEST(RangeCount, F32AtTheBoundaryAndAmongNonFiniteValues) {
   EXPECT_EQ(part.nonfinite.count, 0u);
 }
 
+// The bit tests that the CPU count and the CUDA kernel share (kernels/nonfinite_math.h), with
+// the threshold from beyond_threshold_bits: the first pattern above the limit, and nothing at
+// the limit, at infinity or NaN.
+TEST(RangeCount, SharedBitTestsAtTheThreshold) {
+  const std::uint32_t f32_above = kernels::cpu::beyond_threshold_bits(DType::f32, 65504.0f);
+  EXPECT_EQ(f32_above, kernels::float_bits(65504.0f) + 1);
+  EXPECT_FALSE(kernels::f32_bits_beyond(kernels::float_bits(65504.0f), f32_above));
+  EXPECT_TRUE(kernels::f32_bits_beyond(kernels::float_bits(65504.0f) + 1, f32_above));
+  EXPECT_TRUE(kernels::f32_bits_beyond(kernels::float_bits(-70000.0f), f32_above));
+  EXPECT_FALSE(kernels::f32_bits_beyond(0x7F800000u, f32_above));  // +Inf
+  EXPECT_FALSE(kernels::f32_bits_beyond(0xFFC00000u, f32_above));  // NaN
+  // No finite f16 exceeds 65504: the threshold is the infinity pattern, nothing is beyond.
+  const auto f16_max = static_cast<std::uint16_t>(kernels::cpu::beyond_threshold_bits(DType::f16, 65504.0f));
+  EXPECT_EQ(f16_max, 0x7C00u);
+  EXPECT_FALSE(kernels::f16_bits_beyond(0x7BFFu, f16_max));
+  // f16 at 100: 100 is 0x5640, the next pattern 0x5641 (100.0625) is the first beyond.
+  const auto f16_100 = static_cast<std::uint16_t>(kernels::cpu::beyond_threshold_bits(DType::f16, 100.0f));
+  EXPECT_EQ(f16_100, 0x5641u);
+  EXPECT_FALSE(kernels::f16_bits_beyond(0x5640u, f16_100));
+  EXPECT_TRUE(kernels::f16_bits_beyond(0xD641u, f16_100));  // -100.0625
+  EXPECT_FALSE(kernels::f16_bits_beyond(0xFC00u, f16_100));  // -Inf
+  const auto bf16_1 = static_cast<std::uint16_t>(kernels::cpu::beyond_threshold_bits(DType::bf16, 1.0f));
+  EXPECT_EQ(bf16_1, 0x3F81u);  // 1.0 is 0x3F80
+  EXPECT_TRUE(kernels::bf16_bits_beyond(0xBF81u, bf16_1));
+  EXPECT_FALSE(kernels::bf16_bits_beyond(0x7FC0u, bf16_1));  // NaN
+}
+
 }  // namespace
 }  // namespace gradzip
