@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/fnv1a.h"
+
 namespace gradzip::collectives {
 namespace {
 
@@ -141,14 +143,7 @@ std::string_view collective_kind_name(CollectiveKind kind) noexcept {
   return "unknown collective";
 }
 
-std::uint64_t fingerprint64(std::string_view text) noexcept {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (char c : text) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 0x100000001b3ull;
-  }
-  return hash;
-}
+std::uint64_t fingerprint64(std::string_view text) noexcept { return fnv1a64(text); }
 
 std::vector<NonfiniteInput> check_call(Transport& transport, const CallDescription& call,
                                        std::uint64_t* beyond_wire_range) {

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/fnv1a.h"
 #include "gradzip/error.h"
 
 namespace gradzip::error_feedback {
@@ -27,6 +28,8 @@ static_assert(sizeof(float) == 4);
 constexpr char kMagic[4] = {'G', 'Z', 'E', 'F'};
 // Fixed header: magic, version, world size, rank, tensor count.
 constexpr std::uint64_t kHeaderBytes = 4 + 4 + 4 + 4 + 8;
+// The trailing checksum: FNV-1a 64 (common/fnv1a.h) of every byte before it. Byte-serial (about
+// 1 GB/s): checkpoints are written rarely, and the format stays simple to verify from any language.
 constexpr std::uint64_t kChecksumBytes = 8;
 // Smallest record: a 1-byte name and zero values.
 constexpr std::uint64_t kMinRecordBytes = 4 + 1 + 8;
@@ -34,25 +37,6 @@ constexpr std::uint64_t kMinRecordBytes = 4 + 1 + 8;
 constexpr std::uint32_t kVersionWithoutCounters = 1;
 // A counter record: name length, a 1-byte name at least, and its value.
 constexpr std::uint64_t kMinCounterBytes = 4 + 1 + 8;
-
-// FNV-1a 64. Byte-serial (about 1 GB/s): checkpoints are written rarely, and the format stays
-// simple to verify from any language.
-class Fnv1a64 {
- public:
-  void update(const void* data, std::size_t bytes) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    std::uint64_t h = hash_;
-    for (std::size_t i = 0; i < bytes; ++i) {
-      h ^= p[i];
-      h *= 0x100000001b3ull;
-    }
-    hash_ = h;
-  }
-  std::uint64_t value() const noexcept { return hash_; }
-
- private:
-  std::uint64_t hash_ = 0xcbf29ce484222325ull;
-};
 
 std::string system_reason(int error_number) {
   return std::generic_category().message(error_number);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "collectives/transport/nccl/nccl_layout.h"
+#include "common/fnv1a.h"
 #include "collectives/transport/nccl/nccl_library.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/device_runtime.h"
@@ -23,15 +24,6 @@ std::string cuda_error_text(cudaError_t status) {
 
 std::size_t total(std::span<const std::size_t> counts) {
   return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-}
-
-std::uint64_t fnv1a_64(const char* text) {
-  std::uint64_t hash = 0xCBF29CE484222325ull;
-  for (; *text != '\0'; ++text) {
-    hash ^= static_cast<unsigned char>(*text);
-    hash *= 0x100000001B3ull;
-  }
-  return hash;
 }
 
 // The first failing call of an NCCL group (the group must still be closed after it).
@@ -536,7 +528,7 @@ std::unique_ptr<Transport> NcclTransport::split_by_node() {
   char host[256] = {};
   GZ_REQUIRE(gethostname(host, sizeof host - 1) == 0, ErrorCode::unsupported, "split_by_node (",
              describe(), "): gethostname failed");
-  const std::uint64_t mine = fnv1a_64(host);
+  const std::uint64_t mine = fnv1a64(host);
   std::vector<std::uint64_t> hashes(static_cast<std::size_t>(size_));
   allgather_u64(std::span<const std::uint64_t>(&mine, 1), hashes);
   // The lowest rank on this node names the group; ordering by old rank keeps the node's ranks
