@@ -78,9 +78,7 @@ void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Devi
   }
   const compressors::WireHeader header = compressors::read_header_copy(
       std::span<const std::byte>(header_copy).first(copied), message.size(), "count_sent");
-  std::uint64_t index_bytes = 0;
-  if (header.codec == compressors::WireCodec::topk)
-    index_bytes = header.large_param * ((header.flags & 1u) ? 8u : 4u);
+  const std::uint64_t index_bytes = compressors::index_bytes(header);
   stats.sent_header_bytes += compressors::kWireHeaderBytes;
   stats.sent_index_bytes += index_bytes;
   stats.sent_payload_bytes += header.payload_bytes - index_bytes;

@@ -81,9 +81,6 @@ constexpr int kHalvingTag = 111;
 constexpr int kDoublingTag = 112;
 constexpr int kUnfoldTag = 113;
 
-// Where payload_bytes (u64, little-endian) sits in a message header (docs/wire_format.md).
-constexpr std::size_t kPayloadBytesOffset = 16;
-
 // The message memory of a call, kept per thread from call to call so that later calls do not
 // fault in fresh pages (see the ring's RingWorkspace). One call at a time per thread.
 std::span<std::byte> thread_workspace(std::size_t bytes) {
@@ -365,10 +362,7 @@ class HalvingDoubling {
                  "halving_doubling_allreduce of '", job_.name, "' (", transport_.describe(),
                  "): the gathered messages end at block ", b, " of ", p2_, " (", left,
                  " bytes left, a message has at least ", compressors::kWireHeaderBytes, ")");
-      std::uint64_t payload = 0;
-      for (std::size_t i = 0; i < sizeof payload; ++i)
-        payload |= static_cast<std::uint64_t>(gathered[offset + kPayloadBytesOffset + i])
-                   << (8 * i);
+      const std::uint64_t payload = compressors::announced_payload_bytes(gathered.subspan(offset));
       const std::size_t bound = block_capacity_[idx(b)];
       GZ_REQUIRE(payload <= bound - compressors::kWireHeaderBytes &&
                      payload <= left - compressors::kWireHeaderBytes,

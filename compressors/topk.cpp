@@ -38,8 +38,8 @@
 namespace gradzip::compressors {
 namespace {
 
-inline constexpr std::uint8_t kFlagWideIndices = 0x1;
-inline constexpr std::uint8_t kFlagHalfValues = 0x2;
+inline constexpr std::uint8_t kFlagWideIndices = kTopkWideIndices;
+inline constexpr std::uint8_t kFlagHalfValues = kTopkHalfValues;
 inline constexpr std::uint64_t kMaxNarrowCount = std::uint64_t{1} << 32;
 
 std::size_t index_bytes_for(std::size_t count) {

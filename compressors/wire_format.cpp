@@ -58,6 +58,15 @@ void write_header(const WireHeader& header, std::span<std::byte> out) {
   put<std::uint64_t>(out, 24, header.large_param);
 }
 
+std::uint64_t index_bytes(const WireHeader& header) noexcept {
+  if (header.codec != WireCodec::topk) return 0;
+  return header.large_param * ((header.flags & kTopkWideIndices) != 0 ? 8u : 4u);
+}
+
+std::uint64_t announced_payload_bytes(std::span<const std::byte> bytes) noexcept {
+  return bytes.size() >= kWireHeaderBytes ? get<std::uint64_t>(bytes, 16) : 0;
+}
+
 WireHeader read_header(std::span<const std::byte> in, std::string_view op) {
   return read_header_copy(in.first(std::min(in.size(), kWireHeaderBytes)), in.size(), op);
 }

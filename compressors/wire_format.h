@@ -46,6 +46,11 @@ std::string_view wire_codec_name(WireCodec codec) noexcept;
 // (compressors/randk.cpp).
 inline constexpr std::size_t kRandkKeyBytes = kernels::kRandkKeyBytes;
 
+// Top-k's flag bits (compressors/topk.cpp has its message layout): indices are u64 (else u32);
+// values are f16 (else f32).
+inline constexpr std::uint8_t kTopkWideIndices = 0x1;
+inline constexpr std::uint8_t kTopkHalfValues = 0x2;
+
 struct WireHeader {
   WireCodec codec = WireCodec::none;
   std::uint8_t flags = 0;
@@ -74,6 +79,15 @@ WireHeader read_header_for(std::span<const std::byte> in, WireCodec expected,
 // The checks read_header_for() adds, on a parsed header.
 WireHeader check_header_for(const WireHeader& header, WireCodec expected,
                             std::size_t expected_count, std::string_view op);
+
+// The index bytes at the start of a validated header's payload: top-k's k indices (u32, or u64
+// with kTopkWideIndices); 0 for every other codec (random-k's indices come from its key).
+std::uint64_t index_bytes(const WireHeader& header) noexcept;
+
+// payload_bytes as announced by the header at the start of `bytes` (at least kWireHeaderBytes of
+// them), NOT validated: for splitting concatenated messages, each of which is then checked by
+// read_header and its decoder.
+std::uint64_t announced_payload_bytes(std::span<const std::byte> bytes) noexcept;
 
 // The payload of a validated message.
 inline std::span<const std::byte> payload_of(std::span<const std::byte> message) {

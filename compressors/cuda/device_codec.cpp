@@ -39,8 +39,6 @@ namespace {
 
 namespace cuda = kernels::cuda;
 
-constexpr std::uint8_t kTopkWideIndices = 0x1;  // compressors/topk.cpp's flag bits
-constexpr std::uint8_t kTopkHalfValues = 0x2;
 constexpr std::uint8_t kRandkHalfValues = 0x2;  // compressors/randk.cpp's flag bit
 constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
 

@@ -82,6 +82,26 @@ TEST(WireHeader, RejectsPayloadSizeDisagreeingWithTheMessage) {
   EXPECT_EQ(testing::error_code_of([&] { read_header(huge, "test"); }), ErrorCode::malformed_message);
 }
 
+// The accessors the collectives read headers through: top-k's index bytes from its k and wide
+// flag (what the stats split off as index bytes), and the announced payload size of a message at
+// the start of concatenated bytes (how halving/doubling frames what it gathered).
+TEST(WireHeader, IndexBytesAndAnnouncedPayload) {
+  WireHeader topk{WireCodec::topk, 0, 0, 1000, 10 * 8, 10};
+  EXPECT_EQ(compressors::index_bytes(topk), 40u);
+  topk.flags = compressors::kTopkWideIndices | compressors::kTopkHalfValues;
+  EXPECT_EQ(compressors::index_bytes(topk), 80u);
+  EXPECT_EQ(compressors::index_bytes(WireHeader{WireCodec::randk, 0, 0, 1000, 24 + 40, 10}), 0u);
+  EXPECT_EQ(compressors::index_bytes(WireHeader{WireCodec::sign, 0, 0, 1000, 129, 512}), 0u);
+
+  std::vector<std::byte> two(2 * kWireHeaderBytes + 7 + 3);
+  write_header(WireHeader{WireCodec::none, 0, 0, 0, 7, 0}, two);
+  write_header(WireHeader{WireCodec::none, 0, 0, 0, 3, 0},
+               std::span<std::byte>(two).subspan(kWireHeaderBytes + 7));
+  EXPECT_EQ(compressors::announced_payload_bytes(two), 7u);
+  EXPECT_EQ(compressors::announced_payload_bytes(std::span<const std::byte>(two).subspan(kWireHeaderBytes + 7)), 3u);
+  EXPECT_EQ(compressors::announced_payload_bytes(std::span<const std::byte>(two).first(kWireHeaderBytes - 1)), 0u);
+}
+
 TEST(WireHeader, ErrorNamesTheOperationAndTheField) {
   std::vector<std::byte> message(kWireHeaderBytes);
   try {
