@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/collective_job.h"
 #include "gradzip/error.h"
 
@@ -10,17 +11,14 @@ namespace gradzip::collectives {
 namespace {
 
 void require_element_codec(const CompressionSpec& spec, std::string_view collective) {
-  GZ_REQUIRE(spec.codec != CodecKind::powersgd, ErrorCode::unsupported, collective,
+  GZ_REQUIRE(codec_row(spec.codec).element_codec, ErrorCode::unsupported, collective,
              ": powersgd compresses whole gradient matrices and runs in the Reducer "
              "(pipeline/), not in a single collective; use none, fp16, bf16, qsgd, sign, topk "
              "or randk here");
 }
 
 // What run_flat_allreduce(auto) runs for this codec, by its stats name.
-std::string auto_flat_name(CodecKind codec) {
-  if (codec == CodecKind::randk) return "randk";
-  return std::string(algorithm_name(default_flat_algorithm(codec)));
-}
+std::string auto_flat_name(CodecKind codec) { return std::string(default_path_name(codec)); }
 
 std::string warmup_note(const CompressionSpec& spec, std::uint32_t step) {
   return detail::concat("warm-up call ", step + 1, " of ", spec.warmup, ": uncompressed");
@@ -34,17 +32,10 @@ bool below_min_bytes(const CompressionSpec& spec, std::size_t count) {
 }
 
 Algorithm algorithm_of(ModeledAlgorithm modeled) {
-  switch (modeled) {
-    case ModeledAlgorithm::ring: return Algorithm::ring;
-    case ModeledAlgorithm::sra: return Algorithm::sra;
-    case ModeledAlgorithm::allgather: return Algorithm::allgather;
-    case ModeledAlgorithm::rhd: return Algorithm::rhd;
-    case ModeledAlgorithm::tree: return Algorithm::tree;
-    case ModeledAlgorithm::randk:
-    case ModeledAlgorithm::hier: break;
-  }
-  GZ_THROW(ErrorCode::internal, "algo=auto: the model chose '", modeled_algorithm_name(modeled),
-           "', which is not a flat algorithm of the library");
+  const AlgorithmRow& row = algorithm_row(modeled);
+  GZ_REQUIRE(row.spec_value && row.run_flat != nullptr, ErrorCode::internal, "algo=auto: the model chose '",
+             row.name, "', which is not a flat algorithm of the library");
+  return *row.spec_value;
 }
 
 // The predicted gain an algorithm other than the codec's default needs before algo=auto takes
@@ -117,8 +108,8 @@ void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoM
 }  // namespace
 
 bool spec_uses_model(const CompressionSpec& spec) noexcept {
-  return spec.algo == Algorithm::auto_select && spec.codec != CodecKind::randk &&
-         spec.codec != CodecKind::powersgd;
+  const CodecRow& row = codec_row(spec.codec);
+  return spec.algo == Algorithm::auto_select && !row.shared_indices && row.element_codec;
 }
 
 bool forms_nodes(int ranks, std::uint32_t ranks_per_node) noexcept {
@@ -156,7 +147,7 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
         return choice;
       }
       choice.path = AllreducePath::flat;
-      if (model != nullptr && spec.codec != CodecKind::randk) {
+      if (model != nullptr && !codec_row(spec.codec).shared_indices) {
         choose_by_model(spec, count, *model, choice);
         return choice;
       }

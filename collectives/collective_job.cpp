@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/device_memory.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
@@ -60,7 +61,7 @@ std::string server_residual_key(std::string_view name) {
 EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset, bool server) {
   EncodeContext ctx = job.ctx;
   ctx.element_offset = element_offset;
-  if (job.codec.spec().codec != CodecKind::randk) {
+  if (!codec_row(job.codec.spec().codec).shared_indices) {
     const std::uint64_t stream = (server ? (std::uint64_t{1} << 32) : 0) +
                                  static_cast<std::uint64_t>(job.transport.rank());
     ctx.seed = job.ctx.seed ^ mix64(stream);
@@ -167,35 +168,15 @@ const Codec& uncompressed_codec() {
   return *codec;
 }
 
-Algorithm default_flat_algorithm(CodecKind codec) noexcept {
-  switch (codec) {
-    case CodecKind::qsgd:
-    case CodecKind::sign: return Algorithm::sra;
-    case CodecKind::topk: return Algorithm::allgather;
-    default: return Algorithm::ring;
-  }
-}
-
 void run_flat_allreduce(ReduceJob& job, Algorithm algo) {
-  if (algo == Algorithm::auto_select) {
-    if (job.codec.spec().codec == CodecKind::randk) {
-      job.stats.algorithm = "randk";
-      return randk_allreduce(job);
-    }
-    algo = default_flat_algorithm(job.codec.spec().codec);
-  }
-  switch (algo) {
-    case Algorithm::ring: job.stats.algorithm = "ring"; return ring_allreduce(job);
-    case Algorithm::sra: job.stats.algorithm = "sra"; return sra_allreduce(job);
-    case Algorithm::allgather:
-      job.stats.algorithm = "allgather";
-      return sparse_allgather_allreduce(job);
-    case Algorithm::rhd: job.stats.algorithm = "rhd"; return halving_doubling_allreduce(job);
-    case Algorithm::tree: job.stats.algorithm = "tree"; return tree_allreduce(job);
-    default:
-      GZ_THROW(ErrorCode::invalid_argument, "run_flat_allreduce of '", job.name, "': algorithm '",
-               algorithm_name(algo), "' is not a flat algorithm (ring, sra, allgather, rhd or tree)");
-  }
+  const AlgorithmRow& row = algo == Algorithm::auto_select
+                                ? algorithm_row(codec_row(job.codec.spec().codec).default_path)
+                                : algorithm_row(algo);
+  GZ_REQUIRE(row.run_flat != nullptr, ErrorCode::invalid_argument, "run_flat_allreduce of '",
+             job.name, "': algorithm '", row.name,
+             "' is not a flat algorithm (ring, sra, allgather, rhd or tree)");
+  job.stats.algorithm = std::string(row.name);
+  row.run_flat(job);
 }
 
 }  // namespace gradzip::collectives

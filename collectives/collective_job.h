@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "collectives/codec_table.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
 #include "error_feedback/error_feedback_codec.h"
@@ -179,15 +180,9 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter,
 // one process-wide instance serves every call.
 const Codec& uncompressed_codec();
 
-// A codec's default flat algorithm: ring for dense codecs (none, fp16, bf16), SRA for qsgd and
-// sign, sparse all-gather for top-k (random-k: ring; its auto path is the shared-index one). It
-// is what algo=auto runs without the cost model (one rank, CUDA tensors, across the nodes of
-// the hierarchical all-reduce) and the model's fallback (collectives/algorithm_choice.h).
-// Never returns hier or auto.
-Algorithm default_flat_algorithm(CodecKind codec) noexcept;
-
-// Runs flat algorithm `algo` (ring, sra, allgather, rhd, tree; auto = random-k's shared-index
-// path or default_flat_algorithm) on the job and records its name in job.stats.algorithm.
+// Runs flat algorithm `algo` (ring, sra, allgather, rhd, tree; auto = the codec's default path,
+// collectives/codec_table.h: random-k's shared-index path or default_flat_algorithm) on the
+// job and records its name in job.stats.algorithm.
 // Throws invalid_argument for hier.
 void run_flat_allreduce(ReduceJob& job, Algorithm algo);
 

@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "collectives/algorithm_choice.h"
+#include "collectives/algorithm_table.h"
 #include "collectives/call_check.h"
+#include "collectives/codec_table.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
 #include "collectives/device_memory.h"
@@ -488,12 +490,9 @@ std::uint64_t memory_field(const CommunicatorState& state, const TensorView& ten
 float wire_range_limit(const CompressionSpec& spec, CollectiveKind kind, ReduceOp op, int ranks) {
   constexpr float kF16Max = 65504.0f;
   constexpr float kBf16Max = 3.38953139e38f;  // 0x7F7F0000
-  float type_max = 0.0f;
-  if (spec.codec == CodecKind::fp16) type_max = kF16Max;
-  else if (spec.codec == CodecKind::bf16) type_max = kBf16Max;
-  else if ((spec.codec == CodecKind::topk || spec.codec == CodecKind::randk) && spec.values == DType::f16)
-    type_max = kF16Max;
-  if (type_max == 0.0f) return 0.0f;
+  const DType wire = wire_value_type(spec);
+  if (wire == DType::f32) return 0.0f;
+  const float type_max = wire == DType::f16 ? kF16Max : kBf16Max;
   const bool sums = kind != CollectiveKind::allgather && op == ReduceOp::sum;
   return sums ? type_max / static_cast<float>(std::max(ranks, 1)) : type_max;
 }
@@ -618,17 +617,16 @@ CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec
   if (state.cuda_path() == CudaPath::staged) return staged("cuda_path is staged");
   GZ_REQUIRE(state.cuda_path() != CudaPath::nccl || nccl_transport_built(), ErrorCode::unsupported,
              "cuda_path is nccl, but this gradzip was built without NCCL");
-  if (algorithm && shared_index) return staged("random-k's shared-index path runs on host memory");
-  if (algorithm && *algorithm == Algorithm::hier)
-    return staged("the hierarchical all-reduce runs on host memory");
-  // Halving/doubling parses the concatenated messages it forwards by their headers, and the
-  // tree is meant for small tensors: both run on host memory.
-  if (algorithm && (*algorithm == Algorithm::rhd || *algorithm == Algorithm::tree))
-    return staged(detail::concat("the ", algorithm_name(*algorithm), " all-reduce runs on host memory"));
+  if (algorithm) {
+    const AlgorithmRow& row =
+        shared_index ? algorithm_row(ModeledAlgorithm::randk) : algorithm_row(*algorithm);
+    if (!row.host_only_reason.empty()) return staged(std::string(row.host_only_reason));
+  }
   if (nccl_transport_built()) {
     // NCCL receives exactly the size the sender sends, and the ring does not exchange sizes.
-    if (algorithm && *algorithm == Algorithm::ring && spec.codec == CodecKind::topk && spec.approx)
-      return staged("approximate top-k messages vary in size, which the ring over NCCL cannot receive");
+    if (algorithm && *algorithm == Algorithm::ring && message_size_varies(spec))
+      return staged(detail::concat("approximate ", codec_kind_name(spec.codec),
+                                   " messages vary in size, which the ring over NCCL cannot receive"));
     return CudaRoute{CudaRoute::Kind::nccl, ""};
   }
   if (state.cuda_path() == CudaPath::automatic &&
@@ -948,7 +946,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     }
     const bool shared_index = choice.path == AllreducePath::flat &&
                               choice.algorithm == Algorithm::auto_select &&
-                              spec.codec == CodecKind::randk;
+                              codec_row(spec.codec).shared_indices;
     const CallMemory memory =
         open_call_memory(state, call, 0, count,
                          route_of(state, call.tensor, spec, algorithm, shared_index), stats);

@@ -6,6 +6,8 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/algorithm_table.h"
+#include "collectives/codec_table.h"
 #include "compressors/wire_format.h"
 #include "error_feedback/error_feedback_codec.h"
 #include "error_feedback/residual_store.h"
@@ -157,13 +159,12 @@ CostEstimate tree(const Codec& codec, const CodecCost& cost, double n, int p, co
 
 CostEstimate flat_default(const Codec& codec, const CodecCost& cost, double n, int p,
                           const LinkModel& link) {
-  switch (codec.spec().codec) {
-    case CodecKind::qsgd:
-    case CodecKind::sign: return sra(codec, cost, n, p, link);
-    case CodecKind::topk: return allgather(codec, cost, n, p, link);
-    case CodecKind::randk: return randk(codec, cost, n, p, link);
-    case CodecKind::none: return ring(codec, cost, n, p, link, /*uncompressed=*/true);
-    default: return ring(codec, cost, n, p, link, /*uncompressed=*/false);
+  switch (codec_row(codec.spec().codec).default_path) {
+    case ModeledAlgorithm::sra: return sra(codec, cost, n, p, link);
+    case ModeledAlgorithm::allgather: return allgather(codec, cost, n, p, link);
+    case ModeledAlgorithm::randk: return randk(codec, cost, n, p, link);
+    default:
+      return ring(codec, cost, n, p, link, /*uncompressed=*/codec.spec().codec == CodecKind::none);
   }
 }
 
@@ -189,16 +190,7 @@ CostEstimate hier(const Codec& codec, const CodecCost& cost, double n, int p, co
 }  // namespace
 
 const char* modeled_algorithm_name(ModeledAlgorithm algorithm) noexcept {
-  switch (algorithm) {
-    case ModeledAlgorithm::ring: return "ring";
-    case ModeledAlgorithm::sra: return "sra";
-    case ModeledAlgorithm::allgather: return "allgather";
-    case ModeledAlgorithm::randk: return "randk";
-    case ModeledAlgorithm::rhd: return "rhd";
-    case ModeledAlgorithm::tree: return "tree";
-    case ModeledAlgorithm::hier: return "hier";
-  }
-  return "?";
+  return algorithm_row(algorithm).name.data();  // the table's names are string literals
 }
 
 CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
@@ -231,25 +223,13 @@ CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
 }
 
 std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec) {
-  using A = ModeledAlgorithm;
-  switch (spec.codec) {
-    case CodecKind::randk: return {A::randk};
-    case CodecKind::topk: return {A::allgather, A::ring, A::rhd, A::tree};
-    case CodecKind::qsgd:
-    case CodecKind::sign: return {A::sra, A::ring, A::rhd, A::tree};
-    default: return {A::ring, A::sra, A::rhd, A::tree};
-  }
+  const std::span<const ModeledAlgorithm> runnable = codec_row(spec.codec).runnable;
+  return {runnable.begin(), runnable.end()};
 }
 
 std::vector<ModeledAlgorithm> auto_candidates(CodecKind codec) {
-  using A = ModeledAlgorithm;
-  switch (codec) {
-    case CodecKind::randk: return {A::randk};
-    case CodecKind::topk: return {A::allgather, A::tree};
-    case CodecKind::qsgd:
-    case CodecKind::sign: return {A::sra, A::tree};
-    default: return {A::ring, A::sra, A::rhd, A::tree};
-  }
+  const std::span<const ModeledAlgorithm> choices = codec_row(codec).auto_choices;
+  return {choices.begin(), choices.end()};
 }
 
 CostEstimate cheapest_allreduce(const std::vector<ModeledAlgorithm>& candidates,

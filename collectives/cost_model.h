@@ -87,21 +87,14 @@ CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
                                 const CodecCost& cost, std::size_t count, int ranks,
                                 const LinkModel& link, const HierarchyModel& hierarchy = {});
 
-// The flat algorithms that run `spec`'s codec on P ranks with a link each: random-k: its
-// shared-index path; top-k: the sparse all-gather, ring, rhd, tree; the others: ring (SRA
-// first for qsgd and sign), SRA, rhd, tree. hier is not among them: it needs the node
-// structure (algo=hier says it; HierarchyModel describes it to the model).
+// The flat algorithms that run `spec`'s codec on P ranks with a link each, the codec's default
+// first (CodecRow::runnable in collectives/codec_table.h). hier is not among them: it needs the
+// node structure (algo=hier says it; HierarchyModel describes it to the model).
 std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec);
 
-// What algo=auto chooses among (collectives/algorithm_choice.h): the candidates that compress
-// each element no more often than the codec's default algorithm does, so that the choice
-// changes the speed but never makes the result less accurate than the default:
-//   none, fp16, bf16: ring (the default), SRA, rhd, tree;
-//   qsgd, sign:       SRA (the default: two compressions), tree (one);
-//   topk:             the sparse all-gather (the default), tree (top-k of the exact sum);
-//   randk:            its shared-index path only.
-// The ring re-encodes partial sums P − 1 times and rhd log2 P times, which is why neither is
-// offered for qsgd, sign or top-k.
+// What algo=auto chooses among (collectives/algorithm_choice.h), the default first: the
+// candidates that compress each element no more often than the codec's default algorithm does
+// (CodecRow::auto_choices in collectives/codec_table.h, which lists them per codec).
 std::vector<ModeledAlgorithm> auto_candidates(CodecKind codec);
 
 // The cheapest of `candidates` (ties: the earlier one).

@@ -208,10 +208,7 @@ void rethrow_node_failure(ReduceJob& job, Transport& intra, const std::exception
 
 // The name run_flat_allreduce reports for `inner` (for ranks that do not run it).
 std::string inner_name(const Codec& codec, Algorithm inner) {
-  if (inner == Algorithm::auto_select) {
-    if (codec.spec().codec == CodecKind::randk) return "randk";
-    inner = default_flat_algorithm(codec.spec().codec);
-  }
+  if (inner == Algorithm::auto_select) return std::string(default_path_name(codec.spec().codec));
   return std::string(algorithm_name(inner));
 }
 

@@ -168,7 +168,7 @@ TEST_F(CommunicatorCudaTest, CallsNcclCannotServeAreStagedAndSaySo) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"randk:ratio=0.05", "random-k's shared-index path runs on host memory"},
       {"fp16:algo=hier", "the hierarchical all-reduce runs on host memory"},
-      {"topk:ratio=0.01,approx=on,algo=ring", "approximate top-k messages vary in size"},
+      {"topk:ratio=0.01,approx=on,algo=ring", "approximate topk messages vary in size"},
   };
   for (const auto& [spec, reason] : cases) {
     SCOPED_TRACE(spec);

@@ -1,0 +1,50 @@
+// The all-reduce paths (collectives/algorithm_table.h).
+#include "collectives/algorithm_table.h"
+
+#include <array>
+
+#include "collectives/collective_job.h"
+#include "gradzip/error.h"
+
+namespace gradzip::collectives {
+namespace {
+
+using A = ModeledAlgorithm;
+
+// In ModeledAlgorithm's order (checked below).
+const std::array<AlgorithmRow, 7> kRows{{
+    {A::ring, "ring", Algorithm::ring, &ring_allreduce, {}},
+    {A::sra, "sra", Algorithm::sra, &sra_allreduce, {}},
+    {A::allgather, "allgather", Algorithm::allgather, &sparse_allgather_allreduce, {}},
+    {A::randk, "randk", std::nullopt, &randk_allreduce,
+     "random-k's shared-index path runs on host memory"},
+    // Halving/doubling parses the concatenated messages it forwards by their headers, and the
+    // tree is meant for small tensors: both run on host memory.
+    {A::rhd, "rhd", Algorithm::rhd, &halving_doubling_allreduce, "the rhd all-reduce runs on host memory"},
+    {A::tree, "tree", Algorithm::tree, &tree_allreduce, "the tree all-reduce runs on host memory"},
+    {A::hier, "hier", Algorithm::hier, nullptr, "the hierarchical all-reduce runs on host memory"},
+}};
+
+constexpr bool rows_in_order() {
+  return static_cast<int>(A::ring) == 0 && static_cast<int>(A::sra) == 1 &&
+         static_cast<int>(A::allgather) == 2 && static_cast<int>(A::randk) == 3 &&
+         static_cast<int>(A::rhd) == 4 && static_cast<int>(A::tree) == 5 && static_cast<int>(A::hier) == 6;
+}
+static_assert(rows_in_order(), "kRows must follow ModeledAlgorithm's order");
+
+}  // namespace
+
+const AlgorithmRow& algorithm_row(ModeledAlgorithm path) noexcept {
+  const auto index = static_cast<std::size_t>(path);
+  return kRows[index < kRows.size() ? index : 0];
+}
+
+const AlgorithmRow& algorithm_row(Algorithm spec_value) {
+  for (const AlgorithmRow& row : kRows) {
+    if (row.spec_value == spec_value) return row;
+  }
+  GZ_THROW(ErrorCode::internal, "algorithm_row: algo=", algorithm_name(spec_value),
+           " names no single path (auto is chosen per call)");
+}
+
+}  // namespace gradzip::collectives

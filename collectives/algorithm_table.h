@@ -1,0 +1,38 @@
+// The all-reduce paths the library runs, one row each (algorithm_table.cpp): the flat
+// algorithms, random-k's shared-index path and the hierarchical composition, keyed by
+// ModeledAlgorithm (the cost model's name for a path). A row says the path's name (what
+// CollectiveStats::algorithm reports and the model prints), the algo= value that selects it,
+// the function that runs it on a ReduceJob, and whether it can run on device memory. Adding an
+// algorithm adds its file, a row here and its cost estimate (collectives/cost_model.cpp).
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "collectives/cost_model.h"
+#include "gradzip/compression_spec.h"
+
+namespace gradzip::collectives {
+
+struct ReduceJob;
+
+struct AlgorithmRow {
+  ModeledAlgorithm path = ModeledAlgorithm::ring;
+  std::string_view name;
+  // The algo= value that selects it; none for random-k's shared-index path, which algo=auto
+  // runs for random-k (collectives/codec_table.h).
+  std::optional<Algorithm> spec_value;
+  // Runs it on the job (the caller records `name` in the stats); null for hier, which needs its
+  // node and cross-node transports (hierarchical_allreduce).
+  void (*run_flat)(ReduceJob& job) = nullptr;
+  // Why a CUDA tensor's call on this path is staged through host memory, or empty when the
+  // path runs on device memory (over NCCL or a CUDA-aware MPI).
+  std::string_view host_only_reason;
+};
+
+const AlgorithmRow& algorithm_row(ModeledAlgorithm path) noexcept;
+
+// The row of an algo= value (not auto_select: gradzip::Error internal).
+const AlgorithmRow& algorithm_row(Algorithm spec_value);
+
+}  // namespace gradzip::collectives

@@ -1,0 +1,58 @@
+// How the collectives run each codec: one row per codec (codec_table.cpp), the one place that
+// says which algorithm algo=auto runs for it, which algorithms can run it, what it carries on
+// the wire, and the traits algorithms branch on. Adding a codec adds a row here; nothing else in
+// collectives/ switches over CodecKind for these facts.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "collectives/cost_model.h"
+#include "gradzip/compression_spec.h"
+
+namespace gradzip::collectives {
+
+struct CodecRow {
+  CodecKind codec = CodecKind::none;
+  // What algo=auto runs without the cost model, and the model's fallback: the ring, SRA, the
+  // sparse all-gather, or random-k's shared-index path (randk_allreduce).
+  ModeledAlgorithm default_path = ModeledAlgorithm::ring;
+  // Every flat path that can run the codec, the default first (the cost model's
+  // candidate_algorithms; `gradzip-bench model` compares them).
+  std::span<const ModeledAlgorithm> runnable;
+  // The paths algo=auto may choose among with the model, the default first: those that compress
+  // each element no more often than the default does, so that the choice changes the speed but
+  // never makes the result less accurate. The ring re-encodes partial sums P - 1 times and
+  // halving/doubling log2 P times, which is why neither is offered for qsgd, sign or top-k.
+  std::span<const ModeledAlgorithm> auto_choices;
+  // Random-k: every rank draws the same indices from the shared seed, so its messages add up
+  // index by index (its own path; its encodes keep the shared seed instead of a per-rank one).
+  bool shared_indices = false;
+  // False for powersgd, which compresses whole matrices in the Reducer, never in a collective.
+  bool element_codec = true;
+  // The 16-bit type its wire values narrow to (f32: none): fp16 and bf16 always; top-k and
+  // random-k when values=fp16 (values_key). The wire-range check guards against saturation.
+  DType wire_values = DType::f32;
+  bool values_key = false;
+  // Messages differ in size between ranks for the same count: approximate top-k (approx=on).
+  bool size_varies_with_approx = false;
+};
+
+// The codec's row (every CodecKind has one).
+const CodecRow& codec_row(CodecKind codec) noexcept;
+
+// What run_flat_allreduce runs for algo=auto with `codec` and no model, as an Algorithm (random-k:
+// its shared-index path has none; Algorithm::ring is returned and shared_indices says the rest).
+Algorithm default_flat_algorithm(CodecKind codec) noexcept;
+
+// The stats name of the codec's default path ("ring", "sra", "allgather" or "randk").
+std::string_view default_path_name(CodecKind codec) noexcept;
+
+// The 16-bit type `spec`'s wire values narrow to, or f32 when they do not narrow.
+DType wire_value_type(const CompressionSpec& spec) noexcept;
+
+// Whether two ranks' messages for the same count may differ in size (a receiver cannot post
+// the exact size in advance).
+bool message_size_varies(const CompressionSpec& spec) noexcept;
+
+}  // namespace gradzip::collectives

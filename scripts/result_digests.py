@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Digests of every codec x algorithm's all-reduce results on fixed inputs: run it under mpirun
+with two builds (PYTHONPATH=<build>/python) and compare the outputs to show that a refactor
+changed no byte.
+
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH=build/python \\
+        mpirun -np 4 --oversubscribe /usr/bin/python3 scripts/result_digests.py > new.txt
+
+Rank 0 prints one line per (spec, op, call): the SHA-256 of the result bytes on every rank
+(they must agree), of this rank's residuals after the call, the algorithm the stats name and
+the bytes rank 0 sent. Three calls per spec, so error feedback's residuals take part.
+"""
+import hashlib
+
+import numpy as np
+
+import gradzip
+
+CODECS = ["none", "fp16", "bf16", "qsgd:bits=4", "qsgd:bits=2,ef=on", "sign", "sign:ef=off",
+          "topk:ratio=0.01", "topk:ratio=0.05,approx=on", "topk:ratio=0.01,values=fp16",
+          "randk:ratio=0.05"]
+ALGORITHMS = ["auto", "ring", "sra", "allgather", "rhd", "tree", "hier,ranks_per_node=1"]
+
+
+def digest(array):
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+
+
+def main():
+    comm = gradzip.Communicator(transport="mpi", link_latency_us=20, link_gbps=10)
+    rank, size = comm.rank, comm.size
+    lines = []
+    for codec in CODECS:
+        for algorithm in ALGORITHMS:
+            if codec.startswith("randk") and algorithm not in ("auto", "ring", "sra"):
+                continue
+            spec = f"{codec},algo={algorithm},min_bytes=0" if ":" in codec else \
+                f"{codec}:algo={algorithm},min_bytes=0"
+            for op in ("sum", "average"):
+                name = f"digest.{spec}.{op}"
+                for call in range(3):
+                    x = np.random.default_rng(1000 * rank + call).standard_normal(50_021).astype(np.float32)
+                    try:
+                        stats = comm.allreduce(x, name, spec, op=op)
+                        outcome = f"{stats['algorithm']} sent {stats['sent_bytes']}"
+                    except gradzip.Error as error:
+                        outcome = f"error {str(error).splitlines()[0][:80]}"
+                    results = comm_gather_digest(comm, digest(x), f"{name}.{call}")
+                    residual = comm.residual(name)
+                    mine = digest(residual) if residual is not None else "-"
+                    residuals = comm_gather_digest(comm, mine, f"{name}.{call}.residual")
+                    lines.append(f"{spec} {op} call {call}: result {sorted(set(results))} "
+                                 f"residuals {residuals} {outcome}")
+    if rank == 0:
+        print(f"{size} ranks")
+        print("\n".join(lines))
+
+
+def comm_gather_digest(comm, text, name):
+    """Every rank's 16-hex-digit text, gathered with an uncompressed all-reduce (sum of one-hot
+    rows of the digit values)."""
+    rows = np.zeros((comm.size, 16), dtype=np.float32)
+    if text != "-":
+        rows[comm.rank] = [int(c, 16) + 1 for c in text]
+    flat = rows.reshape(-1)
+    comm.allreduce(flat, name + ".gather", "none", op="sum")
+    out = []
+    for row in flat.reshape(comm.size, 16):
+        out.append("-" if row[0] == 0 else "".join("0123456789abcdef"[int(v) - 1] for v in row))
+    return out
+
+
+if __name__ == "__main__":
+    main()
