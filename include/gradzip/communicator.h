@@ -22,7 +22,7 @@
 // compares it, and the cuda_path option).
 // Results are byte-identical on every rank.
 //
-// The mismatch check costs one extra all-gather of 88 bytes per rank on every call (with more
+// The mismatch check costs one extra all-gather of 96 bytes per rank on every call (with more
 // than one rank). A rank whose own arguments are bad (empty name, device memory, a spec that
 // does not parse) throws its error after that exchange, and the other ranks throw the same
 // error code naming that rank, so no rank is left waiting.
