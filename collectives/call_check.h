@@ -69,7 +69,7 @@ struct CallDescription {
   std::uint64_t nonfinite_count = 0;
   std::uint64_t nonfinite_first = 0;
   // Finite elements of this rank's input that the spec's 16-bit wire type could not carry
-  // through the reduction (collectives/communicator.cpp, wire_range_limit); not compared.
+  // through the reduction (collectives/nonfinite_policy.h, wire_range_limit); not compared.
   std::uint64_t beyond_wire_range = 0;
 };
 

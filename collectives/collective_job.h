@@ -41,7 +41,7 @@ struct ReduceJob {
   // Where `data` lives. DeviceKind::cuda: `data` is memory of that CUDA device, the transport
   // moves device memory (NCCL), the codec encodes and decodes on the device and error feedback
   // runs there with its residuals kept in the (host) store. The ring, SRA and the sparse and
-  // compressed all-gathers run so; collectives/communicator.cpp stages the other algorithms
+  // compressed all-gathers run so; collectives/call_memory.cpp (cuda_route) stages the others
   // through host memory.
   Device device{};
 };

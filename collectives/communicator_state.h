@@ -204,6 +204,10 @@ CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, s
                                   const CompressionSpec& spec, ReduceOp op, std::uint32_t step,
                                   const Error* preset_error);
 
+// Checkpoint counters whose names start with this hold algo=auto's model inputs (the measured
+// link and codec costs), not call numbers; tensor names may not start with it.
+inline constexpr std::string_view kAutoPrefix = "gradzip.auto/";
+
 // The tensor id of a name in EncodeContext: FNV-1a 64 of the name folded to 32 bits (high
 // half XOR low half), the same on every rank and in every run. Two names can share one; a
 // communicator refuses a call whose name shares the id of another name it uses

@@ -35,7 +35,7 @@ DeadlinePolicy resolve_deadline_policy(const CommunicatorOptions& options);
 double timeout_grace_seconds(const DeadlinePolicy& policy) noexcept;
 
 // The Communicator call the calling thread is in, for timeout reports. Set for the duration of
-// one call (collectives/communicator.cpp run_call); scopes nest (the inner one is reported).
+// one call (collectives/call.h run_call); scopes nest (the inner one is reported).
 struct CurrentOperation {
   std::string_view kind;       // "allreduce", "reduce_scatter", "allgather"
   std::string_view name;       // the tensor name (valid for the call)

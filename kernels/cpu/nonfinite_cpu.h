@@ -22,7 +22,7 @@ NonfiniteCount count_nonfinite(ConstTensorView tensor, std::size_t begin, std::s
 
 // The same count, and in the same pass the finite elements whose magnitude exceeds `limit`
 // (> 0, finite): what a narrowing to a 16-bit wire type would saturate (the Communicator's
-// overflow check; see its use in collectives/communicator.cpp). Exact: the comparison is on the
+// overflow check; see its use in collectives/call.cpp). Exact: the comparison is on the
 // bits, against the first 16- or 32-bit pattern whose value exceeds `limit`.
 struct RangeCount {
   NonfiniteCount nonfinite;

@@ -1,0 +1,163 @@
+// One collective call's checks and bookkeeping (collectives/call.h).
+#include "collectives/call.h"
+
+#include <algorithm>
+#include <string>
+
+#include "collectives/device_memory.h"
+#include "collectives/nonfinite_policy.h"
+#include "gradzip/error.h"
+#include "kernels/cpu/nonfinite_cpu.h"
+
+namespace gradzip::collectives {
+
+Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
+                   const CompressionSpec& spec) {
+  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}, false, 0};
+}
+
+Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
+                   std::string_view spec_text) {
+  Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt,
+            std::nullopt, {}, false, 0};
+  try {
+    call.spec = CompressionSpec::parse(spec_text);
+    call.spec_text = call.spec->to_string();
+  } catch (const Error& error) {
+    call.error = error;
+  }
+  return call;
+}
+
+namespace {
+
+void check_arguments(const Call& call) {
+  const std::string_view op = collective_kind_name(call.kind);
+  const TensorView& tensor = call.tensor;
+  GZ_REQUIRE(!call.name.empty(), ErrorCode::invalid_argument, op,
+             ": the tensor name is empty (it keys error feedback and the mismatch check)");
+  // Checkpoints store call numbers under the tensor names, next to algo=auto's inputs.
+  GZ_REQUIRE(!call.name.starts_with(kAutoPrefix), ErrorCode::invalid_argument, op,
+             ": the tensor name '", call.name, "' starts with '", kAutoPrefix,
+             "', which checkpoints reserve for algo=auto's model inputs");
+  if (tensor.device.kind == DeviceKind::cuda && tensor.count > 0) {
+    GZ_REQUIRE(device_memory_built(), ErrorCode::unsupported, op, " of '", call.name,
+               "': the tensor is on CUDA device ", tensor.device.index,
+               "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
+    require_device_pointer(tensor.data, tensor.device.index, std::string(op) + " of '" +
+                           std::string(call.name) + "'", "the tensor");
+  }
+  GZ_REQUIRE(tensor.dtype == DType::f32 || tensor.dtype == DType::f16 || tensor.dtype == DType::bf16,
+             ErrorCode::invalid_argument, op, " of '", call.name, "': dtype ",
+             static_cast<int>(tensor.dtype), " is not f32, f16 or bf16");
+  GZ_REQUIRE(tensor.data != nullptr || tensor.count == 0, ErrorCode::invalid_argument, op,
+             " of '", call.name, "': null data for ", tensor.count, " elements");
+}
+
+// The call check's memory field (collectives/call_check.h).
+std::uint64_t memory_field(const CommunicatorState& state, const TensorView& tensor) {
+  if (tensor.device.kind == DeviceKind::cpu) return 0;
+  return 1 + static_cast<std::uint64_t>(state.cuda_path());
+}
+
+}  // namespace
+
+std::uint32_t begin_call(CommunicatorState& state, Call& call) {
+  if (!call.error) {
+    try {
+      check_arguments(call);
+      const int only = state.transport().device_only();
+      GZ_REQUIRE(only < 0 || (call.tensor.device.kind == DeviceKind::cuda &&
+                              call.tensor.device.index == only),
+                 ErrorCode::invalid_argument, collective_kind_name(call.kind), " of '", call.name,
+                 "': this communicator was made from an ncclComm_t of cuda:", only,
+                 " and reduces tensors of that device only; the tensor is ",
+                 call.tensor.device.kind == DeviceKind::cpu
+                     ? std::string("in host memory")
+                     : detail::concat("on cuda:", call.tensor.device.index));
+      if (const std::optional<std::string> other = state.claim_tensor_id(call.name)) {
+        GZ_THROW(ErrorCode::invalid_argument, collective_kind_name(call.kind), " of '", call.name,
+                 "': the name's tensor id 0x", std::hex, tensor_id_of(call.name), std::dec,
+                 " (a 32-bit hash that keys the random streams) is also that of '", *other,
+                 "', which this communicator uses: the two would draw the same random numbers. "
+                 "Rename one of them");
+      }
+    } catch (const Error& error) {
+      call.error = error;
+    }
+  }
+  // This rank's non-finite input, counted only when its arguments are valid (a bad pointer
+  // must not be read): the whole tensor, or for an all-gather the rank's own shard.
+  NonfiniteInput mine;
+  // Elements a narrowing wire type would saturate (host and CUDA tensors alike).
+  std::uint64_t beyond = 0;
+  if (!call.error && call.tensor.count > 0) {
+    try {
+      const Transport& transport = state.transport();
+      const bool shard_only = call.kind == CollectiveKind::allgather;
+      const std::size_t begin =
+          shard_only ? shard_begin(call.tensor.count, transport.size(), transport.rank()) : 0;
+      const std::size_t end = shard_only ? shard_begin(call.tensor.count, transport.size(),
+                                                       transport.rank() + 1)
+                                         : call.tensor.count;
+      const float limit = call.spec ? wire_range_limit(*call.spec, call.kind, call.op,
+                                                       transport.size())
+                                    : 0.0f;
+      if (call.tensor.device.kind == DeviceKind::cuda) {
+        const NonfiniteOnDevice found = count_nonfinite_on_device(call.tensor, begin, end, limit);
+        mine = NonfiniteInput{0, found.count, begin + found.first};
+        beyond = found.beyond;
+        call.device_work_finished = found.work_stream_drained;
+      } else {
+        if (limit > 0.0f) {
+          const kernels::cpu::RangeCount found =
+              kernels::cpu::count_nonfinite_and_beyond(call.tensor, begin, end - begin, limit);
+          mine = NonfiniteInput{0, found.nonfinite.count, begin + found.nonfinite.first};
+          beyond = found.beyond;
+        } else {
+          const kernels::cpu::NonfiniteCount found =
+              kernels::cpu::count_nonfinite(call.tensor, begin, end - begin);
+          mine = NonfiniteInput{0, found.count, begin + found.first};
+        }
+      }
+    } catch (const Error& error) {
+      call.error = error;
+    }
+  }
+  state.start_call();
+  const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.step_of(call.name);
+  call.nonfinite =
+      check_call(state.transport(),
+                 CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
+                                 call.spec_text, step, memory_field(state, call.tensor),
+                                 call.error ? &*call.error : nullptr, mine.count, mine.first,
+                                 beyond},
+                 &call.beyond_wire_range);
+  if (!call.explicit_step) state.count_call(call.name);
+  return step;
+}
+
+CollectiveStats start_stats(const Call& call, const Transport& transport) {
+  CollectiveStats stats;
+  stats.spec = call.spec_text;
+  stats.count = call.tensor.count;
+  stats.ranks = transport.size();
+  return stats;
+}
+
+CompressionSpec warmup_spec(const CompressionSpec& spec) {
+  CompressionSpec dense;
+  dense.codec = CodecKind::none;
+  dense.error_feedback = false;
+  dense.seed = spec.seed;
+  return dense;
+}
+
+CompressionSpec sharded_spec(const ShardedChoice& choice, const CompressionSpec& spec,
+                             CollectiveStats& stats) {
+  stats.algorithm = choice.name;
+  stats.note = choice.note;
+  return choice.warmup ? warmup_spec(spec) : spec;
+}
+
+}  // namespace gradzip::collectives

@@ -1,0 +1,87 @@
+// One collective call inside the Communicator, from the user's arguments to the body that
+// moves the data: the Call as the user made it, begin_call (argument checks, the non-finite and
+// wire-range counts, the call check, the call number), the stats it starts from, and run_call,
+// which runs a body between them. collectives/communicator.cpp's run_allreduce,
+// run_reduce_scatter and run_allgather are its users.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "collectives/algorithm_choice.h"
+#include "collectives/call_check.h"
+#include "collectives/collective_job.h"
+#include "collectives/communicator_state.h"
+#include "collectives/transport/deadline.h"
+#include "gradzip/communicator.h"
+#include "gradzip/compression_spec.h"
+#include "gradzip/error.h"
+
+namespace gradzip::collectives {
+
+// One call as the user made it.
+struct Call {
+  CollectiveKind kind = CollectiveKind::allreduce;
+  TensorView tensor;
+  std::string_view name;
+  ReduceOp op = ReduceOp::sum;
+  std::optional<CompressionSpec> spec;  // empty when the spec text did not parse
+  std::string spec_text;                // canonical when it parsed, else as given
+  std::optional<Error> error;           // this rank's first argument error
+  // The step given by the caller (allreduce_at_step); empty: the name's call number.
+  std::optional<std::uint32_t> explicit_step;
+  // Set by begin_call: the ranks whose input holds NaN or Inf (the same on every rank).
+  std::vector<NonfiniteInput> nonfinite;
+  // Set by begin_call: counting the non-finite input of a CUDA tensor waited for the thread's
+  // work stream, so the work queued before the call is done (open_call_memory skips its wait).
+  bool device_work_finished = false;
+  // Set by begin_call: the input elements, summed over ranks, beyond what the spec's 16-bit
+  // wire type carries through the reduction (wire_range_limit); > 0 runs the call uncompressed.
+  std::uint64_t beyond_wire_range = 0;
+};
+
+// A Call of a parsed spec, or of spec text (a parse error is kept in Call::error and thrown by
+// begin_call on every rank).
+Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
+                   const CompressionSpec& spec);
+Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
+                   std::string_view spec_text);
+
+// Checks the arguments, runs the call check with every rank, and counts the call. Returns the
+// call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.
+std::uint32_t begin_call(CommunicatorState& state, Call& call);
+
+// The stats every call starts from: its spec, count and rank count.
+CollectiveStats start_stats(const Call& call, const Transport& transport);
+
+// The spec of a warm-up call: no compression, no error feedback.
+CompressionSpec warmup_spec(const CompressionSpec& spec);
+
+// Runs one call: the stats header, the call check (which gives the step), then
+// body(step, stats), all timed as the call's total.
+template <typename Body>
+CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
+  CollectiveStats stats = start_stats(call, state.transport());
+  // What a timeout report names (collectives/transport/deadline.h): this call, its step and its
+  // number among the communicator's calls (begin_call's start_call opens calls_started() + 1).
+  const OperationScope operation(CurrentOperation{
+      collective_kind_name(call.kind), call.name,
+      call.explicit_step ? *call.explicit_step : state.step_of(call.name),
+      state.calls_started() + 1, "the call check"});
+  {
+    StageTimer total(stats.total_seconds);
+    const std::uint32_t step = begin_call(state, call);
+    set_operation_phase("the data exchange");
+    body(step, stats);
+  }
+  return stats;
+}
+
+// The spec a reduce-scatter / all-gather runs with: the call's, or uncompressed in warm-up.
+CompressionSpec sharded_spec(const ShardedChoice& choice, const CompressionSpec& spec,
+                             CollectiveStats& stats);
+
+}  // namespace gradzip::collectives

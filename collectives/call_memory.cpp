@@ -1,0 +1,141 @@
+// A call's working memory and CUDA routing (collectives/call_memory.h).
+#include "collectives/call_memory.h"
+
+#include <utility>
+#include <vector>
+
+#include "collectives/algorithm_table.h"
+#include "collectives/codec_table.h"
+#include "collectives/device_memory.h"
+#include "collectives/transport/nccl_transport_factory.h"
+#include "gradzip/error.h"
+#include "kernels/cpu/convert.h"
+
+namespace gradzip::collectives {
+
+CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec,
+                     std::optional<Algorithm> algorithm, bool shared_index) {
+  const auto staged = [&](std::string why) {
+    GZ_REQUIRE(state.transport().device_only() < 0, ErrorCode::unsupported,
+               "this communicator was made from an ncclComm_t and has no host transport, but ",
+               why);
+    return CudaRoute{CudaRoute::Kind::staged, std::move(why)};
+  };
+  if (state.cuda_path() == CudaPath::staged) return staged("cuda_path is staged");
+  GZ_REQUIRE(state.cuda_path() != CudaPath::nccl || nccl_transport_built(), ErrorCode::unsupported,
+             "cuda_path is nccl, but this gradzip was built without NCCL");
+  if (algorithm) {
+    const AlgorithmRow& row =
+        shared_index ? algorithm_row(ModeledAlgorithm::randk) : algorithm_row(*algorithm);
+    if (!row.host_only_reason.empty()) return staged(std::string(row.host_only_reason));
+  }
+  if (nccl_transport_built()) {
+    // NCCL receives exactly the size the sender sends, and the ring does not exchange sizes.
+    if (algorithm && *algorithm == Algorithm::ring && message_size_varies(spec))
+      return staged(detail::concat("approximate ", codec_kind_name(spec.codec),
+                                   " messages vary in size, which the ring over NCCL cannot receive"));
+    return CudaRoute{CudaRoute::Kind::nccl, ""};
+  }
+  if (state.cuda_path() == CudaPath::automatic &&
+      state.transport().moves_device_memory())
+    return CudaRoute{CudaRoute::Kind::cuda_aware_mpi, ""};
+  return staged("this build has no NCCL and MPI is not CUDA-aware");
+}
+
+CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::size_t begin,
+                            std::size_t end, const CudaRoute& route, CollectiveStats& stats) {
+  const TensorView& tensor = call.tensor;
+  CallMemory memory;
+  memory.transport = &state.transport();
+  memory.host = tensor;
+  if (tensor.device.kind == DeviceKind::cuda && route.kind != CudaRoute::Kind::staged) {
+    const bool nccl = route.kind == CudaRoute::Kind::nccl;
+    if (nccl) memory.transport = &state.nccl_transport(tensor.device.index);
+    // The transport may read the tensor from a stream of its own: the work that produced it
+    // (earlier work of blocking streams, as the contract says) must be done first. Counting
+    // the non-finite input already waited for it, with nothing queued since; then one wait
+    // is enough.
+    if (!call.device_work_finished)
+      finish_queued_work(tensor.device.index, "a collective on a CUDA tensor");
+    memory.device = tensor.device;
+    stats.note += detail::concat(stats.note.empty() ? "" : "; ",
+                                 nccl ? "over NCCL" : "over CUDA-aware MPI");
+    float* const data = tensor.dtype == DType::f32
+                            ? static_cast<float*>(tensor.data)
+                            : state.device_f32_scratch(tensor.device.index, tensor.count);
+    if (tensor.dtype != DType::f32) widen_on_device(tensor, begin, end, data);
+    memory.data = {data, tensor.count};
+    return memory;
+  }
+  if (tensor.device.kind == DeviceKind::cuda) {
+    const std::size_t element = dtype_size(tensor.dtype);
+    std::vector<std::byte>& staging = state.host_staging();
+    if (staging.size() < tensor.size_bytes()) staging.resize(tensor.size_bytes());
+    if (end > begin) {
+      copy_device_to_host(staging.data() + begin * element,
+                          static_cast<const std::byte*>(tensor.data) + begin * element,
+                          (end - begin) * element, tensor.device.index, "staging a CUDA tensor");
+    }
+    stats.note += detail::concat(stats.note.empty() ? "" : "; ", "staged through host memory (",
+                                 route.why_staged, ")");
+    memory.host = TensorView{staging.data(), tensor.count, tensor.dtype, Device{}};
+  }
+  if (memory.host.dtype == DType::f32) {
+    memory.data = {static_cast<float*>(memory.host.data), tensor.count};
+    return memory;
+  }
+  std::vector<float>& scratch = state.f32_scratch();
+  if (scratch.size() < tensor.count) scratch.resize(tensor.count);
+  if (end > begin) kernels::cpu::load_as_f32(memory.host, begin, end - begin, scratch.data() + begin);
+  memory.data = {scratch.data(), tensor.count};
+  return memory;
+}
+
+void close_call_memory(const CallMemory& memory, const TensorView& tensor, std::size_t begin,
+                       std::size_t end) {
+  if (end <= begin) return;
+  if (memory.device.kind == DeviceKind::cuda) {
+    if (tensor.dtype != DType::f32) narrow_on_device(memory.data.data(), begin, end, tensor);
+    return;
+  }
+  if (memory.host.dtype != DType::f32)
+    kernels::cpu::store_from_f32(memory.data.data() + begin, end - begin, memory.host, begin);
+  if (tensor.device.kind == DeviceKind::cuda) {
+    const std::size_t element = dtype_size(tensor.dtype);
+    copy_host_to_device(static_cast<std::byte*>(tensor.data) + begin * element,
+                        static_cast<const std::byte*>(memory.host.data) + begin * element,
+                        (end - begin) * element, tensor.device.index, "writing back a CUDA tensor");
+  }
+}
+
+void divide_for_average(const CallMemory& memory, ReduceOp op) {
+  if (op != ReduceOp::average) return;
+  const float divisor = static_cast<float>(memory.transport->size());
+  if (memory.device.kind == DeviceKind::cuda) {
+    divide_on_device(memory.data.data(), memory.data.size(), divisor, memory.device.index);
+    return;
+  }
+  for (float& value : memory.data) value /= divisor;
+}
+
+ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const CallMemory& memory,
+                   std::string residual_key, std::string_view name, std::uint32_t step,
+                   CollectiveStats& stats) {
+  error_feedback::ResidualStore* residuals = nullptr;
+  if (spec.error_feedback) {
+    residuals = &state.residuals();
+    residuals->set_resize_policy(spec.ef_resize);
+  }
+  const EncodeContext ctx{spec.seed, step, tensor_id_of(name), 0};
+  return ReduceJob{*memory.transport, state.codec_for(spec), memory.data, std::move(residual_key),
+                   residuals, ctx, stats, memory.device};
+}
+
+CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,
+                   const CompressionSpec& spec, std::optional<Algorithm> algorithm,
+                   bool shared_index) {
+  if (tensor.device.kind != DeviceKind::cuda) return CudaRoute{};
+  return cuda_route(state, spec, algorithm, shared_index);
+}
+
+}  // namespace gradzip::collectives
