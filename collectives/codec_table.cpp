@@ -15,54 +15,40 @@ constexpr std::array kTopkRunnable{A::allgather, A::ring, A::rhd, A::tree};
 constexpr std::array kTopkAuto{A::allgather, A::tree};
 constexpr std::array kRandkPaths{A::randk};
 
-CodecRow dense(CodecKind codec, DType wire_values) {
+// A row with its paths; the traits are set by the caller.
+CodecRow paths(CodecKind codec, A default_path, std::span<const A> runnable,
+               std::span<const A> auto_choices) {
   CodecRow row;
   row.codec = codec;
-  row.default_path = A::ring;
-  row.runnable = kDenseRunnable;
-  row.auto_choices = kDenseRunnable;
-  row.wire_values = wire_values;
-  return row;
-}
-
-CodecRow quantised(CodecKind codec) {
-  CodecRow row;
-  row.codec = codec;
-  row.default_path = A::sra;
-  row.runnable = kQuantisedRunnable;
-  row.auto_choices = kQuantisedAuto;
+  row.default_path = default_path;
+  row.runnable = runnable;
+  row.auto_choices = auto_choices;
   return row;
 }
 
 std::array<CodecRow, 8> make_table() {
   std::array<CodecRow, 8> table{};
-  table[static_cast<std::size_t>(CodecKind::none)] = dense(CodecKind::none, DType::f32);
-  table[static_cast<std::size_t>(CodecKind::fp16)] = dense(CodecKind::fp16, DType::f16);
-  table[static_cast<std::size_t>(CodecKind::bf16)] = dense(CodecKind::bf16, DType::bf16);
-  table[static_cast<std::size_t>(CodecKind::qsgd)] = quantised(CodecKind::qsgd);
-  table[static_cast<std::size_t>(CodecKind::sign)] = quantised(CodecKind::sign);
+  const auto set = [&table](CodecRow row) { table[static_cast<std::size_t>(row.codec)] = row; };
+  for (const CodecKind codec : {CodecKind::none, CodecKind::fp16, CodecKind::bf16, CodecKind::powersgd}) {
+    CodecRow row = paths(codec, A::ring, kDenseRunnable, kDenseRunnable);
+    row.wire_values = codec == CodecKind::fp16 ? DType::f16 : codec == CodecKind::bf16 ? DType::bf16 : DType::f32;
+    // PowerSGD runs in the Reducer; its row says so and otherwise reads like the uncompressed
+    // one, which is what its dense parameters use.
+    row.element_codec = codec != CodecKind::powersgd;
+    set(row);
+  }
+  set(paths(CodecKind::qsgd, A::sra, kQuantisedRunnable, kQuantisedAuto));
+  set(paths(CodecKind::sign, A::sra, kQuantisedRunnable, kQuantisedAuto));
 
-  CodecRow& topk = table[static_cast<std::size_t>(CodecKind::topk)];
-  topk.codec = CodecKind::topk;
-  topk.default_path = A::allgather;
-  topk.runnable = kTopkRunnable;
-  topk.auto_choices = kTopkAuto;
+  CodecRow topk = paths(CodecKind::topk, A::allgather, kTopkRunnable, kTopkAuto);
   topk.values_key = true;
   topk.size_varies_with_approx = true;
+  set(topk);
 
-  CodecRow& randk = table[static_cast<std::size_t>(CodecKind::randk)];
-  randk.codec = CodecKind::randk;
-  randk.default_path = A::randk;
-  randk.runnable = kRandkPaths;
-  randk.auto_choices = kRandkPaths;
+  CodecRow randk = paths(CodecKind::randk, A::randk, kRandkPaths, kRandkPaths);
   randk.shared_indices = true;
   randk.values_key = true;
-
-  // PowerSGD runs in the Reducer; its row says so (element_codec) and otherwise reads like the
-  // uncompressed one, which is what its dense parameters use.
-  CodecRow& powersgd = table[static_cast<std::size_t>(CodecKind::powersgd)];
-  powersgd = dense(CodecKind::powersgd, DType::f32);
-  powersgd.element_codec = false;
+  set(randk);
   return table;
 }
 
