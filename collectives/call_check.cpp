@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/fnv1a.h"
+#include "kernels/fnv1a.h"
 
 namespace gradzip::collectives {
 namespace {

@@ -3,6 +3,8 @@
 
 #include <array>
 
+#include "collectives/algorithm_table.h"
+
 namespace gradzip::collectives {
 namespace {
 
@@ -61,11 +63,9 @@ const CodecRow& codec_row(CodecKind codec) noexcept {
 }
 
 Algorithm default_flat_algorithm(CodecKind codec) noexcept {
-  switch (codec_row(codec).default_path) {
-    case A::sra: return Algorithm::sra;
-    case A::allgather: return Algorithm::allgather;
-    default: return Algorithm::ring;
-  }
+  // The path's algo= value; random-k's shared-index path has none (its callers test
+  // shared_indices first).
+  return algorithm_row(codec_row(codec).default_path).spec_value.value_or(Algorithm::ring);
 }
 
 std::string_view default_path_name(CodecKind codec) noexcept {

@@ -14,7 +14,7 @@
 #include <system_error>
 #include <utility>
 
-#include "common/fnv1a.h"
+#include "kernels/fnv1a.h"
 #include "gradzip/error.h"
 
 namespace gradzip::error_feedback {
@@ -28,7 +28,7 @@ static_assert(sizeof(float) == 4);
 constexpr char kMagic[4] = {'G', 'Z', 'E', 'F'};
 // Fixed header: magic, version, world size, rank, tensor count.
 constexpr std::uint64_t kHeaderBytes = 4 + 4 + 4 + 4 + 8;
-// The trailing checksum: FNV-1a 64 (common/fnv1a.h) of every byte before it. Byte-serial (about
+// The trailing checksum: FNV-1a 64 (kernels/fnv1a.h) of every byte before it. Byte-serial (about
 // 1 GB/s): checkpoints are written rarely, and the format stays simple to verify from any language.
 constexpr std::uint64_t kChecksumBytes = 8;
 // Smallest record: a 1-byte name and zero values.

@@ -1,4 +1,4 @@
-// common/fnv1a.h: FNV-1a 64 against the published test vectors (a different hash would change
+// kernels/fnv1a.h: FNV-1a 64 against the published test vectors (a different hash would change
 // every tensor id and make saved checkpoints fail their checksum), and the incremental form
 // against the one-shot one.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "collectives/call_check.h"
-#include "common/fnv1a.h"
+#include "kernels/fnv1a.h"
 
 namespace gradzip {
 namespace {

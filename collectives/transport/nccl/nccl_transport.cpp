@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "collectives/transport/nccl/nccl_layout.h"
-#include "common/fnv1a.h"
+#include "kernels/fnv1a.h"
 #include "collectives/transport/nccl/nccl_library.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/device_runtime.h"
