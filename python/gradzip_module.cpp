@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algorithm_choice.h"
+#include "collectives/codec_table.h"
 #include "collectives/communicator_state.h"
 #ifdef GRADZIP_HAVE_NCCL
 #include "collectives/transport/nccl/nccl_library.h"
@@ -191,6 +193,18 @@ each place tried).)");
       },
       py::arg("paths"),
       "Paths of libnccl.so.2 to try before the dynamic loader's search (no effect once loaded).");
+  m.def(
+      "sent_uncompressed",
+      [](const std::string& spec, std::size_t count) {
+        const CompressionSpec parsed = CompressionSpec::parse(spec);
+        if (!collectives::codec_row(parsed.codec).element_codec) return false;
+        // After warm-up: what an all-reduce of `count` elements with this spec runs.
+        return collectives::choose_allreduce(parsed, count, parsed.warmup).path ==
+               collectives::AllreducePath::transport_sum;
+      },
+      py::arg("spec"), py::arg("count"),
+      "Whether an all-reduce of `count` f32 elements under `spec` goes uncompressed (algo=auto "
+      "and under min_bytes) once past warm-up: the rule the DDP hook applies per parameter.");
   m.def("parse_spec", [](const std::string& spec) { return CompressionSpec::parse(spec).to_string(); },
         py::arg("spec"), "The canonical form of a compression spec (gradzip.Error if it does not parse).");
 

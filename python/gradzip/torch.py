@@ -80,10 +80,9 @@ class GradzipState:
         # applies that rule per parameter, not to the bucket as a whole (a bucket is far above
         # min_bytes): such parameters are averaged uncompressed, the others compressed.
         # Compressing a small output layer with error feedback is what made sign diverge.
-        codec, _, options = self.spec.partition(":")
-        options = dict(option.split("=", 1) for option in options.split(",") if option)
-        self._min_bytes = (int(options["min_bytes"]) if codec not in ("none", "powersgd")
-                           and options.get("algo") == "auto" else 0)
+        # The rule is the collectives' own (_gradzip.sent_uncompressed); `none` has nothing to
+        # split and PowerSGD has its own per-parameter path.
+        self._split_by_size = self.spec.split(":")[0] not in ("none", "powersgd")
         self._splits = {}  # bucket layout -> _Split (only for layouts with a parameter under it)
         # bucket index -> (bucket name, ((parameter name, offset, numel), ...)) as last seen
         self._layouts = {}
@@ -134,15 +133,16 @@ class GradzipState:
     def _split_of(self, layout):
         """The bucket's _Split when it holds a parameter under min_bytes (and the spec uses the
         rule), else None: the whole bucket is one compressed call."""
-        if self._min_bytes == 0:
+        if not self._split_by_size:
             return None
         split = self._splits.get(layout)
         if split is None:
-            small = tuple(entry for entry in layout if 4 * entry[2] < self._min_bytes)
+            under = [_gradzip.sent_uncompressed(self.spec, entry[2]) for entry in layout]
+            small = tuple(entry for entry, uncompressed in zip(layout, under) if uncompressed)
             if not small:
                 split = _Split.WHOLE
             else:
-                large = sorted((entry for entry in layout if 4 * entry[2] >= self._min_bytes),
+                large = sorted((entry for entry, uncompressed in zip(layout, under) if not uncompressed),
                                key=lambda entry: entry[1])
                 split = _Split(small, large)
             self._splits[layout] = split
