@@ -16,6 +16,8 @@ already queued, and the thread is joined for at most `EXIT_JOIN_S` seconds. A wo
 after that (waiting for a peer that went away) is left to the process's end.
 """
 import atexit
+import collections
+import ctypes
 import queue
 import threading
 import weakref
@@ -76,12 +78,52 @@ class Worker:
             self._run_item(item)
 
 
+class FinishedWorks:
+    """Keeps the last `capacity` finished torch.distributed works, and the tensors they used,
+    referenced from Python, so that gloo's threads never drop the last reference to them.
+
+    Why: gloo runs a collective on a thread of its own (ProcessGroupGloo::runLoop), marks the
+    work complete (our wait() returns) and only then drops its own reference to the work. When
+    Python has dropped its references in between, the gloo thread destroys the work's tensors,
+    and a tensor made in Python needs the GIL to die. At interpreter finalisation that GIL
+    request ends the gloo thread by pthread_exit, through C++ frames that may not unwind:
+    std::terminate, exit code 134, about one run in twenty of a hook that had finished its work.
+
+    So each finished work goes into a ring of the last `capacity` (a work leaves it only after
+    `capacity` later works finished, long after gloo let go of it), and at interpreter exit,
+    after the workers stopped, the rings of live holders are leaked on purpose: nothing in them
+    is destroyed during finalisation, by any thread. Thread-safe (deque appends are atomic).
+    """
+
+    def __init__(self, capacity=64):
+        self._ring = collections.deque(maxlen=capacity)
+        _finished_works.add(self)
+
+    def keep(self, work, *tensors):
+        self._ring.append((work, tensors))
+
+    def __len__(self):
+        return len(self._ring)
+
+
+_finished_works = weakref.WeakSet()
+
+
 def stop_all_workers(timeout=EXIT_JOIN_S):
-    """Stops every live worker (what interpreter exit does)."""
+    """Stops every live worker, then leaks every FinishedWorks ring (what interpreter exit does)."""
     with _workers_lock:
         workers = list(_workers)
     for worker in workers:
         worker.stop(timeout)
+    leak_finished_works()
+
+
+def leak_finished_works():
+    """Gives the ring of every live FinishedWorks one reference that nobody releases: the rings
+    outlive finalisation (the process ends without destroying them), so no gloo thread is ever
+    left to destroy what they hold. Called at interpreter exit; harmless at any other time."""
+    for holder in list(_finished_works):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(holder._ring))
 
 
 # threading's exit hooks run first at shutdown, before non-daemon threads are joined and before

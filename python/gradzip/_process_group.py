@@ -66,18 +66,20 @@ class _SendReaper:
     tensors alive until gloo is done with them; a gradzip/_lifecycle.py worker, stopped at
     interpreter exit. `failure` names the first send that failed."""
 
-    def __init__(self):
+    def __init__(self, finished):
         self.failure = None
+        self._finished = finished
         self._worker = _lifecycle.Worker("gradzip-torch-sends", self._reap)
 
     def put(self, item):
         self._worker.submit(item)
 
     def _reap(self, item):
-        works, _keep, what = item
+        works, tensors, what = item
         try:
             for work in works:
                 work.wait()
+                self._finished.keep(work, *tensors)
         except Exception as error:  # noqa: BLE001 - reported by the engine's next call
             if self.failure is None:
                 self.failure = f"{what} failed: {error}"
@@ -115,7 +117,9 @@ class ProcessGroupEngine:
         self._requests = {}
         # Receives per (peer, tag) in posting order, not yet given a data receive.
         self._unsized = {}
-        self._reaper = _SendReaper()
+        # Finished works stay referenced here for a while: see _lifecycle.FinishedWorks.
+        self._finished = _lifecycle.FinishedWorks()
+        self._reaper = _SendReaper(self._finished)
 
     # ---- making engines -----------------------------------------------------------------------
 
@@ -207,8 +211,10 @@ class ProcessGroupEngine:
             self._post_data_receive(queue.pop(0), deadline)
         if not queue:
             self._unsized.pop((request.peer, request.tag), None)
+        self._finished.keep(request.length_work, request.length_tensor)
         if request.data_work is not None:
             self._wait_work(request.data_work, deadline, self._pending_text(request))
+            self._finished.keep(request.data_work, request.data_tensor)
         if request.error is not None:
             raise MessageTooLong(request.error)
         return request.bytes
@@ -257,9 +263,11 @@ class ProcessGroupEngine:
 
     # ---- collectives ----------------------------------------------------------------------------
 
-    def _finish(self, work, what, timeout_s):
+    def _finish(self, work, what, timeout_s, *tensors):
+        """Waits for collective `work` on `tensors`, then keeps both referenced for a while."""
         self._raise_send_failure()
         self._wait_work(work, time.monotonic() + timeout_s, what)
+        self._finished.keep(work, *tensors)
 
     def allgatherv(self, mine, out, counts, timeout_s):
         torch, dist = self._torch, self._dist
@@ -271,7 +279,7 @@ class ProcessGroupEngine:
             block[:len(mine)] = _bytes_of(torch, mine)
         blocks = [torch.empty(padded, dtype=torch.uint8) for _ in range(self.size)]
         work = dist.all_gather(blocks, block, group=self._group, async_op=True)
-        self._finish(work, f"allgatherv of {padded}-byte blocks", timeout_s)
+        self._finish(work, f"allgatherv of {padded}-byte blocks", timeout_s, block, blocks)
         target = _bytes_of(torch, out)
         offset = 0
         for r, count in enumerate(counts):
@@ -287,7 +295,7 @@ class ProcessGroupEngine:
         work = dist.all_to_all_single(target, source, output_split_sizes=list(recv_counts),
                                       input_split_sizes=list(send_counts), group=self._group,
                                       async_op=True)
-        self._finish(work, "alltoallv", timeout_s)
+        self._finish(work, "alltoallv", timeout_s, source, target)
 
     def allgather_u64(self, mine, timeout_s=None):
         torch, dist = self._torch, self._dist
@@ -295,7 +303,7 @@ class ProcessGroupEngine:
         block = torch.tensor([_signed(v) for v in mine], dtype=torch.int64)
         blocks = [torch.empty(len(mine), dtype=torch.int64) for _ in range(self.size)]
         work = dist.all_gather(blocks, block, group=self._group, async_op=True)
-        self._finish(work, f"allgather_u64 of {len(mine)} values", timeout_s)
+        self._finish(work, f"allgather_u64 of {len(mine)} values", timeout_s, block, blocks)
         return [v & 0xFFFFFFFFFFFFFFFF for b in blocks for v in b.tolist()]
 
     def allreduce_f32_sum(self, view, timeout_s):
@@ -304,7 +312,7 @@ class ProcessGroupEngine:
             return
         data = torch.frombuffer(view, dtype=torch.float32)
         work = dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
-        self._finish(work, f"allreduce_f32_sum of {data.numel()} floats", timeout_s)
+        self._finish(work, f"allreduce_f32_sum of {data.numel()} floats", timeout_s, data)
 
     def barrier(self, timeout_s):
         # An all-gather of one value: gloo's barrier has no async handle in every version.

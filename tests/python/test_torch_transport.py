@@ -7,6 +7,8 @@ gloo group of its own. What it must give: the same exact results as MPI for ever
 call check's refusal of mismatched calls, deadlines instead of hangs, and a clear error for a
 message longer than its receive buffer.
 """
+import ctypes
+import sys
 import time
 
 import numpy as np
@@ -16,7 +18,7 @@ import gradzip
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from gradzip import _process_group  # noqa: E402
+from gradzip import _lifecycle, _process_group  # noqa: E402
 
 from test_allreduce import assert_same_on_every_rank, exact_reference, small_ints  # noqa: E402
 
@@ -156,4 +158,44 @@ def test_engine_matches_receives_in_posting_order_whatever_the_wait_order(proces
         assert sizes == [4, 3, 2, 1]
         for i, buffer in enumerate(buffers):
             assert bytes(buffer[:i + 1]) == bytes([i]) * (i + 1)
+    engine.barrier(30.0)
+
+
+def test_finished_works_keep_the_last_capacity_works_and_outlive_exit():
+    held = _lifecycle.FinishedWorks(capacity=4)
+    works = [object() for _ in range(6)]
+    for i, work in enumerate(works):
+        held.keep(work, f"tensor {i}")
+    assert len(held) == 4
+    assert [entry[0] for entry in held._ring] == works[2:], "the oldest leave first"
+    assert held._ring[-1][1] == ("tensor 5",)
+    before = sys.getrefcount(held._ring)
+    _lifecycle.leak_finished_works()  # what interpreter exit does after stopping the workers
+    after = sys.getrefcount(held._ring)  # outside the assert: pytest's rewrite holds one more
+    assert after == before + 1, "the ring must get one reference that is never released"
+
+
+def test_engine_keeps_its_finished_works_referenced(process_group, rank, size):
+    # gloo's thread must never hold the last reference to a finished work (see
+    # _lifecycle.FinishedWorks): each finished collective, receive and send stays in the ring.
+    engine = _process_group.ProcessGroupEngine.over_group(None, 30.0)
+    data = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    engine.allreduce_f32_sum(memoryview(data), 30.0)
+    assert np.frombuffer(data, dtype=np.float32).tolist() == [size * v for v in range(4)]
+    work, tensors = engine._finished._ring[-1]
+    assert tensors[0].numel() == 4 and tensors[0].dtype == torch.float32
+    for _ in range(70):
+        engine.barrier(30.0)
+    assert len(engine._finished) == 64, "bounded: the oldest works leave the ring"
+    if size > 1:
+        peer = (rank + 1) % size
+        source = (rank - 1) % size
+        received = bytearray(8)
+        handle = engine.irecv(source, 5, memoryview(received))
+        engine.wait(engine.isend(peer, 5, memoryview(bytearray(b"abc"))), 30.0)
+        assert engine.wait(handle, 30.0) == 3 and bytes(received[:3]) == b"abc"
+        address = ctypes.addressof((ctypes.c_char * len(received)).from_buffer(received))
+        kept = [t[0] for _, t in engine._finished._ring if t]
+        assert any(t.data_ptr() == address and t.numel() == 3 for t in kept), \
+            "the data receive (a tensor over the caller's buffer) stays referenced"
     engine.barrier(30.0)
