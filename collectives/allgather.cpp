@@ -1,9 +1,9 @@
 // Compressed all-gather (Communicator::allgather): on entry rank r's shard
 // [shard_begin(n, P, r), shard_begin(n, P, r + 1)) of job.data holds its data; on return every
 // shard s of job.data holds D(C(rank s's shard)), the same bytes on every rank.
-//   1. Rank r encodes its shard once (through error feedback when job.residuals is set: key
-//      job.name, tensor count n, so the residual slice is the shard's; ctx element_offset =
-//      the shard's first element).
+//   1. Rank r encodes its shard once (the worker encoder, job_encoder.h: with error feedback
+//      its residual has the tensor's n elements and the shard reads and updates its slice;
+//      ctx element_offset = the shard's first element).
 //   2. The message sizes are exchanged (transport.allgather_u64); each is checked against
 //      max_encoded_bytes of its shard before any buffer is sized from it.
 //   3. The messages are exchanged with one allgatherv, in rank order.
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
-#include "error_feedback/error_feedback_codec.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -47,14 +47,7 @@ void compressed_allgather(ReduceJob& job) {
     StageTimer timer(job.stats.encode_seconds);
     const ConstTensorView shard(mine.data(), mine.size(), DType::f32, job.device);
     const EncodeContext ctx = encode_context(job, shard_begin(count, ranks, rank));
-    if (job.residuals != nullptr) {
-      // A non-owning handle: the job's codec outlives this call.
-      error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
-      message_bytes =
-          ef.encode_chunk(job.name, count, shard, message_memory.span(), ctx);
-    } else {
-      message_bytes = job.codec.encode(shard, message_memory.span(), ctx);
-    }
+    message_bytes = job_encoder(job, ResidualRole::worker, count).encode(shard, message_memory.span(), ctx);
     count_encoded(job.stats, mine.size(), message_bytes);
   }
   const std::span<const std::byte> message(message_memory.data(), message_bytes);

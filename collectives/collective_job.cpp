@@ -23,39 +23,11 @@ std::uint64_t mix64(std::uint64_t x) {
 
 }  // namespace
 
-error_feedback::ErrorFeedbackCodec feedback_codec(const ReduceJob& job) {
-  GZ_REQUIRE(job.residuals != nullptr, ErrorCode::internal, "feedback_codec for '", job.name,
-             "': the job has no residual store");
-  thread_local std::vector<float> scratch;
-  // Aliasing constructor: a shared_ptr that points at job.codec and owns nothing.
-  return error_feedback::ErrorFeedbackCodec(
-      std::shared_ptr<const Codec>(std::shared_ptr<const Codec>(), &job.codec), *job.residuals,
-      &scratch);
-}
-
-void deliver_worker_residual(ReduceJob& job, std::string_view algorithm, std::size_t keep_begin,
-                             std::size_t keep_end) {
-  if (job.residuals == nullptr || !job.residuals->contains(job.name)) return;
-  GZ_REQUIRE(job.device.kind == DeviceKind::cpu, ErrorCode::internal, algorithm, " of '", job.name,
-             "': runs on host memory (the Communicator stages CUDA tensors)");
-  const std::size_t count = job.data.size();
-  const std::span<float> worker = job.residuals->residual(job.name, count);
-  for (std::size_t i = 0; i < count; ++i) {
-    if (i >= keep_begin && i < keep_end) continue;
-    job.data[i] += worker[i];
-    worker[i] = 0.0f;
-  }
-}
-
 std::size_t shard_begin(std::size_t count, int ranks, int r) noexcept {
   __extension__ typedef unsigned __int128 u128;  // count * r needs 128 bits for huge counts
   if (ranks <= 0) return 0;
   return static_cast<std::size_t>(static_cast<u128>(count) * static_cast<unsigned>(r) /
                                   static_cast<unsigned>(ranks));
-}
-
-std::string server_residual_key(std::string_view name) {
-  return std::string("sra-server:") + std::string(name);
 }
 
 EncodeContext encode_context(const ReduceJob& job, std::uint64_t element_offset, bool server) {

@@ -14,7 +14,6 @@
 #include "collectives/codec_table.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
-#include "error_feedback/error_feedback_codec.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/communicator.h"
@@ -30,10 +29,9 @@ struct ReduceJob {
   // In: this rank's contribution. Out: the result, byte-identical on every rank (for
   // reduce-scatter: this rank's shard only).
   std::span<float> data;
-  // The tensor's name: keys the residuals ("<name>" on the worker side, server_residual_key()
-  // for SRA's owner side).
+  // The tensor's name: keys the residuals (collectives/job_encoder.h: residual_key).
   std::string name;
-  // Error feedback: null means off.
+  // Error feedback: null means off. Algorithms reach it only through job_encoder.h.
   error_feedback::ResidualStore* residuals = nullptr;
   // seed, step and tensor id of this call (element_offset is 0; algorithms set it per chunk).
   EncodeContext ctx;
@@ -46,33 +44,9 @@ struct ReduceJob {
   Device device{};
 };
 
-// The error-feedback decorator for this job's codec and residual store (job.residuals must not
-// be null). It does not own the codec, and its g' scratch is a per-thread buffer kept across
-// calls, so encoding a large tensor does not fault in fresh pages every call.
-error_feedback::ErrorFeedbackCodec feedback_codec(const ReduceJob& job);
-
-// For the algorithms that compensate no worker encode (the tree, the hierarchical node stage,
-// halving/doubling outside its first step's sent range): adds the worker residual "<name>", when
-// the store holds one (another algorithm's for the same name, or residuals folded into it by
-// ResidualStore::fold_into), into job.data outside [keep_begin, keep_end) and zeroes it there,
-// so its mass reaches the result instead of being stranded. The elements in [keep_begin,
-// keep_end) keep their residual for an encode that compensates them. Host memory only
-// (`algorithm` names the caller in the error otherwise).
-void deliver_worker_residual(ReduceJob& job, std::string_view algorithm, std::size_t keep_begin = 0,
-                             std::size_t keep_end = 0);
-
 // Rank r's shard of `count` elements split over `ranks`: [shard_begin(r), shard_begin(r + 1)),
 // as even as possible (sizes differ by at most one), for any count and rank count.
 std::size_t shard_begin(std::size_t count, int ranks, int r) noexcept;
-
-// Key of SRA's owner-side (server) residual of a tensor, in the same store as the worker's.
-std::string server_residual_key(std::string_view name);
-// Keys of the halving/doubling all-reduce's residuals beside the worker's "<name>": the
-// re-encode of halving step k >= 1 ("rhd-step<k>:<name>") and the owner's encode of its
-// reduced block ("rhd-owner:<name>"); and the tree's root encode ("tree-root:<name>").
-std::string halving_step_residual_key(int step, std::string_view name);
-std::string halving_owner_residual_key(std::string_view name);
-std::string tree_root_residual_key(std::string_view name);
 
 // The encode context for a message encoded on `rank` of chunk [element_offset, ...).
 // Stochastic rounding draws independent numbers on every rank (the seed is mixed with the

@@ -16,6 +16,7 @@
 #include "collectives/codec_table.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
+#include "collectives/job_encoder.h"
 #include "collectives/nonfinite_policy.h"
 #include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
@@ -117,7 +118,7 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
         state, call, shard_begin(count, transport.size(), transport.rank()),
         shard_begin(count, transport.size(), transport.rank() + 1),
         route_of(state, call.tensor, spec, Algorithm::allgather), stats);
-    ReduceJob job = make_job(state, spec, memory, allgather_residual_key(call.name), call.name,
+    ReduceJob job = make_job(state, spec, memory, allgather_job_name(call.name), call.name,
                              step, stats);
     compressed_allgather(job);
     close_call_memory(memory, call.tensor, 0, count);

@@ -394,8 +394,4 @@ std::uint32_t tensor_id_of(std::string_view name) noexcept {
   return static_cast<std::uint32_t>(hash >> 32) ^ static_cast<std::uint32_t>(hash);
 }
 
-std::string allgather_residual_key(std::string_view name) {
-  return std::string("allgather:") + std::string(name);
-}
-
 }  // namespace gradzip::collectives

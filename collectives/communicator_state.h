@@ -215,8 +215,4 @@ inline constexpr std::string_view kAutoPrefix = "gradzip.auto/";
 // numbers.
 std::uint32_t tensor_id_of(std::string_view name) noexcept;
 
-// Key of an all-gather's residual in the store: all-gathers of parameters never share a
-// residual with reductions of the gradient that has the same name.
-std::string allgather_residual_key(std::string_view name);
-
 }  // namespace gradzip::collectives

@@ -31,14 +31,14 @@
 // message is 32 + payload_bytes long, docs/wire_format.md), each checked against its block's
 // max_encoded_bytes before it is decoded.
 //
-// Error feedback (job.residuals set): every encode goes through ErrorFeedbackCodec, each into
-// a residual that only it updates, so that summed over calls nothing is lost:
-//   "<name>" (n elements, the worker's): the fold message (folded ranks, whole tensor) and the
-//       halving step 0 message (the range sent, at its element offset; the rest of this
-//       residual stays zero on ranks that are not folded);
-//   halving_step_residual_key(k, name) (the size of the range sent at step k >= 1, offset 0):
-//       the re-encode of the partial sum at step k;
-//   halving_owner_residual_key(name) (the size of block h): the owner's encode.
+// Error feedback: every encode goes through an encoder of its own role (job_encoder.h), each
+// with a residual that only it updates, so that summed over calls nothing is lost:
+//   worker (n elements): the fold message (folded ranks, whole tensor) and the halving step 0
+//       message (the range sent, at its element offset; the rest of this residual stays zero
+//       on ranks that are not folded);
+//   halving_step k >= 1 (the size of the range sent at step k, offset 0): the re-encode of the
+//       partial sum at step k;
+//   halving_owner (the size of block h): the owner's encode.
 //   A worker residual's elements that none of this rank's worker encodes compensate (left by
 //   another algorithm for the same name, or residuals folded into it by
 //   ResidualStore::fold_into) are added to the data before the fold and zeroed.
@@ -69,8 +69,8 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/job_encoder.h"
 #include "compressors/wire_format.h"
-#include "error_feedback/error_feedback_codec.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -140,30 +140,28 @@ class HalvingDoubling {
     blob_region_bytes_ = std::max(blob_capacity_, has_folded_partner() ? fold_capacity : 0);
     memory_ = thread_workspace(scratch_bytes_ + blob_region_bytes_);
 
-    if (job.residuals != nullptr) {
-      // A non-owning handle on the job's codec, which outlives this call.
-      ef_.emplace(feedback_codec(job));
-      // Registers (or checks the size of) every residual this rank will update before any
-      // request is posted, so that a size mismatch throws on every rank before anyone waits.
-      if (folded_ || (hd_ >= 0 && steps_ > 0)) job.residuals->residual(job.name, count_);
-      if (hd_ >= 0) {
-        int lo = 0;
-        for (int k = 0; k < steps_; ++k) {
-          const Step step = halving_step(k, lo);
-          if (k > 0) {
-            job.residuals->residual(halving_step_residual_key(k, job.name),
-                                    range_count(step.send_lo, step.send_hi));
-            job.residuals->set_placement(halving_step_residual_key(k, job.name), job.name,
-                                         block_begin(step.send_lo));
-          }
-          lo = step.keep_lo;
+    // One encoder per role. Every residual this rank will update is registered (or its size
+    // checked) before any request is posted, so that a size mismatch throws on every rank
+    // before anyone waits; each residual other than the worker's is placed at its elements.
+    worker_encoder_.emplace(job_encoder(job, ResidualRole::worker, count_));
+    if (folded_ || (hd_ >= 0 && steps_ > 0)) worker_encoder_->register_residual();
+    if (hd_ >= 0) {
+      int lo = 0;
+      for (int k = 0; k < steps_; ++k) {
+        const Step step = halving_step(k, lo);
+        if (k > 0) {
+          step_encoders_.push_back(job_encoder(job, ResidualRole::halving_step,
+                                               range_count(step.send_lo, step.send_hi), k));
+          step_encoders_.back().register_residual();
+          step_encoders_.back().place_in_worker(block_begin(step.send_lo));
         }
-        job.residuals->residual(halving_owner_residual_key(job.name), block_count(hd_));
-        job.residuals->set_placement(halving_owner_residual_key(job.name), job.name,
-                                     block_begin(hd_));
+        lo = step.keep_lo;
       }
-      flush_uncovered_worker_residual();
+      owner_encoder_.emplace(job_encoder(job, ResidualRole::halving_owner, block_count(hd_)));
+      owner_encoder_->register_residual();
+      owner_encoder_->place_in_worker(block_begin(hd_));
     }
+    flush_uncovered_worker_residual();
   }
 
   void run() {
@@ -232,14 +230,13 @@ class HalvingDoubling {
   std::span<std::byte> scratch() const { return memory_.first(scratch_bytes_); }
   std::span<std::byte> blob() const { return memory_.subspan(scratch_bytes_, blob_capacity_); }
 
-  // Encodes `values` (through residual `key` of `residual_count` elements, at ctx's element
-  // offset, when error feedback is on) into `out`; returns the message size.
-  std::size_t encode(std::span<const float> values, std::span<std::byte> out,
-                     const std::string& key, std::size_t residual_count, const EncodeContext& ctx) {
+  // Encodes `values` with `encoder` (at ctx's element offset of its residual) into `out`;
+  // returns the message size.
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out, JobEncoder& encoder,
+                     const EncodeContext& ctx) {
     StageTimer timer(job_.stats.encode_seconds);
     const ConstTensorView view(values.data(), values.size(), DType::f32, job_.device);
-    const std::size_t bytes = ef_ ? ef_->encode_chunk(key, residual_count, view, out, ctx)
-                                  : job_.codec.encode(view, out, ctx);
+    const std::size_t bytes = encoder.encode(view, out, ctx);
     count_encoded(job_.stats, values.size(), bytes);
     return bytes;
   }
@@ -272,7 +269,7 @@ class HalvingDoubling {
     PendingRequests pending(transport_);
     if (folded_) {
       const std::span<std::byte> out = scratch();
-      const std::size_t bytes = encode(job_.data, out, job_.name, count_, encode_context(job_, 0));
+      const std::size_t bytes = encode(job_.data, out, *worker_encoder_, encode_context(job_, 0));
       const std::span<const std::byte> message = out.first(bytes);
       const std::size_t send = pending.add(transport_.isend(rank_ - 1, kFoldTag, message));
       count_sent(job_, message);
@@ -301,13 +298,12 @@ class HalvingDoubling {
           pending.add(transport_.irecv(partner, kHalvingTag, receive_buffer));
       std::size_t bytes = 0;
       if (k == 0) {
-        bytes = encode(send, send_buffer, job_.name, count_,
+        bytes = encode(send, send_buffer, *worker_encoder_,
                        encode_context(job_, block_begin(step.send_lo)));
       } else {
         EncodeContext ctx = encode_context(job_, 0);
         ctx.seed ^= 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(k);
-        bytes =
-            encode(send, send_buffer, halving_step_residual_key(k, job_.name), send.size(), ctx);
+        bytes = encode(send, send_buffer, step_encoders_[static_cast<std::size_t>(k - 1)], ctx);
       }
       const std::span<const std::byte> message = send_buffer.first(bytes);
       const std::size_t send_request = pending.add(transport_.isend(partner, kHalvingTag, message));
@@ -324,8 +320,8 @@ class HalvingDoubling {
   std::size_t gather_blocks() {
     const std::span<std::byte> gathered = blob();
     std::size_t bytes =
-        encode(range_data(hd_, hd_ + 1), gathered, halving_owner_residual_key(job_.name),
-               block_count(hd_), encode_context(job_, 0, /*server=*/true));
+        encode(range_data(hd_, hd_ + 1), gathered, *owner_encoder_,
+               encode_context(job_, 0, /*server=*/true));
     for (int m = 1; m < p2_; m *= 2) {
       const int partner = hd_ ^ m;
       const int lo = hd_ & ~(m - 1), partner_lo = partner & ~(m - 1);
@@ -396,19 +392,13 @@ class HalvingDoubling {
   std::size_t scratch_bytes_ = 0;      // halving messages, doubling receives, fold send
   std::size_t blob_region_bytes_ = 0;  // the gathered blob, or the fold receive
   std::span<std::byte> memory_;
-  std::optional<error_feedback::ErrorFeedbackCodec> ef_;
+  std::optional<JobEncoder> worker_encoder_;  // the fold and halving step 0
+  std::vector<JobEncoder> step_encoders_;     // halving step k >= 1 at index k - 1
+  std::optional<JobEncoder> owner_encoder_;   // the owner's block (ranks with an index)
   std::vector<std::pair<int, int>> doubling_sent_;  // block ranges sent while doubling
 };
 
 }  // namespace
-
-std::string halving_step_residual_key(int step, std::string_view name) {
-  return "rhd-step" + std::to_string(step) + ":" + std::string(name);
-}
-
-std::string halving_owner_residual_key(std::string_view name) {
-  return "rhd-owner:" + std::string(name);
-}
 
 void halving_doubling_allreduce(ReduceJob& job) { HalvingDoubling(job).run(); }
 

@@ -14,7 +14,8 @@
 //      of node-shard i = [shard_begin(n, L, i), shard_begin(n, L, i + 1)).
 //   (b) across nodes, compressed: local rank i < S all-reduces its shard over `inter` with
 //      run_flat_allreduce(inner): a ReduceJob whose data is the shard, with
-//        name      job.name + "@hier": its residual (error feedback) has the shard's size, and
+//        name      hierarchical_shard_job_name(job.name) ("<name>@hier", job_encoder.h): its
+//                  residual (error feedback) has the shard's size, and
 //                  never collides with the flat path's residual of the whole tensor;
 //        tensor_id job.ctx.tensor_id ^ ((i + 1) * 0x9E3779B9): the inner job's element offsets
 //                  start at 0 in every shard, so without this shards i and j of one node (and
@@ -62,6 +63,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -243,10 +245,10 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter, 
     EncodeContext ctx = job.ctx;
     ctx.tensor_id ^= static_cast<std::uint32_t>(local + 1) * 0x9E3779B9u;
     ReduceJob across_nodes{inter, job.codec, job.data.subspan(shard.begin, shard.size()),
-                           job.name + "@hier", job.residuals, ctx, job.stats};
-    // The shard's residuals (the inner algorithm's, keyed "<name>@hier") sit at the shard's
-    // offset of the tensor (ResidualStore::fold_into).
-    if (job.residuals != nullptr) job.residuals->set_placement(across_nodes.name, job.name, shard.begin);
+                           hierarchical_shard_job_name(job.name), job.residuals, ctx, job.stats};
+    // The shard's residuals (the inner algorithm's, under the shard job's name) sit at the
+    // shard's offset of the tensor (ResidualStore::fold_into).
+    place_inner_job(job, across_nodes, shard.begin);
     try {
       run_flat_allreduce(across_nodes, inner);
       algorithm = job.stats.algorithm;  // may carry a switch, e.g. "allgather->ring"

@@ -9,6 +9,7 @@
 #include "collectives/call_memory.h"
 #include "collectives/codec_table.h"
 #include "collectives/device_memory.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -126,7 +127,7 @@ void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t 
           state, call, shard_begin(count, transport.size(), transport.rank()),
           shard_begin(count, transport.size(), transport.rank() + 1),
           route_of(state, tensor, dense, Algorithm::allgather), stats);
-      ReduceJob job = make_job(state, dense, memory, allgather_residual_key(call.name), call.name,
+      ReduceJob job = make_job(state, dense, memory, allgather_job_name(call.name), call.name,
                                step, stats);
       compressed_allgather(job);
       close_call_memory(memory, tensor, 0, count);

@@ -2,8 +2,8 @@
 // shared seed: encode_context() does not mix the rank into it), so the k kept values of all
 // ranks line up index by index and can be summed as a dense vector of k floats, without
 // sending any index:
-//   1. encode this rank's whole tensor once with the randk codec (through error feedback when
-//      job.residuals is set: key job.name, element_offset 0);
+//   1. encode this rank's whole tensor once with the randk codec (the worker encoder,
+//      job_encoder.h; element_offset 0);
 //   2. read the k values out of the message payload as f32 (f16 values widen exactly);
 //   3. sum the k-vectors of all ranks with ring_allreduce, codec `none`, no error feedback
 //      (exact f32 sums in the ring's fixed chain order, the same bytes on every rank);
@@ -23,7 +23,7 @@
 
 #include "collectives/collective_job.h"
 #include "compressors/wire_format.h"
-#include "error_feedback/error_feedback_codec.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
 
@@ -69,13 +69,7 @@ void randk_allreduce(ReduceJob& job) {
     StageTimer timer(job.stats.encode_seconds);
     const ConstTensorView tensor(job.data.data(), count, DType::f32);
     const EncodeContext ctx = encode_context(job, 0);
-    if (job.residuals != nullptr) {
-      // A non-owning handle: the job's codec outlives this call.
-      error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
-      message_bytes = ef.encode_chunk(job.name, count, tensor, message, ctx);
-    } else {
-      message_bytes = job.codec.encode(tensor, message, ctx);
-    }
+    message_bytes = job_encoder(job, ResidualRole::worker, count).encode(tensor, message, ctx);
     count_encoded(job.stats, count, message_bytes);
   }
   message.resize(message_bytes);

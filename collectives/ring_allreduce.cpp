@@ -20,9 +20,9 @@
 //   mod P, which it decodes into its data. Every chunk's bytes are encoded once, by its owner,
 //   so all ranks end byte-identical.
 // So each rank encodes each chunk exactly once per all-reduce: chunks r-1, ..., r-P+1 in the
-// reduce-scatter, chunk r in the all-gather. With error feedback (job.residuals set) every
-// encode goes through ErrorFeedbackCodec::encode_chunk (key job.name, the residual slice of
-// that chunk), so every element's residual is updated once per call, and summed over the
+// reduce-scatter, chunk r in the all-gather. With error feedback every encode goes through the
+// worker encoder (job_encoder.h: the worker residual of the tensor, the slice of that chunk),
+// so every element's residual is updated once per call, and summed over the
 // chain the residual updates telescope: result + sum over ranks of the new residuals
 // = sum over ranks of (input + old residual), up to f32 rounding of the adds.
 // P == 1 needs no step: the all-reduce is D(C(g + e)) of the rank's own data, the
@@ -54,7 +54,7 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/device_memory.h"
-#include "error_feedback/error_feedback_codec.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -120,7 +120,8 @@ class RingAllreduce {
         ranks_(job.transport.size()),
         right_(ring_position(rank_ + 1, ranks_)),
         left_(ring_position(rank_ - 1, ranks_)),
-        count_(job.data.size()) {
+        count_(job.data.size()),
+        encoder_(job_encoder(job, ResidualRole::worker, job.data.size())) {
     // Message slots: the all-gather keeps one per chunk; the reduce-scatter uses the first two
     // (as large as the largest chunk's) as its send and receive buffers.
     slot_begin_.push_back(0);
@@ -138,13 +139,8 @@ class RingAllreduce {
       workspace_.emplace(workspace_bytes);
       memory_ = workspace_->memory();
     }
-    if (job.residuals != nullptr) {
-      // A non-owning handle: the job's codec outlives this call.
-      ef_.emplace(feedback_codec(job));
-      // Registers (or checks the size of) the residual before any request is posted, so that
-      // a size mismatch throws on every rank before anyone waits for anyone.
-      job.residuals->residual(job.name, count_);
-    }
+    // Before any request is posted, so that a size mismatch throws on every rank.
+    encoder_.register_residual();
   }
 
   void reduce_scatter() {
@@ -205,7 +201,7 @@ class RingAllreduce {
     // without it the owner decodes after its message has left.
     message_bytes[rank_] = encode_chunk(rank_, slot(rank_), /*keep_decoded=*/true);
     if (ranks_ > 1) forward(rank_);
-    if (!ef_) decode_chunk(rank_, slot(rank_).first(message_bytes[rank_]));
+    if (!encoder_.fills_decoded()) decode_chunk(rank_, slot(rank_).first(message_bytes[rank_]));
 
     // A bad message is still forwarded (its bytes are what the owner sent) and the ring runs
     // to the end; the first decode error is thrown once every request has completed. Nothing
@@ -244,18 +240,15 @@ class RingAllreduce {
     return job_.data.subspan(chunk_begin(c), chunk_count(c));
   }
 
-  // Encodes this rank's f32 data of chunk c (through error feedback when on) into `out`;
-  // returns the message size. With `keep_decoded` and error feedback on, the chunk's data
-  // also becomes D(message), from the decode the residual update makes anyway.
+  // Encodes this rank's f32 data of chunk c into `out`; returns the message size. With
+  // `keep_decoded` and an encoder that fills_decoded(), the chunk's data also becomes
+  // D(message), from the decode the residual update makes anyway.
   std::size_t encode_chunk(int c, std::span<std::byte> out, bool keep_decoded = false) {
     StageTimer timer(job_.stats.encode_seconds);
     const std::span<float> chunk = chunk_data(c);
     const ConstTensorView view(chunk.data(), chunk.size(), DType::f32, job_.device);
     const EncodeContext ctx = encode_context(job_, chunk_begin(c));
-    const std::size_t bytes =
-        ef_ ? ef_->encode_chunk(job_.name, count_, view, out, ctx,
-                                keep_decoded ? chunk : std::span<float>{})
-            : job_.codec.encode(view, out, ctx);
+    const std::size_t bytes = encoder_.encode(view, out, ctx, keep_decoded ? chunk : std::span<float>{});
     count_encoded(job_.stats, chunk.size(), bytes);
     return bytes;
   }
@@ -290,7 +283,7 @@ class RingAllreduce {
   std::optional<RingWorkspace> workspace_;
   std::optional<DeviceAllocation> device_workspace_;
   std::span<std::byte> memory_;
-  std::optional<error_feedback::ErrorFeedbackCodec> ef_;
+  JobEncoder encoder_;  // this rank's chunks: the worker residual of the whole tensor
 };
 
 }  // namespace

@@ -50,7 +50,7 @@
 
 #include "collectives/collective_job.h"
 #include "compressors/wire_format.h"
-#include "error_feedback/error_feedback_codec.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -103,20 +103,14 @@ std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out, bool k
   const std::size_t count = job.data.size();
   const ConstTensorView tensor(job.data.data(), count, DType::f32, job.device);
   const EncodeContext ctx = encode_context(job, 0);
+  JobEncoder encoder = job_encoder(job, ResidualRole::worker, count);
   std::size_t bytes = 0;
   {
     StageTimer timer(job.stats.encode_seconds);
-    if (job.residuals != nullptr) {
-      // A non-owning handle: the job's codec outlives this call.
-      error_feedback::ErrorFeedbackCodec ef = feedback_codec(job);
-      bytes = ef.encode_chunk(job.name, count, tensor, out, ctx,
-                              keep_decoded ? job.data : std::span<float>{});
-    } else {
-      bytes = job.codec.encode(tensor, out, ctx);
-    }
+    bytes = encoder.encode(tensor, out, ctx, keep_decoded ? job.data : std::span<float>{});
   }
   count_encoded(job.stats, count, bytes);
-  if (keep_decoded && job.residuals == nullptr) {
+  if (keep_decoded && !encoder.fills_decoded()) {
     StageTimer timer(job.stats.decode_seconds);
     job.codec.decode(out.first(bytes), TensorView{job.data.data(), count, DType::f32, job.device});
   }

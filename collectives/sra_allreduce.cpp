@@ -4,16 +4,16 @@
 // The tensor of n elements is cut into P chunks; chunk c = [shard_begin(n, P, c),
 // shard_begin(n, P, c + 1)) is owned by rank c.
 //
-//   1. Scatter-reduce. Every rank encodes its contribution as P chunk messages (through the
-//      worker-side error feedback, key job.name, when job.residuals is set), its own chunk
+//   1. Scatter-reduce. Every rank encodes its contribution as P chunk messages (the worker
+//      encoder, job_encoder.h: with error feedback the tensor's worker residual), its own chunk
 //      included. The P x P message sizes are all-gathered (allgather_u64), then one alltoallv
 //      delivers message c of every rank to owner c. The owner's own message is not sent (its
 //      alltoallv block is empty) but decoded where it was encoded, so every contribution goes
 //      through C and D alike.
 //      The owner sums the P decoded contributions in rank order 0 .. P-1 with decode_add into a
 //      zeroed f32 accumulator (a fixed order, so the sum does not depend on arrival order).
-//   2. All-gather. The owner encodes the sum once (through the server-side error feedback, key
-//      server_residual_key(job.name), count = owned chunk size, when job.residuals is set),
+//   2. All-gather. The owner encodes the sum once (the sra_server encoder: with error feedback
+//      a residual of the owned chunk's size, placed at the chunk's offset in the worker's),
 //      the P message sizes are all-gathered, then the messages (allgatherv). Every rank decodes
 //      every chunk from the gathered bytes, the owner its own message too, so all ranks end
 //      with the same bytes.
@@ -50,13 +50,11 @@
 
 #include "collectives/collective_job.h"
 #include "compressors/wire_format.h"
-#include "error_feedback/error_feedback_codec.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
 namespace {
-
-using error_feedback::ErrorFeedbackCodec;
 
 // One SRA call. The constructor fixes the chunk partition and each chunk's message bound (what
 // every buffer and every size check derives from); the steps encode, move bytes and decode.
@@ -78,14 +76,10 @@ class SraRound {
     for (int c = 0; c <= ranks_; ++c) chunk_begin_[idx(c)] = shard_begin(n, ranks_, c);
     for (int c = 0; c < ranks_; ++c)
       chunk_capacity_[idx(c)] = job.codec.max_encoded_bytes(chunk_count(c));
-    if (job.residuals != nullptr) {
-      // A non-owning handle on job.codec (the aliasing constructor with an empty owner): the
-      // codec outlives this call, which is all the decorator needs.
-      error_feedback_.emplace(feedback_codec(job));
-      // The owner-side residual covers this rank's chunk of the tensor (ResidualStore::fold_into).
-      job.residuals->set_placement(server_residual_key(job.name), job.name,
-                                   chunk_begin_[idx(job.transport.rank())]);
-    }
+    worker_encoder_.emplace(job_encoder(job, ResidualRole::worker, n));
+    server_encoder_.emplace(job_encoder(job, ResidualRole::sra_server, chunk_count(rank_)));
+    // The owner-side residual covers this rank's chunk of the tensor (ResidualStore::fold_into).
+    server_encoder_->place_in_worker(chunk_begin_[idx(rank_)]);
   }
 
   // Step 1: encodes this rank's P chunk messages, delivers chunk c's messages to owner c and
@@ -135,10 +129,7 @@ class SraRound {
     for (int c = 0; c < ranks_; ++c) {
       const std::span<std::byte> out = c == rank_ ? own_message_.span() : send_.span().subspan(offset);
       const EncodeContext ctx = encode_context(job_, chunk_begin_[idx(c)]);
-      const std::size_t bytes =
-          error_feedback_ ? error_feedback_->encode_chunk(job_.name, job_.data.size(),
-                                                          input_chunk(c), out, ctx)
-                          : job_.codec.encode(input_chunk(c), out, ctx);
+      const std::size_t bytes = worker_encoder_->encode(input_chunk(c), out, ctx);
       count_encoded(job_.stats, chunk_count(c), bytes);
       if (c == rank_) {
         own_message_.resize(bytes);
@@ -217,10 +208,7 @@ class SraRound {
     const ConstTensorView sum(owned_sum.data(), owned_sum.size(), DType::f32, job_.device);
     owned_message_.resize(chunk_capacity_[idx(rank_)]);
     const EncodeContext ctx = encode_context(job_, 0, /*server=*/true);
-    owned_bytes_ = error_feedback_
-                       ? error_feedback_->encode_chunk(server_residual_key(job_.name), sum.count,
-                                                       sum, owned_message_.span(), ctx)
-                       : job_.codec.encode(sum, owned_message_.span(), ctx);
+    owned_bytes_ = server_encoder_->encode(sum, owned_message_.span(), ctx);
     count_encoded(job_.stats, sum.count, owned_bytes_);
   }
 
@@ -265,7 +253,8 @@ class SraRound {
   int rank_;
   std::vector<std::size_t> chunk_begin_;     // P + 1 chunk boundaries
   std::vector<std::size_t> chunk_capacity_;  // codec.max_encoded_bytes of each chunk
-  std::optional<ErrorFeedbackCodec> error_feedback_;
+  std::optional<JobEncoder> worker_encoder_;  // this rank's P contribution chunks
+  std::optional<JobEncoder> server_encoder_;  // the owned chunk's reduced sum
 
   // Step 1: this rank's messages to the other ranks, back to back in rank order, their sizes
   // and offsets by destination (size 0 for this rank), and the message of the owned chunk.

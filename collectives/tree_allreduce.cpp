@@ -8,8 +8,8 @@
 // would add ceil(log2 P) compressions. Rank 0 ends with the exact f32 sum, accumulated in a
 // fixed order (its own data, then the subtrees of ranks 1, 2, 4, ...).
 // Broadcast (ceil(log2 P) steps, tag kBroadcastTag). Rank 0 encodes the sum ONCE with the
-// job's codec (through the residual tree_root_residual_key(name), n elements, when error
-// feedback is on; the other ranks hold no residual). Rank r != 0 receives that message from
+// job's codec (the tree_root encoder, job_encoder.h: with error feedback a residual of n
+// elements; the other ranks hold no residual). Rank r != 0 receives that message from
 // r - lowbit(r); every rank forwards it unchanged to r + m for each m < lowbit(r) (all m < P
 // for rank 0), largest subtree first, and decodes it, rank 0 included. So every rank ends with
 // D(C(sum + e)) from the same bytes.
@@ -26,13 +26,12 @@
 // sends complete, so every rank below it throws too.
 #include <algorithm>
 #include <exception>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "collectives/collective_job.h"
-#include "error_feedback/error_feedback_codec.h"
+#include "collectives/job_encoder.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -42,10 +41,6 @@ constexpr int kReduceTag = 120;
 constexpr int kBroadcastTag = 121;
 
 }  // namespace
-
-std::string tree_root_residual_key(std::string_view name) {
-  return "tree-root:" + std::string(name);
-}
 
 void tree_allreduce(ReduceJob& job) {
   GZ_REQUIRE(job.device.kind != DeviceKind::cuda, ErrorCode::internal, "tree_allreduce of '",
@@ -70,14 +65,13 @@ void tree_allreduce(ReduceJob& job) {
   // reaches the result instead of being stranded.
   deliver_worker_residual(job, "tree_allreduce");
 
-  std::optional<error_feedback::ErrorFeedbackCodec> ef;
-  if (job.residuals != nullptr && rank == 0) {
-    ef.emplace(feedback_codec(job));
+  JobEncoder root_encoder = job_encoder(job, ResidualRole::tree_root, n);
+  if (rank == 0) {
     // Registered (or its size checked) before rank 0 waits for anyone. A size mismatch throws
     // on rank 0 alone, but only when the tensor's size changed, which the call check has made
     // every rank agree on, and every rank's registration of its other residuals is the same.
-    job.residuals->residual(tree_root_residual_key(job.name), n);
-    job.residuals->set_placement(tree_root_residual_key(job.name), job.name, 0);
+    root_encoder.register_residual();
+    root_encoder.place_in_worker(0);
   }
 
   // Reduce to rank 0.
@@ -113,8 +107,7 @@ void tree_allreduce(ReduceJob& job) {
   if (rank == 0) {
     StageTimer timer(job.stats.encode_seconds);
     const EncodeContext ctx = encode_context(job, 0, /*server=*/true);
-    bytes = ef ? ef->encode_chunk(tree_root_residual_key(job.name), n, data_input, memory, ctx)
-               : job.codec.encode(data_input, memory, ctx);
+    bytes = root_encoder.encode(data_input, memory, ctx);
     count_encoded(job.stats, n, bytes);
   } else {
     lowest_bit = rank & -rank;

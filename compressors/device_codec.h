@@ -37,16 +37,4 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
 // What callers check before they change any state for a CUDA tensor.
 void require_device_tensor(ConstTensorView view, std::string_view op);
 
-// Error feedback on a CUDA chunk (error_feedback/error_feedback_codec.h's encode_chunk for
-// device tensors): with the residual slice `residual` in host memory (the residual store, so
-// checkpoints keep working), on the device:
-//   c = chunk + residual;  message = codec.encode(c) into `out`;  d = D(message);
-//   residual = c - d (copied back to the host);  decoded = d when `decoded` is not empty
-//   (device memory of the chunk's device, chunk.count floats).
-// The same element operations as the host decorator, so the same message bytes and residual
-// bits. Returns the message size. The residual is written only once everything succeeded.
-std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
-                                   std::span<float> residual, std::span<std::byte> out,
-                                   const EncodeContext& ctx, std::span<float> decoded);
-
 }  // namespace gradzip::compressors

@@ -5,6 +5,7 @@
 
 #include "compressors/codec_checks.h"
 #include "compressors/device_codec.h"
+#include "error_feedback/device_feedback.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/nonfinite_math.h"
@@ -50,7 +51,7 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
       store_->residual(tensor_name, tensor_count).subspan(ctx.element_offset, count);
   if (chunk.device.kind == DeviceKind::cuda) {
     // The same arithmetic on the device; the residual stays in the store (host memory).
-    return compressors::device_feedback_encode(*codec_, chunk, residual, out, ctx, decoded);
+    return device_feedback_encode(*codec_, chunk, residual, out, ctx, decoded);
   }
   std::vector<float>& scratch_buffer = scratch();
   if (scratch_buffer.size() < count) scratch_buffer.resize(count);

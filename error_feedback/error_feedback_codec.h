@@ -49,7 +49,7 @@ class ErrorFeedbackCodec {
   std::size_t max_encoded_bytes(std::size_t count) const { return codec_->max_encoded_bytes(count); }
 
   // CUDA tensors (and `out`, `decoded` then in that device's memory) run the same arithmetic
-  // on the device (compressors/device_codec.h: device_feedback_encode), the residual staying in
+  // on the device (error_feedback/device_feedback.h), the residual staying in
   // the store.
   // Encodes the whole tensor `tensor_name` (grad.count elements, host or CUDA memory, any dtype) with
   // error feedback into `out` (at least max_encoded_bytes(grad.count) bytes) and returns the

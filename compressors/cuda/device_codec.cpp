@@ -19,6 +19,7 @@
 #include <string>
 #include <utility>
 
+#include "compressors/cuda/device_support.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/randk_cpu.h"
@@ -38,98 +39,10 @@ namespace gradzip::compressors {
 namespace {
 
 namespace cuda = kernels::cuda;
+using namespace device;  // compressors/cuda/device_support.h
 
 constexpr std::uint8_t kRandkHalfValues = 0x2;  // compressors/randk.cpp's flag bit
 constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
-
-// The stream a call runs on: the thread's work stream (kernels/cuda/runtime_support.h), by
-// default the legacy default stream of the current device.
-void* work_stream() noexcept { return cuda::thread_work_stream(); }
-
-using cuda::check_runtime;
-using DeviceScope = cuda::CurrentDevice;
-
-// Scratch from the thread's block cache (kernels/cuda/device_runtime.h), given back when the
-// scope ends. Work still queued on the work stream may use it then: the cache hands a block out
-// again only on this thread, whose later work on that stream is ordered after it, and every
-// call here synchronises the stream before it returns.
-class DeviceScratch {
- public:
-  DeviceScratch(std::size_t bytes, const std::string& op) : bytes_(bytes) {
-    if (bytes == 0) return;
-    GZ_REQUIRE(cudaGetDevice(&device_) == cudaSuccess, ErrorCode::unsupported, op,
-               ": cudaGetDevice failed");
-    data_ = cuda::device_allocate(bytes, device_, static_cast<cudaStream_t>(work_stream()), op,
-                                  "allocating scratch");
-  }
-  ~DeviceScratch() {
-    cuda::device_release(data_, bytes_, device_, static_cast<cudaStream_t>(work_stream()));
-  }
-  DeviceScratch(const DeviceScratch&) = delete;
-  DeviceScratch& operator=(const DeviceScratch&) = delete;
-
-  template <typename T>
-  T* as() const noexcept {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-  int device_ = 0;
-};
-
-void synchronize(const std::string& op) {
-  cuda::synchronize_stream(static_cast<cudaStream_t>(work_stream()), op,
-                           "the device work (cudaStreamSynchronize)");
-}
-
-void copy_to_device(void* d_out, const void* host, std::size_t bytes, const std::string& op) {
-  if (bytes == 0) return;
-  check_runtime(cudaMemcpyAsync(d_out, host, bytes, cudaMemcpyHostToDevice,
-                             static_cast<cudaStream_t>(work_stream())),
-             op, "copying to the device");
-}
-
-void copy_on_device(void* d_out, const void* d_in, std::size_t bytes, const std::string& op) {
-  if (bytes == 0) return;
-  check_runtime(cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice,
-                             static_cast<cudaStream_t>(work_stream())),
-             op, "a device-to-device copy");
-}
-
-bool aligned(const void* pointer, std::size_t alignment) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0;
-}
-
-std::size_t checked_product(std::size_t count, std::size_t element_bytes, const std::string& op) {
-  GZ_REQUIRE(element_bytes == 0 || count <= SIZE_MAX / element_bytes, ErrorCode::invalid_argument,
-             op, ": ", count, " elements of ", element_bytes, " bytes overflow a size");
-  return count * element_bytes;
-}
-
-// The f32 values of a CUDA tensor: the tensor itself, or its widening in scratch.
-class F32Input {
- public:
-  F32Input(ConstTensorView in, const std::string& op)
-      : scratch_(in.dtype == DType::f32 ? 0 : checked_product(in.count, sizeof(float), op), op) {
-    if (in.dtype == DType::f32) {
-      data_ = static_cast<const float*>(in.data);
-      return;
-    }
-    GZ_REQUIRE(in.dtype == DType::f16 || in.dtype == DType::bf16, ErrorCode::invalid_argument, op,
-               ": input dtype ", dtype_name(in.dtype), " (expected f32, f16 or bf16)");
-    const auto* half = static_cast<const std::uint16_t*>(in.data);
-    if (in.dtype == DType::f16) cuda::f16_to_f32(half, scratch_.as<float>(), in.count, work_stream());
-    else cuda::bf16_to_f32(half, scratch_.as<float>(), in.count, work_stream());
-    data_ = scratch_.as<float>();
-  }
-  const float* data() const noexcept { return data_; }
-
- private:
-  DeviceScratch scratch_;
-  const float* data_ = nullptr;
-};
 
 // fp16 / bf16 payload from f32 values; through aligned scratch when the payload is not 2-byte
 // aligned (the kernel stores 16-bit words).
@@ -503,43 +416,6 @@ void require_device_tensor(ConstTensorView view, std::string_view op) {
   const std::string name(op);
   const DeviceScope scope(view.device.index, name);
   if (view.count > 0) cuda::require_device_pointer(view.data, view.device.index, name, "the tensor");
-}
-
-std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
-                                   std::span<float> residual, std::span<std::byte> out,
-                                   const EncodeContext& ctx, std::span<float> decoded) {
-  const std::string op = "ef.encode (" + std::string(codec_kind_name(codec.spec().codec)) + ")";
-  const std::size_t count = chunk.count;
-  GZ_REQUIRE(residual.size() == count, ErrorCode::internal, op, ": a residual slice of ",
-             residual.size(), " elements for a chunk of ", count);
-  GZ_REQUIRE(chunk.data != nullptr || count == 0, ErrorCode::invalid_argument, op,
-             ": null data pointer for ", count, " elements");
-  const DeviceScope scope(chunk.device.index, op);
-  if (count > 0) cuda::require_device_pointer(chunk.data, chunk.device.index, op, "the input tensor");
-  if (!decoded.empty()) cuda::require_device_pointer(decoded.data(), chunk.device.index, op, "the decoded output");
-
-  // e, c = g + e and (unless the caller takes it) D(message), each `count` floats.
-  const std::size_t floats = checked_product(count, decoded.empty() ? 3 : 2, op);
-  DeviceScratch work(checked_product(floats, sizeof(float), op), op);
-  float* const d_residual = work.as<float>();
-  float* const d_compensated = d_residual + count;
-  float* const d_decoded = decoded.empty() ? d_compensated + count : decoded.data();
-  copy_to_device(d_residual, residual.data(), count * sizeof(float), op);
-  const F32Input gradient(chunk, op);
-  cuda::ef_compensate(gradient.data(), d_residual, d_compensated, count, work_stream());
-
-  const Device device = chunk.device;
-  const std::size_t bytes =
-      codec.encode(ConstTensorView(d_compensated, count, DType::f32, device), out, ctx);
-  codec.decode(out.first(bytes), TensorView{d_decoded, count, DType::f32, device});
-  cuda::ef_update(d_compensated, d_decoded, d_residual, count, work_stream());
-  if (count > 0) {
-    check_runtime(cudaMemcpyAsync(residual.data(), d_residual, count * sizeof(float),
-                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(work_stream())),
-               op, "copying the residual back");
-  }
-  synchronize(op);
-  return bytes;
 }
 
 }  // namespace gradzip::compressors

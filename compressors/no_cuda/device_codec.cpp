@@ -27,12 +27,4 @@ void require_device_tensor(ConstTensorView view, std::string_view op) {
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
 }
 
-std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
-                                   std::span<float> /*residual*/, std::span<std::byte> /*out*/,
-                                   const EncodeContext& /*ctx*/, std::span<float> /*decoded*/) {
-  GZ_THROW(ErrorCode::unsupported, "ef.encode with ", codec_kind_name(codec.spec().codec),
-           ": the tensor is on CUDA device ", chunk.device.index,
-           "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
-}
-
 }  // namespace gradzip::compressors

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/job_encoder.h"
 #include "collectives/communicator_state.h"
 #include "collectives/transport/mpi/mpi_transport.h"
 #include "error_feedback/residual_store.h"
@@ -495,7 +496,7 @@ std::vector<double> total_residual(const Communicator& comm, const std::string& 
     const std::span<const float> worker = store.residual(name);
     for (std::size_t i = 0; i < count; ++i) total[i] += worker[i];
   }
-  const std::string server = collectives::server_residual_key(name);
+  const std::string server = collectives::residual_key(collectives::ResidualRole::sra_server, name);
   if (store.contains(server)) {
     const std::span<const float> owned = store.residual(server);
     const std::size_t begin = collectives::shard_begin(count, world_size(), world_rank());

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/job_encoder.h"
 #include "collectives/transport/mpi/mpi_transport.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
@@ -401,13 +402,13 @@ std::vector<ResidualPlace> rhd_residual_places(const std::string& name, std::siz
     const Geometry::Step s = g.step(h, k, lo);
     const std::size_t begin = range_begin(n, g, s.send_lo);
     if (k > 0)
-      places.push_back({collectives::halving_step_residual_key(k, name), begin,
+      places.push_back({collectives::residual_key(collectives::ResidualRole::halving_step, name, k), begin,
                         range_begin(n, g, s.send_lo + s.m) - begin});
     lo = s.keep_lo;
   }
   const std::size_t owned = range_begin(n, g, h);
   places.push_back(
-      {collectives::halving_owner_residual_key(name), owned, range_begin(n, g, h + 1) - owned});
+      {collectives::residual_key(collectives::ResidualRole::halving_owner, name), owned, range_begin(n, g, h + 1) - owned});
   return places;
 }
 
@@ -436,7 +437,7 @@ TEST(HalvingDoublingAndTree, ErrorFeedbackTelescopesExactlyOnIntegerData) {
       const std::vector<ResidualPlace> places =
           algo == Algo::rhd ? rhd_residual_places(name, n, rank, ranks)
           : rank == 0
-              ? std::vector<ResidualPlace>{{collectives::tree_root_residual_key(name), 0, n}}
+              ? std::vector<ResidualPlace>{{collectives::residual_key(collectives::ResidualRole::tree_root, name), 0, n}}
               : std::vector<ResidualPlace>{};
       EXPECT_EQ(store.size(), places.size());
       std::vector<double> residuals(n, 0.0);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/job_encoder.h"
 #include "collectives/transport/mpi/mpi_transport.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
@@ -395,7 +396,8 @@ TEST(SraAllreduce, SignEqualsTheTwoStageReference) {
 TEST(SraAllreduce, ErrorFeedbackTelescopesOverWorkerAndServerResiduals) {
   MpiTransport transport(MPI_COMM_WORLD);
   const int ranks = testing::world_size(), rank = testing::world_rank();
-  const std::string name = "layer.weight", server_key = collectives::server_residual_key(name);
+  const std::string name = "layer.weight";
+  const std::string server_key = collectives::residual_key(collectives::ResidualRole::sra_server, name);
   for (const char* spec : {"qsgd:bits=2,bucket=64", "sign:bucket=64", "topk:ratio=0.05"}) {
     const auto codec = make_codec(spec);
     for (std::size_t n : {std::size_t{3}, std::size_t{1000}}) {
@@ -463,7 +465,8 @@ TEST(SraAllreduce, ErrorFeedbackTelescopesOverWorkerAndServerResiduals) {
 TEST(SraAllreduce, ServerResidualIsCheckpointedWithTheStore) {
   MpiTransport transport(MPI_COMM_WORLD);
   const int ranks = testing::world_size(), rank = testing::world_rank();
-  const std::string name = "layer.bias", server_key = collectives::server_residual_key(name);
+  const std::string name = "layer.bias";
+  const std::string server_key = collectives::residual_key(collectives::ResidualRole::sra_server, name);
   const auto codec = make_codec("qsgd:bits=2,bucket=16");
   const std::size_t n = 1001;
   ResidualStore store(static_cast<std::uint32_t>(ranks), static_cast<std::uint32_t>(rank),

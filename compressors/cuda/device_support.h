@@ -1,0 +1,111 @@
+// Host-side helpers shared by the C++ files that run device codecs and device error feedback
+// (compressors/cuda/device_codec.cpp, error_feedback/cuda/device_feedback.cpp): the thread's
+// work stream, scratch from the thread's block cache, copies, and f32 views of f16 / bf16
+// inputs. Includes cuda_runtime.h: only sources built with CUDA include it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "gradzip/error.h"
+#include "gradzip/tensor_view.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/device_runtime.h"
+#include "kernels/cuda/runtime_support.h"
+
+namespace gradzip::compressors::device {
+
+namespace cuda = kernels::cuda;
+
+// The stream a call runs on: the thread's work stream (kernels/cuda/runtime_support.h), by
+// default the legacy default stream of the current device.
+inline void* work_stream() noexcept { return cuda::thread_work_stream(); }
+
+using cuda::check_runtime;
+using DeviceScope = cuda::CurrentDevice;
+
+// Scratch from the thread's block cache (kernels/cuda/device_runtime.h), given back when the
+// scope ends. Work still queued on the work stream may use it then: the cache hands a block out
+// again only on this thread, whose later work on that stream is ordered after it, and every
+// call here synchronises the stream before it returns.
+class DeviceScratch {
+ public:
+  DeviceScratch(std::size_t bytes, const std::string& op) : bytes_(bytes) {
+    if (bytes == 0) return;
+    GZ_REQUIRE(cudaGetDevice(&device_) == cudaSuccess, ErrorCode::unsupported, op,
+               ": cudaGetDevice failed");
+    data_ = cuda::device_allocate(bytes, device_, static_cast<cudaStream_t>(work_stream()), op,
+                                  "allocating scratch");
+  }
+  ~DeviceScratch() {
+    cuda::device_release(data_, bytes_, device_, static_cast<cudaStream_t>(work_stream()));
+  }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+
+  template <typename T>
+  T* as() const noexcept {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
+};
+
+inline void synchronize(const std::string& op) {
+  cuda::synchronize_stream(static_cast<cudaStream_t>(work_stream()), op,
+                           "the device work (cudaStreamSynchronize)");
+}
+
+inline void copy_to_device(void* d_out, const void* host, std::size_t bytes, const std::string& op) {
+  if (bytes == 0) return;
+  check_runtime(cudaMemcpyAsync(d_out, host, bytes, cudaMemcpyHostToDevice,
+                             static_cast<cudaStream_t>(work_stream())),
+             op, "copying to the device");
+}
+
+inline void copy_on_device(void* d_out, const void* d_in, std::size_t bytes, const std::string& op) {
+  if (bytes == 0) return;
+  check_runtime(cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice,
+                             static_cast<cudaStream_t>(work_stream())),
+             op, "a device-to-device copy");
+}
+
+inline bool aligned(const void* pointer, std::size_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0;
+}
+
+inline std::size_t checked_product(std::size_t count, std::size_t element_bytes, const std::string& op) {
+  GZ_REQUIRE(element_bytes == 0 || count <= SIZE_MAX / element_bytes, ErrorCode::invalid_argument,
+             op, ": ", count, " elements of ", element_bytes, " bytes overflow a size");
+  return count * element_bytes;
+}
+
+// The f32 values of a CUDA tensor: the tensor itself, or its widening in scratch.
+class F32Input {
+ public:
+  F32Input(ConstTensorView in, const std::string& op)
+      : scratch_(in.dtype == DType::f32 ? 0 : checked_product(in.count, sizeof(float), op), op) {
+    if (in.dtype == DType::f32) {
+      data_ = static_cast<const float*>(in.data);
+      return;
+    }
+    GZ_REQUIRE(in.dtype == DType::f16 || in.dtype == DType::bf16, ErrorCode::invalid_argument, op,
+               ": input dtype ", dtype_name(in.dtype), " (expected f32, f16 or bf16)");
+    const auto* half = static_cast<const std::uint16_t*>(in.data);
+    if (in.dtype == DType::f16) cuda::f16_to_f32(half, scratch_.as<float>(), in.count, work_stream());
+    else cuda::bf16_to_f32(half, scratch_.as<float>(), in.count, work_stream());
+    data_ = scratch_.as<float>();
+  }
+  const float* data() const noexcept { return data_; }
+
+ private:
+  DeviceScratch scratch_;
+  const float* data_ = nullptr;
+};
+
+}  // namespace gradzip::compressors::device
