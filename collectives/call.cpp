@@ -37,8 +37,8 @@ void check_arguments(const Call& call) {
   GZ_REQUIRE(!call.name.empty(), ErrorCode::invalid_argument, op,
              ": the tensor name is empty (it keys error feedback and the mismatch check)");
   // Checkpoints store call numbers under the tensor names, next to algo=auto's inputs.
-  GZ_REQUIRE(!call.name.starts_with(kAutoPrefix), ErrorCode::invalid_argument, op,
-             ": the tensor name '", call.name, "' starts with '", kAutoPrefix,
+  GZ_REQUIRE(!call.name.starts_with(kAutoModelPrefix), ErrorCode::invalid_argument, op,
+             ": the tensor name '", call.name, "' starts with '", kAutoModelPrefix,
              "', which checkpoints reserve for algo=auto's model inputs");
   if (tensor.device.kind == DeviceKind::cuda && tensor.count > 0) {
     GZ_REQUIRE(device_memory_built(), ErrorCode::unsupported, op, " of '", call.name,
@@ -125,7 +125,7 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
     }
   }
   state.start_call();
-  const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.step_of(call.name);
+  const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.call_number_of(call.name);
   call.nonfinite =
       check_call(state.transport(),
                  CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,

@@ -69,7 +69,7 @@ CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
   // number among the communicator's calls (begin_call's start_call opens calls_started() + 1).
   const OperationScope operation(CurrentOperation{
       collective_kind_name(call.kind), call.name,
-      call.explicit_step ? *call.explicit_step : state.step_of(call.name),
+      call.explicit_step ? *call.explicit_step : state.call_number_of(call.name),
       state.calls_started() + 1, "the call check"});
   {
     StageTimer total(stats.total_seconds);

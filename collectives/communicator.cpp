@@ -138,8 +138,6 @@ CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, s
   return run_allreduce(state, std::move(call));
 }
 
-CommunicatorState& state_of(Communicator& communicator) noexcept { return *communicator.state_; }
-
 }  // namespace collectives
 
 Communicator Communicator::from_nccl(void* nccl_comm, CommunicatorOptions options) {

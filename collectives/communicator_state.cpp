@@ -171,15 +171,15 @@ float* CommunicatorState::device_f32_scratch(int device, std::size_t count) {
   return reinterpret_cast<float*>(scratch->data());
 }
 
-std::uint32_t CommunicatorState::step_of(std::string_view name) const {
-  const auto found = steps_.find(name);
-  return found == steps_.end() ? 0 : found->second.step;
+std::uint32_t CommunicatorState::call_number_of(std::string_view name) const {
+  const auto found = call_numbers_.find(name);
+  return found == call_numbers_.end() ? 0 : found->second.call_number;
 }
 
 void CommunicatorState::count_call(std::string_view name) {
-  auto found = steps_.find(name);
-  if (found == steps_.end()) found = steps_.emplace(std::string(name), NameUse{}).first;
-  ++found->second.step;
+  auto found = call_numbers_.find(name);
+  if (found == call_numbers_.end()) found = call_numbers_.emplace(std::string(name), NameUse{}).first;
+  ++found->second.call_number;
   found->second.last_use = calls_started_ - 1;  // the call start_call opened
 }
 
@@ -209,7 +209,7 @@ void CommunicatorState::start_call() {
                    names.c_str(), transport_->rank(),
                    static_cast<unsigned long long>(release_window_));
     }
-    std::erase_if(steps_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
+    std::erase_if(call_numbers_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
     std::erase_if(tensor_ids_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
   }
   residuals_.set_use_clock(call);
@@ -223,144 +223,41 @@ std::optional<std::string> CommunicatorState::claim_tensor_id(std::string_view n
   return std::nullopt;
 }
 
-namespace {
-
-constexpr std::string_view kLinkTerms[] = {"latency_s", "bytes_per_s", "exchange_bytes_per_s",
-                                            "collective_latency_s"};
-constexpr std::string_view kGammaTerms[] = {"encode_s", "decode_add_s", "add_s"};
-
-}  // namespace
-
-void CommunicatorState::export_auto_model(error_feedback::ResidualStore::Counters& counters) const {
-  const auto put = [&](const std::string& name, double value) {
-    counters[detail::concat(kAutoPrefix, name)] = std::bit_cast<std::uint64_t>(value);
-  };
-  const auto put_link = [&](const std::string& prefix, const LinkModel& link) {
-    const double terms[] = {link.latency_s, link.bytes_per_s, link.exchange_bytes_per_s,
-                            link.collective_latency_s};
-    for (std::size_t i = 0; i < std::size(terms); ++i) put(detail::concat(prefix, kLinkTerms[i]), terms[i]);
-  };
-  if (link_) put_link("link/", *link_);
+AutoModelInputs CommunicatorState::auto_model_inputs() const {
+  AutoModelInputs inputs;
+  inputs.link = link_;
   for (const auto& [ranks_per_node, hierarchy] : hierarchies_) {
     // Not a candidate: follows from the rank count alone, or (shared memory) from a detection
     // that a restarted run repeats.
-    if (!hierarchy) continue;
-    put_link(detail::concat("hier/", ranks_per_node, "/intra/"), hierarchy->nodes.intra);
-    put_link(detail::concat("hier/", ranks_per_node, "/across/"), hierarchy->across);
-    // Nodes of ranks that share memory: their detected size.
-    if (ranks_per_node == 0) put("hier/0/ranks_per_node", hierarchy->nodes.ranks_per_node);
+    if (hierarchy) inputs.hierarchies.emplace(ranks_per_node, *hierarchy);
   }
-  for (const auto& [spec, cost] : codec_costs_) {
-    const double terms[] = {cost.encode_s, cost.decode_add_s, cost.add_s};
-    for (std::size_t i = 0; i < 3; ++i) put(detail::concat("gamma/", spec, "/", kGammaTerms[i]), terms[i]);
-  }
+  for (const auto& [spec, cost] : codec_costs_) inputs.codec_costs.emplace(spec, cost);
+  return inputs;
 }
 
-void CommunicatorState::import_auto_model(const error_feedback::ResidualStore::Counters& counters,
-                                          std::string_view path) {
-  // Links by their counter prefix ("link/", "hier/<L>/intra/", "hier/<L>/across/"; L = 0 for
-  // nodes of ranks that share memory), with the number of terms read.
-  std::map<std::string, std::pair<LinkModel, std::size_t>, std::less<>> links;
-  std::map<std::string, CodecCost, std::less<>> costs;
-  std::optional<double> shared_memory_node_size;  // "hier/0/ranks_per_node"
-  for (const auto& [name, bits] : counters) {
-    if (!name.starts_with(kAutoPrefix)) continue;
-    const std::string_view rest = std::string_view(name).substr(kAutoPrefix.size());
-    const double value = std::bit_cast<double>(bits);
-    const std::size_t slash = rest.rfind('/');
-    const std::string_view term = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
-    bool known = std::isfinite(value) && value >= 0 && slash != std::string_view::npos;
-    const std::string_view prefix = known ? rest.substr(0, slash + 1) : std::string_view();
-    // "hier/<L>/intra/" or "hier/<L>/across/" with L >= 2 or 0, written as export does.
-    std::uint32_t ranks_per_node = 0;
-    const bool hier_prefix =
-        std::sscanf(std::string(prefix).c_str(), "hier/%u/", &ranks_per_node) == 1 &&
-        (ranks_per_node >= 2 || ranks_per_node == 0) &&
-        (prefix == detail::concat("hier/", ranks_per_node, "/intra/") ||
-         prefix == detail::concat("hier/", ranks_per_node, "/across/"));
-    if (known && prefix == "hier/0/" && term == "ranks_per_node") {
-      // A detected node size: a whole number of ranks, at least 2.
-      known = value >= 2 && value <= INT32_MAX && value == std::floor(value);
-      shared_memory_node_size = value;
-    } else if (known && (prefix == "link/" || hier_prefix)) {
-      auto& [link, read] = links[std::string(prefix)];
-      double* const fields[] = {&link.latency_s, &link.bytes_per_s, &link.exchange_bytes_per_s,
-                                &link.collective_latency_s};
-      const auto at = std::find(std::begin(kLinkTerms), std::end(kLinkTerms), term);
-      known = at != std::end(kLinkTerms);
-      if (known) *fields[at - std::begin(kLinkTerms)] = value, ++read;
-    } else if (known && rest.starts_with("gamma/") && slash > 6) {
-      CodecCost& cost = costs[std::string(rest.substr(6, slash - 6))];
-      double* const fields[] = {&cost.encode_s, &cost.decode_add_s, &cost.add_s};
-      const auto at = std::find(std::begin(kGammaTerms), std::end(kGammaTerms), term);
-      known = at != std::end(kGammaTerms);
-      if (known) *fields[at - std::begin(kGammaTerms)] = value;
-    } else {
-      known = false;
-    }
-    GZ_REQUIRE(known, ErrorCode::io_error, "loading '", path, "': the counter '", name, "' = ",
-               value, " is not one of algo=auto's model inputs (", kAutoPrefix,
-               "link/<term>, hier/<L>/intra|across/<term> or gamma/<spec>/<term>, a finite "
-               "value >= 0; hier/0/ranks_per_node a whole number >= 2)");
-  }
-  std::map<std::uint32_t, AutoHierarchy> hierarchies;
-  for (const auto& [prefix, entry] : links) {
-    const auto& [link, read] = entry;
-    GZ_REQUIRE(read == std::size(kLinkTerms) && link.bytes_per_s > 0, ErrorCode::io_error,
-               "loading '", path, "': algo=auto's link '", kAutoPrefix, prefix, "' is incomplete (",
-               read, " of ", std::size(kLinkTerms), " terms, rate ", link.bytes_per_s, " B/s)");
-    if (prefix == "link/") continue;
-    std::uint32_t ranks_per_node = 0;
-    std::sscanf(prefix.c_str(), "hier/%u/", &ranks_per_node);
-    AutoHierarchy& hierarchy = hierarchies[ranks_per_node];
-    hierarchy.nodes.ranks_per_node = static_cast<int>(ranks_per_node);
-    (prefix.ends_with("/intra/") ? hierarchy.nodes.intra : hierarchy.across) = link;
-  }
-  if (shared_memory_node_size && !hierarchies.contains(0)) hierarchies[0];  // reported below
-  for (auto& [ranks_per_node, hierarchy] : hierarchies) {
-    const std::string base = detail::concat("hier/", ranks_per_node, "/");
-    GZ_REQUIRE(links.contains(base + "intra/") && links.contains(base + "across/"),
-               ErrorCode::io_error, "loading '", path, "': algo=auto's node structure '",
-               kAutoPrefix, base, "' lacks its ", links.contains(base + "intra/") ? "across" : "intra",
-               " link");
-    if (ranks_per_node != 0) continue;
-    GZ_REQUIRE(shared_memory_node_size.has_value(), ErrorCode::io_error, "loading '", path,
-               "': algo=auto's node structure '", kAutoPrefix,
-               "hier/0/' (ranks that share memory) lacks its detected size, '", kAutoPrefix,
-               "hier/0/ranks_per_node'");
-    hierarchy.nodes.ranks_per_node = static_cast<int>(*shared_memory_node_size);
-    hierarchy.shared_memory = true;
-  }
+void CommunicatorState::adopt_auto_model_inputs(const AutoModelInputs& inputs) {
   forget_auto_choices();
-  if (const auto found = links.find("link/"); found != links.end()) link_ = found->second.first;
-  for (auto& [spec, cost] : costs) codec_costs_[spec] = cost;
-  for (auto& [ranks_per_node, hierarchy] : hierarchies) hierarchies_[ranks_per_node] = hierarchy;
+  if (inputs.link) link_ = inputs.link;
+  for (const auto& [spec, cost] : inputs.codec_costs) codec_costs_[spec] = cost;
+  for (const auto& [ranks_per_node, hierarchy] : inputs.hierarchies) hierarchies_[ranks_per_node] = hierarchy;
 }
 
 void CommunicatorState::save_checkpoint(const std::string& path) const {
-  error_feedback::ResidualStore::Counters call_numbers;
-  for (const auto& [name, use] : steps_) call_numbers.emplace_hint(call_numbers.end(), name, use.step);
-  export_auto_model(call_numbers);
-  residuals_.save(path, call_numbers);
+  CommunicatorCheckpoint checkpoint;
+  for (const auto& [name, use] : call_numbers_)
+    checkpoint.call_numbers.emplace_hint(checkpoint.call_numbers.end(), name, use.call_number);
+  checkpoint.auto_model = auto_model_inputs();
+  save_communicator_checkpoint(path, residuals_, checkpoint);
 }
 
 void CommunicatorState::load_checkpoint(const std::string& path) {
-  error_feedback::ResidualStore::Counters counters;
-  residuals_.load(path, &counters);
-  // The "gradzip.auto/" counters are algo=auto's model inputs, the others call numbers.
-  error_feedback::ResidualStore::Counters call_numbers = counters;
-  std::erase_if(call_numbers, [](const auto& entry) { return entry.first.starts_with(kAutoPrefix); });
-  for (const auto& [name, value] : call_numbers) {
-    GZ_REQUIRE(value <= UINT32_MAX, ErrorCode::io_error, "Communicator::load_residuals: '",
-               path, "' gives tensor '", name, "' the call number ", value,
-               ", beyond the 32-bit counter");
-  }
-  import_auto_model(counters, path);
-  steps_.clear();
+  const CommunicatorCheckpoint checkpoint = load_communicator_checkpoint(path, residuals_);
+  adopt_auto_model_inputs(checkpoint.auto_model);
+  call_numbers_.clear();
   // Loaded names count as used now, so the next window does not release them at once.
   const std::uint64_t now = calls_started_ == 0 ? 0 : calls_started_ - 1;
-  for (const auto& [name, value] : call_numbers)
-    steps_.emplace_hint(steps_.end(), name, NameUse{static_cast<std::uint32_t>(value), now});
+  for (const auto& [name, call_number] : checkpoint.call_numbers)
+    call_numbers_.emplace_hint(call_numbers_.end(), name, NameUse{call_number, now});
 }
 
 const Codec& CommunicatorState::codec_for(const CompressionSpec& spec) {
@@ -386,7 +283,8 @@ CommunicatorState::NodeTransports& CommunicatorState::node_transports(std::uint3
 }
 
 Communicator make_communicator(std::unique_ptr<Transport> transport, CommunicatorOptions options) {
-  return Communicator(std::make_unique<CommunicatorState>(std::move(transport), std::move(options)));
+  return CommunicatorAccess::wrap(
+      std::make_unique<CommunicatorState>(std::move(transport), std::move(options)));
 }
 
 std::uint32_t tensor_id_of(std::string_view name) noexcept {

@@ -1,7 +1,7 @@
-// What a Communicator owns (internal): the transport, the error-feedback residuals, the
-// per-name call counters, cached codecs and the node / cross-node transports of the
-// hierarchical all-reduce. Tests and the MPI entry points build communicators over any
-// Transport with make_communicator().
+// What a Communicator owns (internal to collectives/ and its tests): the transport, the
+// error-feedback residuals, the per-name call counters, cached codecs and the node /
+// cross-node transports of the hierarchical all-reduce. The layers above use the narrow
+// interface of collectives/communicator_internal.h instead.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +10,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "collectives/algorithm_choice.h"
+#include "collectives/checkpoint.h"
+#include "collectives/communicator_internal.h"
 #include "collectives/cost_model.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/transport.h"
@@ -34,9 +37,10 @@ class CommunicatorState {
   const CompressionSpec& default_spec() const noexcept { return default_spec_; }
   error_feedback::ResidualStore& residuals() noexcept { return residuals_; }
 
-  // How many calls with this name passed the call check so far (the step of the next one).
-  // Counted per name across allreduce, reduce_scatter and allgather; wraps at 2^32.
-  std::uint32_t step_of(std::string_view name) const;
+  // How many calls with this name passed the call check so far: the call number of the next
+  // one, which Communicator calls use as EncodeContext::step (allreduce_at_step passes its
+  // own). Counted per name across allreduce, reduce_scatter and allgather; wraps at 2^32.
+  std::uint32_t call_number_of(std::string_view name) const;
   void count_call(std::string_view name);
 
   // Opens call number calls_started() (every collective, on every rank, in the same order):
@@ -55,7 +59,8 @@ class CommunicatorState {
   // stderr naming them: a name that comes back starts error feedback anew).
   std::uint64_t released_residuals() const noexcept { return released_residuals_; }
 
-  // Checkpoint of the residuals and call numbers (Communicator::save_residuals / load_residuals).
+  // Checkpoint of the residuals, call numbers and model inputs (Communicator::save_residuals /
+  // load_residuals; collectives/checkpoint.h).
   void save_checkpoint(const std::string& path) const;
   void load_checkpoint(const std::string& path);
 
@@ -103,20 +108,18 @@ class CommunicatorState {
   }
   // algo=auto's choices by canonical spec text and element count: once the model's inputs are
   // measured they do not change, so each (spec, count) is decided once (about 3 µs saved per
-  // call). Cleared when the inputs change (set_link, set_hierarchy, import_auto_model) and when
+  // call). Cleared when the inputs change (set_link, set_hierarchy, adopt_auto_model_inputs) and when
   // it holds kMaxCachedChoices choices. cache_auto_choice returns the stored choice, valid
   // until the cache is next cleared.
   const AllreduceChoice* cached_auto_choice(std::string_view spec_text, std::size_t count) const;
   const AllreduceChoice& cache_auto_choice(std::string_view spec_text, std::size_t count,
                                            AllreduceChoice choice);
-  // algo=auto's model inputs (the link when known, every γ measured, the node structures) as
-  // checkpoint counters named "gradzip.auto/..." (doubles as their bits), and back: a run
-  // restarted from a checkpoint makes the same choices as the run that saved it, whatever its
-  // own measurements would have said. import_auto_model takes only the "gradzip.auto/"
-  // counters of `counters` and throws io_error naming a malformed one.
-  void export_auto_model(error_feedback::ResidualStore::Counters& counters) const;
-  void import_auto_model(const error_feedback::ResidualStore::Counters& counters,
-                         std::string_view path);
+  // algo=auto's model inputs (the link when known, every γ measured, the node structures that
+  // were formed), and their replacement: a run restarted from a checkpoint
+  // (collectives/checkpoint.h) makes the same choices as the run that saved it, whatever its
+  // own measurements would have said. Adopting keeps inputs `inputs` does not have.
+  AutoModelInputs auto_model_inputs() const;
+  void adopt_auto_model_inputs(const AutoModelInputs& inputs);
 
   // f32 scratch for f16 / bf16 tensors, grown as needed and kept between calls.
   std::vector<float>& f32_scratch() noexcept { return f32_scratch_; }
@@ -159,10 +162,10 @@ class CommunicatorState {
   CompressionSpec default_spec_;
   error_feedback::ResidualStore residuals_;
   struct NameUse {
-    std::uint32_t step = 0;     // call number of the name's next call
-    std::uint64_t last_use = 0; // the communicator call that last counted it
+    std::uint32_t call_number = 0;  // of the name's next call
+    std::uint64_t last_use = 0;     // the communicator call that last counted it
   };
-  std::map<std::string, NameUse, std::less<>> steps_;
+  std::map<std::string, NameUse, std::less<>> call_numbers_;
   // tensor_id_of(name) -> the name using it and the call that last did (claim_tensor_id).
   struct IdUse {
     std::string name;
@@ -188,31 +191,23 @@ class CommunicatorState {
   std::map<int, std::unique_ptr<DeviceAllocation>> device_scratch_;
 };
 
-// A communicator over `transport` (which it owns): what Communicator::world / from_mpi return,
-// and what tests use with transports that corrupt messages.
-Communicator make_communicator(std::unique_ptr<Transport> transport,
-                               CommunicatorOptions options = {});
+// The private constructor and state of a Communicator, for collectives/ (and its tests).
+struct CommunicatorAccess {
+  static Communicator wrap(std::unique_ptr<CommunicatorState> state) {
+    return Communicator(std::move(state));
+  }
+  static CommunicatorState& state(Communicator& communicator) noexcept {
+    return *communicator.state_;
+  }
+};
 
-// What the Reducer (pipeline/) calls: an in-place all-reduce like Communicator::allreduce
-// but with the step given by the caller instead of the name's call number (the Reducer's step
-// counter seeds the random streams; every rank must pass the same step, which the call check
-// verifies), and with `preset_error` (may be null) reported as this rank's argument error: the
-// call check then makes every rank throw, which is how a rank that cannot take part in a call
-// (a tensor never marked ready) fails the call everywhere instead of leaving the others waiting.
-// Warm-up is the caller's business: spec.warmup is ignored.
+inline CommunicatorState& state_of(Communicator& communicator) noexcept {
+  return CommunicatorAccess::state(communicator);
+}
+
+// allreduce_at_step (collectives/communicator_internal.h) on the state itself.
 CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, std::string_view name,
                                   const CompressionSpec& spec, ReduceOp op, std::uint32_t step,
                                   const Error* preset_error);
-
-// Checkpoint counters whose names start with this hold algo=auto's model inputs (the measured
-// link and codec costs), not call numbers; tensor names may not start with it.
-inline constexpr std::string_view kAutoPrefix = "gradzip.auto/";
-
-// The tensor id of a name in EncodeContext: FNV-1a 64 of the name folded to 32 bits (high
-// half XOR low half), the same on every rank and in every run. Two names can share one; a
-// communicator refuses a call whose name shares the id of another name it uses
-// (CommunicatorState::claim_tensor_id), so that no two tensors in use draw the same random
-// numbers.
-std::uint32_t tensor_id_of(std::string_view name) noexcept;
 
 }  // namespace gradzip::collectives

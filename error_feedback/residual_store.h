@@ -31,7 +31,8 @@
 //   end-8   8     u64 checksum: FNV-1a 64 over every byte before it
 //
 // Counters are what the store's owner needs beside the residuals to continue a run exactly (the
-// Communicator's per-name call numbers, the Reducer's step); the store does not interpret them.
+// Communicator's per-name call numbers, algo=auto's model inputs, the Reducer's step); the store
+// does not interpret them: collectives/checkpoint.h lays the typed checkpoints into this file.
 // Version 1 is version 2 without the counters section (and its count); load() reads both.
 //
 // save() writes the whole file to a temporary file in the target's directory, fsyncs it and

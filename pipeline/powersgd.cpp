@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/communicator_internal.h"
 #include "kernels/philox_math.h"
 
 namespace gradzip::pipeline {
@@ -180,7 +181,7 @@ void add_call(CollectiveStats& total, const CollectiveStats& call) {
 }
 
 // The step, with `stats` filled as it goes (the caller times the whole of it).
-void run_powersgd(collectives::CommunicatorState& lane, std::span<const PowerSgdMatrix> matrices,
+void run_powersgd(Communicator& lane, std::span<const PowerSgdMatrix> matrices,
                   const CompressionSpec& spec, std::string_view group_name, std::uint32_t step,
                   const Error* preset_error, CollectiveStats& stats) {
   std::optional<Error> local_error;
@@ -214,7 +215,7 @@ void run_powersgd(collectives::CommunicatorState& lane, std::span<const PowerSgd
   // ef_resize=error) becomes this rank's error in the same way.
   if (!local_error && preset_error == nullptr) {
     try {
-      error_feedback::ResidualStore& store = lane.residuals();
+      error_feedback::ResidualStore& store = collectives::residuals_of(lane);
       store.set_resize_policy(spec.ef_resize);
       for (std::size_t m = 0; m < matrices.size(); ++m) {
         const PowerSgdMatrix& matrix = matrices[m];
@@ -297,14 +298,14 @@ void run_powersgd(collectives::CommunicatorState& lane, std::span<const PowerSgd
 
 }  // namespace
 
-CollectiveStats powersgd_allreduce(collectives::CommunicatorState& lane,
+CollectiveStats powersgd_allreduce(Communicator& lane,
                                    std::span<const PowerSgdMatrix> matrices,
                                    const CompressionSpec& spec, std::string_view group_name,
                                    std::uint32_t step, const Error* preset_error) {
   CollectiveStats stats;
   stats.algorithm = "powersgd";
   stats.spec = spec.to_string();
-  stats.ranks = lane.transport().size();
+  stats.ranks = lane.size();
   {
     const collectives::StageTimer total(stats.total_seconds);
     run_powersgd(lane, matrices, spec, group_name, step, preset_error, stats);

@@ -55,7 +55,7 @@
 #include <string>
 #include <string_view>
 
-#include "collectives/communicator_state.h"
+#include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
 #include "gradzip/error.h"
 
@@ -75,7 +75,7 @@ struct PowerSgdMatrix {
 // matrices' elements, compression_ratio = (f32 bytes of the matrices) / (f32 bytes of all P and
 // Q), or 1 when there are none, encoded_input_bytes / encoded_message_bytes set accordingly,
 // note = "P: <algorithm>, Q: <algorithm>" of the two calls.
-CollectiveStats powersgd_allreduce(collectives::CommunicatorState& lane,
+CollectiveStats powersgd_allreduce(Communicator& lane,
                                    std::span<const PowerSgdMatrix> matrices,
                                    const CompressionSpec& spec, std::string_view group_name,
                                    std::uint32_t step, const Error* preset_error);

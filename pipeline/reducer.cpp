@@ -22,7 +22,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "collectives/communicator_state.h"
+#include "collectives/communicator_internal.h"
 #include "collectives/device_memory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
@@ -230,52 +230,15 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
   layout_options_ = LayoutOptions{options_.first_bucket_bytes, options_.bucket_bytes,
                                   options_.chunk_bytes, options_.lanes};
 
-  collectives::Transport& transport = collectives::state_of(communicator).transport();
-  GZ_REQUIRE(options_.lanes == 1 || transport.concurrent_use_supported(), ErrorCode::unsupported,
-             "Reducer: ", options_.lanes, " lanes drive MPI from ", options_.lanes,
-             " threads at once, which needs MPI_THREAD_MULTIPLE; MPI was initialised with less "
-             "(initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or use lanes = 1)");
-  // algo=auto's link and node structures: the lanes share the user communicator's, measured
-  // here (a collective: every rank constructs its Reducer in the same order) when some spec of
-  // the model may consult them, rather than by each lane while the others move data.
-  collectives::CommunicatorState& user_state = collectives::state_of(communicator);
-  bool any_auto = false;
-  // The node structures those specs give, measured here too.
-  std::set<std::uint32_t> node_sizes;
+  // The lanes: communicators over duplicates of the user's transport, with algo=auto's link
+  // and node structures measured once for the model's specs (a collective: every rank
+  // constructs its Reducer in the same order).
   std::vector<const CompressionSpec*> specs{&model_.model};
   for (const TensorRule& rule : model_.rules) specs.push_back(&rule.spec);
-  for (const CompressionSpec* spec : specs) {
-    if (!collectives::spec_uses_model(*spec)) continue;
-    any_auto = true;
-    if (collectives::may_form_nodes(transport.size(), spec->ranks_per_node))
-      node_sizes.insert(spec->ranks_per_node);
-  }
-  if (any_auto && transport.size() > 1) {
-    user_state.auto_link();
-    for (std::uint32_t ranks_per_node : node_sizes) user_state.auto_hierarchy(ranks_per_node);
-  }
-  lanes_.reserve(static_cast<std::size_t>(options_.lanes));
-  for (int l = 0; l < options_.lanes; ++l) {
-    // A duplicate per lane (collective: every rank makes its lanes in the same order).
-    std::unique_ptr<collectives::Transport> duplicate = transport.split(0, transport.rank());
-    duplicate->set_idle_waits(true);
-    CommunicatorOptions lane_options;
-    lane_options.cuda_path = collectives::state_of(communicator).cuda_path();
-    // The Reducer's chunk names are fixed for its life and all used every step; its state goes
-    // with it.
-    lane_options.release_unused_after_calls = 0;
-    // The user communicator's deadline and timeout action (the split inherits them too).
-    const collectives::DeadlinePolicy& policy = collectives::state_of(communicator).deadline_policy();
-    lane_options.timeout_seconds = policy.seconds;
-    lane_options.on_timeout = policy.action;
-    lanes_.push_back(Lane{collectives::make_communicator(std::move(duplicate), lane_options), {}, {}});
-    collectives::CommunicatorState& lane_state = collectives::state_of(lanes_.back().communicator);
-    if (const std::optional<collectives::LinkModel>& link = user_state.known_link())
-      lane_state.set_link(*link);
-    if (any_auto && transport.size() > 1)
-      for (std::uint32_t ranks_per_node : node_sizes)
-        lane_state.set_hierarchy(ranks_per_node, user_state.auto_hierarchy(ranks_per_node));
-  }
+  std::vector<Communicator> lane_communicators =
+      collectives::make_lane_communicators(communicator, options_.lanes, specs, "Reducer");
+  lanes_.reserve(lane_communicators.size());
+  for (Communicator& lane : lane_communicators) lanes_.push_back(Lane{std::move(lane), {}, {}});
   for (std::size_t l = 0; l < lanes_.size(); ++l)
     lanes_[l].thread = std::thread([this, l] { lane_loop(l); });
 }
@@ -340,18 +303,17 @@ void ReducerState::add(std::string name, TensorView tensor, std::vector<std::siz
 void ReducerState::freeze() {
   // Every rank must have the same layout, or their chunk calls would not pair up: check it
   // with one all-gather on lane 0's transport (its thread is idle until the first launch).
-  collectives::Transport& transport = collectives::state_of(lanes_[0].communicator).transport();
+  Communicator& lane0 = lanes_[0].communicator;
   const std::uint64_t mine[2] = {layout_fingerprint(tensors_, model_, layout_options_),
                                  static_cast<std::uint64_t>(tensors_.size())};
-  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(transport.size()));
-  transport.allgather_u64(mine, all);
+  const std::vector<std::uint64_t> all = collectives::allgather_u64(lane0, mine);
   std::string differing;
-  for (int r = 0; r < transport.size(); ++r) {
+  for (int r = 0; r < lane0.size(); ++r) {
     if (all[2 * static_cast<std::size_t>(r)] != all[0])
       differing += detail::concat(differing.empty() ? "" : ", ", "rank ", r, " (",
                                   all[2 * static_cast<std::size_t>(r) + 1], " tensors)");
   }
-  GZ_REQUIRE(differing.empty(), ErrorCode::size_mismatch, "Reducer (rank ", transport.rank(),
+  GZ_REQUIRE(differing.empty(), ErrorCode::size_mismatch, "Reducer (rank ", lane0.rank(),
              "): the registrations or options differ from rank 0's (", all[1],
              " tensors): ", differing,
              "; every rank must add the same names, counts, dtypes and shapes in the same order "
@@ -384,7 +346,7 @@ void ReducerState::freeze() {
     // Every lane's NCCL communicator is made and connected here, collectively and in lane order,
     // while no lane runs: made lazily inside a lane's first call, its set-up (ncclCommInitRank,
     // NCCL's device allocations) could run while another lane's kernel waits for a peer.
-    for (Lane& lane : lanes_) collectives::state_of(lane.communicator).prepare_device_transport(memory_.index);
+    for (Lane& lane : lanes_) collectives::prepare_device_transport(lane.communicator, memory_.index);
     for (std::size_t t = 0; t < tensors_.size(); ++t)
       ready_events_.push_back(std::make_unique<collectives::DeviceEvent>(memory_.index, "Reducer"));
   }
@@ -638,8 +600,7 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
     pack(group, chunk.group_begin, chunk.count, data, on_cuda());
   }
   const CollectiveStats stats = collectives::allreduce_at_step(
-      collectives::state_of(lane.communicator),
-      TensorView{data, chunk.count, DType::f32, on_cuda() ? memory_ : Device{}}, chunk.name,
+      lane.communicator, TensorView{data, chunk.count, DType::f32, on_cuda() ? memory_ : Device{}}, chunk.name,
       task.spec, ReduceOp::average, task.step, task.preset_error ? &*task.preset_error : nullptr);
   if (packed) unpack(group, chunk.group_begin, chunk.count, data, on_cuda());
 
@@ -677,7 +638,7 @@ void ReducerState::run_powersgd(Lane& lane, const Task& task, const GroupLayout&
                                       rows, rows == 0 ? 0 : tensor.view.count / rows});
   }
   const CollectiveStats stats =
-      powersgd_allreduce(collectives::state_of(lane.communicator), matrices, task.spec, group.name,
+      powersgd_allreduce(lane.communicator, matrices, task.spec, group.name,
                          task.step, task.preset_error ? &*task.preset_error : nullptr);
   unpack(group, 0, group.count, buffer.data(), false);
 
@@ -694,7 +655,7 @@ void ReducerState::wait_for_tasks(std::unique_lock<std::mutex>& lock) {
   // the task's error; this bounds what lies outside those waits (a lane stuck elsewhere, a
   // transport without deadlines): wait fails when no task has finished for 1.2 x timeout + 1 s.
   const collectives::DeadlinePolicy& policy =
-      collectives::state_of(user_communicator_).deadline_policy();
+      collectives::deadline_policy_of(user_communicator_);
   const auto patience = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(policy.seconds * 1.2 + 1.0));
   std::size_t last_pending = tasks_pending_;
@@ -710,10 +671,9 @@ void ReducerState::wait_for_tasks(std::unique_lock<std::mutex>& lock) {
   }
   if (tasks_pending_ == 0) return;
 
-  const collectives::Transport& transport = collectives::state_of(user_communicator_).transport();
   std::string report = detail::concat(
-      "gradzip: timeout in Reducer::wait (step ", step_, ", rank ", transport.rank(), " of ",
-      transport.size(), "): no chunk finished for ",
+      "gradzip: timeout in Reducer::wait (step ", step_, ", rank ", user_communicator_.rank(),
+      " of ", user_communicator_.size(), "): no chunk finished for ",
       std::chrono::duration<double>(Clock::now() - last_progress).count(), " s (limit 1.2 x ",
       policy.seconds, " s + 1 s); ", tasks_pending_, " task(s) unfinished\n");
   for (std::size_t l = 0; l < lanes_.size(); ++l) {
@@ -729,7 +689,7 @@ void ReducerState::wait_for_tasks(std::unique_lock<std::mutex>& lock) {
   collectives::note_timeout();
   collectives::write_timeout_report(report);
   if (policy.action == TimeoutAction::abort) {
-    collectives::state_of(user_communicator_).transport().abort_job();
+    collectives::abort_job(user_communicator_);
   }
   timed_out_ = report;
   throw Error(ErrorCode::timeout, report);
@@ -837,61 +797,41 @@ std::vector<std::vector<std::string>> ReducerState::bucket_names() const {
   return names;
 }
 
-// Lane l's residual "key" is saved as "lane<l>|key": the keys of different lanes never collide
-// and load() knows where each belongs. The step is the counter "step".
-constexpr std::string_view kStepCounter = "step";
-
+// The checkpoint's layout (lane prefixes, the step counter, the model inputs) is
+// collectives/checkpoint.h's.
 void ReducerState::save(const std::string& path) {
   require_idle("save_state");
-  const Communicator& first = lanes_.front().communicator;
-  error_feedback::ResidualStore merged(static_cast<std::uint32_t>(first.size()),
-                                       static_cast<std::uint32_t>(first.rank()), ResizePolicy::error);
-  for (std::size_t l = 0; l < lanes_.size(); ++l) {
-    const auto& store = collectives::state_of(lanes_[l].communicator).residuals();
-    for (const std::string& key : store.names()) {
-      const std::span<const float> values = store.residual(key);
-      const std::span<float> copy = merged.residual(detail::concat("lane", l, "|", key), values.size());
-      std::copy(values.begin(), values.end(), copy.begin());
-    }
-  }
+  Communicator& first = lanes_.front().communicator;
+  std::vector<const error_feedback::ResidualStore*> stores;
   // The lanes' model inputs (every lane has the same link; γ measured by any lane).
-  error_feedback::ResidualStore::Counters counters{{std::string(kStepCounter), step_}};
-  for (Lane& lane : lanes_) collectives::state_of(lane.communicator).export_auto_model(counters);
-  merged.save(path, counters);
+  collectives::AutoModelInputs auto_model;
+  for (Lane& lane : lanes_) {
+    stores.push_back(&collectives::residuals_of(lane.communicator));
+    auto_model.merge(collectives::auto_model_inputs(lane.communicator));
+  }
+  collectives::save_reducer_checkpoint(path, static_cast<std::uint32_t>(first.size()),
+                                       static_cast<std::uint32_t>(first.rank()), stores, auto_model,
+                                       step_);
 }
 
 void ReducerState::load(const std::string& path) {
   require_idle("load_state");
   const Communicator& first = lanes_.front().communicator;
-  error_feedback::ResidualStore loaded(static_cast<std::uint32_t>(first.size()),
-                                       static_cast<std::uint32_t>(first.rank()), ResizePolicy::error);
-  error_feedback::ResidualStore::Counters counters;
-  loaded.load(path, &counters);
-  // Check every key before changing any lane.
-  std::vector<std::pair<std::size_t, std::string>> targets;
-  for (const std::string& key : loaded.names()) {
-    std::size_t lane = 0;
-    const auto bar = key.find('|');
-    const bool well_formed = key.starts_with("lane") && bar != std::string::npos && bar > 4 &&
-                             std::sscanf(key.c_str() + 4, "%zu", &lane) == 1 && lane < lanes_.size();
-    GZ_REQUIRE(well_formed, ErrorCode::invalid_argument, "Reducer::load_state('", path,
-               "'): entry '", key, "' is not 'lane<L>|<key>' with L below this Reducer's ",
-               lanes_.size(), " lanes (saved by another Reducer or with other options?)");
-    targets.emplace_back(lane, key.substr(bar + 1));
-  }
-  for (Lane& lane : lanes_) {
-    collectives::state_of(lane.communicator).import_auto_model(counters, path);
-    collectives::state_of(lane.communicator).residuals().clear();
-  }
-  const std::vector<std::string> keys = loaded.names();
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    const std::span<const float> values = loaded.residual(keys[i]);
-    auto& store = collectives::state_of(lanes_[targets[i].first].communicator).residuals();
-    const std::span<float> destination = store.residual(targets[i].second, values.size());
-    std::copy(values.begin(), values.end(), destination.begin());
+  // Read and checked whole before any lane changes.
+  const collectives::ReducerCheckpoint checkpoint = collectives::load_reducer_checkpoint(
+      path, static_cast<std::uint32_t>(first.size()), static_cast<std::uint32_t>(first.rank()),
+      lanes_.size(), "Reducer::load_state");
+  for (std::size_t l = 0; l < lanes_.size(); ++l) {
+    collectives::adopt_auto_model_inputs(lanes_[l].communicator, checkpoint.auto_model);
+    error_feedback::ResidualStore& store = collectives::residuals_of(lanes_[l].communicator);
+    store.clear();
+    for (const auto& [key, values] : checkpoint.lane_residuals[l]) {
+      const std::span<float> destination = store.residual(key, values.size());
+      std::copy(values.begin(), values.end(), destination.begin());
+    }
   }
   // A version 1 file has no step: the caller restores it with set_step, as before.
-  if (const auto step = counters.find(kStepCounter); step != counters.end()) step_ = step->second;
+  if (checkpoint.step) step_ = *checkpoint.step;
 }
 
 }  // namespace pipeline

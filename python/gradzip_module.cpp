@@ -17,9 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/algorithm_choice.h"
-#include "collectives/codec_table.h"
-#include "collectives/communicator_state.h"
+#include "collectives/communicator_internal.h"
 #ifdef GRADZIP_HAVE_NCCL
 #include "collectives/transport/nccl/nccl_library.h"
 #endif
@@ -196,11 +194,7 @@ each place tried).)");
   m.def(
       "sent_uncompressed",
       [](const std::string& spec, std::size_t count) {
-        const CompressionSpec parsed = CompressionSpec::parse(spec);
-        if (!collectives::codec_row(parsed.codec).element_codec) return false;
-        // After warm-up: what an all-reduce of `count` elements with this spec runs.
-        return collectives::choose_allreduce(parsed, count, parsed.warmup).path ==
-               collectives::AllreducePath::transport_sum;
+        return collectives::sent_uncompressed(CompressionSpec::parse(spec), count);
       },
       py::arg("spec"), py::arg("count"),
       "Whether an all-reduce of `count` f32 elements under `spec` goes uncompressed (algo=auto "
@@ -247,11 +241,11 @@ said on stderr); 0 keeps everything.)")
            py::arg("engine") = py::none())
       .def_property_readonly(
           "transport",
-          [](Communicator& communicator) { return collectives::state_of(communicator).transport().describe(); },
+          [](Communicator& communicator) { return collectives::transport_description(communicator); },
           "What moves this communicator's bytes, e.g. \"mpi rank 0 of 2\" or \"torch.distributed (gloo) rank 0 of 2\".")
       .def_property_readonly(
           "timeout_s",
-          [](Communicator& communicator) { return collectives::state_of(communicator).transport().deadline_policy().seconds; },
+          [](Communicator& communicator) { return collectives::deadline_policy_of(communicator).seconds; },
           "The deadline of every blocking wait, in seconds (after GRADZIP_TIMEOUT_S).")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
@@ -279,12 +273,12 @@ error feedback and the random streams); `spec` defaults to the communicator's de
            py::call_guard<py::gil_scoped_release>())
       .def(
           "residual_names",
-          [](Communicator& communicator) { return collectives::state_of(communicator).residuals().names(); },
+          [](Communicator& communicator) { return collectives::residuals_of(communicator).names(); },
           "Names of the error-feedback residuals this rank holds.")
       .def(
           "residual",
           [](Communicator& communicator, const std::string& name) -> py::object {
-            const error_feedback::ResidualStore& store = collectives::state_of(communicator).residuals();
+            const error_feedback::ResidualStore& store = collectives::residuals_of(communicator);
             if (!store.contains(name)) return py::none();
             const std::span<const float> values = store.residual(name);
             py::object copy = numpy_f32_array(values.size());
@@ -298,7 +292,7 @@ error feedback and the random streams); `spec` defaults to the communicator's de
             const py::object contiguous = py::module_::import("numpy").attr("ascontiguousarray")(
                 values, py::arg("dtype") = "float32");
             const py::buffer_info info = py::reinterpret_borrow<py::buffer>(contiguous).request();
-            error_feedback::ResidualStore& store = collectives::state_of(communicator).residuals();
+            error_feedback::ResidualStore& store = collectives::residuals_of(communicator);
             const std::span<float> target = store.residual(name, static_cast<std::size_t>(info.size));
             if (!target.empty()) std::memcpy(target.data(), info.ptr, target.size_bytes());
           },
@@ -308,7 +302,7 @@ error feedback and the random streams); `spec` defaults to the communicator's de
       .def(
           "fold_residuals",
           [](Communicator& communicator, const std::string& name, std::size_t count) {
-            return collectives::state_of(communicator).residuals().fold_into(name, count);
+            return collectives::residuals_of(communicator).fold_into(name, count);
           },
           py::arg("name"), py::arg("count"),
           R"(Moves every residual the algorithms keep besides the worker residual `name` (SRA's
@@ -351,7 +345,7 @@ were folded.)")
             CollectiveStats stats;
             {
               py::gil_scoped_release release;
-              stats = pipeline::powersgd_allreduce(collectives::state_of(communicator), parts, parsed,
+              stats = pipeline::powersgd_allreduce(communicator, parts, parsed,
                                                    group_name, step, preset ? &*preset : nullptr);
             }
             return stats_dict(stats);

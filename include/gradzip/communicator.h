@@ -174,10 +174,9 @@ struct CommunicatorOptions {
   double link_exchange_gbps = 0;
 };
 
-class Communicator;
 namespace collectives {
-class CommunicatorState;  // internal
-CommunicatorState& state_of(Communicator& communicator) noexcept;
+class CommunicatorState;   // the implementation (internal)
+struct CommunicatorAccess;  // how gradzip's own layers reach it (internal)
 }  // namespace collectives
 
 class Communicator {
@@ -198,7 +197,6 @@ class Communicator {
   // outlive this one. A build without NCCL throws ErrorCode::unsupported.
   static Communicator from_nccl(void* nccl_comm, CommunicatorOptions options = {});
 
-  explicit Communicator(std::unique_ptr<collectives::CommunicatorState> state);
   ~Communicator();
   Communicator(Communicator&&) noexcept;
   Communicator& operator=(Communicator&&) noexcept;
@@ -264,7 +262,8 @@ class Communicator {
   void load_residuals(const std::string& path);
 
  private:
-  friend collectives::CommunicatorState& collectives::state_of(Communicator&) noexcept;
+  friend struct collectives::CommunicatorAccess;
+  explicit Communicator(std::unique_ptr<collectives::CommunicatorState> state);
   std::unique_ptr<collectives::CommunicatorState> state_;
 };
 

@@ -195,8 +195,8 @@ error_feedback::ResidualStore::Counters expect_checkpoint_carries_model(Communic
   if (restored == nullptr) restored = &fresh.emplace(Communicator::world());
   restored->load_residuals(path);
   error_feedback::ResidualStore::Counters saved, loaded;
-  collectives::state_of(comm).export_auto_model(saved);
-  collectives::state_of(*restored).export_auto_model(loaded);
+  collectives::put_auto_model(collectives::state_of(comm).auto_model_inputs(), saved);
+  collectives::put_auto_model(collectives::state_of(*restored).auto_model_inputs(), loaded);
   EXPECT_EQ(loaded, saved);
   return saved;
 }
@@ -231,7 +231,7 @@ TEST(AutoModel, AReducerMeasuresTheModelOnceOnTheUsersCommunicator) {
   options.lanes = 2;
   Reducer reducer(comm, options);
   error_feedback::ResidualStore::Counters measured;
-  collectives::state_of(comm).export_auto_model(measured);
+  collectives::put_auto_model(collectives::state_of(comm).auto_model_inputs(), measured);
   if (ranks == 1) {
     EXPECT_TRUE(measured.empty()) << "one rank: nothing to measure";
     return;

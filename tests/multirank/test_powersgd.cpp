@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator_state.h"
+#include "collectives/communicator_internal.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
@@ -234,7 +234,7 @@ struct Input {
   std::vector<float> data;  // row-major
 };
 
-CollectiveStats run_step(collectives::CommunicatorState& lane, std::vector<Input>& inputs,
+CollectiveStats run_step(Communicator& lane, std::vector<Input>& inputs,
                          const std::string& spec, const std::string& group, std::uint32_t step,
                          const Error* preset_error = nullptr) {
   std::vector<PowerSgdMatrix> matrices;
@@ -298,7 +298,7 @@ std::optional<Error> error_of(Body&& body) {
 // (4100 x 8 at R = 4: 16400 floats >= min_bytes / 4).
 TEST(PowerSgd, ExactlyLowRankMeanIsReconstructed) {
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   struct Group {
     std::string spec;
     std::size_t spec_rank;
@@ -357,12 +357,12 @@ TEST(PowerSgd, ZeroGradientKeepsTheFirstQAndDoesNotKillLaterSteps) {
   const std::size_t rows = 37, cols = 23, rank = 3;
   const std::string spec = "powersgd:rank=3,seed=7";
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   std::vector<Input> zeros = {{"z", rows, cols, std::vector<float>(rows * cols, 0.0f)}};
   run_step(lane, zeros, spec, "g", 0);
   for (float v : zeros[0].data) ASSERT_EQ(v, 0.0f);
-  for (float v : lane.residuals().residual("powersgd:z")) ASSERT_EQ(v, 0.0f);
-  const std::span<const float> kept = lane.residuals().residual("powersgd-q:z");
+  for (float v : collectives::residuals_of(lane).residual("powersgd:z")) ASSERT_EQ(v, 0.0f);
+  const std::span<const float> kept = collectives::residuals_of(lane).residual("powersgd-q:z");
   const std::vector<float> expected = documented_first_q(7, "z", cols, rank);
   ASSERT_EQ(kept.size(), expected.size());
   EXPECT_EQ(std::memcmp(kept.data(), expected.data(), kept.size_bytes()), 0);
@@ -371,7 +371,7 @@ TEST(PowerSgd, ZeroGradientKeepsTheFirstQAndDoesNotKillLaterSteps) {
   std::vector<Input> fresh_data = data;
   run_step(lane, data, spec, "g", 1);
   Communicator fresh = Communicator::world();
-  run_step(collectives::state_of(fresh), fresh_data, spec, "g", 1);
+  run_step(fresh, fresh_data, spec, "g", 1);
   EXPECT_EQ(std::memcmp(data[0].data.data(), fresh_data[0].data.data(), rows * cols * 4), 0);
 }
 
@@ -385,7 +385,7 @@ TEST(PowerSgd, ZeroGradientKeepsTheFirstQAndDoesNotKillLaterSteps) {
 // empty matrix (0 x 5) rides along.
 TEST(PowerSgd, ErrorFeedbackKeepsTheRunningSum) {
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   const std::string spec = "powersgd:rank=2";
   const std::vector<std::pair<std::size_t, std::size_t>> shapes = {{37, 23}, {16, 48}, {1, 40}, {0, 5}};
   const int ranks = world_size();
@@ -409,7 +409,7 @@ TEST(PowerSgd, ErrorFeedbackKeepsTheRunningSum) {
       inputs.push_back({name, rows, cols, input_of(rows * cols, world_rank(), step, m)});
       std::vector<float> with_residual = inputs.back().data;
       if (step > 0 && rows * cols > 0) {
-        const std::span<const float> residual = lane.residuals().residual("powersgd:" + name);
+        const std::span<const float> residual = collectives::residuals_of(lane).residual("powersgd:" + name);
         for (std::size_t i = 0; i < with_residual.size(); ++i) with_residual[i] += residual[i];
       }
       m_prime.push_back(std::move(with_residual));
@@ -423,10 +423,10 @@ TEST(PowerSgd, ErrorFeedbackKeepsTheRunningSum) {
       const Input& input = inputs[m];
       EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(input.data)));
       if (input.data.empty()) {
-        EXPECT_FALSE(lane.residuals().contains("powersgd:" + input.name)) << "empty: no state";
+        EXPECT_FALSE(collectives::residuals_of(lane).contains("powersgd:" + input.name)) << "empty: no state";
         continue;
       }
-      const std::span<const float> residual = lane.residuals().residual("powersgd:" + input.name);
+      const std::span<const float> residual = collectives::residuals_of(lane).residual("powersgd:" + input.name);
       for (std::size_t i = 0; i < input.data.size(); ++i) {
         output_sum[m][i] += input.data[i];
         bound[m][i] += kUnitRoundoff * (std::abs(m_prime[m][i]) + std::abs(residual[i]));
@@ -437,7 +437,7 @@ TEST(PowerSgd, ErrorFeedbackKeepsTheRunningSum) {
     const std::size_t count = output_sum[m].size();
     if (count == 0) continue;
     std::vector<double> residual_mean(count), bound_mean(count);
-    const std::span<const float> residual = lane.residuals().residual("powersgd:ef.w" + std::to_string(m));
+    const std::span<const float> residual = collectives::residuals_of(lane).residual("powersgd:ef.w" + std::to_string(m));
     for (std::size_t i = 0; i < count; ++i) residual_mean[i] = residual[i];
     MPI_Allreduce(MPI_IN_PLACE, residual_mean.data(), static_cast<int>(count), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(bound[m].data(), bound_mean.data(), static_cast<int>(count), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -475,7 +475,7 @@ TEST(PowerSgd, WarmStartIsThePowerIteration) {
   const std::size_t rows = 37, cols = 23, rank = 3;
   const std::string spec = "powersgd:rank=3,ef=off,seed=11";
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   auto contribution = [&](int r) { return testing::gaussian_contribution(rows * cols, r, 77); };
   const std::vector<Mat> per_rank = all_ranks(rows, cols, contribution);
   const Mat mean = mean_of(per_rank);
@@ -488,7 +488,7 @@ TEST(PowerSgd, WarmStartIsThePowerIteration) {
     if (step == 1) reference = reference_step(per_rank, reference.q, reference.q_deviation);
     std::vector<Input> inputs = {{"warm", rows, cols, contribution(world_rank())}};
     run_step(lane, inputs, spec, "warm", step);
-    const std::span<const float> kept = lane.residuals().residual("powersgd-q:warm");
+    const std::span<const float> kept = collectives::residuals_of(lane).residual("powersgd-q:warm");
     ASSERT_EQ(kept.size(), cols * rank);
     EXPECT_TRUE(identical_on_all_ranks(kept));
     EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(inputs[0].data)));
@@ -499,7 +499,7 @@ TEST(PowerSgd, WarmStartIsThePowerIteration) {
     bounds.push_back(reference.output_deviation);
     EXPECT_LE(std::abs(errors.back() - reference_errors.back()), bounds.back());
   }
-  EXPECT_FALSE(lane.residuals().contains("powersgd:warm")) << "ef=off keeps no residual";
+  EXPECT_FALSE(collectives::residuals_of(lane).contains("powersgd:warm")) << "ef=off keeps no residual";
   EXPECT_GT(reference_errors[0] - reference_errors[1], bounds[0] + bounds[1]);
   EXPECT_LT(errors[1], errors[0]);
   if (world_rank() == 0)
@@ -510,13 +510,13 @@ TEST(PowerSgd, WarmStartIsThePowerIteration) {
 // With ef=off no residual is created (Q is still kept); with the default ef=on both are.
 TEST(PowerSgd, ResidualOnlyWithErrorFeedback) {
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   std::vector<Input> inputs = {{"off", 8, 6, testing::gaussian_contribution(48, world_rank(), 3)},
                                {"on", 8, 6, testing::gaussian_contribution(48, world_rank(), 4)}};
   std::vector<Input> first = {inputs[0]}, second = {inputs[1]};
   run_step(lane, first, "powersgd:rank=2,ef=off", "g-off", 0);
   run_step(lane, second, "powersgd:rank=2", "g-on", 0);
-  error_feedback::ResidualStore& store = lane.residuals();
+  error_feedback::ResidualStore& store = collectives::residuals_of(lane);
   EXPECT_FALSE(store.contains("powersgd:off"));
   ASSERT_TRUE(store.contains("powersgd-q:off"));
   EXPECT_EQ(store.residual("powersgd-q:off").size(), 6u * 2u);
@@ -531,7 +531,7 @@ TEST(PowerSgd, ResidualOnlyWithErrorFeedback) {
 // succeeds everywhere with the same bytes.
 TEST(PowerSgd, WrongDataSizeOnOneRankFailsEveryRank) {
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   std::vector<Input> inputs = {{"bad.matrix", 5, 4, testing::gaussian_contribution(20, world_rank(), 1)}};
   if (world_rank() == 0) inputs[0].data.pop_back();
   const std::optional<Error> error = error_of([&] { run_step(lane, inputs, "powersgd", "bad", 0); });
@@ -542,7 +542,7 @@ TEST(PowerSgd, WrongDataSizeOnOneRankFailsEveryRank) {
     EXPECT_NE(std::string(error->what()).find("rank 0"), std::string::npos) << error->what();
   }
   if (world_rank() == 0) {
-    EXPECT_FALSE(lane.residuals().contains("powersgd-q:bad.matrix")) << "the failing rank keeps no state";
+    EXPECT_FALSE(collectives::residuals_of(lane).contains("powersgd-q:bad.matrix")) << "the failing rank keeps no state";
   }
 
   inputs[0].data = testing::gaussian_contribution(20, world_rank(), 1);
@@ -553,7 +553,7 @@ TEST(PowerSgd, WrongDataSizeOnOneRankFailsEveryRank) {
 // A preset error on rank 0 only (a tensor never marked ready) fails the call on every rank.
 TEST(PowerSgd, PresetErrorOnOneRankFailsEveryRank) {
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   std::vector<Input> inputs = {{"w", 6, 5, testing::gaussian_contribution(30, world_rank(), 2)}};
   const Error never_ready(ErrorCode::invalid_argument, "tensor 'w' was never marked ready");
   const std::optional<Error> error = error_of([&] {
@@ -567,7 +567,7 @@ TEST(PowerSgd, PresetErrorOnOneRankFailsEveryRank) {
 // Arguments every rank gets wrong alike, and shape changes under both resize policies.
 TEST(PowerSgd, SpecAndShapeChecks) {
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   std::vector<Input> inputs = {{"w", 6, 5, testing::gaussian_contribution(30, world_rank(), 2)}};
   {
     std::vector<PowerSgdMatrix> matrices = {{"w", inputs[0].data, 6, 5}};
@@ -596,10 +596,10 @@ TEST(PowerSgd, SpecAndShapeChecks) {
   std::vector<Input> fresh_inputs = reshaped;
   run_step(lane, reshaped, "powersgd:rank=2,ef_resize=reset", "shape", 1);
   Communicator fresh = Communicator::world();
-  run_step(collectives::state_of(fresh), fresh_inputs, "powersgd:rank=2,ef_resize=reset", "shape", 1);
+  run_step(fresh, fresh_inputs, "powersgd:rank=2,ef_resize=reset", "shape", 1);
   EXPECT_EQ(std::memcmp(reshaped[0].data.data(), fresh_inputs[0].data.data(), 28 * 4), 0);
-  EXPECT_EQ(lane.residuals().residual("powersgd:w").size(), 28u);
-  EXPECT_EQ(lane.residuals().residual("powersgd-q:w").size(), 7u * 2u);
+  EXPECT_EQ(collectives::residuals_of(lane).residual("powersgd:w").size(), 28u);
+  EXPECT_EQ(collectives::residuals_of(lane).residual("powersgd-q:w").size(), 7u * 2u);
 }
 
 // Stats: ratio = sum rows*cols / sum (rows+cols) R exactly (the same integer quotient), bytes
@@ -607,7 +607,7 @@ TEST(PowerSgd, SpecAndShapeChecks) {
 // makes both calls.
 TEST(PowerSgd, StatsCountTheMatricesAndBothCalls) {
   Communicator comm = Communicator::world();
-  collectives::CommunicatorState& lane = collectives::state_of(comm);
+  Communicator& lane = comm;
   const std::string spec = "powersgd:rank=4";
   const std::vector<std::pair<std::size_t, std::size_t>> shapes = {
       {37, 23}, {64, 64}, {1, 40}, {0, 5}, {5000, 10}};
