@@ -133,45 +133,39 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
   AllreduceChoice choice;
   if (step < spec.warmup) {
     choice.path = AllreducePath::transport_sum;
-    choice.name = "mpi";
+    choice.name = kTransportSumName;
     choice.note = warmup_note(spec, step);
     return choice;
   }
-  switch (spec.algo) {
-    case Algorithm::auto_select:
-      if (below_min_bytes(spec, count)) {
-        choice.path = AllreducePath::transport_sum;
-        choice.name = "mpi";
-        choice.note = detail::concat(count * sizeof(float), " B < min_bytes=", spec.min_bytes,
-                                     ": uncompressed");
-        return choice;
-      }
-      choice.path = AllreducePath::flat;
-      if (model != nullptr && !codec_row(spec.codec).shared_indices) {
-        choose_by_model(spec, count, *model, choice);
-        return choice;
-      }
-      choice.algorithm = Algorithm::auto_select;
-      choice.name = auto_flat_name(spec.codec);
-      choice.note = detail::concat("auto: ", codec_kind_name(spec.codec), " -> ", choice.name);
+  if (spec.algo == Algorithm::auto_select) {
+    if (below_min_bytes(spec, count)) {
+      choice.path = AllreducePath::transport_sum;
+      choice.name = kTransportSumName;
+      choice.note = detail::concat(count * sizeof(float), " B < min_bytes=", spec.min_bytes,
+                                   ": uncompressed");
       return choice;
-    case Algorithm::ring:
-    case Algorithm::sra:
-    case Algorithm::allgather:
-    case Algorithm::rhd:
-    case Algorithm::tree:
-      choice.path = AllreducePath::flat;
-      choice.algorithm = spec.algo;
-      choice.name = std::string(algorithm_name(spec.algo));
+    }
+    choice.path = AllreducePath::flat;
+    if (model != nullptr && !codec_row(spec.codec).shared_indices) {
+      choose_by_model(spec, count, *model, choice);
       return choice;
-    case Algorithm::hier:
-      choice.path = AllreducePath::hierarchical;
-      choice.algorithm = Algorithm::auto_select;
-      choice.name = "hier/" + auto_flat_name(spec.codec);
-      return choice;
+    }
+    choice.algorithm = Algorithm::auto_select;
+    choice.name = auto_flat_name(spec.codec);
+    choice.note = detail::concat("auto: ", codec_kind_name(spec.codec), " -> ", choice.name);
+    return choice;
   }
-  GZ_THROW(ErrorCode::internal, "choose_allreduce: unknown algorithm ",
-           static_cast<int>(spec.algo));
+  if (spec.algo == Algorithm::hier) {
+    choice.path = AllreducePath::hierarchical;
+    choice.algorithm = Algorithm::auto_select;
+    choice.name = "hier/" + auto_flat_name(spec.codec);
+    return choice;
+  }
+  // Every other algo= value names a flat path of the algorithm table (internal error if not).
+  choice.path = AllreducePath::flat;
+  choice.algorithm = spec.algo;
+  choice.name = std::string(algorithm_row(spec.algo).name);
+  return choice;
 }
 
 ShardedChoice choose_reduce_scatter(const CompressionSpec& spec, std::uint32_t step) {

@@ -13,16 +13,20 @@ using A = ModeledAlgorithm;
 
 // In ModeledAlgorithm's order (checked below).
 const std::array<AlgorithmRow, 7> kRows{{
-    {A::ring, "ring", Algorithm::ring, &ring_allreduce, {}},
-    {A::sra, "sra", Algorithm::sra, &sra_allreduce, {}},
-    {A::allgather, "allgather", Algorithm::allgather, &sparse_allgather_allreduce, {}},
-    {A::randk, "randk", std::nullopt, &randk_allreduce,
+    {A::ring, "ring", Algorithm::ring, &ring_allreduce, &estimate_ring, {}},
+    {A::sra, "sra", Algorithm::sra, &sra_allreduce, &estimate_sra, {}},
+    {A::allgather, "allgather", Algorithm::allgather, &sparse_allgather_allreduce,
+     &estimate_allgather, {}},
+    {A::randk, "randk", std::nullopt, &randk_allreduce, &estimate_randk,
      "random-k's shared-index path runs on host memory"},
     // Halving/doubling parses the concatenated messages it forwards by their headers, and the
     // tree is meant for small tensors: both run on host memory.
-    {A::rhd, "rhd", Algorithm::rhd, &halving_doubling_allreduce, "the rhd all-reduce runs on host memory"},
-    {A::tree, "tree", Algorithm::tree, &tree_allreduce, "the tree all-reduce runs on host memory"},
-    {A::hier, "hier", Algorithm::hier, nullptr, "the hierarchical all-reduce runs on host memory"},
+    {A::rhd, "rhd", Algorithm::rhd, &halving_doubling_allreduce, &estimate_rhd,
+     "the rhd all-reduce runs on host memory"},
+    {A::tree, "tree", Algorithm::tree, &tree_allreduce, &estimate_tree,
+     "the tree all-reduce runs on host memory"},
+    {A::hier, "hier", Algorithm::hier, nullptr, &estimate_hier,
+     "the hierarchical all-reduce runs on host memory"},
 }};
 
 constexpr bool rows_in_order() {

@@ -2,8 +2,9 @@
 // algorithms, random-k's shared-index path and the hierarchical composition, keyed by
 // ModeledAlgorithm (the cost model's name for a path). A row says the path's name (what
 // CollectiveStats::algorithm reports and the model prints), the algo= value that selects it,
-// the function that runs it on a ReduceJob, and whether it can run on device memory. Adding an
-// algorithm adds its file, a row here and its cost estimate (collectives/cost_model.cpp).
+// the function that runs it on a ReduceJob, its cost estimate, and whether it can run on
+// device memory. Adding an algorithm adds its file, its estimate (collectives/cost_model.cpp)
+// and a row here.
 #pragma once
 
 #include <optional>
@@ -25,12 +26,19 @@ struct AlgorithmRow {
   // Runs it on the job (the caller records `name` in the stats); null for hier, which needs its
   // node and cross-node transports (hierarchical_allreduce).
   void (*run_flat)(ReduceJob& job) = nullptr;
+  // The cost model's estimate of one call on two or more ranks (collectives/cost_model.h).
+  CostEstimate (*estimate)(const EstimateInputs& in) = nullptr;
   // Why a CUDA tensor's call on this path is staged through host memory, or empty when the
   // path runs on device memory (over NCCL or a CUDA-aware MPI).
   std::string_view host_only_reason;
 };
 
 const AlgorithmRow& algorithm_row(ModeledAlgorithm path) noexcept;
+
+// What CollectiveStats::algorithm reports for a call that went through the transport's own
+// uncompressed sum instead of a path of the table (warm-up, algo=auto under min_bytes, the
+// non-finite fallback): "mpi" over every transport, as logs and benchmark files have it.
+inline constexpr std::string_view kTransportSumName = "mpi";
 
 // The row of an algo= value (not auto_select: gradzip::Error internal).
 const AlgorithmRow& algorithm_row(Algorithm spec_value);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "collectives/algorithm_choice.h"
+#include "collectives/algorithm_table.h"
 #include "collectives/codec_table.h"
 #include "collectives/communicator_state.h"
 
@@ -71,6 +72,8 @@ bool sent_uncompressed(const CompressionSpec& spec, std::size_t count) {
   if (!codec_row(spec.codec).element_codec) return false;
   return choose_allreduce(spec, count, spec.warmup).path == AllreducePath::transport_sum;
 }
+
+bool ran_transport_sum(const CollectiveStats& stats) { return stats.algorithm == kTransportSumName; }
 
 std::string transport_description(Communicator& communicator) {
   return state_of(communicator).transport().describe();

@@ -50,6 +50,10 @@ std::vector<std::uint64_t> allgather_u64(Communicator& communicator,
 // applies per parameter. False for codecs that are not element codecs (PowerSGD).
 bool sent_uncompressed(const CompressionSpec& spec, std::size_t count);
 
+// Whether the call behind `stats` went through the transport's own uncompressed sum
+// (kTransportSumName), whose bytes gradzip does not see.
+bool ran_transport_sum(const CollectiveStats& stats);
+
 // The transport's description (e.g. "MPI over 4 ranks") and deadline policy.
 std::string transport_description(Communicator& communicator);
 const DeadlinePolicy& deadline_policy_of(Communicator& communicator);

@@ -157,15 +157,12 @@ CostEstimate tree(const Codec& codec, const CodecCost& cost, double n, int p, co
                 compute, bytes);
 }
 
+// The codec's default flat path (its row in collectives/codec_table.cpp), from the table.
 CostEstimate flat_default(const Codec& codec, const CodecCost& cost, double n, int p,
                           const LinkModel& link) {
-  switch (codec_row(codec.spec().codec).default_path) {
-    case ModeledAlgorithm::sra: return sra(codec, cost, n, p, link);
-    case ModeledAlgorithm::allgather: return allgather(codec, cost, n, p, link);
-    case ModeledAlgorithm::randk: return randk(codec, cost, n, p, link);
-    default:
-      return ring(codec, cost, n, p, link, /*uncompressed=*/codec.spec().codec == CodecKind::none);
-  }
+  const HierarchyModel unused;
+  const EstimateInputs in{codec, cost, n, p, link, unused};
+  return algorithm_row(codec_row(codec.spec().codec).default_path).estimate(in);
 }
 
 // Hierarchical: a ring reduce-scatter (f32) inside each node of L ranks, the codec's flat
@@ -208,18 +205,23 @@ CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
     none.algorithm = algorithm;
     return none;
   }
-  const double n = static_cast<double>(count);
-  const bool uncompressed = codec.spec().codec == CodecKind::none;
-  switch (algorithm) {
-    case ModeledAlgorithm::ring: return ring(codec, cost, n, ranks, link, uncompressed);
-    case ModeledAlgorithm::sra: return sra(codec, cost, n, ranks, link);
-    case ModeledAlgorithm::allgather: return allgather(codec, cost, n, ranks, link);
-    case ModeledAlgorithm::randk: return randk(codec, cost, n, ranks, link);
-    case ModeledAlgorithm::rhd: return rhd(codec, cost, n, ranks, link);
-    case ModeledAlgorithm::tree: return tree(codec, cost, n, ranks, link);
-    case ModeledAlgorithm::hier: return hier(codec, cost, n, ranks, link, hierarchy);
-  }
-  return {};
+  const EstimateInputs in{codec, cost, static_cast<double>(count), ranks, link, hierarchy};
+  return algorithm_row(algorithm).estimate(in);
+}
+
+CostEstimate estimate_ring(const EstimateInputs& in) {
+  return ring(in.codec, in.cost, in.n, in.ranks, in.link,
+              /*uncompressed=*/in.codec.spec().codec == CodecKind::none);
+}
+CostEstimate estimate_sra(const EstimateInputs& in) { return sra(in.codec, in.cost, in.n, in.ranks, in.link); }
+CostEstimate estimate_allgather(const EstimateInputs& in) {
+  return allgather(in.codec, in.cost, in.n, in.ranks, in.link);
+}
+CostEstimate estimate_randk(const EstimateInputs& in) { return randk(in.codec, in.cost, in.n, in.ranks, in.link); }
+CostEstimate estimate_rhd(const EstimateInputs& in) { return rhd(in.codec, in.cost, in.n, in.ranks, in.link); }
+CostEstimate estimate_tree(const EstimateInputs& in) { return tree(in.codec, in.cost, in.n, in.ranks, in.link); }
+CostEstimate estimate_hier(const EstimateInputs& in) {
+  return hier(in.codec, in.cost, in.n, in.ranks, in.link, in.hierarchy);
 }
 
 std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec) {

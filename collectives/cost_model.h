@@ -80,6 +80,27 @@ struct CostEstimate {
   bool dense_switch = false;  // allgather: the dense ring would run instead
 };
 
+// What one path's estimate reads: the codec (its spec() gives the algorithm's parameters) and
+// its γ, the element count n, the rank count (>= 2 here), the link and, for hier, the nodes.
+struct EstimateInputs {
+  const Codec& codec;
+  const CodecCost& cost;
+  double n;
+  int ranks;
+  const LinkModel& link;
+  const HierarchyModel& hierarchy;
+};
+
+// Each path's estimate (docs/cost-model.md derives them); the algorithm table
+// (collectives/algorithm_table.cpp) holds one per path, and estimate_allreduce calls it.
+CostEstimate estimate_ring(const EstimateInputs& in);       // codec none: plain f32 adds
+CostEstimate estimate_sra(const EstimateInputs& in);
+CostEstimate estimate_allgather(const EstimateInputs& in);  // with the dense switch
+CostEstimate estimate_randk(const EstimateInputs& in);
+CostEstimate estimate_rhd(const EstimateInputs& in);
+CostEstimate estimate_tree(const EstimateInputs& in);
+CostEstimate estimate_hier(const EstimateInputs& in);       // the codec's default path across nodes
+
 // The modelled time of one all-reduce of `count` elements on `ranks` ranks with `codec`
 // (whose spec() gives the algorithm's parameters) and its γ. `hierarchy` is used by hier only.
 // ranks >= 1; one rank costs 0.

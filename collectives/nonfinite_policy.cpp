@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/call_memory.h"
 #include "collectives/codec_table.h"
 #include "collectives/device_memory.h"
@@ -98,7 +99,7 @@ void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t 
   const Transport& transport = state.transport();
   switch (call.kind) {
     case CollectiveKind::allreduce: {
-      stats.algorithm = "mpi";
+      stats.algorithm = kTransportSumName;
       const CallMemory memory = open_call_memory(state, call, 0, count,
                                                  route_of(state, tensor, dense, std::nullopt), stats);
       divide_for_average(memory, call.op);

@@ -605,7 +605,7 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
   if (packed) unpack(group, chunk.group_begin, chunk.count, data, on_cuda());
 
   // MPI's own all-reduce does not report its bytes: count what a ring would send.
-  const std::uint64_t sent = stats.algorithm == "mpi" ? ring_bytes_estimate(chunk.count * 4, stats.ranks)
+  const std::uint64_t sent = collectives::ran_transport_sum(stats) ? ring_bytes_estimate(chunk.count * 4, stats.ranks)
                                                       : stats.sent_bytes();
   // The ring's `none` messages carry headers too; they are not compression.
   record_progress(task, stats, sent, task.spec.codec != CodecKind::none);

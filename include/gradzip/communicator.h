@@ -1,57 +1,13 @@
 // The communicator: compressed collectives over a group of ranks.
 //
-// Every collective is called by all ranks of the communicator, in the same order, with the same
-// element count, dtype, spec and reduce op for the same tensor name (a mismatch is detected and
-// every rank throws gradzip::Error(size_mismatch) naming the ranks and what differed).
-// Buffers are host memory or CUDA memory (TensorView::device); every call is blocking and runs
-// in place. CUDA tensors (CommunicatorOptions::cuda_path):
-//   - over NCCL, on device memory, when the build has NCCL: the uncompressed path
-//     (ncclAllReduce), the ring (every codec but approximate top-k, whose message sizes vary),
-//     SRA, the sparse all-gather, reduce-scatter and all-gather, error feedback included (its
-//     residuals stay in host memory, copied per encode); the NCCL communicator of a device is
-//     made at the first such call (a collective; rank 0's unique id travels over the host
-//     transport); stats.note says "over NCCL";
-//   - in a build without NCCL, the same calls over MPI on device memory when Open MPI reports
-//     itself CUDA-aware (MPIX_Query_cuda_support); stats.note says "over CUDA-aware MPI";
-//   - otherwise (random-k's shared-index path, algo=hier, cuda_path staged, neither NCCL nor
-//     CUDA-aware MPI) staged: copied to host memory, reduced like host tensors, copied back
-//     (stats.note says "staged through host memory" and why).
-// Device work runs on the legacy default stream of the tensor's device (after all earlier work
-// of blocking streams). A build without CUDA refuses CUDA tensors with ErrorCode::unsupported on
-// every rank. Every rank of a call must pass the same kind of memory (the mismatch check
-// compares it, and the cuda_path option).
-// Results are byte-identical on every rank.
-//
-// The mismatch check costs one extra all-gather of 96 bytes per rank on every call (with more
-// than one rank). A rank whose own arguments are bad (empty name, device memory, a spec that
-// does not parse) throws its error after that exchange, and the other ranks throw the same
-// error code naming that rank, so no rank is left waiting.
-// When a call throws, the tensor's contents are unspecified (except nonfinite=error, below).
-//
-// Non-finite input (the spec's nonfinite= key, compression_spec.h): before the mismatch check
-// every rank counts the NaN / Inf elements of its input (an all-gather: of its own shard), and
-// the check tells every rank who has any. When some rank does:
-//   propagate (default): the call runs uncompressed ("mpi" for all-reduce, the ring with codec
-//              none for reduce-scatter / all-gather) on the raw input, without adding or updating
-//              any error-feedback residual: the NaN / Inf land where a plain all-reduce puts them,
-//              the same bytes on every rank; stats.note names the ranks;
-//   skip:      no data moves; the tensor is zeros on every rank (a finite, identical result),
-//              residuals untouched, stats.skipped is true, stats.note names the ranks;
-//   error:     every rank throws ErrorCode::nonfinite naming the ranks, their counts and first
-//              indices; the tensor is left as passed.
-// The name's call number advances in every case. Independently of the policy, error-feedback
-// residuals never hold non-finite values (an element that comes out NaN or Inf is stored as 0),
-// and narrowing to f16 / bf16 saturates finite values at the format's largest finite value, so
-// finite inputs give finite results and finite residuals on every codec.
-//
-// A tensor's name keys its error-feedback residuals, its random streams and the check. The
-// random streams use (spec seed, the name's call number, a hash of the name); the call number
-// counts the calls of that name on this communicator (all collectives and specs together) and
-// starts at 0 in a new communicator. save_residuals / load_residuals checkpoint the residuals,
-// the call numbers and algo=auto's model inputs (the link and the codecs' γ, as counters named
-// "gradzip.auto/...": tensor names starting so are reserved), so that a run restarted from a
-// checkpoint chooses the same algorithms and continues byte-identically.
-// The state of names that stop being used is released (CommunicatorOptions).
+// Every collective is called by all ranks, in the same order, with the same count, dtype, kind
+// of memory, spec and op for the same tensor name; a mismatch makes every rank throw
+// size_mismatch, and a rank's own bad argument makes every rank throw, so none is left waiting.
+// Calls are blocking and in place; results are byte-identical on every rank; after a throw the
+// tensor's contents are unspecified. Buffers are host or CUDA memory (TensorView::device).
+// A tensor's name keys its error-feedback residuals, its random streams (with the name's call
+// number) and the check. docs/communicator.md has the policies: CUDA paths, non-finite input,
+// names and checkpoints, release of unused names, timeouts, algo=auto.
 #pragma once
 
 #include <cstddef>
@@ -127,48 +83,20 @@ struct CommunicatorOptions {
   // the communicator is made (a bad spec throws invalid_spec there).
   std::string default_spec = "none";
   CudaPath cuda_path = CudaPath::automatic;
-  // Per-name state follows the live tensor set: the state of a name (its error-feedback
-  // residuals, worker and server side, all-gather and hierarchical ones included, and its call
-  // number) that no call has used for a whole window of this many calls of the communicator is
-  // released at the end of that window, i.e. after between N and 2N - 1 unused calls. Windows
-  // are counted in calls (every collective of the communicator, failed ones included), so every
-  // rank releases the same names at the same call. A released name that comes back starts
-  // anew: zero residuals, call number 0 (so warm-up runs again). The first release that drops
-  // residuals writes one warning to stderr naming them (once per communicator): a name only
-  // paused, e.g. by a long evaluation loop of other all-reduces on the same communicator, would
-  // otherwise restart error feedback silently; use a communicator of its own for such calls,
-  // or 0. 0: keep everything.
+  // The state of a name (residuals, call number) unused for a whole window of this many calls
+  // is released at the window's end, on every rank alike; a warning names released residuals
+  // once. 0: keep everything. (docs/communicator.md, "Releasing the state".)
   std::uint64_t release_unused_after_calls = 10000;
-  // Deadline of every blocking wait (each transport completion: point-to-point waits and the
-  // collectives the algorithms run; Reducer::wait), in seconds. GRADZIP_TIMEOUT_S, when set,
-  // overrides it (fractional seconds allowed; a value that is not a finite positive number
-  // throws invalid_argument naming the variable when the communicator is made); <= 0 means
-  // GRADZIP_TIMEOUT_S if set, else 600. Splits and the Reducer's lanes inherit the deadline.
-  // On expiry the rank writes one block to stderr, starting "gradzip: timeout", naming this
-  // rank, the operation (the call, its tensor name, step and the communicator's call sequence
-  // number), how long it waited, the peers and bytes of every request still pending, and the
-  // ranks that never reached the operation (or are dead), also as MPI_COMM_WORLD ranks; ranks
-  // that timed out too are named as such (they tell each other over a side communicator during
-  // a grace window of min(5% of the timeout, 5 s), so a rank fails within 1.05 x timeout).
-  // Then it acts per on_timeout. With throw_error, the transport that timed out is dead: every
-  // later call on it throws ErrorCode::timeout ("this communicator timed out earlier") without
-  // calling MPI, and gradzip's own MPI_Finalize at exit is skipped (it could wait for the
-  // operation that never finished). After a timeout the application should end the job (exit
-  // without MPI_Finalize, or MPI_Abort); the communicator cannot be used again.
-  // NCCL transports time out the same way without naming missing ranks; they abort an NCCL
-  // communicator they own (ncclCommAbort) first, and in abort mode end this process
-  // (std::abort; the launcher then ends the job).
+  // Deadline of every blocking wait, in seconds; <= 0: GRADZIP_TIMEOUT_S if set, else 600
+  // (GRADZIP_TIMEOUT_S overrides it when set). On expiry the rank writes a "gradzip: timeout"
+  // report to stderr naming the pending peers and the missing ranks, then acts per on_timeout;
+  // after throw_error the communicator cannot be used again. (docs/communicator.md.)
   double timeout_seconds = 0;
   TimeoutAction on_timeout = TimeoutAction::abort;
-  // The link algo=auto's cost model assumes (collectives/cost_model.h, docs/cost-model.md).
-  // link_gbps > 0 gives it: link_latency_us is α (>= 0), link_gbps the rate of each rank's
-  // link in each direction, link_exchange_gbps the rate of a pairwise exchange (0: the same as
-  // link_gbps). link_gbps = 0 (the default) measures it instead: the first algo=auto call
-  // that needs the model runs collectives::measure_link on the communicator (every rank takes
-  // part, as they all make that call; about 0.2 s at 1 Gbit/s) and keeps the result; the
-  // other two fields must then be 0 too. GRADZIP_LINK="LATENCY_US,GBPS[,EXCHANGE_GBPS]", when
-  // set, overrides all three. Bad values (negative, not finite, latency without a rate) throw
-  // invalid_argument when the communicator is made, naming the field or the variable.
+  // The link algo=auto's cost model assumes: α in µs, the per-direction rate and the pairwise
+  // exchange rate (0: the same) in Gbit/s. link_gbps = 0 measures it at the first call that
+  // needs it (a collective); GRADZIP_LINK="LATENCY_US,GBPS[,EXCHANGE_GBPS]" overrides all
+  // three. Bad values throw invalid_argument naming the field. (docs/communicator.md.)
   double link_latency_us = 0;
   double link_gbps = 0;
   double link_exchange_gbps = 0;
@@ -189,12 +117,9 @@ class Communicator {
   // the communicator; its traffic never matches the application's.
   static Communicator from_mpi(int fortran_comm_handle, CommunicatorOptions options = {});
 
-  // A communicator over the application's NCCL communicator (an ncclComm_t, passed as void*
-  // so that this header needs no NCCL header). It reduces CUDA tensors of that communicator's
-  // device, over NCCL; host tensors, tensors of another device and the calls that need host
-  // memory (random-k's shared-index path, algo=hier) are refused with ErrorCode::invalid_argument
-  // or unsupported on every rank. The application keeps ownership: the NCCL communicator must
-  // outlive this one. A build without NCCL throws ErrorCode::unsupported.
+  // A communicator over the application's NCCL communicator (an ncclComm_t as void*), which
+  // must outlive it: CUDA tensors of its device only, over NCCL; other calls are refused on
+  // every rank. A build without NCCL throws ErrorCode::unsupported.
   static Communicator from_nccl(void* nccl_comm, CommunicatorOptions options = {});
 
   ~Communicator();
@@ -204,29 +129,11 @@ class Communicator {
   int rank() const noexcept;
   int size() const noexcept;
 
-  // In-place all-reduce of `tensor` (f32, f16 or bf16; f16 / bf16 are reduced in f32 and
-  // rounded to nearest even on the way back). `name` identifies the tensor across calls: it
-  // keys the error-feedback residuals (when the spec has ef=on), the random streams (with the
-  // name's call number as the step) and the mismatch check. The algorithm follows the spec:
-  //   algo=auto: tensors under min_bytes (count * 4 < min_bytes) go uncompressed through MPI's
-  //              all-reduce ("mpi", no error feedback); random-k runs its shared-index path;
-  //              the others run the algorithm the cost model predicts fastest for this size,
-  //              rank count, link (CommunicatorOptions::link_*, measured when not given) and
-  //              codec (its γ measured on this CPU once per spec), among those that compress
-  //              no more often than the codec's default: ring / SRA / rhd / tree for none,
-  //              fp16 and bf16, SRA / tree for qsgd and sign, the sparse all-gather / tree for
-  //              topk, and hier when the ranks form two or more nodes of one size (the
-  //              spec's ranks_per_node, or with 0 the ranks that share memory, detected at
-  //              the first such call) (collectives/algorithm_choice.h); stats.note gives the
-  //              predicted times.
-  //              CUDA tensors and one-rank communicators take the codec's default (ring, SRA,
-  //              the sparse all-gather) without the model;
-  //   algo=ring|sra|allgather|rhd|tree: that algorithm at every size;
-  //   algo=hier: hierarchical (uncompressed inside nodes of ranks_per_node ranks, or of shared
-  //              memory when 0; the codec's default algorithm across nodes);
-  //   warmup=N:  the first N calls of a name run uncompressed ("mpi");
-  //   powersgd:  ErrorCode::unsupported (a Reducer-level compressor).
-  // stats.algorithm says which ran. Returns what this rank did.
+  // In-place all-reduce of `tensor` (f32, f16 or bf16; halves are reduced in f32 and rounded
+  // to nearest even). The spec's algo= picks the algorithm: auto (tensors under min_bytes go
+  // uncompressed, "mpi"; otherwise the cost model's fastest candidate, docs/communicator.md),
+  // ring, sra, allgather, rhd, tree or hier; warmup=N runs a name's first N calls uncompressed;
+  // powersgd is refused (unsupported: a Reducer compressor). stats.algorithm says which ran.
   CollectiveStats allreduce(TensorView tensor, std::string_view name, const CompressionSpec& spec,
                             ReduceOp op = ReduceOp::sum);
   CollectiveStats allreduce(TensorView tensor, std::string_view name, std::string_view spec,
@@ -253,11 +160,9 @@ class Communicator {
   // First element of rank r's shard of a tensor of `count` elements (r in [0, size()]).
   std::size_t shard_begin(std::size_t count, int r) const noexcept;
 
-  // Checkpoint the error-feedback residuals (worker and server side) and the per-name call
-  // numbers of this rank (error_feedback/residual_store.h has the file format and the refusals
-  // of load; a checkpoint of another world size or rank is refused). Loading replaces every
-  // call number with the file's (a version 1 file has none: all restart at 0). Local: no
-  // communication; every rank loads its own file at the same point of the call sequence.
+  // This rank's checkpoint: residuals, call numbers and algo=auto's model inputs, so that a
+  // restarted run continues byte-identically. Local (no communication); loading refuses
+  // another world size or rank and replaces every call number. (docs/communicator.md.)
   void save_residuals(const std::string& path) const;
   void load_residuals(const std::string& path);
 

@@ -10,61 +10,12 @@
 //     optimizer step; reducer.step();
 //   }
 //
-// Buckets. At the first mark_ready the registered tensors are frozen into buckets: walking the
-// registrations in reverse order (the order backward produces gradients), tensors are packed
-// into bucket 0 until it would exceed first_bucket_bytes, then into buckets of at most
-// bucket_bytes (a tensor larger than a bucket gets a bucket of its own). Sizes count f32 bytes.
-// Every rank must register the same names, counts and shapes in the same order; the first
-// mark_ready checks this with every rank and throws ErrorCode::size_mismatch naming the ranks
-// that differ.
-//
-// Groups and rules. Inside a bucket, tensors are grouped by the spec their rule gives them and
-// that rule (ReducerOptions::spec, below); each group is packed into one f32 buffer, which is reduced in
-// chunks of about chunk_bytes (the group is cut into equal chunks of at most chunk_bytes).
-// Each chunk is one compressed all-reduce of the Communicator with ReduceOp::average, so
-// compression acts on the chunk: a top-k of a chunk selects across the tensors in it, and
-// error-feedback residuals are kept per chunk. PowerSGD groups are reduced per matrix (two
-// batched all-reduces per group, see below) and are not chunked.
-//
-// Launch order and threads. A bucket is launched when all its tensors are ready and every
-// bucket before it has been launched, so every rank launches the same buckets in the same
-// order whatever order its tensors became ready in. Chunks are numbered in launch order within
-// a step and chunk n runs on communication lane n % lanes. Each lane is a thread with its own
-// duplicate of the communicator's transport, so while one lane's chunk is on the wire the next
-// lane encodes (or decodes) its own: with L lanes up to L consecutive chunks are in flight, each
-// in its own stage (lanes = 1 runs them one after the other). MPI is driven by the lane threads only, concurrently: the Reducer needs
-// MPI_THREAD_MULTIPLE (what gradzip asks for when it initialises MPI) and throws
-// ErrorCode::unsupported at construction when lanes > 1 and the application initialised MPI
-// with less. The lanes wait for messages by polling with short sleeps, so an idle lane leaves
-// the CPU to backward. Buckets finish in launch order.
-//
-// Steps. step() advances the step counter (starting at 0). The step seeds stochastic rounding
-// and random-k, decides warm-up (steps < warmup run uncompressed: `none`, no error feedback)
-// and the top-k / random-k ratio ramp (ramp=STEPS: after warm-up the ratio falls geometrically
-// from 0.25 to the target over STEPS steps).
-//
-// Errors. mark_ready of an unknown name, or of a name already marked in this step, throws
-// ErrorCode::invalid_argument at once. Errors on a lane (any rank's bad call, a malformed
-// message...) are kept and rethrown by wait() with the bucket, chunk and tensor names; wait()
-// also throws, naming them, when some tensors were never marked ready: their buckets are still
-// run with every rank (as failed calls that every rank sees), so no rank waits forever. After
-// a failed step the tensors of unfinished buckets are unspecified; the next step starts clean.
-// Timeouts (CommunicatorOptions::timeout_seconds, on_timeout of the communicator given here):
-// the lanes' waits have the communicator's deadline, and wait() rethrows their
-// ErrorCode::timeout (throw mode) or the job ends (abort mode); wait() itself also gives up,
-// naming the chunks still running or queued, when no chunk has finished for 1.2 x the timeout
-// + 1 s. After a timeout the Reducer cannot be used again (its destructor then does not wait
-// for the lanes); end the job.
-//
-// CUDA tensors. A Reducer holds host tensors or tensors of one CUDA device, not both. Their
-// groups are packed on the device; mark_ready records a CUDA event on
-// ReducerOptions::cuda_stream (the stream that produced the gradient), and the lane that runs
-// a chunk waits for the events of its tensors before reading them. Each lane runs its device
-// work (codecs, packing) on a non-blocking stream of its own, so compression overlaps the
-// kernels of backward, and its chunks travel over NCCL or staged as the communicator's
-// cuda_path says (gradzip/communicator.h). PowerSGD groups are reduced on the host (packed
-// into host memory and copied back). After wait() the results are in device memory; the
-// Reducer's device work is complete, so later work on any stream sees them.
+// Buckets (packed in reverse registration order, first_bucket_bytes then bucket_bytes), groups
+// (tensors of one bucket with the same rule and spec, reduced in chunks of chunk_bytes, one
+// compressed all-reduce with ReduceOp::average each), lanes (threads with their own duplicate
+// transport: lanes > 1 needs MPI_THREAD_MULTIPLE), steps (seed, warm-up, ratio ramp), errors
+// (kept on the lanes, rethrown by wait() naming bucket, chunk and tensor; no rank left waiting),
+// timeouts and CUDA tensors (one device, packed on it, events on cuda_stream): docs/reducer.md.
 //
 // Thread safety: add, mark_ready, wait, step, stats and the checkpoint calls are for one thread
 // (the training loop's). The tensors handed to add() must stay valid, and must not be written
