@@ -44,9 +44,9 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
       chosen = &fixed;
     } else if ((chosen = state.cached_auto_choice(call.spec_text, count)) == nullptr) {
       set_operation_phase("algo=auto's calibration of the link and the codec");
-      const LinkModel link = state.auto_link();
-      const AutoModel model{state.codec_for(spec), state.auto_codec_cost(spec), link,
-                            state.transport().size(), state.auto_hierarchy(spec.ranks_per_node)};
+      const LinkModel link = state.model_link();
+      const AutoModel model{state.codec_for(spec), state.model_codec_cost(spec), link,
+                            state.transport().size(), state.model_hierarchy(spec.ranks_per_node)};
       set_operation_phase("the data exchange");
       chosen = &state.cache_auto_choice(call.spec_text, count,
                                         choose_allreduce(spec, count, step, &model));

@@ -31,8 +31,8 @@ std::vector<Communicator> make_lane_communicators(Communicator& user, int count,
   }
   const bool measure = any_auto && transport.size() > 1;
   if (measure) {
-    user_state.auto_link();
-    for (std::uint32_t ranks_per_node : node_sizes) user_state.auto_hierarchy(ranks_per_node);
+    user_state.model_link();
+    for (std::uint32_t ranks_per_node : node_sizes) user_state.model_hierarchy(ranks_per_node);
   }
 
   std::vector<Communicator> lanes;
@@ -55,7 +55,7 @@ std::vector<Communicator> make_lane_communicators(Communicator& user, int count,
     if (const std::optional<LinkModel>& link = user_state.known_link()) lane.set_link(*link);
     if (measure)
       for (std::uint32_t ranks_per_node : node_sizes)
-        lane.set_hierarchy(ranks_per_node, user_state.auto_hierarchy(ranks_per_node));
+        lane.set_hierarchy(ranks_per_node, user_state.model_hierarchy(ranks_per_node));
   }
   return lanes;
 }

@@ -69,12 +69,12 @@ CommunicatorState::CommunicatorState(std::unique_ptr<Transport> transport, Commu
   link_ = resolve_link(options);
 }
 
-const LinkModel& CommunicatorState::auto_link() {
+const LinkModel& CommunicatorState::model_link() {
   if (!link_) link_ = measure_link(*transport_);
   return *link_;
 }
 
-const std::optional<AutoHierarchy>& CommunicatorState::auto_hierarchy(std::uint32_t ranks_per_node) {
+const std::optional<AutoHierarchy>& CommunicatorState::model_hierarchy(std::uint32_t ranks_per_node) {
   if (const auto found = hierarchies_.find(ranks_per_node); found != hierarchies_.end())
     return found->second;
   const int ranks = transport_->size();
@@ -92,10 +92,10 @@ const std::optional<AutoHierarchy>& CommunicatorState::auto_hierarchy(std::uint3
     // of the node's link. Their collective start-ups are not taken from this measurement: a
     // group that measures them while another still moves its large rounds waits behind those
     // in the link's queue (on the emulated cluster the groups' figures varied from 0.1 to
-    // 5 ms); a world collective's start-up, measured by auto_link with every rank idle, stands
+    // 5 ms); a world collective's start-up, measured by model_link with every rank idle, stands
     // in for them.
     LinkModel across = agreed_link(*transport_, measure_link(*node.inter));
-    across.collective_latency_s = auto_link().collective_latency_s;
+    across.collective_latency_s = model_link().collective_latency_s;
     hierarchy = AutoHierarchy{HierarchyModel{static_cast<int>(node_size), intra}, across,
                               ranks_per_node == 0};
   }
@@ -131,7 +131,7 @@ const AllreduceChoice& CommunicatorState::cache_auto_choice(std::string_view spe
   return stored->second;
 }
 
-const CodecCost& CommunicatorState::auto_codec_cost(const CompressionSpec& spec) {
+const CodecCost& CommunicatorState::model_codec_cost(const CompressionSpec& spec) {
   const std::string key = spec.to_string();
   if (const auto found = codec_costs_.find(key); found != codec_costs_.end()) return found->second;
   if (codec_costs_.size() >= kMaxCachedCodecs) codec_costs_.clear();

@@ -81,7 +81,7 @@ class CommunicatorState {
   // given, else measured by measure_link over transport() at the first call and kept (a
   // collective: every rank must ask in the same call). known_link() is it when it is known
   // without measuring (given, or measured already).
-  const LinkModel& auto_link();
+  const LinkModel& model_link();
   const std::optional<LinkModel>& known_link() const noexcept { return link_; }
   // Sets the link (the Reducer gives its lanes the user communicator's); every rank must set
   // the same.
@@ -90,16 +90,16 @@ class CommunicatorState {
     forget_auto_choices();
   }
   // γ of `spec`'s codec as every rank agrees on it (agreed_codec_cost), measured at the first
-  // call per canonical spec and kept (a collective, like auto_link).
-  const CodecCost& auto_codec_cost(const CompressionSpec& spec);
+  // call per canonical spec and kept (a collective, like model_link).
+  const CodecCost& model_codec_cost(const CompressionSpec& spec);
   // The node structure of `ranks_per_node` (node_transports; 0: the ranks that share memory,
   // whose size is detected here) as algo=auto's model sees it: nullopt when the hierarchical
   // all-reduce is no candidate (one node, one rank per node, or nodes of unequal size); else
   // the ranks per node, the link inside a node (measure_link over `intra`) and across nodes
   // (over `inter`, all inter groups at once, as the hierarchical all-reduce runs them), each
   // agreed by every rank. Made at the first call per value and kept (a collective over
-  // transport(), like auto_link).
-  const std::optional<AutoHierarchy>& auto_hierarchy(std::uint32_t ranks_per_node);
+  // transport(), like model_link).
+  const std::optional<AutoHierarchy>& model_hierarchy(std::uint32_t ranks_per_node);
   // Sets the node structure of `ranks_per_node` (the Reducer gives its lanes the user
   // communicator's); every rank must set the same.
   void set_hierarchy(std::uint32_t ranks_per_node, const std::optional<AutoHierarchy>& hierarchy) {

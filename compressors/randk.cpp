@@ -36,8 +36,6 @@
 namespace gradzip::compressors {
 namespace {
 
-inline constexpr std::uint8_t kFlagF16Values = 1u << 1;
-
 // What a validated message holds.
 struct RandkMessage {
   std::uint64_t k;
@@ -67,7 +65,7 @@ class RandkCodec final : public Codec {
     const std::size_t payload = kRandkKeyBytes + k * dtype_size(spec_.values);
     const std::size_t total = kWireHeaderBytes + payload;
     require_capacity(out, total, "randk.encode");
-    const std::uint8_t flags = spec_.values == DType::f16 ? kFlagF16Values : 0;
+    const std::uint8_t flags = spec_.values == DType::f16 ? kRandkHalfValues : 0;
     write_header(WireHeader{WireCodec::randk, flags, 0, in.count, payload, k}, out);
     const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
     std::byte* key_bytes = out.data() + kWireHeaderBytes;
@@ -98,7 +96,7 @@ class RandkCodec final : public Codec {
   static RandkMessage validated(std::span<const std::byte> in, std::size_t count,
                                 std::string_view op) {
     const WireHeader header = read_header_for(in, WireCodec::randk, count, op);
-    GZ_REQUIRE((header.flags & ~kFlagF16Values) == 0, ErrorCode::malformed_message, op,
+    GZ_REQUIRE((header.flags & ~kRandkHalfValues) == 0, ErrorCode::malformed_message, op,
                ": flags 0x", std::hex, int{header.flags},
                " (only bit 1, 0x02 = f16 values, is defined)");
     GZ_REQUIRE(header.small_param == 0, ErrorCode::malformed_message, op, ": small_param ",
@@ -111,7 +109,7 @@ class RandkCodec final : public Codec {
       GZ_REQUIRE(k >= 1 && k <= count, ErrorCode::malformed_message, op, ": k = ", k, " for ",
                  count, " elements (expected 1 <= k <= ", count, ")");
     }
-    const DType value_dtype = (header.flags & kFlagF16Values) != 0 ? DType::f16 : DType::f32;
+    const DType value_dtype = (header.flags & kRandkHalfValues) != 0 ? DType::f16 : DType::f32;
     const std::uint64_t value_bytes = dtype_size(value_dtype);
     // k <= count keeps k * value_bytes in range for any real buffer; check anyway.
     GZ_REQUIRE(k <= (std::numeric_limits<std::uint64_t>::max() - kRandkKeyBytes) / value_bytes,

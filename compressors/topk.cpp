@@ -38,12 +38,8 @@
 namespace gradzip::compressors {
 namespace {
 
-inline constexpr std::uint8_t kFlagWideIndices = kTopkWideIndices;
-inline constexpr std::uint8_t kFlagHalfValues = kTopkHalfValues;
-inline constexpr std::uint64_t kMaxNarrowCount = std::uint64_t{1} << 32;
-
 std::size_t index_bytes_for(std::size_t count) {
-  return count > kMaxNarrowCount ? sizeof(std::uint64_t) : sizeof(std::uint32_t);
+  return count > kTopkMaxNarrowCount ? sizeof(std::uint64_t) : sizeof(std::uint32_t);
 }
 
 // A validated message: where its arrays start and how to read them.
@@ -82,15 +78,15 @@ struct TopkPayload {
 TopkPayload validated_payload(std::span<const std::byte> in, std::size_t count,
                               std::string_view op) {
   const WireHeader header = read_header_for(in, WireCodec::topk, count, op);
-  GZ_REQUIRE((header.flags & ~(kFlagWideIndices | kFlagHalfValues)) == 0,
+  GZ_REQUIRE((header.flags & ~(kTopkWideIndices | kTopkHalfValues)) == 0,
              ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags}, std::dec,
              " has bits other than 0x1 (64-bit indices) and 0x2 (f16 values)");
   GZ_REQUIRE(header.small_param <= 1, ErrorCode::malformed_message, op, ": small_param ",
              int{header.small_param}, " is neither 0 (exact) nor 1 (approx)");
   TopkPayload payload;
-  payload.wide_indices = (header.flags & kFlagWideIndices) != 0;
-  payload.half_values = (header.flags & kFlagHalfValues) != 0;
-  GZ_REQUIRE(payload.wide_indices || header.count <= kMaxNarrowCount, ErrorCode::malformed_message,
+  payload.wide_indices = (header.flags & kTopkWideIndices) != 0;
+  payload.half_values = (header.flags & kTopkHalfValues) != 0;
+  GZ_REQUIRE(payload.wide_indices || header.count <= kTopkMaxNarrowCount, ErrorCode::malformed_message,
              op, ": 32-bit indices cannot address ", header.count,
              " elements (flags bit 0x1 must be set above 2^32)");
   GZ_REQUIRE(header.large_param <= header.count, ErrorCode::malformed_message, op, ": ",
@@ -195,8 +191,8 @@ class TopkCodec final : public Codec {
         kernels::cpu::topk_select<IndexT>(in, k, options, indices.data(), values.data()).count;
 
     const std::size_t payload_bytes = entries * (sizeof(IndexT) + value_bytes());
-    std::uint8_t flags = sizeof(IndexT) == 8 ? kFlagWideIndices : 0;
-    if (spec_.values == DType::f16) flags |= kFlagHalfValues;
+    std::uint8_t flags = sizeof(IndexT) == 8 ? kTopkWideIndices : 0;
+    if (spec_.values == DType::f16) flags |= kTopkHalfValues;
     write_header(WireHeader{WireCodec::topk, flags, static_cast<std::uint8_t>(spec_.approx ? 1 : 0),
                             in.count, payload_bytes, entries},
                  out);

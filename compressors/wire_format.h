@@ -50,6 +50,11 @@ inline constexpr std::size_t kRandkKeyBytes = kernels::kRandkKeyBytes;
 // values are f16 (else f32).
 inline constexpr std::uint8_t kTopkWideIndices = 0x1;
 inline constexpr std::uint8_t kTopkHalfValues = 0x2;
+// Top-k messages of more elements than this must carry u64 indices (kTopkWideIndices); up to
+// it, the encoders write u32 ones.
+inline constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
+// Random-k's flag bit (compressors/randk.cpp): values are f16 (else f32); no other bit is used.
+inline constexpr std::uint8_t kRandkHalfValues = 0x2;
 
 struct WireHeader {
   WireCodec codec = WireCodec::none;

@@ -41,9 +41,6 @@ namespace {
 namespace cuda = kernels::cuda;
 using namespace device;  // compressors/cuda/device_support.h
 
-constexpr std::uint8_t kRandkHalfValues = 0x2;  // compressors/randk.cpp's flag bit
-constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
-
 // fp16 / bf16 payload from f32 values; through aligned scratch when the payload is not 2-byte
 // aligned (the kernel stores 16-bit words).
 void write_half_payload(const float* d_in, std::size_t count, bool bf16, std::byte* d_payload,

@@ -102,10 +102,10 @@ std::vector<float> rank_gradient(std::size_t n, std::uint64_t r) {
 std::vector<std::byte> widened(const std::vector<std::byte>& message) {
   const WireHeader header = compressors::read_header(message, "test");
   const std::size_t m = header.large_param;
-  const bool half = (header.flags & 0x2) != 0;
+  const bool half = (header.flags & compressors::kTopkHalfValues) != 0;
   const std::size_t value_width = half ? 2 : 4;
   WireHeader wide = header;
-  wide.flags = static_cast<std::uint8_t>(header.flags | 0x1);
+  wide.flags = static_cast<std::uint8_t>(header.flags | compressors::kTopkWideIndices);
   wide.payload_bytes = cuda::sparse_payload_bytes(m, true, half);
   std::vector<std::byte> out(kWireHeaderBytes + wide.payload_bytes);
   compressors::write_header(wide, out);

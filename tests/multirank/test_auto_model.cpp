@@ -209,7 +209,7 @@ TEST(AutoModel, NodeStructuresAreMeasuredOnceAndCheckpointed) {
   std::vector<float> data = testing::gaussian_contribution(8192, world_rank(), 9);
   const CollectiveStats stats =
       comm.allreduce(host_view(data.data(), data.size()), "n", "fp16:min_bytes=0,ranks_per_node=2");
-  const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_hierarchy(2);
+  const std::optional<collectives::AutoHierarchy>& hierarchy = state.model_hierarchy(2);
   if (!expect_nodes_of_two_exactly_when_formed(stats, hierarchy)) return;
   EXPECT_NE(stats.note.find("nodes of 2: inside "), std::string::npos) << stats.note;
   const std::vector<std::uint64_t> bits = bits_of(hierarchy->across);
@@ -282,7 +282,7 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   std::vector<float> data = input;
   CollectiveStats stats = one_host.allreduce(host_view(data.data(), data.size()), "h", spec);
   if (ranks > 1) {
-    EXPECT_FALSE(collectives::state_of(one_host).auto_hierarchy(0).has_value());
+    EXPECT_FALSE(collectives::state_of(one_host).model_hierarchy(0).has_value());
   }
   EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
 
@@ -292,7 +292,7 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   stats = pairs.allreduce(host_view(data.data(), data.size()), "h", spec);
   EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
   if (ranks == 1) return;  // one rank: no model at all
-  const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_hierarchy(0);
+  const std::optional<collectives::AutoHierarchy>& hierarchy = state.model_hierarchy(0);
   if (!expect_nodes_of_two_exactly_when_formed(stats, hierarchy)) return;
   EXPECT_TRUE(hierarchy->shared_memory);
   EXPECT_NE(stats.note.find("nodes of 2 (shared memory): inside "), std::string::npos) << stats.note;
@@ -302,7 +302,7 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   ASSERT_TRUE(saved.contains("gradzip.auto/hier/0/ranks_per_node"));
   EXPECT_EQ(std::bit_cast<double>(saved.at("gradzip.auto/hier/0/ranks_per_node")), 2.0);
   const std::optional<collectives::AutoHierarchy>& carried =
-      collectives::state_of(restored).auto_hierarchy(0);
+      collectives::state_of(restored).model_hierarchy(0);
   ASSERT_TRUE(carried.has_value());
   EXPECT_EQ(carried->nodes.ranks_per_node, 2);
   EXPECT_TRUE(carried->shared_memory);
@@ -352,7 +352,7 @@ TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
   detected["gradzip.auto/hier/0/ranks_per_node"] = std::bit_cast<std::uint64_t>(2.0);
   store.save(path, detected);
   comm.load_residuals(path);
-  const std::optional<collectives::AutoHierarchy>& loaded = collectives::state_of(comm).auto_hierarchy(0);
+  const std::optional<collectives::AutoHierarchy>& loaded = collectives::state_of(comm).model_hierarchy(0);
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->nodes.ranks_per_node, 2);
 }

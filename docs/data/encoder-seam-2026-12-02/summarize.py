@@ -23,3 +23,15 @@ for (spec, size), by_version in sorted(times.items(), key=lambda kv: (kv[0][1], 
     mo, mn = statistics.median(old), statistics.median(new)
     print(f"{spec:40} {size:>8} {mo*1e3:8.3f} {mn*1e3:8.3f} {mn/mo:8.3f}  "
           f"{min(old)*1e3:7.3f}-{max(old)*1e3:<7.3f}  {min(new)*1e3:7.3f}-{max(new)*1e3:<7.3f}  {','.join(algos)}")
+
+# The follow-up: ten more interleaved rounds of the two qsgd specs at 4 MiB (bench/qsgd-V-R.json).
+follow = {}
+for path in sorted(glob.glob(os.path.join(here, "bench", "qsgd-*-*.json"))):
+    version = os.path.basename(path).split("-")[1]
+    for row in json.load(open(path)):
+        follow.setdefault(row["spec"], {}).setdefault(version, []).append(row["time_s"] * 1e3)
+for spec, by_version in sorted(follow.items()):
+    old, new = by_version["old"], by_version["new"]
+    print(f"follow-up {spec} 4194304: median old {statistics.median(old):.3f} ms, new "
+          f"{statistics.median(new):.3f} ms, new/old {statistics.median(new) / statistics.median(old):.3f}; "
+          f"old {min(old):.3f}-{max(old):.3f}, new {min(new):.3f}-{max(new):.3f} ({len(old)} rounds)")
