@@ -47,7 +47,8 @@ void compressed_allgather(ReduceJob& job) {
     StageTimer timer(job.stats.encode_seconds);
     const ConstTensorView shard(mine.data(), mine.size(), DType::f32, job.device);
     const EncodeContext ctx = encode_context(job, shard_begin(count, ranks, rank));
-    message_bytes = job_encoder(job, ResidualRole::worker, count).encode(shard, message_memory.span(), ctx);
+    message_bytes =
+        job_encoder(job, ResidualRole::worker, count).encode(shard, message_memory.span(), ctx);
     count_encoded(job.stats, mine.size(), message_bytes);
   }
   const std::span<const std::byte> message(message_memory.data(), message_bytes);

@@ -195,6 +195,12 @@ ReducerCheckpoint load_reducer_checkpoint(const std::string& path, std::uint32_t
     checkpoint.lane_residuals[lane].emplace(key.substr(bar + 1),
                                             std::vector<float>(values.begin(), values.end()));
   }
+  for (const auto& [name, value] : counters) {
+    GZ_REQUIRE(name == kStepCounter || name.starts_with(kAutoModelPrefix), ErrorCode::io_error, who,
+               "('", path, "'): the counter '", name, "' = ", value,
+               " is neither the step nor one of algo=auto's model inputs (a Communicator's "
+               "checkpoint?)");
+  }
   checkpoint.auto_model = get_auto_model(counters, path);
   if (const auto step = counters.find(kStepCounter); step != counters.end()) checkpoint.step = step->second;
   return checkpoint;

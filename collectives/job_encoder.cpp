@@ -27,10 +27,10 @@ JobEncoder::JobEncoder(const ReduceJob& job, ResidualRole role, std::size_t resi
     : codec_(&job.codec),
       residuals_(job.residuals),
       worker_key_(job.name),
-      key_(residual_key(role, job.name, step)),
       residual_count_(residual_count),
       is_worker_(role == ResidualRole::worker) {
-  if (residuals_ == nullptr) return;
+  if (residuals_ == nullptr) return;  // the codec alone: no key, no decorator
+  key_ = residual_key(role, job.name, step);
   // g' = g + e is formed in a per-thread scratch kept across calls, so that encoding a large
   // tensor does not fault in fresh pages every call; one thread encodes one chunk at a time.
   thread_local std::vector<float> scratch;

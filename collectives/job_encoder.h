@@ -48,7 +48,8 @@ std::string allgather_job_name(std::string_view name);
 std::string hierarchical_shard_job_name(std::string_view name);
 
 // One encode of an algorithm: the codec alone, or through error feedback with the residual of
-// one role (residual_count elements). Cheap to make; not thread-safe (one per encoding thread).
+// one role (residual_count elements). Without error feedback it allocates nothing; it refers to
+// the job's name, so it must not outlive the job. Not thread-safe (one per encoding thread).
 class JobEncoder {
  public:
   // Whether error feedback is on: encode() then also fills `decoded`, from the decode the
@@ -79,8 +80,8 @@ class JobEncoder {
 
   const Codec* codec_;
   error_feedback::ResidualStore* residuals_;  // null: error feedback off
-  std::string worker_key_;
-  std::string key_;
+  std::string_view worker_key_;  // job.name
+  std::string key_;              // the role's residual key; empty without error feedback
   std::size_t residual_count_;
   bool is_worker_;
   std::optional<error_feedback::ErrorFeedbackCodec> feedback_;

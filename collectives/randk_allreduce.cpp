@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
-#include "compressors/wire_format.h"
 #include "collectives/job_encoder.h"
+#include "compressors/wire_format.h"
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
 

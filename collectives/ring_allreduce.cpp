@@ -248,7 +248,8 @@ class RingAllreduce {
     const std::span<float> chunk = chunk_data(c);
     const ConstTensorView view(chunk.data(), chunk.size(), DType::f32, job_.device);
     const EncodeContext ctx = encode_context(job_, chunk_begin(c));
-    const std::size_t bytes = encoder_.encode(view, out, ctx, keep_decoded ? chunk : std::span<float>{});
+    const std::size_t bytes =
+        encoder_.encode(view, out, ctx, keep_decoded ? chunk : std::span<float>{});
     count_encoded(job_.stats, chunk.size(), bytes);
     return bytes;
   }

@@ -49,8 +49,8 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
-#include "compressors/wire_format.h"
 #include "collectives/job_encoder.h"
+#include "compressors/wire_format.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
