@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "benchmarks/bench_support.h"
+#include "compressors/codec_descriptor.h"
 #include "gradzip/error.h"
 
 #if GRADZIP_HAVE_MPI
@@ -357,32 +358,11 @@ std::uint64_t theoretical_sent_bytes(const Codec& codec, const std::string& algo
 constexpr double kF32Unit = 0x1p-24;
 
 // Bound on |D(C(y))_i - y_i| for one compression of a vector y with |y_j| <= y_max for all j
-// (for bucket codecs: in y_i's bucket). From the codecs' definitions (compressors/*.cpp):
-//   none        0
-//   fp16        round to nearest even: 2^-11 |y_i| for normal results, 2^-25 absolute below
-//   bf16        2^-8 |y_i|
-//   qsgd:bits=b levels scale * q / s, s = 2^(b-1) - 1, scale = the bucket's max |y| <= y_max:
-//               stochastic rounding lands on a neighbouring level, |err| <= scale / s
-//               (b = 1: the levels are -scale and +scale, |err| <= 2 scale); plus f32 rounding
-//               of q * scale / s
-//   sign        decodes to +-mean|y| of the bucket: |err| <= |y_i| + mean <= 2 y_max
-//   topk, randk a dropped element errs by |y_i| <= y_max, a kept one by 0 (f32 values) or
-//               the f16 rounding (values=fp16, < y_max)
+// (for bucket codecs: in y_i's bucket): the codec's row says it
+// (compressors/codec_descriptor.cpp lists each codec's).
 double compression_error(const CompressionSpec& spec, double y_max) {
-  switch (spec.codec) {
-    case CodecKind::none: return 0;
-    case CodecKind::fp16: return 0x1p-11 * y_max + 0x1p-25;
-    case CodecKind::bf16: return 0x1p-8 * y_max;
-    case CodecKind::qsgd: {
-      const double levels = spec.bits == 1 ? 0.5 : static_cast<double>((1 << (spec.bits - 1)) - 1);
-      return y_max / levels + 4 * kF32Unit * y_max;
-    }
-    case CodecKind::sign: return 2 * y_max;
-    case CodecKind::topk:
-    case CodecKind::randk: return y_max;
-    case CodecKind::powersgd: break;
-  }
-  return HUGE_VAL;
+  const auto bound = compressors::codec_descriptor(spec.codec).error_bound;
+  return bound != nullptr ? bound(spec, y_max) : HUGE_VAL;
 }
 
 // A bound on max_i |result_i - sum_r x_{r,i}| of one call on fresh residuals, where

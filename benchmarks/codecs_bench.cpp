@@ -33,7 +33,7 @@ struct Options {
 };
 
 const std::vector<std::string> kDefaultCodecs = {
-    "none",  "fp16", "bf16", "qsgd:bits=8", "qsgd:bits=4", "qsgd:bits=2", "sign",
+    "none",  "fp16", "bf16", "qsgd:bits=8", "qsgd:bits=4", "qsgd:bits=2", "terngrad", "sign",
     "topk:ratio=0.01", "topk:ratio=0.01,approx=on", "topk:ratio=0.001", "randk:ratio=0.01"};
 
 struct Result {

@@ -25,6 +25,7 @@
 #   sign_noef: sign:ef=off                              topk1_ef: topk:ratio=0.01,ef=on
 #   topk1_noef: topk:ratio=0.01,ef=off                  topk01_ef: topk:ratio=0.001,ef=on
 #   randk1_ef: randk:ratio=0.01,ef=on                   powersgd4: powersgd:rank=4
+#   terngrad: terngrad                                  terngrad_ef: terngrad:ef=on
 #   topk1_ef_warm: topk:ratio=0.01,ef=on,warmup=125,ramp=250 (DGC-style: half an epoch dense,
 #                  then the ratio falls from 25% to 1% over one epoch)
 #   sign_ef_mc, topk1_ef_mc, topk01_ef_mc, randk1_ef_mc: as without _mc, with momentum
@@ -39,7 +40,7 @@ set -euo pipefail
 
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 labels=(none fp16 bf16 qsgd4 qsgd2 sign_ef sign_noef topk1_ef topk1_noef topk01_ef randk1_ef powersgd4
-        topk1_ef_warm sign_ef_mc topk1_ef_mc topk01_ef_mc randk1_ef_mc)
+        topk1_ef_warm sign_ef_mc topk1_ef_mc topk01_ef_mc randk1_ef_mc terngrad terngrad_ef)
 declare -A spec_of=(
   [none]=none
   [fp16]=fp16
@@ -58,6 +59,8 @@ declare -A spec_of=(
   [topk1_ef_mc]=topk:ratio=0.01,ef=on
   [topk01_ef_mc]=topk:ratio=0.001,ef=on
   [randk1_ef_mc]=randk:ratio=0.01,ef=on
+  [terngrad]=terngrad
+  [terngrad_ef]=terngrad:ef=on
 )
 # Labels ending in _mc train with momentum correction (--momentum-correction on).
 momentum_correction_of() { [[ $1 == *_mc ]] && echo on || echo off; }

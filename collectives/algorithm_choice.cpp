@@ -31,7 +31,7 @@ bool below_min_bytes(const CompressionSpec& spec, std::size_t count) {
          (count == spec.min_bytes / sizeof(float) && spec.min_bytes % sizeof(float) != 0);
 }
 
-Algorithm algorithm_of(ModeledAlgorithm modeled) {
+Algorithm algorithm_of(AlgorithmId modeled) {
   const AlgorithmRow& row = algorithm_row(modeled);
   GZ_REQUIRE(row.spec_value && row.run_flat != nullptr, ErrorCode::internal, "algo=auto: the model chose '",
              row.name, "', which is not a flat algorithm of the library");
@@ -56,31 +56,31 @@ std::string milliseconds(double seconds) {
 // candidate is predicted at least kAutoSwitchGain faster.
 void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoModel& model,
                      AllreduceChoice& choice) {
-  std::vector<ModeledAlgorithm> candidates = auto_candidates(spec.codec);
-  if (model.hierarchy) candidates.push_back(ModeledAlgorithm::hier);
+  std::vector<AlgorithmId> candidates = auto_candidates(spec.codec);
+  if (model.hierarchy) candidates.push_back(AlgorithmId::hier);
   std::string times;
   CostEstimate fallback, fastest;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    const bool hier = candidates[i] == ModeledAlgorithm::hier;
+    const bool hier = candidates[i] == AlgorithmId::hier;
     // hier: the codec's default algorithm across nodes, on each inter group's link.
     const CostEstimate estimate = estimate_allreduce(
         candidates[i], model.codec, model.cost, count, model.ranks,
         hier ? model.hierarchy->across : model.link, hier ? model.hierarchy->nodes : HierarchyModel{});
     if (i == 0) fallback = estimate;
     if (i == 1 || (i > 1 && estimate.seconds < fastest.seconds)) fastest = estimate;
-    times += detail::concat(i == 0 ? "" : ", ", modeled_algorithm_name(candidates[i]), " ",
+    times += detail::concat(i == 0 ? "" : ", ", algorithm_id_name(candidates[i]), " ",
                             milliseconds(estimate.seconds));
   }
   const bool switch_away =
       candidates.size() > 1 && fastest.seconds < (1.0 - kAutoSwitchGain) * fallback.seconds;
   const CostEstimate& best = switch_away ? fastest : fallback;
-  if (best.algorithm == ModeledAlgorithm::hier) {
+  if (best.algorithm == AlgorithmId::hier) {
     choice.path = AllreducePath::hierarchical;
     choice.algorithm = Algorithm::auto_select;
     choice.name = "hier/" + auto_flat_name(spec.codec);
   } else {
     choice.algorithm = algorithm_of(best.algorithm);
-    choice.name = modeled_algorithm_name(best.algorithm);
+    choice.name = algorithm_id_name(best.algorithm);
   }
   const std::string exchange =
       model.link.exchange_bytes_per_s > 0

@@ -8,17 +8,14 @@
 //                                             below a few KiB latency dominates and compressing
 //                                             saves nothing; error feedback is not involved
 //   algo=auto, random-k                    -> its shared-index path
-//   algo=auto with an AutoModel            -> the codec's default (the first of auto_candidates,
-//                                             cost_model.h: ring / SRA / rhd / tree for none,
-//                                             fp16, bf16; SRA / tree for qsgd, sign; the sparse
-//                                             all-gather / tree for top-k; and hier when the
-//                                             model has a node structure), unless another
-//                                             candidate is predicted at least 15% faster: then
-//                                             the fastest (ties: the earlier); the note lists
-//                                             every candidate's predicted time
-//   algo=auto without one                  -> the codec's default: ring for none / fp16 /
-//                                             bf16, SRA for qsgd / sign, sparse all-gather for
-//                                             top-k
+//   algo=auto with an AutoModel            -> the codec's default (the first of its row's
+//                                             auto_choices, collectives/codec_table.cpp; and
+//                                             hier when the model has a node structure),
+//                                             unless another candidate is predicted at least
+//                                             15% faster: then the fastest (ties: the
+//                                             earlier); the note lists every candidate's
+//                                             predicted time
+//   algo=auto without one                  -> the codec's default (its row's default_path)
 // The AutoModel's inputs (link, γ) are agreed bit for bit by every rank
 // (collectives/link_calibration.h), so the model's choice is the same everywhere too.
 //   algo=ring | sra | allgather | rhd | tree -> that flat algorithm, at any size
@@ -26,8 +23,8 @@
 //                                             flat algorithm across nodes (auto)
 //   codec powersgd                         -> ErrorCode::unsupported (a Reducer-level
 //                                             compressor: it needs whole matrices)
-// Reduce-scatter (choose_reduce_scatter): SRA's first half for qsgd and sign or algo=sra, the
-// ring's first half otherwise (there is no sparse, hierarchical, halving/doubling or tree
+// Reduce-scatter (choose_reduce_scatter): SRA's first half for algo=sra and for the codecs whose
+// default path is SRA, the ring's first half otherwise (there is no sparse, hierarchical, halving/doubling or tree
 // reduce-scatter); during
 // warm-up the codec is `none`. All-gather always runs compressed_allgather (codec `none`
 // during warm-up).

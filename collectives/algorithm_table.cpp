@@ -9,9 +9,9 @@
 namespace gradzip::collectives {
 namespace {
 
-using A = ModeledAlgorithm;
+using A = AlgorithmId;
 
-// In ModeledAlgorithm's order (checked below).
+// In AlgorithmId's order (checked below).
 const std::array<AlgorithmRow, 7> kRows{{
     {A::ring, "ring", Algorithm::ring, &ring_allreduce, &estimate_ring, {}},
     {A::sra, "sra", Algorithm::sra, &sra_allreduce, &estimate_sra, {}},
@@ -34,13 +34,17 @@ constexpr bool rows_in_order() {
          static_cast<int>(A::allgather) == 2 && static_cast<int>(A::randk) == 3 &&
          static_cast<int>(A::rhd) == 4 && static_cast<int>(A::tree) == 5 && static_cast<int>(A::hier) == 6;
 }
-static_assert(rows_in_order(), "kRows must follow ModeledAlgorithm's order");
+static_assert(rows_in_order(), "kRows must follow AlgorithmId's order");
 
 }  // namespace
 
-const AlgorithmRow& algorithm_row(ModeledAlgorithm path) noexcept {
+const AlgorithmRow& algorithm_row(AlgorithmId path) noexcept {
   const auto index = static_cast<std::size_t>(path);
   return kRows[index < kRows.size() ? index : 0];
+}
+
+const char* algorithm_id_name(AlgorithmId algorithm) noexcept {
+  return algorithm_row(algorithm).name.data();  // the table's names are string literals
 }
 
 const AlgorithmRow& algorithm_row(Algorithm spec_value) {

@@ -1,6 +1,6 @@
 // The all-reduce paths the library runs, one row each (algorithm_table.cpp): the flat
 // algorithms, random-k's shared-index path and the hierarchical composition, keyed by
-// ModeledAlgorithm (the cost model's name for a path). A row says the path's name (what
+// AlgorithmId (collectives/algorithm_id.h). A row says the path's name (what
 // CollectiveStats::algorithm reports and the model prints), the algo= value that selects it,
 // the function that runs it on a ReduceJob, its cost estimate, and whether it can run on
 // device memory. Adding an algorithm adds its file, its estimate (collectives/cost_model.cpp)
@@ -18,7 +18,7 @@ namespace gradzip::collectives {
 struct ReduceJob;
 
 struct AlgorithmRow {
-  ModeledAlgorithm path = ModeledAlgorithm::ring;
+  AlgorithmId path = AlgorithmId::ring;
   std::string_view name;
   // The algo= value that selects it; none for random-k's shared-index path, which algo=auto
   // runs for random-k (collectives/codec_table.h).
@@ -33,7 +33,7 @@ struct AlgorithmRow {
   std::string_view host_only_reason;
 };
 
-const AlgorithmRow& algorithm_row(ModeledAlgorithm path) noexcept;
+const AlgorithmRow& algorithm_row(AlgorithmId path) noexcept;
 
 // What CollectiveStats::algorithm reports for a call that went through the transport's own
 // uncompressed sum instead of a path of the table (warm-up, algo=auto under min_bytes, the

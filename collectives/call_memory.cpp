@@ -26,7 +26,7 @@ CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec
              "cuda_path is nccl, but this gradzip was built without NCCL");
   if (algorithm) {
     const AlgorithmRow& row =
-        shared_index ? algorithm_row(ModeledAlgorithm::randk) : algorithm_row(*algorithm);
+        shared_index ? algorithm_row(AlgorithmId::randk) : algorithm_row(*algorithm);
     if (!row.host_only_reason.empty()) return staged(std::string(row.host_only_reason));
   }
   if (nccl_transport_built()) {

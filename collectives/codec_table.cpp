@@ -2,13 +2,15 @@
 #include "collectives/codec_table.h"
 
 #include <array>
+#include <vector>
 
 #include "collectives/algorithm_table.h"
+#include "compressors/codec_descriptor.h"
 
 namespace gradzip::collectives {
 namespace {
 
-using A = ModeledAlgorithm;
+using A = AlgorithmId;
 
 constexpr std::array kDenseRunnable{A::ring, A::sra, A::rhd, A::tree};
 constexpr std::array kQuantisedRunnable{A::sra, A::ring, A::rhd, A::tree};
@@ -28,8 +30,10 @@ CodecRow paths(CodecKind codec, A default_path, std::span<const A> runnable,
   return row;
 }
 
-std::array<CodecRow, 8> make_table() {
-  std::array<CodecRow, 8> table{};
+// Indexed by CodecKind, one row per codec of compressors/codec_descriptor.cpp (a codec without a
+// row here would read as `none`'s default row; tests/unit/test_codec_table.cpp checks every one).
+std::vector<CodecRow> make_table() {
+  std::vector<CodecRow> table(compressors::codec_descriptors().size());
   const auto set = [&table](CodecRow row) { table[static_cast<std::size_t>(row.codec)] = row; };
   for (const CodecKind codec : {CodecKind::none, CodecKind::fp16, CodecKind::bf16, CodecKind::powersgd}) {
     CodecRow row = paths(codec, A::ring, kDenseRunnable, kDenseRunnable);
@@ -41,6 +45,7 @@ std::array<CodecRow, 8> make_table() {
   }
   set(paths(CodecKind::qsgd, A::sra, kQuantisedRunnable, kQuantisedAuto));
   set(paths(CodecKind::sign, A::sra, kQuantisedRunnable, kQuantisedAuto));
+  set(paths(CodecKind::terngrad, A::sra, kQuantisedRunnable, kQuantisedAuto));
 
   CodecRow topk = paths(CodecKind::topk, A::allgather, kTopkRunnable, kTopkAuto);
   topk.values_key = true;
@@ -57,7 +62,7 @@ std::array<CodecRow, 8> make_table() {
 }  // namespace
 
 const CodecRow& codec_row(CodecKind codec) noexcept {
-  static const std::array<CodecRow, 8> table = make_table();
+  static const std::vector<CodecRow> table = make_table();
   const auto index = static_cast<std::size_t>(codec);
   return table[index < table.size() ? index : 0];
 }
@@ -69,7 +74,7 @@ Algorithm default_flat_algorithm(CodecKind codec) noexcept {
 }
 
 std::string_view default_path_name(CodecKind codec) noexcept {
-  return modeled_algorithm_name(codec_row(codec).default_path);
+  return algorithm_id_name(codec_row(codec).default_path);
 }
 
 DType wire_value_type(const CompressionSpec& spec) noexcept {

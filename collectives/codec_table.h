@@ -16,15 +16,15 @@ struct CodecRow {
   CodecKind codec = CodecKind::none;
   // What algo=auto runs without the cost model, and the model's fallback: the ring, SRA, the
   // sparse all-gather, or random-k's shared-index path (randk_allreduce).
-  ModeledAlgorithm default_path = ModeledAlgorithm::ring;
+  AlgorithmId default_path = AlgorithmId::ring;
   // Every flat path that can run the codec, the default first (the cost model's
   // candidate_algorithms; `gradzip-bench model` compares them).
-  std::span<const ModeledAlgorithm> runnable;
+  std::span<const AlgorithmId> runnable;
   // The paths algo=auto may choose among with the model, the default first: those that compress
   // each element no more often than the default does, so that the choice changes the speed but
   // never makes the result less accurate. The ring re-encodes partial sums P - 1 times and
   // halving/doubling log2 P times, which is why neither is offered for qsgd, sign or top-k.
-  std::span<const ModeledAlgorithm> auto_choices;
+  std::span<const AlgorithmId> auto_choices;
   // Random-k: every rank draws the same indices from the shared seed, so its messages add up
   // index by index (its own path; its encodes keep the shared seed instead of a per-rank one).
   bool shared_indices = false;

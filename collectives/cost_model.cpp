@@ -39,7 +39,7 @@ int floor_log2(int p) {
   return steps;
 }
 
-CostEstimate finish(ModeledAlgorithm algorithm, double latency, double transfer, double compute,
+CostEstimate finish(AlgorithmId algorithm, double latency, double transfer, double compute,
                     double bytes) {
   CostEstimate estimate;
   estimate.algorithm = algorithm;
@@ -63,7 +63,7 @@ CostEstimate ring(const Codec& codec, const CodecCost& cost, double n, int p, co
                              : n * cost.encode_s + (2.0 * p - 1.0) * m * cost.decode_add_s;
   // At two ranks the next and the previous rank are the same: each step is a pairwise exchange.
   const double rate = p == 2 ? link.exchange_rate() : link.bytes_per_s;
-  return finish(ModeledAlgorithm::ring, steps * link.latency_s, bytes / rate, compute, bytes);
+  return finish(AlgorithmId::ring, steps * link.latency_s, bytes / rate, compute, bytes);
 }
 
 // Open MPI's all-to-all / all-gather of P − 1 blocks per rank: P − 1 message start-ups, the
@@ -83,7 +83,7 @@ CostEstimate sra(const Codec& codec, const CodecCost& cost, double n, int p, con
   const double bytes = 2.0 * (p - 1) * message_bytes(codec, m);
   const double latency = 2 * exchange_latency(p, link) + 2 * size_exchange_latency(p, link);
   const double compute = (n + m) * cost.encode_s + 2.0 * n * cost.decode_add_s;
-  return finish(ModeledAlgorithm::sra, latency, bytes / link.bytes_per_s, compute, bytes);
+  return finish(AlgorithmId::sra, latency, bytes / link.bytes_per_s, compute, bytes);
 }
 
 // Sparse all-gather: encode n once, all-gather P − 1 whole-tensor messages, decode_add P; or,
@@ -96,7 +96,7 @@ CostEstimate allgather(const Codec& codec, const CodecCost& cost, double n, int 
   const double dense_ring = 2.0 * (p - 1) * kHeader + 2.0 * (p - 1) * 4.0 * n / p;
   if (p > 1 && dense_ring < gathered) {
     CostEstimate estimate = ring(codec, cost, n, p, link, /*uncompressed=*/true);
-    estimate.algorithm = ModeledAlgorithm::allgather;
+    estimate.algorithm = AlgorithmId::allgather;
     estimate.compute_s += n * (cost.encode_s + cost.decode_add_s);
     estimate.seconds = estimate.latency_s + estimate.transfer_s + estimate.compute_s;
     estimate.dense_switch = true;
@@ -104,14 +104,14 @@ CostEstimate allgather(const Codec& codec, const CodecCost& cost, double n, int 
   }
   const double latency = exchange_latency(p, link) + size_exchange_latency(p, link);
   const double compute = n * cost.encode_s + p * n * cost.decode_add_s;
-  return finish(ModeledAlgorithm::allgather, latency, gathered / link.bytes_per_s, compute, gathered);
+  return finish(AlgorithmId::allgather, latency, gathered / link.bytes_per_s, compute, gathered);
 }
 
 // Random-k: select k of n (encode), an uncompressed ring over the k values, decode.
 CostEstimate randk(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
   const double k = static_cast<double>(codec.spec().k_for(static_cast<std::size_t>(n)));
   CostEstimate inner = ring(codec, cost, k, p, link, /*uncompressed=*/true);
-  inner.algorithm = ModeledAlgorithm::randk;
+  inner.algorithm = AlgorithmId::randk;
   inner.compute_s += n * (cost.encode_s + cost.decode_add_s);
   inner.seconds = inner.latency_s + inner.transfer_s + inner.compute_s;
   return inner;
@@ -143,7 +143,7 @@ CostEstimate rhd(const Codec& codec, const CodecCost& cost, double n, int p, con
     compute += n * (cost.encode_s + cost.decode_add_s);
   }
   // Every step but the fold's send and the unfold's messages is a pairwise exchange.
-  return finish(ModeledAlgorithm::rhd, steps * link.latency_s, bytes / link.exchange_rate(),
+  return finish(AlgorithmId::rhd, steps * link.latency_s, bytes / link.exchange_rate(),
                 compute, bytes);
 }
 
@@ -153,7 +153,7 @@ CostEstimate tree(const Codec& codec, const CodecCost& cost, double n, int p, co
   const double levels = ceil_log2(p);
   const double bytes = levels * (dense_bytes(n) + message_bytes(codec, n));
   const double compute = levels * n * cost.add_s + n * (cost.encode_s + cost.decode_add_s);
-  return finish(ModeledAlgorithm::tree, 2 * levels * link.latency_s, bytes / link.bytes_per_s,
+  return finish(AlgorithmId::tree, 2 * levels * link.latency_s, bytes / link.bytes_per_s,
                 compute, bytes);
 }
 
@@ -178,7 +178,7 @@ CostEstimate hier(const Codec& codec, const CodecCost& cost, double n, int p, co
   const double intra_transfer = intra_bytes / hierarchy.intra.bytes_per_s;
   const double intra_compute = node_steps * shard * cost.add_s;
   CostEstimate across = nodes > 1 ? flat_default(codec, cost, shard, nodes, link) : CostEstimate{};
-  CostEstimate estimate = finish(ModeledAlgorithm::hier, intra_latency + across.latency_s,
+  CostEstimate estimate = finish(AlgorithmId::hier, intra_latency + across.latency_s,
                                  intra_transfer + across.transfer_s,
                                  intra_compute + across.compute_s, intra_bytes + across.bytes_sent);
   return estimate;
@@ -186,11 +186,7 @@ CostEstimate hier(const Codec& codec, const CodecCost& cost, double n, int p, co
 
 }  // namespace
 
-const char* modeled_algorithm_name(ModeledAlgorithm algorithm) noexcept {
-  return algorithm_row(algorithm).name.data();  // the table's names are string literals
-}
-
-CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
+CostEstimate estimate_allreduce(AlgorithmId algorithm, const Codec& codec,
                                 const CodecCost& cost, std::size_t count, int ranks,
                                 const LinkModel& link, const HierarchyModel& hierarchy) {
   GZ_REQUIRE(ranks >= 1, ErrorCode::invalid_argument, "estimate_allreduce: ", ranks, " ranks");
@@ -224,17 +220,17 @@ CostEstimate estimate_hier(const EstimateInputs& in) {
   return hier(in.codec, in.cost, in.n, in.ranks, in.link, in.hierarchy);
 }
 
-std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec) {
-  const std::span<const ModeledAlgorithm> runnable = codec_row(spec.codec).runnable;
+std::vector<AlgorithmId> candidate_algorithms(const CompressionSpec& spec) {
+  const std::span<const AlgorithmId> runnable = codec_row(spec.codec).runnable;
   return {runnable.begin(), runnable.end()};
 }
 
-std::vector<ModeledAlgorithm> auto_candidates(CodecKind codec) {
-  const std::span<const ModeledAlgorithm> choices = codec_row(codec).auto_choices;
+std::vector<AlgorithmId> auto_candidates(CodecKind codec) {
+  const std::span<const AlgorithmId> choices = codec_row(codec).auto_choices;
   return {choices.begin(), choices.end()};
 }
 
-CostEstimate cheapest_allreduce(const std::vector<ModeledAlgorithm>& candidates,
+CostEstimate cheapest_allreduce(const std::vector<AlgorithmId>& candidates,
                                 const Codec& codec, const CodecCost& cost, std::size_t count,
                                 int ranks, const LinkModel& link, const HierarchyModel& hierarchy) {
   GZ_REQUIRE(!candidates.empty(), ErrorCode::invalid_argument, "cheapest_allreduce: no candidates");

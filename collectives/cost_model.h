@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algorithm_id.h"
 #include "gradzip/codec.h"
 #include "gradzip/compression_spec.h"
 
@@ -51,18 +52,6 @@ struct CodecCost {
   double add_s = 0;         // one f32 add of a vector (the uncompressed reductions)
 };
 
-// The algorithms the model knows (the names are CollectiveStats::algorithm's).
-enum class ModeledAlgorithm : std::uint8_t {
-  ring,       // ring reduce-scatter + all-gather, re-encoding partial sums (codec `none`: plain)
-  sra,        // scatter-reduce-allgather: encode once, owner re-encodes the sum
-  allgather,  // sparse all-gather of whole-tensor messages (with the dense switch)
-  randk,      // random-k's shared-index path: a ring over k values
-  rhd,        // recursive halving (re-encoding) + doubling (forwarding), Rabenseifner
-  tree,       // binomial reduce in f32, the sum encoded once, binomial broadcast of the message
-  hier,       // uncompressed inside nodes, the codec's flat algorithm across nodes
-};
-
-const char* modeled_algorithm_name(ModeledAlgorithm algorithm) noexcept;
 
 // Two links for the hierarchical all-reduce: inside a node (shared memory, NVLink) and across.
 struct HierarchyModel {
@@ -71,7 +60,7 @@ struct HierarchyModel {
 };
 
 struct CostEstimate {
-  ModeledAlgorithm algorithm = ModeledAlgorithm::ring;
+  AlgorithmId algorithm = AlgorithmId::ring;
   double seconds = 0;     // latency_s + transfer_s + compute_s
   double latency_s = 0;   // α times the sequential message start-ups
   double transfer_s = 0;  // β times the bytes on the critical path
@@ -104,22 +93,22 @@ CostEstimate estimate_hier(const EstimateInputs& in);       // the codec's defau
 // The modelled time of one all-reduce of `count` elements on `ranks` ranks with `codec`
 // (whose spec() gives the algorithm's parameters) and its γ. `hierarchy` is used by hier only.
 // ranks >= 1; one rank costs 0.
-CostEstimate estimate_allreduce(ModeledAlgorithm algorithm, const Codec& codec,
+CostEstimate estimate_allreduce(AlgorithmId algorithm, const Codec& codec,
                                 const CodecCost& cost, std::size_t count, int ranks,
                                 const LinkModel& link, const HierarchyModel& hierarchy = {});
 
 // The flat algorithms that run `spec`'s codec on P ranks with a link each, the codec's default
 // first (CodecRow::runnable in collectives/codec_table.h). hier is not among them: it needs the
 // node structure (algo=hier says it; HierarchyModel describes it to the model).
-std::vector<ModeledAlgorithm> candidate_algorithms(const CompressionSpec& spec);
+std::vector<AlgorithmId> candidate_algorithms(const CompressionSpec& spec);
 
 // What algo=auto chooses among (collectives/algorithm_choice.h), the default first: the
 // candidates that compress each element no more often than the codec's default algorithm does
 // (CodecRow::auto_choices in collectives/codec_table.h, which lists them per codec).
-std::vector<ModeledAlgorithm> auto_candidates(CodecKind codec);
+std::vector<AlgorithmId> auto_candidates(CodecKind codec);
 
 // The cheapest of `candidates` (ties: the earlier one).
-CostEstimate cheapest_allreduce(const std::vector<ModeledAlgorithm>& candidates,
+CostEstimate cheapest_allreduce(const std::vector<AlgorithmId>& candidates,
                                 const Codec& codec, const CodecCost& cost, std::size_t count,
                                 int ranks, const LinkModel& link,
                                 const HierarchyModel& hierarchy = {});

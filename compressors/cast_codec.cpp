@@ -148,14 +148,12 @@ class CastCodec final : public Codec {
 
 }  // namespace
 
-std::unique_ptr<Codec> make_cast_codec(const CompressionSpec& spec) {
-  switch (spec.codec) {
-    case CodecKind::fp16: return std::make_unique<CastCodec>(spec, kFp16);
-    case CodecKind::bf16: return std::make_unique<CastCodec>(spec, kBf16);
-    default: break;
-  }
-  GZ_THROW(ErrorCode::internal, "make_cast_codec: spec '", spec.to_string(),
-           "' is not fp16 or bf16");
+std::unique_ptr<Codec> make_fp16_codec(const CompressionSpec& spec) {
+  return std::make_unique<CastCodec>(spec, kFp16);
+}
+
+std::unique_ptr<Codec> make_bf16_codec(const CompressionSpec& spec) {
+  return std::make_unique<CastCodec>(spec, kBf16);
 }
 
 }  // namespace gradzip::compressors

@@ -1,50 +1,29 @@
 // Parser and printer of compression spec strings (grammar in include/gradzip/compression_spec.h).
+// Codec names, their keys and error-feedback defaults come from compressors/codec_descriptor.cpp;
+// every key's parser and printer is here.
 #include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "compressors/codec_descriptor.h"
 #include "gradzip/compression_spec.h"
 #include "gradzip/error.h"
 
 namespace gradzip {
 namespace {
 
-struct CodecEntry {
-  CodecKind kind;
-  std::string_view name;
-  std::vector<std::string_view> keys;  // codec-specific keys, in canonical order
-  bool error_feedback_default;
-};
-
-const std::vector<CodecEntry>& codec_table() {
-  static const std::vector<CodecEntry> table = {
-      {CodecKind::none, "none", {}, false},
-      {CodecKind::fp16, "fp16", {}, false},
-      {CodecKind::bf16, "bf16", {}, false},
-      {CodecKind::qsgd, "qsgd", {"bits", "bucket"}, false},
-      {CodecKind::sign, "sign", {"bucket"}, true},
-      {CodecKind::topk, "topk", {"ratio", "k", "approx", "values", "ramp"}, true},
-      {CodecKind::randk, "randk", {"ratio", "k", "values", "ramp"}, true},
-      {CodecKind::powersgd, "powersgd", {"rank"}, true},
-  };
-  return table;
-}
+using compressors::CodecDescriptor;
+using compressors::codec_descriptors;
 
 constexpr std::array<std::string_view, 8> kSharedKeys = {
     "ef", "ef_resize", "algo", "warmup", "min_bytes", "seed", "ranks_per_node", "nonfinite"};
 
-const CodecEntry& entry_for(CodecKind kind) {
-  for (const CodecEntry& entry : codec_table())
-    if (entry.kind == kind) return entry;
-  GZ_THROW(ErrorCode::internal, "compression spec: codec kind ", static_cast<int>(kind),
-           " missing from the table");
-}
-
-std::string join(const std::vector<std::string_view>& items) {
+std::string join(std::span<const std::string_view> items) {
   std::string out;
   for (std::string_view item : items) {
     if (!out.empty()) out += ", ";
@@ -55,12 +34,12 @@ std::string join(const std::vector<std::string_view>& items) {
 
 std::string accepted_codecs() {
   std::vector<std::string_view> names;
-  for (const CodecEntry& entry : codec_table()) names.push_back(entry.name);
+  for (const CodecDescriptor& row : codec_descriptors()) names.push_back(row.name);
   return join(names);
 }
 
-std::string accepted_keys(const CodecEntry& entry) {
-  std::vector<std::string_view> keys = entry.keys;
+std::string accepted_keys(const CodecDescriptor& entry) {
+  std::vector<std::string_view> keys(entry.keys.begin(), entry.keys.end());
   keys.insert(keys.end(), kSharedKeys.begin(), kSharedKeys.end());
   return join(keys);
 }
@@ -114,8 +93,8 @@ T parse_choice(std::string_view spec, std::string_view key, std::string_view val
 }  // namespace
 
 std::string_view codec_kind_name(CodecKind kind) noexcept {
-  for (const CodecEntry& entry : codec_table())
-    if (entry.kind == kind) return entry.name;
+  for (const CodecDescriptor& row : codec_descriptors())
+    if (row.kind == kind) return row.name;
   return "unknown";
 }
 
@@ -148,9 +127,7 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
 
   const std::size_t colon = spec.find(':');
   const std::string_view codec_name = trim(spec.substr(0, colon));
-  const CodecEntry* entry = nullptr;
-  for (const CodecEntry& candidate : codec_table())
-    if (candidate.name == codec_name) entry = &candidate;
+  const CodecDescriptor* entry = compressors::find_codec_descriptor(codec_name);
   GZ_REQUIRE(entry != nullptr, ErrorCode::invalid_spec, "compression spec '", spec,
              "': unknown codec '", codec_name, "'; accepted codecs: ", accepted_codecs());
 
@@ -248,7 +225,7 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
 }
 
 std::string CompressionSpec::to_string() const {
-  const CodecEntry& entry = entry_for(codec);
+  const CodecDescriptor& entry = compressors::codec_descriptor(codec);
   std::string out(entry.name);
   std::vector<std::string> options;
   for (std::string_view key : entry.keys) {

@@ -1,5 +1,6 @@
 #include "compressors/registry.h"
 
+#include "compressors/codec_descriptor.h"
 #include "compressors/device_codec.h"
 #include "gradzip/error.h"
 
@@ -45,21 +46,10 @@ class DeviceDispatchCodec final : public Codec {
 };
 
 std::unique_ptr<Codec> make_host_codec(const CompressionSpec& spec) {
-  switch (spec.codec) {
-    case CodecKind::none: return make_none_codec(spec);
-    case CodecKind::fp16:
-    case CodecKind::bf16: return make_cast_codec(spec);
-    case CodecKind::qsgd: return make_qsgd_codec(spec);
-    case CodecKind::sign: return make_sign_codec(spec);
-    case CodecKind::topk: return make_topk_codec(spec);
-    case CodecKind::randk: return make_randk_codec(spec);
-    case CodecKind::powersgd:
-      GZ_THROW(ErrorCode::unsupported,
-               "make_codec: powersgd compresses whole matrices inside the Reducer; it has no "
-               "element codec (spec '", spec.to_string(), "')");
-  }
-  GZ_THROW(ErrorCode::internal, "make_codec: codec kind ", static_cast<int>(spec.codec),
-           " has no factory");
+  const CodecDescriptor& row = codec_descriptor(spec.codec);
+  GZ_REQUIRE(row.make_host != nullptr, ErrorCode::unsupported, "make_codec: ",
+             row.why_no_element_codec, " (spec '", spec.to_string(), "')");
+  return row.make_host(spec);
 }
 
 }  // namespace

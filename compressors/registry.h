@@ -1,4 +1,5 @@
-// One factory per codec file; make_codec() (registry.cpp) picks one by spec.codec.
+// One factory per codec file; make_codec() (registry.cpp) calls the one that the codec's row in
+// compressors/codec_descriptor.cpp names.
 #pragma once
 
 #include <memory>
@@ -8,10 +9,12 @@
 namespace gradzip::compressors {
 
 std::unique_ptr<Codec> make_none_codec(const CompressionSpec& spec);
-std::unique_ptr<Codec> make_cast_codec(const CompressionSpec& spec);   // fp16, bf16
+std::unique_ptr<Codec> make_fp16_codec(const CompressionSpec& spec);   // cast_codec.cpp
+std::unique_ptr<Codec> make_bf16_codec(const CompressionSpec& spec);   // cast_codec.cpp
 std::unique_ptr<Codec> make_qsgd_codec(const CompressionSpec& spec);
 std::unique_ptr<Codec> make_sign_codec(const CompressionSpec& spec);
 std::unique_ptr<Codec> make_topk_codec(const CompressionSpec& spec);   // exact and approx
 std::unique_ptr<Codec> make_randk_codec(const CompressionSpec& spec);
+std::unique_ptr<Codec> make_terngrad_codec(const CompressionSpec& spec);
 
 }  // namespace gradzip::compressors

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 
+#include "compressors/codec_descriptor.h"
 #include "gradzip/error.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -24,24 +25,11 @@ T get(std::span<const std::byte> in, std::size_t offset) {
   return value;
 }
 
-bool known_codec(std::uint8_t id) noexcept {
-  return id >= static_cast<std::uint8_t>(WireCodec::none) &&
-         id <= static_cast<std::uint8_t>(WireCodec::randk);
-}
-
 }  // namespace
 
 std::string_view wire_codec_name(WireCodec codec) noexcept {
-  switch (codec) {
-    case WireCodec::none: return "none";
-    case WireCodec::fp16: return "fp16";
-    case WireCodec::bf16: return "bf16";
-    case WireCodec::qsgd: return "qsgd";
-    case WireCodec::sign: return "sign";
-    case WireCodec::topk: return "topk";
-    case WireCodec::randk: return "randk";
-  }
-  return "unknown";
+  const CodecDescriptor* row = find_wire_descriptor(static_cast<std::uint8_t>(codec));
+  return row != nullptr ? row->name : "unknown";
 }
 
 void write_header(const WireHeader& header, std::span<std::byte> out) {
@@ -84,7 +72,7 @@ WireHeader read_header_copy(std::span<const std::byte> in, std::size_t message_b
   GZ_REQUIRE(version == kWireVersion, ErrorCode::malformed_message, op, ": wire version ",
              int{version}, " is not supported (this build reads version ", int{kWireVersion}, ")");
   const auto codec_id = get<std::uint8_t>(in, 5);
-  GZ_REQUIRE(known_codec(codec_id), ErrorCode::malformed_message, op, ": unknown codec id ",
+  GZ_REQUIRE(find_wire_descriptor(codec_id) != nullptr, ErrorCode::malformed_message, op, ": unknown codec id ",
              int{codec_id});
   WireHeader header;
   header.codec = static_cast<WireCodec>(codec_id);

@@ -29,6 +29,8 @@ inline constexpr std::uint32_t kWireMagic = 0x505A4447u;
 inline constexpr std::uint8_t kWireVersion = 1;
 inline constexpr std::size_t kWireHeaderBytes = 32;
 
+// The codec byte of a message. Each element codec's row in compressors/codec_descriptor.cpp names
+// its id; an id is never reused for another layout.
 enum class WireCodec : std::uint8_t {
   none = 1,
   fp16 = 2,
@@ -37,8 +39,10 @@ enum class WireCodec : std::uint8_t {
   sign = 5,
   topk = 6,
   randk = 7,
+  terngrad = 8,
 };
 
+// The spec name of the codec whose messages carry `codec` ("unknown" for an id without a row).
 std::string_view wire_codec_name(WireCodec codec) noexcept;
 
 // A randk payload starts with its 24-byte index key (u64 seed, u32 step, u32 tensor id,

@@ -214,8 +214,9 @@ const std::vector<Layer> kResnet50 = {
     {"fc.bias", {1000}},
 };
 
-const std::vector<std::string> kCodecs = {"none",        "fp16", "bf16",           "qsgd:bits=8",
-                                          "qsgd:bits=4", "sign", "topk:ratio=0.01", "randk:ratio=0.01"};
+const std::vector<std::string> kCodecs = {"none",        "fp16",     "bf16",           "qsgd:bits=8",
+                                          "qsgd:bits=4", "terngrad", "sign",           "topk:ratio=0.01",
+                                          "randk:ratio=0.01"};
 
 // The model's gradients laid out back to back, one view per tensor.
 struct Gradients {

@@ -39,7 +39,7 @@ namespace {
 using collectives::CodecCost;
 using collectives::CostEstimate;
 using collectives::LinkModel;
-using collectives::ModeledAlgorithm;
+using collectives::AlgorithmId;
 
 struct ModelSize {
   std::string name;
@@ -227,13 +227,13 @@ std::vector<MeasuredRow> read_measurements(const std::string& path) {
   return rows;
 }
 
-std::optional<ModeledAlgorithm> algorithm_of(const std::string& algo) {
-  if (algo == "ring") return ModeledAlgorithm::ring;
-  if (algo == "sra") return ModeledAlgorithm::sra;
-  if (algo == "allgather" || algo == "allgather->ring") return ModeledAlgorithm::allgather;
-  if (algo == "randk") return ModeledAlgorithm::randk;
-  if (algo == "rhd") return ModeledAlgorithm::rhd;
-  if (algo == "tree") return ModeledAlgorithm::tree;
+std::optional<AlgorithmId> algorithm_of(const std::string& algo) {
+  if (algo == "ring") return AlgorithmId::ring;
+  if (algo == "sra") return AlgorithmId::sra;
+  if (algo == "allgather" || algo == "allgather->ring") return AlgorithmId::allgather;
+  if (algo == "randk") return AlgorithmId::randk;
+  if (algo == "rhd") return AlgorithmId::rhd;
+  if (algo == "tree") return AlgorithmId::tree;
   return std::nullopt;  // "mpi", "hier/..." are not modelled per row
 }
 
@@ -251,7 +251,7 @@ void run_validation(const Options& options, std::size_t sample) {
   std::vector<std::unique_ptr<ModeledCodec>> cache;
   for (const std::string& path : options.validate) {
     for (const MeasuredRow& row : read_measurements(path)) {
-      const std::optional<ModeledAlgorithm> algorithm = algorithm_of(row.algo);
+      const std::optional<AlgorithmId> algorithm = algorithm_of(row.algo);
       if (!algorithm || row.ranks < 2 || row.time_s <= 0) continue;
       // γ measured on a tensor of the row's own size (up to `sample`): a 1 MiB tensor is
       // encoded from cache, a 64 MiB one from memory, and γ differs by up to 3x between them.
@@ -402,12 +402,12 @@ int run(const Options& options) {
           const CostEstimate best = best_of(*c, model.parameters, ranks, link);
           char cell[64];
           std::snprintf(cell, sizeof cell, "%.2f/%.2f [%s]", f32 / best.seconds,
-                        f16 / best.seconds, collectives::modeled_algorithm_name(best.algorithm));
+                        f16 / best.seconds, collectives::algorithm_id_name(best.algorithm));
           std::printf(" %22s", cell);
           if (csv != nullptr) {
             std::fprintf(csv, "%s,%zu,%.6g,%d,%s,%s,%.6e,%.6e,%.6e,%.6g,%.6g\n", model.name.c_str(),
                          model.parameters, gbps, ranks, c->text.c_str(),
-                         collectives::modeled_algorithm_name(best.algorithm), best.seconds, f32,
+                         collectives::algorithm_id_name(best.algorithm), best.seconds, f32,
                          f16, f32 / best.seconds, f16 / best.seconds);
           }
         }

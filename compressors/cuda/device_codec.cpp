@@ -16,9 +16,11 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "compressors/codec_descriptor.h"
 #include "compressors/cuda/device_support.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
@@ -32,8 +34,10 @@
 #include "kernels/cuda/sign_cuda.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
+#include "kernels/cuda/terngrad_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
 #include "kernels/randk_math.h"
+#include "kernels/terngrad_math.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -71,75 +75,108 @@ void widen_half_payload(const std::byte* d_payload, std::size_t count, bool bf16
 
 // ---- encode ------------------------------------------------------------------------------------
 
-// Writes the payload of `spec`'s message for the f32 values d_in[0, n) at d_payload; returns
-// the header (which the caller copies in front of it).
-WireHeader encode_payload(const CompressionSpec& spec, const float* d_in, std::size_t n,
-                          const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
-  switch (spec.codec) {
-    case CodecKind::none: {
-      const std::size_t bytes = checked_product(n, sizeof(float), op);
-      copy_on_device(d_payload, d_in, bytes, op);
-      return WireHeader{WireCodec::none, 0, 0, n, bytes, 0};
-    }
-    case CodecKind::fp16:
-    case CodecKind::bf16: {
-      const bool bf16 = spec.codec == CodecKind::bf16;
-      write_half_payload(d_in, n, bf16, d_payload, op);
-      return WireHeader{bf16 ? WireCodec::bf16 : WireCodec::fp16, 0, 0, n, n * 2, 0};
-    }
-    case CodecKind::qsgd: {
-      const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
-      const std::size_t payload = cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket);
-      cuda::qsgd_encode(d_in, n, spec.bits, spec.bucket, params, d_payload, nullptr, nullptr,
-                        work_stream());
-      return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n, payload,
-                        spec.bucket};
-    }
-    case CodecKind::sign: {
-      const std::size_t payload = cuda::sign_payload_bytes(n, spec.bucket);
-      cuda::sign_encode(d_in, n, spec.bucket, d_payload, nullptr, nullptr, work_stream());
-      return WireHeader{WireCodec::sign, 0, 1, n, payload, spec.bucket};
-    }
-    case CodecKind::topk: {
-      const std::size_t k = spec.k_for(n);
-      const bool wide = n > kTopkMaxNarrowCount;
-      const bool half = spec.values == DType::f16;
-      const cuda::TopkCudaOptions options{spec.approx, half, ctx.seed, ctx.step, ctx.tensor_id};
-      std::size_t workspace_bytes = cuda::topk_workspace_bytes(n, k, options);
-      // The entry count sits in front of the workspace, which keeps the pool's 256-byte
-      // alignment (topk_select needs it), and the allocation is never empty.
-      constexpr std::size_t kEntriesSlot = 256;
-      DeviceScratch scratch(kEntriesSlot + workspace_bytes, op);
-      auto* const d_entries = scratch.as<std::uint64_t>();
-      cuda::topk_select(d_in, n, k, options, d_payload, d_entries,
-                        scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, work_stream());
-      std::uint64_t entries = 0;
-      check_runtime(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
-                                 static_cast<cudaStream_t>(work_stream())),
-                 op, "reading the entry count");
-      synchronize(op);
-      GZ_REQUIRE(entries <= k, ErrorCode::internal, op, ": the device selected ", entries,
-                 " entries for k = ", k);
-      std::uint8_t flags = wide ? kTopkWideIndices : 0;
-      if (half) flags |= kTopkHalfValues;
-      const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
-      return WireHeader{WireCodec::topk, flags, static_cast<std::uint8_t>(spec.approx ? 1 : 0), n,
-                        entries * entry_bytes, entries};
-    }
-    case CodecKind::randk: {
-      const std::size_t k = spec.k_for(n);
-      const bool half = spec.values == DType::f16;
-      const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
-      std::array<std::byte, kernels::kRandkKeyBytes> key_bytes{};
-      kernels::randk_write_key(key, key_bytes.data());
-      cuda::write_small_bytes(d_payload, key_bytes.data(), key_bytes.size(), work_stream());
-      cuda::randk_gather(d_in, n, key, k, half, d_payload + kernels::kRandkKeyBytes, work_stream());
-      return WireHeader{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
-                        kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
-    }
-    case CodecKind::powersgd: break;
-  }
-  GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device encoder");
+// Each codec's device encoder: writes the payload of `spec`'s message for the f32 values
+// d_in[0, n) at d_payload and returns the header (which the caller copies in front of it).
+using DeviceEncoder = WireHeader (*)(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                                     const EncodeContext& ctx, std::byte* d_payload,
+                                     const std::string& op);
+
+WireHeader encode_none(const CompressionSpec& /*spec*/, const float* d_in, std::size_t n,
+                       const EncodeContext& /*ctx*/, std::byte* d_payload, const std::string& op) {
+  const std::size_t bytes = checked_product(n, sizeof(float), op);
+  copy_on_device(d_payload, d_in, bytes, op);
+  return WireHeader{WireCodec::none, 0, 0, n, bytes, 0};
+}
+
+WireHeader encode_half(const float* d_in, std::size_t n, bool bf16, std::byte* d_payload,
+                       const std::string& op) {
+  write_half_payload(d_in, n, bf16, d_payload, op);
+  return WireHeader{bf16 ? WireCodec::bf16 : WireCodec::fp16, 0, 0, n, n * 2, 0};
+}
+WireHeader encode_fp16(const CompressionSpec& /*spec*/, const float* d_in, std::size_t n,
+                       const EncodeContext& /*ctx*/, std::byte* d_payload, const std::string& op) {
+  return encode_half(d_in, n, false, d_payload, op);
+}
+WireHeader encode_bf16(const CompressionSpec& /*spec*/, const float* d_in, std::size_t n,
+                       const EncodeContext& /*ctx*/, std::byte* d_payload, const std::string& op) {
+  return encode_half(d_in, n, true, d_payload, op);
+}
+
+WireHeader encode_qsgd(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                       const EncodeContext& ctx, std::byte* d_payload, const std::string& /*op*/) {
+  const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
+  const std::size_t payload = cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket);
+  cuda::qsgd_encode(d_in, n, spec.bits, spec.bucket, params, d_payload, nullptr, nullptr,
+                    work_stream());
+  return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n, payload,
+                    spec.bucket};
+}
+
+WireHeader encode_sign(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                       const EncodeContext& /*ctx*/, std::byte* d_payload,
+                       const std::string& /*op*/) {
+  const std::size_t payload = cuda::sign_payload_bytes(n, spec.bucket);
+  cuda::sign_encode(d_in, n, spec.bucket, d_payload, nullptr, nullptr, work_stream());
+  return WireHeader{WireCodec::sign, 0, 1, n, payload, spec.bucket};
+}
+
+// qsgd's 2-bit codes (drawn into a qsgd payload in scratch), repacked as trit bytes.
+WireHeader encode_terngrad(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                           const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
+  const int bits = kernels::kTerngradCodeBits;
+  const std::size_t qsgd_bytes = cuda::qsgd_payload_bytes(n, bits, spec.bucket);
+  const std::size_t scale_bytes = checked_product(n / spec.bucket + (n % spec.bucket != 0), 4, op);
+  const std::size_t payload = scale_bytes + kernels::terngrad_trit_bytes(n);
+  DeviceScratch qsgd(qsgd_bytes, op);
+  const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
+  cuda::qsgd_encode(d_in, n, bits, spec.bucket, params, qsgd.as<std::byte>(), nullptr, nullptr,
+                    work_stream());
+  if (scale_bytes > 0) copy_on_device(d_payload, qsgd.as<std::byte>(), scale_bytes, op);
+  cuda::terngrad_trits_from_codes(qsgd.as<std::byte>() + scale_bytes, n, d_payload + scale_bytes,
+                                  work_stream());
+  return WireHeader{WireCodec::terngrad, 0, 0, n, payload, spec.bucket};
+}
+
+WireHeader encode_topk(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                       const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
+  const std::size_t k = spec.k_for(n);
+  const bool wide = n > kTopkMaxNarrowCount;
+  const bool half = spec.values == DType::f16;
+  const cuda::TopkCudaOptions options{spec.approx, half, ctx.seed, ctx.step, ctx.tensor_id};
+  std::size_t workspace_bytes = cuda::topk_workspace_bytes(n, k, options);
+  // The entry count sits in front of the workspace, which keeps the pool's 256-byte
+  // alignment (topk_select needs it), and the allocation is never empty.
+  constexpr std::size_t kEntriesSlot = 256;
+  DeviceScratch scratch(kEntriesSlot + workspace_bytes, op);
+  auto* const d_entries = scratch.as<std::uint64_t>();
+  cuda::topk_select(d_in, n, k, options, d_payload, d_entries,
+                    scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, work_stream());
+  std::uint64_t entries = 0;
+  check_runtime(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
+                                static_cast<cudaStream_t>(work_stream())),
+                op, "reading the entry count");
+  synchronize(op);
+  GZ_REQUIRE(entries <= k, ErrorCode::internal, op, ": the device selected ", entries,
+             " entries for k = ", k);
+  std::uint8_t flags = wide ? kTopkWideIndices : 0;
+  if (half) flags |= kTopkHalfValues;
+  const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
+  return WireHeader{WireCodec::topk, flags, static_cast<std::uint8_t>(spec.approx ? 1 : 0), n,
+                    entries * entry_bytes, entries};
+}
+
+WireHeader encode_randk(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                        const EncodeContext& ctx, std::byte* d_payload,
+                        const std::string& /*op*/) {
+  const std::size_t k = spec.k_for(n);
+  const bool half = spec.values == DType::f16;
+  const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
+  std::array<std::byte, kernels::kRandkKeyBytes> key_bytes{};
+  kernels::randk_write_key(key, key_bytes.data());
+  cuda::write_small_bytes(d_payload, key_bytes.data(), key_bytes.size(), work_stream());
+  cuda::randk_gather(d_in, n, key, k, half, d_payload + kernels::kRandkKeyBytes, work_stream());
+  return WireHeader{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
+                    kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
 }
 
 // ---- decode ------------------------------------------------------------------------------------
@@ -186,130 +223,224 @@ std::size_t expected_cast_payload(const WireHeader& header, std::size_t element_
   return static_cast<std::size_t>(header.payload_bytes);
 }
 
-// Checks the codec-specific header fields the host decoder checks, then decodes the payload
-// into `target`. `prefix` holds the first bytes of the message (header and, for randk, key).
-// Returns with the work stream synchronised (every case ends with its one wait).
-void decode_payload(const CompressionSpec& spec, const WireHeader& header,
-                    std::span<const std::byte> prefix, const std::byte* d_payload,
-                    const DecodeTarget& target, const std::string& op) {
+// Each codec's device decoder: checks the codec-specific header fields the host decoder
+// checks, then decodes the payload into `target`. `prefix` holds the first bytes of the message
+// (the header and, for randk, its key). Returns with the work stream synchronised (each ends
+// with its one wait).
+using DeviceDecoder = void (*)(const WireHeader& header, std::span<const std::byte> prefix,
+                               const std::byte* d_payload, const DecodeTarget& target,
+                               const std::string& op);
+
+void decode_none(const WireHeader& header, std::span<const std::byte> /*prefix*/,
+                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
   const std::size_t n = target.count;
-  switch (spec.codec) {
-    case CodecKind::none: {
-      expected_cast_payload(header, sizeof(float), op);
-      if (!target.accumulate) {
-        copy_on_device(target.data, d_payload, n * sizeof(float), op);
-        return synchronize(op);
-      }
-      DeviceScratch staging(aligned(d_payload, 4) ? 0 : n * sizeof(float), op);
-      const float* values = reinterpret_cast<const float*>(d_payload);
-      if (!aligned(d_payload, 4)) {
-        copy_on_device(staging.as<float>(), d_payload, n * sizeof(float), op);
-        values = staging.as<float>();
-      }
-      cuda::ef_compensate(target.data, values, target.data, n, work_stream());  // acc + value
-      return synchronize(op);
-    }
-    case CodecKind::fp16:
-    case CodecKind::bf16: {
-      expected_cast_payload(header, 2, op);
-      const bool bf16 = spec.codec == CodecKind::bf16;
-      if (!target.accumulate) {
-        widen_half_payload(d_payload, n, bf16, target.data, op);
-        return synchronize(op);
-      }
-      DeviceScratch widened(n * sizeof(float), op);
-      widen_half_payload(d_payload, n, bf16, widened.as<float>(), op);
-      cuda::ef_compensate(target.data, widened.as<float>(), target.data, n, work_stream());
-      return synchronize(op);
-    }
-    case CodecKind::qsgd: {
-      GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags 0x", std::hex,
-                 int{header.flags}, " (expected 0)");
-      const int bits = header.small_param;
-      GZ_REQUIRE(bits >= 1 && bits <= 8, ErrorCode::malformed_message, op, ": bits ", bits,
-                 " (expected 1..8)");
-      GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
-                 ": bucket 0 (expected >= 1)");
-      GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
-                 " exceeds the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
-      const auto bucket = static_cast<std::size_t>(header.large_param);
-      const std::size_t expected = cuda::qsgd_payload_bytes(n, bits, bucket);
-      GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
-                 header.payload_bytes, " bytes for ", n, " elements, bits=", bits, ", bucket=",
-                 bucket, " (expected ", expected, ")");
-      DeviceScratch status(sizeof(int), op);
-      cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate,
-                        status.as<int>(), work_stream());
-      return check_status(status.as<int>(), op, describe_qsgd_status);
-    }
-    case CodecKind::sign: {
-      GZ_REQUIRE(header.flags == 0 && header.small_param == 1, ErrorCode::malformed_message, op,
-                 ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
-                 int{header.small_param}, " (expected 0 and 1)");
-      GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
-                 ": bucket (large_param) is 0 (expected >= 1)");
-      const auto bucket = static_cast<std::size_t>(header.large_param);
-      const std::size_t expected = cuda::sign_payload_bytes(n, bucket);
-      GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
-                 header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket,
-                 " (expected ", expected, ")");
-      DeviceScratch status(sizeof(int), op);
-      cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.as<int>(),
-                        work_stream());
-      return check_status(status.as<int>(), op, describe_sign_status);
-    }
-    case CodecKind::topk: {
-      GZ_REQUIRE((header.flags & ~(kTopkWideIndices | kTopkHalfValues)) == 0,
-                 ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
-                 " (only 0x1 and 0x2 are defined)");
-      GZ_REQUIRE(header.small_param <= 1, ErrorCode::malformed_message, op, ": small_param ",
-                 int{header.small_param}, " is neither 0 (exact) nor 1 (approx)");
-      const bool wide = (header.flags & kTopkWideIndices) != 0;
-      const bool half = (header.flags & kTopkHalfValues) != 0;
-      GZ_REQUIRE(wide || header.count <= kTopkMaxNarrowCount, ErrorCode::malformed_message, op,
-                 ": 32-bit indices for ", header.count,
-                 " elements (flags bit 0x1 must be set above 2^32)");
-      GZ_REQUIRE(header.large_param <= header.count, ErrorCode::malformed_message, op, ": ",
-                 header.large_param, " entries (large_param) for ", header.count, " elements");
-      const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
-      GZ_REQUIRE(header.payload_bytes % entry_bytes == 0 &&
-                     header.payload_bytes / entry_bytes == header.large_param,
-                 ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
-                 " bytes, expected ", header.large_param, " entries of ", entry_bytes, " bytes");
-      DeviceScratch status(sizeof(int), op);
-      if (target.accumulate) {
-        const std::byte* payloads[1] = {d_payload};
-        const std::uint64_t entries[1] = {header.large_param};
-        cuda::sparse_decode_add(payloads, entries, 1, wide, half, n, target.data, status.as<int>(),
-                                work_stream());
-      } else {
-        cuda::sparse_decode(d_payload, header.large_param, wide, half, n, target.data,
-                            status.as<int>(), work_stream());
-      }
-      return check_status(status.as<int>(), op, describe_sparse_status);
-    }
-    case CodecKind::randk: {
-      GZ_REQUIRE((header.flags & ~kRandkHalfValues) == 0 && header.small_param == 0,
-                 ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
-                 ", small_param ", std::dec, int{header.small_param},
-                 " (expected flags 0 or 0x2, small_param 0)");
-      const std::uint64_t k = header.large_param;
-      GZ_REQUIRE(n == 0 ? k == 0 : (k >= 1 && k <= n), ErrorCode::malformed_message, op, ": k = ",
-                 k, " for ", n, " elements (expected 1 <= k <= n, or 0 for an empty message)");
-      const bool half = (header.flags & kRandkHalfValues) != 0;
-      const std::uint64_t expected = kernels::kRandkKeyBytes + k * (half ? 2 : 4);
-      GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
-                 header.payload_bytes, " bytes for k = ", k, " (expected ", expected, ")");
-      const kernels::RandkKey key =
-          kernels::randk_read_key(prefix.data() + kWireHeaderBytes);
-      const std::byte* values = d_payload + kernels::kRandkKeyBytes;
-      if (target.accumulate) cuda::randk_scatter_add(values, k, half, key, n, target.data, work_stream());
-      else cuda::randk_scatter(values, k, half, key, n, target.data, work_stream());
-      return synchronize(op);
-    }
-    case CodecKind::powersgd: break;
+  expected_cast_payload(header, sizeof(float), op);
+  if (!target.accumulate) {
+    copy_on_device(target.data, d_payload, n * sizeof(float), op);
+    return synchronize(op);
   }
-  GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device decoder");
+  DeviceScratch staging(aligned(d_payload, 4) ? 0 : n * sizeof(float), op);
+  const float* values = reinterpret_cast<const float*>(d_payload);
+  if (!aligned(d_payload, 4)) {
+    copy_on_device(staging.as<float>(), d_payload, n * sizeof(float), op);
+    values = staging.as<float>();
+  }
+  cuda::ef_compensate(target.data, values, target.data, n, work_stream());  // acc + value
+  return synchronize(op);
+}
+
+void decode_half(const WireHeader& header, const std::byte* d_payload, const DecodeTarget& target,
+                 bool bf16, const std::string& op) {
+  const std::size_t n = target.count;
+  expected_cast_payload(header, 2, op);
+  if (!target.accumulate) {
+    widen_half_payload(d_payload, n, bf16, target.data, op);
+    return synchronize(op);
+  }
+  DeviceScratch widened(n * sizeof(float), op);
+  widen_half_payload(d_payload, n, bf16, widened.as<float>(), op);
+  cuda::ef_compensate(target.data, widened.as<float>(), target.data, n, work_stream());
+  return synchronize(op);
+}
+void decode_fp16(const WireHeader& header, std::span<const std::byte> /*prefix*/,
+                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
+  decode_half(header, d_payload, target, false, op);
+}
+void decode_bf16(const WireHeader& header, std::span<const std::byte> /*prefix*/,
+                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
+  decode_half(header, d_payload, target, true, op);
+}
+
+void decode_qsgd(const WireHeader& header, std::span<const std::byte> /*prefix*/,
+                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
+  const std::size_t n = target.count;
+  GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags 0x", std::hex,
+             int{header.flags}, " (expected 0)");
+  const int bits = header.small_param;
+  GZ_REQUIRE(bits >= 1 && bits <= 8, ErrorCode::malformed_message, op, ": bits ", bits,
+             " (expected 1..8)");
+  GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+             ": bucket 0 (expected >= 1)");
+  GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
+             " exceeds the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
+  const auto bucket = static_cast<std::size_t>(header.large_param);
+  const std::size_t expected = cuda::qsgd_payload_bytes(n, bits, bucket);
+  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+             header.payload_bytes, " bytes for ", n, " elements, bits=", bits, ", bucket=",
+             bucket, " (expected ", expected, ")");
+  DeviceScratch status(sizeof(int), op);
+  cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate,
+                    status.as<int>(), work_stream());
+  return check_status(status.as<int>(), op, describe_qsgd_status);
+}
+
+void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/,
+                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
+  const std::size_t n = target.count;
+  GZ_REQUIRE(header.flags == 0 && header.small_param == 1, ErrorCode::malformed_message, op,
+             ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
+             int{header.small_param}, " (expected 0 and 1)");
+  GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+             ": bucket (large_param) is 0 (expected >= 1)");
+  const auto bucket = static_cast<std::size_t>(header.large_param);
+  const std::size_t expected = cuda::sign_payload_bytes(n, bucket);
+  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+             header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket,
+             " (expected ", expected, ")");
+  DeviceScratch status(sizeof(int), op);
+  cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.as<int>(),
+                    work_stream());
+  return check_status(status.as<int>(), op, describe_sign_status);
+}
+
+void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/,
+                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
+  const std::size_t n = target.count;
+  GZ_REQUIRE((header.flags & ~(kTopkWideIndices | kTopkHalfValues)) == 0,
+             ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
+             " (only 0x1 and 0x2 are defined)");
+  GZ_REQUIRE(header.small_param <= 1, ErrorCode::malformed_message, op, ": small_param ",
+             int{header.small_param}, " is neither 0 (exact) nor 1 (approx)");
+  const bool wide = (header.flags & kTopkWideIndices) != 0;
+  const bool half = (header.flags & kTopkHalfValues) != 0;
+  GZ_REQUIRE(wide || header.count <= kTopkMaxNarrowCount, ErrorCode::malformed_message, op,
+             ": 32-bit indices for ", header.count,
+             " elements (flags bit 0x1 must be set above 2^32)");
+  GZ_REQUIRE(header.large_param <= header.count, ErrorCode::malformed_message, op, ": ",
+             header.large_param, " entries (large_param) for ", header.count, " elements");
+  const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
+  GZ_REQUIRE(header.payload_bytes % entry_bytes == 0 &&
+                 header.payload_bytes / entry_bytes == header.large_param,
+             ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
+             " bytes, expected ", header.large_param, " entries of ", entry_bytes, " bytes");
+  DeviceScratch status(sizeof(int), op);
+  if (target.accumulate) {
+    const std::byte* payloads[1] = {d_payload};
+    const std::uint64_t entries[1] = {header.large_param};
+    cuda::sparse_decode_add(payloads, entries, 1, wide, half, n, target.data, status.as<int>(),
+                            work_stream());
+  } else {
+    cuda::sparse_decode(d_payload, header.large_param, wide, half, n, target.data,
+                        status.as<int>(), work_stream());
+  }
+  return check_status(status.as<int>(), op, describe_sparse_status);
+}
+
+void decode_randk(const WireHeader& header, std::span<const std::byte> prefix,
+                  const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
+  const std::size_t n = target.count;
+  GZ_REQUIRE((header.flags & ~kRandkHalfValues) == 0 && header.small_param == 0,
+             ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
+             ", small_param ", std::dec, int{header.small_param},
+             " (expected flags 0 or 0x2, small_param 0)");
+  const std::uint64_t k = header.large_param;
+  GZ_REQUIRE(n == 0 ? k == 0 : (k >= 1 && k <= n), ErrorCode::malformed_message, op, ": k = ",
+             k, " for ", n, " elements (expected 1 <= k <= n, or 0 for an empty message)");
+  const bool half = (header.flags & kRandkHalfValues) != 0;
+  const std::uint64_t expected = kernels::kRandkKeyBytes + k * (half ? 2 : 4);
+  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+             header.payload_bytes, " bytes for k = ", k, " (expected ", expected, ")");
+  const kernels::RandkKey key =
+      kernels::randk_read_key(prefix.data() + kWireHeaderBytes);
+  const std::byte* values = d_payload + kernels::kRandkKeyBytes;
+  if (target.accumulate) cuda::randk_scatter_add(values, k, half, key, n, target.data, work_stream());
+  else cuda::randk_scatter(values, k, half, key, n, target.data, work_stream());
+  return synchronize(op);
+}
+
+// The trit bytes become a qsgd 2-bit payload in scratch, which qsgd_decode checks and decodes.
+// A bad trit byte poisons the scratch's first scale, so qsgd_decode writes nothing either.
+void decode_terngrad(const WireHeader& header, std::span<const std::byte> /*prefix*/,
+                     const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
+  const std::size_t n = target.count;
+  GZ_REQUIRE(header.flags == 0 && header.small_param == 0, ErrorCode::malformed_message, op,
+             ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
+             int{header.small_param}, " (expected 0 and 0)");
+  GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+             ": bucket 0 (expected >= 1)");
+  GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
+             " exceeds the ", cuda::kQsgdCudaMaxCount, " a terngrad message can hold");
+  const auto bucket = static_cast<std::size_t>(header.large_param);
+  const std::size_t scale_bytes = (n / bucket + (n % bucket != 0)) * 4;
+  const std::size_t expected = scale_bytes + kernels::terngrad_trit_bytes(n);
+  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
+             header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket, " (expected ",
+             expected, ")");
+  const int bits = kernels::kTerngradCodeBits;
+  DeviceScratch qsgd(cuda::qsgd_payload_bytes(n, bits, bucket), op);
+  DeviceScratch status(2 * sizeof(int), op);  // [0]: the trit check, [1]: qsgd_decode's
+  check_runtime(cudaMemsetAsync(status.as<int>(), 0, 2 * sizeof(int),
+                                static_cast<cudaStream_t>(work_stream())),
+                op, "clearing the validation status");
+  if (scale_bytes > 0) copy_on_device(qsgd.as<std::byte>(), d_payload, scale_bytes, op);
+  cuda::terngrad_codes_from_trits(d_payload + scale_bytes, n, qsgd.as<std::byte>() + scale_bytes,
+                                  status.as<int>(), qsgd.as<std::byte>(), work_stream());
+  cuda::qsgd_decode(qsgd.as<std::byte>(), n, bits, bucket, target.data, target.accumulate,
+                    status.as<int>() + 1, work_stream());
+  int statuses[2] = {0, 0};
+  check_runtime(cudaMemcpyAsync(statuses, status.as<int>(), sizeof statuses, cudaMemcpyDeviceToHost,
+                                static_cast<cudaStream_t>(work_stream())),
+                op, "reading the validation status");
+  synchronize(op);
+  GZ_REQUIRE(statuses[0] == 0, ErrorCode::malformed_message, op,
+             ": a trit byte is not one encode writes (expected five trits below 243, the digits "
+             "after the last element 0)");
+  GZ_REQUIRE(statuses[1] == 0, ErrorCode::malformed_message, op, ": ",
+             statuses[1] == cuda::kQsgdStatusNonzeroCode
+                 ? "a bucket with a non-finite scale holds a non-zero trit (expected every trit of "
+                   "such a bucket to be 0)"
+                 : describe_qsgd_status(statuses[1]));
+}
+
+// The CUDA routing: one row per element codec, found by its codec byte (the codec's row in
+// compressors/codec_descriptor.cpp gives that). A codec without a row here refuses CUDA tensors.
+struct DeviceCodecRow {
+  WireCodec wire;
+  DeviceEncoder encode;
+  DeviceDecoder decode;
+  // fp16 / bf16: a decode (not decode_add) into a tensor of this dtype copies the payload, as
+  // the host codec does.
+  std::optional<DType> copied_payload_dtype;
+};
+
+const DeviceCodecRow kDeviceCodecs[] = {
+    {WireCodec::none, encode_none, decode_none, std::nullopt},
+    {WireCodec::fp16, encode_fp16, decode_fp16, DType::f16},
+    {WireCodec::bf16, encode_bf16, decode_bf16, DType::bf16},
+    {WireCodec::qsgd, encode_qsgd, decode_qsgd, std::nullopt},
+    {WireCodec::sign, encode_sign, decode_sign, std::nullopt},
+    {WireCodec::topk, encode_topk, decode_topk, std::nullopt},
+    {WireCodec::randk, encode_randk, decode_randk, std::nullopt},
+    {WireCodec::terngrad, encode_terngrad, decode_terngrad, std::nullopt},
+};
+
+const DeviceCodecRow& device_row(const CompressionSpec& spec, const std::string& op) {
+  const CodecDescriptor& codec = codec_descriptor(spec.codec);
+  if (codec.wire) {
+    for (const DeviceCodecRow& row : kDeviceCodecs)
+      if (row.wire == *codec.wire) return row;
+  }
+  GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device codec");
 }
 
 }  // namespace
@@ -331,9 +462,10 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
   cuda::require_device_pointer(out.data(), in.device.index, op, "the output message buffer");
   if (in.count > 0) cuda::require_device_pointer(in.data, in.device.index, op, "the input tensor");
 
+  const DeviceCodecRow& row = device_row(spec, op);
   const F32Input values(in, op);
   const WireHeader header =
-      encode_payload(spec, values.data(), in.count, ctx, out.data() + kWireHeaderBytes, op);
+      row.encode(spec, values.data(), in.count, ctx, out.data() + kWireHeaderBytes, op);
   std::array<std::byte, kWireHeaderBytes> header_bytes{};
   write_header(header, header_bytes);
   // As a kernel argument, not a copy from pageable memory (which would wait for the stream).
@@ -360,6 +492,7 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   if (!in.empty()) cuda::require_device_pointer(in.data(), out.device.index, op, "the message");
   if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "the output tensor");
 
+  const DeviceCodecRow& row = device_row(spec, op);
   // The header (and randk's key) on the host, checked like the host decoders check it.
   std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
   const std::size_t prefix_bytes = std::min(in.size(), prefix.size());
@@ -369,40 +502,24 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
                op, "reading the message header");
     synchronize(op);
   }
-  const WireCodec expected_codec = [&] {
-    switch (spec.codec) {
-      case CodecKind::none: return WireCodec::none;
-      case CodecKind::fp16: return WireCodec::fp16;
-      case CodecKind::bf16: return WireCodec::bf16;
-      case CodecKind::qsgd: return WireCodec::qsgd;
-      case CodecKind::sign: return WireCodec::sign;
-      case CodecKind::topk: return WireCodec::topk;
-      case CodecKind::randk: return WireCodec::randk;
-      case CodecKind::powersgd: break;
-    }
-    GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device decoder");
-  }();
   const WireHeader header = check_header_for(
       read_header_copy(std::span<const std::byte>(prefix).first(prefix_bytes), in.size(), op),
-      expected_codec, out.count, op);
+      row.wire, out.count, op);
   const std::byte* d_payload = in.data() + kWireHeaderBytes;
 
   // A cast message decoded into its own format is its payload (as on the host).
-  const bool same_half_format = !accumulate && ((spec.codec == CodecKind::fp16 && out.dtype == DType::f16) ||
-                                                (spec.codec == CodecKind::bf16 && out.dtype == DType::bf16));
-  if (same_half_format) {
+  if (!accumulate && row.copied_payload_dtype == out.dtype) {
     expected_cast_payload(header, 2, op);
     copy_on_device(out.data, d_payload, out.count * 2, op);
     return synchronize(op);
   }
-  if (out.dtype == DType::f32) {  // decode_payload returns with the stream synchronised
-    return decode_payload(spec, header, prefix, d_payload,
-                          DecodeTarget{static_cast<float*>(out.data), out.count, accumulate}, op);
+  if (out.dtype == DType::f32) {  // row.decode returns with the stream synchronised
+    return row.decode(header, prefix, d_payload,
+                      DecodeTarget{static_cast<float*>(out.data), out.count, accumulate}, op);
   }
   // f16 / bf16 output: decode into f32 scratch, then round (only once the payload passed).
   DeviceScratch decoded(checked_product(out.count, sizeof(float), op), op);
-  decode_payload(spec, header, prefix, d_payload, DecodeTarget{decoded.as<float>(), out.count, false},
-                 op);
+  row.decode(header, prefix, d_payload, DecodeTarget{decoded.as<float>(), out.count, false}, op);
   auto* const half = static_cast<std::uint16_t*>(out.data);
   if (out.dtype == DType::f16) cuda::f32_to_f16(decoded.as<float>(), half, out.count, work_stream());
   else cuda::f32_to_bf16(decoded.as<float>(), half, out.count, work_stream());

@@ -144,8 +144,8 @@ class Communicator {
   // Compressed reduce-scatter: `tensor` holds this rank's full contribution; on return, this
   // rank's shard [shard_begin(rank), shard_begin(rank + 1)) of `tensor` holds the reduced shard
   // (the rest of `tensor` is unspecified). Shards are as even as possible: shard r starts at
-  // floor(r * count / size). SRA's first half for qsgd and sign (or algo=sra), the ring's
-  // first half otherwise; warm-up calls use the ring without compression.
+  // floor(r * count / size). SRA's first half for qsgd, sign and terngrad (or algo=sra),
+  // the ring's first half otherwise; warm-up calls use the ring without compression.
   CollectiveStats reduce_scatter(TensorView tensor, std::string_view name,
                                  const CompressionSpec& spec, ReduceOp op = ReduceOp::sum);
   // Compressed all-gather: on entry this rank's shard of `tensor` (same partition) holds its

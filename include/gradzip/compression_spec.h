@@ -3,7 +3,7 @@
 //
 //   spec   := codec [ ':' option { ',' option } ]
 //   option := key '=' value
-//   codec  := none | fp16 | bf16 | qsgd | sign | topk | randk | powersgd
+//   codec  := none | fp16 | bf16 | qsgd | sign | topk | randk | powersgd | terngrad
 //
 // Codec keys (defaults in brackets):
 //   qsgd      bits=1..8 [8], bucket=N [512]
@@ -14,6 +14,7 @@
 // ramp (Reducer only): after warm-up the ratio falls geometrically from 0.25 to `ratio` over
 // STEPS steps (DGC's exponential sparsity warm-up); 0 = the target ratio from the start.
 //   powersgd  rank=N [4]
+//   terngrad  bucket=N [512]   (TernGrad: {-1, 0, +1} x the bucket's max |x|, unbiased)
 // Shared keys, accepted after every codec:
 //   ef=on|off            error feedback [on for sign, topk, randk, powersgd; off otherwise]
 //   ef_resize=error|reset what the residual store does when a tensor changes size [error]
@@ -51,7 +52,7 @@
 
 namespace gradzip {
 
-enum class CodecKind : std::uint8_t { none, fp16, bf16, qsgd, sign, topk, randk, powersgd };
+enum class CodecKind : std::uint8_t { none, fp16, bf16, qsgd, sign, topk, randk, powersgd, terngrad };
 enum class Algorithm : std::uint8_t { auto_select, ring, sra, allgather, hier, rhd, tree };
 enum class ResizePolicy : std::uint8_t { error, reset };
 enum class NonfinitePolicy : std::uint8_t { propagate, error, skip };
@@ -63,7 +64,7 @@ std::string_view nonfinite_policy_name(NonfinitePolicy policy) noexcept;
 struct CompressionSpec {
   CodecKind codec = CodecKind::none;
 
-  // qsgd, sign
+  // qsgd, sign, terngrad
   int bits = 8;
   std::size_t bucket = 512;
 

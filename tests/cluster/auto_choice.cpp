@@ -139,9 +139,9 @@ int run(int argc, char** argv) {
                                                                            : chosen_stats.algorithm;
 
     std::vector<std::string> names;
-    for (gradzip::collectives::ModeledAlgorithm candidate :
+    for (gradzip::collectives::AlgorithmId candidate :
          gradzip::collectives::auto_candidates(spec.codec))
-      names.emplace_back(gradzip::collectives::modeled_algorithm_name(candidate));
+      names.emplace_back(gradzip::collectives::algorithm_id_name(candidate));
     // The hierarchical all-reduce is a candidate when the ranks form nodes (stated by the
     // spec, or detected): the note lists every candidate's predicted time.
     if (chosen_stats.note.find(", hier ") != std::string::npos) names.emplace_back("hier");

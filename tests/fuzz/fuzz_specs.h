@@ -39,6 +39,9 @@ inline constexpr const char* kFuzzSpecs[] = {
     "randk:ratio=0.1",
     "randk:k=1",
     "randk:ratio=0.5,values=fp16",
+    "terngrad:bucket=1",
+    "terngrad:bucket=7",
+    "terngrad:bucket=512",
 };
 inline constexpr std::size_t kFuzzSpecCount = sizeof(kFuzzSpecs) / sizeof(kFuzzSpecs[0]);
 static_assert(kFuzzSpecCount <= 256, "the spec index is one byte");

@@ -9,7 +9,7 @@
 //   - read_header_copy (the device path: header copied to the host) disagreeing with
 //     read_header;
 //   - read_header_for disagreeing with read_header + the codec and count checks, for every
-//     codec id and for the header's count and a different one.
+//     codec id of compressors/codec_descriptor.cpp and for the header's count and a different one.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 
+#include "compressors/codec_descriptor.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
 
@@ -83,7 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       fail(size, "read_header accepted payload_bytes " + std::to_string(header->payload_bytes));
     }
     const auto id = static_cast<unsigned>(header->codec);
-    if (c::wire_codec_name(header->codec) == "unknown" || id < 1 || id > 7) {
+    if (c::wire_codec_name(header->codec) == "unknown" || c::find_wire_descriptor(id) == nullptr) {
       fail(size, "read_header accepted codec id " + std::to_string(id));
     }
     std::byte rewritten[c::kWireHeaderBytes];
@@ -95,8 +96,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // read_header_for == read_header + codec check + count check, for every codec id.
   const std::uint64_t header_count = header ? header->count : 0;
-  for (unsigned id = 1; id <= 7; ++id) {
-    const auto expected = static_cast<WireCodec>(id);
+  for (const c::CodecDescriptor& row : c::codec_descriptors()) {
+    if (!row.wire) continue;
+    const WireCodec expected = *row.wire;
+    const auto id = static_cast<unsigned>(expected);
     for (const std::uint64_t count : {header_count, header_count + 1}) {
       const auto got = parse(size, "read_header_for", [&] {
         return c::read_header_for(in, expected, static_cast<std::size_t>(count), "fuzz");

@@ -32,6 +32,7 @@ const std::vector<std::string> kSpecs = {
     "sign",          "sign:bucket=13",
     "topk:ratio=0.01", "topk:ratio=0.3,values=fp16", "topk:ratio=0.01,approx=on",
     "randk:ratio=0.01", "randk:ratio=0.5,values=fp16",
+    "terngrad",      "terngrad:bucket=7",
 };
 const std::vector<std::size_t> kCounts = {0, 1, 7, (std::size_t{1} << 20) + 3};
 
@@ -197,6 +198,10 @@ TEST_F(DeviceCodecTest, MalformedMessagesAreRefusedAndTheOutputIsUntouched) {
       {"sign", 6, std::byte{1}},                          // flags
       {"topk:ratio=0.01", 32 + 4 * 3 + 3, std::byte{0xFF}},  // index 3 >= 2^24: out of range
       {"randk:ratio=0.01", 24, std::byte{0}},             // k = 0 for 4096 elements
+      // 8 buckets of 512 (32 scale bytes), then 820 trit bytes, the last holding 1 element.
+      {"terngrad", 32 + 32, std::byte{243}},              // trit byte 0: 243 is not 5 trits
+      {"terngrad", 32 + 32 + 819, std::byte{3}},          // last byte: a digit after element 4095
+      {"terngrad", 32 + 3, std::byte{0xFF}},              // scale 0: negative
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.spec) + ", byte " + std::to_string(c.offset));

@@ -42,8 +42,8 @@ constexpr std::size_t kCounts[] = {0, 1, 7, 4097, 100003};
 constexpr double kUnitRoundoff = 0x1p-24;  // f32 round to nearest
 
 // Every element codec, as the specs the tests run (codec defaults otherwise).
-const char* const kCodecSpecs[] = {"none",  "fp16",           "bf16",          "qsgd:bits=4",
-                                   "sign",  "topk:ratio=0.01", "randk:ratio=0.01"};
+const char* const kCodecSpecs[] = {"none",  "fp16",           "bf16",             "qsgd:bits=4",
+                                   "sign",  "topk:ratio=0.01", "randk:ratio=0.01", "terngrad"};
 
 // `codec` (a spec string) with one more option, e.g. ("topk:ratio=0.01", "min_bytes=0").
 std::string with_option(const std::string& codec, const std::string& option) {
@@ -126,6 +126,7 @@ double nominal_ratio(CodecKind codec) {
     case CodecKind::bf16: return 2.0;
     case CodecKind::qsgd: return 8.0;     // 4 bits per element (bits=4)
     case CodecKind::sign: return 32.0;    // 1 bit per element
+    case CodecKind::terngrad: return 20.0;  // 5 elements per byte
     case CodecKind::topk: return 50.0;    // k = 1% of n entries of u32 index + f32 value
     case CodecKind::randk: return 100.0;  // k = 1% of n f32 values, shared-seed indices
     default: return 1.0;
@@ -136,8 +137,8 @@ double nominal_ratio(CodecKind codec) {
 // stats name, in the model's order.
 std::vector<std::string> auto_choices(const CompressionSpec& spec) {
   std::vector<std::string> names;
-  for (collectives::ModeledAlgorithm candidate : collectives::auto_candidates(spec.codec))
-    names.emplace_back(collectives::modeled_algorithm_name(candidate));
+  for (collectives::AlgorithmId candidate : collectives::auto_candidates(spec.codec))
+    names.emplace_back(collectives::algorithm_id_name(candidate));
   return names;
 }
 

@@ -40,7 +40,7 @@ using testing::world_size;
 
 // Every codec; error feedback on where it applies (on by default for sign, topk, randk).
 const char* const kCodecs[] = {"none",  "fp16:ef=on",     "bf16:ef=on",     "qsgd:bits=4,ef=on",
-                               "sign",  "topk:ratio=0.1", "randk:ratio=0.1"};
+                               "sign",  "topk:ratio=0.1", "randk:ratio=0.1", "terngrad:ef=on"};
 const char* const kAlgorithms[] = {"auto", "ring", "sra", "allgather"};
 constexpr std::size_t kCount = 1003;
 constexpr std::size_t kBadIndex = 17;

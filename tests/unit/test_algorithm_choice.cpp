@@ -25,7 +25,7 @@ using collectives::choose_reduce_scatter;
 
 constexpr CodecKind kElementCodecs[] = {CodecKind::none, CodecKind::fp16, CodecKind::bf16,
                                         CodecKind::qsgd, CodecKind::sign, CodecKind::topk,
-                                        CodecKind::randk};
+                                        CodecKind::randk, CodecKind::terngrad};
 constexpr Algorithm kAlgorithms[] = {Algorithm::auto_select, Algorithm::ring, Algorithm::sra,
                                      Algorithm::allgather, Algorithm::hier, Algorithm::rhd,
                                      Algorithm::tree};
@@ -37,7 +37,8 @@ std::string auto_name(CodecKind codec) {
     case CodecKind::fp16:
     case CodecKind::bf16: return "ring";
     case CodecKind::qsgd:
-    case CodecKind::sign: return "sra";
+    case CodecKind::sign:
+    case CodecKind::terngrad: return "sra";
     case CodecKind::topk: return "allgather";
     case CodecKind::randk: return "randk";
     default: return "?";
@@ -174,12 +175,12 @@ TEST(AlgorithmChoice, AutoModelLeavesTheDefaultOnlyForAFifteenPercentGain) {
   bool kept_in_band = false, switched = false;
   for (double latency = 1e-7; latency < 1e-3; latency *= 1.25) {
     const LinkModel link{latency, 1.25e9, 0, 0};
-    const double ring = collectives::estimate_allreduce(collectives::ModeledAlgorithm::ring, *codec,
+    const double ring = collectives::estimate_allreduce(collectives::AlgorithmId::ring, *codec,
                                                         kGamma, 1 << 18, 8, link).seconds;
     double others = ring;
-    for (collectives::ModeledAlgorithm other : {collectives::ModeledAlgorithm::sra,
-                                                collectives::ModeledAlgorithm::rhd,
-                                                collectives::ModeledAlgorithm::tree})
+    for (collectives::AlgorithmId other : {collectives::AlgorithmId::sra,
+                                                collectives::AlgorithmId::rhd,
+                                                collectives::AlgorithmId::tree})
       others = std::min(others, collectives::estimate_allreduce(other, *codec, kGamma, 1 << 18, 8, link).seconds);
     const AllreduceChoice choice = choose_with(spec, 1 << 18, 8, link);
     SCOPED_TRACE(::testing::Message() << "latency " << latency << ": " << choice.note);
@@ -275,14 +276,15 @@ TEST(AlgorithmChoice, PowersgdIsUnsupportedInEveryCollective) {
   }
 }
 
-TEST(AlgorithmChoice, ReduceScatterUsesSraForQsgdAndSignOrWhenAsked) {
+TEST(AlgorithmChoice, ReduceScatterUsesSraForTheQuantisersOrWhenAsked) {
   for (CodecKind codec : kElementCodecs) {
     for (Algorithm algo : kAlgorithms) {
       SCOPED_TRACE(::testing::Message() << codec_kind_name(codec) << " algo=" << algorithm_name(algo));
       const collectives::ShardedChoice choice = choose_reduce_scatter(spec_of(codec, algo), 0);
       const bool sra = algo == Algorithm::sra ||
                        (algo == Algorithm::auto_select &&
-                        (codec == CodecKind::qsgd || codec == CodecKind::sign));
+                        (codec == CodecKind::qsgd || codec == CodecKind::sign ||
+                         codec == CodecKind::terngrad));
       EXPECT_EQ(choice.algorithm, sra ? Algorithm::sra : Algorithm::ring);
       EXPECT_EQ(choice.name, sra ? "sra" : "ring");
       EXPECT_FALSE(choice.warmup);

@@ -11,8 +11,9 @@
 namespace gradzip::collectives {
 namespace {
 
-constexpr CodecKind kEveryCodec[] = {CodecKind::none, CodecKind::fp16, CodecKind::bf16, CodecKind::qsgd,
-                                     CodecKind::sign, CodecKind::topk, CodecKind::randk, CodecKind::powersgd};
+constexpr CodecKind kEveryCodec[] = {CodecKind::none,  CodecKind::fp16,     CodecKind::bf16,
+                                     CodecKind::qsgd,  CodecKind::sign,     CodecKind::topk,
+                                     CodecKind::randk, CodecKind::powersgd, CodecKind::terngrad};
 
 TEST(CodecTable, EveryCodecHasItsRowWithTheDefaultFirst) {
   for (const CodecKind codec : kEveryCodec) {
@@ -23,7 +24,7 @@ TEST(CodecTable, EveryCodecHasItsRowWithTheDefaultFirst) {
     ASSERT_FALSE(row.auto_choices.empty());
     EXPECT_EQ(row.runnable.front(), row.default_path);
     EXPECT_EQ(row.auto_choices.front(), row.default_path);
-    for (const ModeledAlgorithm choice : row.auto_choices) {  // auto never picks what cannot run
+    for (const AlgorithmId choice : row.auto_choices) {  // auto never picks what cannot run
       EXPECT_NE(std::find(row.runnable.begin(), row.runnable.end(), choice), row.runnable.end());
     }
     EXPECT_EQ(row.element_codec, codec != CodecKind::powersgd);
@@ -37,6 +38,7 @@ TEST(CodecTable, DefaultPathsAreTheDocumentedOnes) {
   EXPECT_EQ(default_path_name(CodecKind::bf16), "ring");
   EXPECT_EQ(default_path_name(CodecKind::qsgd), "sra");
   EXPECT_EQ(default_path_name(CodecKind::sign), "sra");
+  EXPECT_EQ(default_path_name(CodecKind::terngrad), "sra");
   EXPECT_EQ(default_path_name(CodecKind::topk), "allgather");
   EXPECT_EQ(default_path_name(CodecKind::randk), "randk");
   EXPECT_EQ(default_flat_algorithm(CodecKind::qsgd), Algorithm::sra);

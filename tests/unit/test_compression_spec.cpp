@@ -71,7 +71,8 @@ TEST(CompressionSpec, EveryKeyParses) {
   }
   EXPECT_EQ(CompressionSpec::parse("  topk : ratio = 0.5 , ef = off ").ratio, 0.5);
   // nonfinite is a shared key: every codec takes each value.
-  for (const char* codec : {"none", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "powersgd"}) {
+  for (const char* codec : {"none", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "powersgd",
+                            "terngrad"}) {
     for (auto [text, policy] : {std::pair{"propagate", NonfinitePolicy::propagate},
                                 {"error", NonfinitePolicy::error}, {"skip", NonfinitePolicy::skip}}) {
       const auto spec = CompressionSpec::parse(std::string(codec) + ":nonfinite=" + text);
@@ -136,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(
     Table, BadSpecTest,
     ::testing::Values(
         BadSpec{"", "empty"}, BadSpec{"   ", "empty"},
-        BadSpec{"zip", "accepted codecs: none, fp16, bf16, qsgd, sign, topk, randk, powersgd"},
+        BadSpec{"zip", "accepted codecs: none, fp16, bf16, qsgd, sign, topk, randk, powersgd, terngrad"},
         BadSpec{"TopK", "unknown codec 'TopK'"},
         BadSpec{"topk:", "nothing after ':'"},
         BadSpec{"topk:ratio", "not key=value"},

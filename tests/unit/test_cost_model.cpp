@@ -16,7 +16,7 @@ namespace {
 using collectives::CodecCost;
 using collectives::CostEstimate;
 using collectives::LinkModel;
-using collectives::ModeledAlgorithm;
+using collectives::AlgorithmId;
 using collectives::auto_candidates;
 using collectives::estimate_allreduce;
 
@@ -25,7 +25,7 @@ constexpr LinkModel kUnitLink{1.0, 1.0};
 // γ = 1 s per element for every operation, so compute counts element operations.
 constexpr CodecCost kUnitCost{1.0, 1.0, 1.0};
 
-CostEstimate estimate(ModeledAlgorithm algorithm, const std::string& spec, std::size_t n, int p,
+CostEstimate estimate(AlgorithmId algorithm, const std::string& spec, std::size_t n, int p,
                       const CodecCost& cost = kUnitCost, const LinkModel& link = kUnitLink) {
   const std::unique_ptr<Codec> codec = make_codec(spec);
   return collectives::estimate_allreduce(algorithm, *codec, cost, n, p, link);
@@ -40,28 +40,28 @@ void expect_terms(const CostEstimate& e, double latency, double transfer, double
 
 TEST(CostModel, UncompressedRing) {
   // P = 4, n = 1000: 6 steps of 32 + 4·250 bytes; 3 adds of 250 elements.
-  const CostEstimate e = estimate(ModeledAlgorithm::ring, "none", 1000, 4);
+  const CostEstimate e = estimate(AlgorithmId::ring, "none", 1000, 4);
   expect_terms(e, 6, 6 * 1032.0, 3 * 250.0);
   EXPECT_DOUBLE_EQ(e.bytes_sent, 6 * 1032.0);
 }
 
 TEST(CostModel, CompressedRingAndSra) {
   // fp16, e(m) = 32 + 2m; P = 4, n = 1000, m = 250: e = 532.
-  expect_terms(estimate(ModeledAlgorithm::ring, "fp16", 1000, 4), 6, 6 * 532.0,
+  expect_terms(estimate(AlgorithmId::ring, "fp16", 1000, 4), 6, 6 * 532.0,
                1000 + 7 * 250.0);
   // SRA: 2·3 exchange start-ups + 2·⌈log2 4⌉ size exchanges; 2·3 messages; (n + m) encodes,
   // 2n decode_adds.
-  expect_terms(estimate(ModeledAlgorithm::sra, "fp16", 1000, 4), 6 + 4, 6 * 532.0,
+  expect_terms(estimate(AlgorithmId::sra, "fp16", 1000, 4), 6 + 4, 6 * 532.0,
                1250 + 2000.0);
 }
 
 TEST(CostModel, SparseAllgatherAndItsDenseSwitch) {
   // top-k k = 10 of 1000 (f32 values, u32 indices): e(n) = 32 + 80 = 112; P = 4: 3 messages.
-  expect_terms(estimate(ModeledAlgorithm::allgather, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,
+  expect_terms(estimate(AlgorithmId::allgather, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,
                1000 + 4 * 1000.0);
   // k = 500 of 1000: (P−1)·e(n) = 3·(32 + 4000) exceeds the dense ring's 6·32 + 6·1000 = 6192:
   // the uncompressed ring runs over the decoded messages.
-  const CostEstimate dense = estimate(ModeledAlgorithm::allgather, "topk:k=500", 1000, 4);
+  const CostEstimate dense = estimate(AlgorithmId::allgather, "topk:k=500", 1000, 4);
   EXPECT_TRUE(dense.dense_switch);
   expect_terms(dense, 6, 6 * 1032.0, 3 * 250.0 + 1000 * 2.0);
 }
@@ -69,7 +69,7 @@ TEST(CostModel, SparseAllgatherAndItsDenseSwitch) {
 TEST(CostModel, RandomKRunsARingOverItsValues) {
   // k = 100 of 1000 at P = 4: an uncompressed ring over 100 values (m = 25), plus selection and
   // scatter of n.
-  expect_terms(estimate(ModeledAlgorithm::randk, "randk:k=100", 1000, 4), 6, 6 * (32 + 100.0),
+  expect_terms(estimate(AlgorithmId::randk, "randk:k=100", 1000, 4), 6, 6 * (32 + 100.0),
                3 * 25.0 + 2000.0);
 }
 
@@ -77,28 +77,28 @@ TEST(CostModel, HalvingDoublingPowerOfTwoAndFolded) {
   // P = 4, none (e(m) = 32 + 4m), n = 1000: halving sends e(500) + e(250), doubling 3·e(250);
   // compute: (500 + 250)·2 halving, 250 encodes, 1000 decode_adds.
   const double halving = (32 + 2000.0) + (32 + 1000.0);
-  expect_terms(estimate(ModeledAlgorithm::rhd, "none", 1000, 4), 4, halving + 3 * 1032.0,
+  expect_terms(estimate(AlgorithmId::rhd, "none", 1000, 4), 4, halving + 3 * 1032.0,
                1500 + 250 + 1000.0);
   // P = 5 = 4 + 1: the same on the 4 ranks, plus the fold (e(n)) and the unfold (4·e(250)),
   // 2 more start-ups and n·(encode + decode_add).
-  expect_terms(estimate(ModeledAlgorithm::rhd, "none", 1000, 5), 6,
+  expect_terms(estimate(AlgorithmId::rhd, "none", 1000, 5), 6,
                halving + 3 * 1032.0 + 4032.0 + 4 * 1032.0, 1500 + 250 + 1000.0 + 2000.0);
 }
 
 TEST(CostModel, BinomialTreeReducesInF32AndBroadcastsOneMessage) {
   // P = 5: ⌈log2 5⌉ = 3 levels down with the f32 vector (32 + 4000 bytes, an add each), 3 up
   // with the message of the sum (fp16: 32 + 2000); one encode and one decode of n.
-  expect_terms(estimate(ModeledAlgorithm::tree, "fp16", 1000, 5), 6, 3 * 4032.0 + 3 * 2032.0,
+  expect_terms(estimate(AlgorithmId::tree, "fp16", 1000, 5), 6, 3 * 4032.0 + 3 * 2032.0,
                3000 + 2000.0);
 }
 
 TEST(CostModel, OneRankOrNoElementsCostNothingAndBadLinksAreRefused) {
-  for (const CostEstimate& e : {estimate(ModeledAlgorithm::ring, "fp16", 1000, 1),
-                                estimate(ModeledAlgorithm::sra, "sign", 0, 8)}) {
+  for (const CostEstimate& e : {estimate(AlgorithmId::ring, "fp16", 1000, 1),
+                                estimate(AlgorithmId::sra, "sign", 0, 8)}) {
     EXPECT_EQ(e.seconds, 0.0);
   }
   try {
-    estimate(ModeledAlgorithm::ring, "none", 10, 2, kUnitCost, LinkModel{1e-6, 0});
+    estimate(AlgorithmId::ring, "none", 10, 2, kUnitCost, LinkModel{1e-6, 0});
     ADD_FAILURE() << "a zero bandwidth was accepted";
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::invalid_argument);
@@ -115,14 +115,14 @@ TEST(CostModel, LatencyFavoursFewStepsAndBandwidthFavoursFewBytes) {
   // 16 elements at α = 1 ms: start-ups decide. Ring and SRA: 126 or more; tree and rhd: 12
   // each, and then bytes decide: the tree moves 12 vectors of 32 + 64 bytes (1152), rhd's
   // doubling alone forwards 63 messages of 36 bytes (a one-element segment's header): the tree.
-  EXPECT_EQ(cheapest(16, LinkModel{1e-3, 1e9}), ModeledAlgorithm::tree);
+  EXPECT_EQ(cheapest(16, LinkModel{1e-3, 1e9}), AlgorithmId::tree);
   // 2^26 elements at 1 Gbit/s and α = 1 µs: bytes only; the tree sends 12 whole vectors and
   // loses; ring and rhd send the same bytes, rhd with fewer start-ups.
-  EXPECT_EQ(cheapest(std::size_t{1} << 26, LinkModel{1e-6, 125e6}), ModeledAlgorithm::rhd);
+  EXPECT_EQ(cheapest(std::size_t{1} << 26, LinkModel{1e-6, 125e6}), AlgorithmId::rhd);
   // Tree against ring alone, small tensor, high latency: the tree.
-  const CostEstimate tree = collectives::estimate_allreduce(ModeledAlgorithm::tree, *none,
+  const CostEstimate tree = collectives::estimate_allreduce(AlgorithmId::tree, *none,
                                                             CodecCost{}, 16, 64, LinkModel{1e-3, 1e9});
-  const CostEstimate ring = collectives::estimate_allreduce(ModeledAlgorithm::ring, *none,
+  const CostEstimate ring = collectives::estimate_allreduce(AlgorithmId::ring, *none,
                                                             CodecCost{}, 16, 64, LinkModel{1e-3, 1e9});
   EXPECT_LT(tree.seconds, ring.seconds);
 }
@@ -130,7 +130,7 @@ TEST(CostModel, LatencyFavoursFewStepsAndBandwidthFavoursFewBytes) {
 TEST(CostModel, AutoCandidatesNeverCompressMoreOftenThanTheDefault) {
   // The default first; the ring (P - 1 re-encodes) and rhd (log2 P) only where the default is
   // the ring itself.
-  using A = ModeledAlgorithm;
+  using A = AlgorithmId;
   const std::vector<A> dense = {A::ring, A::sra, A::rhd, A::tree};
   EXPECT_EQ(auto_candidates(CodecKind::none), dense);
   EXPECT_EQ(auto_candidates(CodecKind::fp16), dense);
@@ -146,18 +146,18 @@ TEST(CostModel, CollectiveStartUpBoundsSraAndTheAllgatherButNotTheRing) {
   const auto codec = make_codec(CompressionSpec::parse("sign"));
   const CodecCost free{0, 0, 0};
   const LinkModel plain{10e-6, 1e9, 0, 0}, slow_collectives{10e-6, 1e9, 0, 50e-6};
-  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::sra, *codec, free, 4096, 4, plain).latency_s,
+  EXPECT_NEAR(estimate_allreduce(AlgorithmId::sra, *codec, free, 4096, 4, plain).latency_s,
               2 * 30e-6 + 2 * 20e-6, 1e-12);
-  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::sra, *codec, free, 4096, 4, slow_collectives).latency_s,
+  EXPECT_NEAR(estimate_allreduce(AlgorithmId::sra, *codec, free, 4096, 4, slow_collectives).latency_s,
               4 * 50e-6, 1e-12);
-  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::allgather, *codec, free, 4096, 4, slow_collectives).latency_s,
+  EXPECT_NEAR(estimate_allreduce(AlgorithmId::allgather, *codec, free, 4096, 4, slow_collectives).latency_s,
               2 * 50e-6, 1e-12);
-  EXPECT_NEAR(estimate_allreduce(ModeledAlgorithm::ring, *codec, free, 4096, 4, slow_collectives).latency_s,
+  EXPECT_NEAR(estimate_allreduce(AlgorithmId::ring, *codec, free, 4096, 4, slow_collectives).latency_s,
               6 * 10e-6, 1e-12);
 }
 
 TEST(CostModel, CandidatesFollowTheCodec) {
-  using A = ModeledAlgorithm;
+  using A = AlgorithmId;
   EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("none")),
             (std::vector<A>{A::ring, A::sra, A::rhd, A::tree}));
   EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("randk")),

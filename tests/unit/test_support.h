@@ -22,7 +22,7 @@ namespace gradzip::testing {
 inline constexpr const char* kAllCodecs[] = {
     "none",        "fp16", "bf16",           "qsgd:bits=1",      "qsgd:bits=2", "qsgd:bits=4",
     "qsgd:bits=8", "sign", "topk",           "topk:approx=on",   "topk:values=fp16",
-    "randk",       "randk:values=fp16"};
+    "randk",       "randk:values=fp16", "terngrad",    "terngrad:bucket=7"};
 
 // The element counts every codec is tested over (issue: {0, 1, 2, 7, 1000, 2^20+3}).
 inline constexpr std::size_t kTestCounts[] = {0, 1, 2, 7, 1000, (std::size_t{1} << 20) + 3};

@@ -59,7 +59,7 @@ TEST(WireHeader, RejectsBadMagicVersionAndCodec) {
   auto bad_version = message_with(header);
   bad_version[4] = std::byte{2};
   EXPECT_EQ(testing::error_code_of([&] { read_header(bad_version, "test"); }), ErrorCode::malformed_message);
-  for (std::uint8_t codec : {0, 8, 255}) {
+  for (std::uint8_t codec : {0, 9, 255}) {  // ids 1..8 are codecs (WireCodec)
     auto bad_codec = message_with(header);
     bad_codec[5] = std::byte{codec};
     EXPECT_EQ(testing::error_code_of([&] { read_header(bad_codec, "test"); }), ErrorCode::malformed_message)
