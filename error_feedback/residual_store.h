@@ -1,4 +1,4 @@
-// Error-feedback residuals of one rank, keyed by a stable tensor name, and their checkpoint file.
+// Error-feedback residuals of one rank, keyed by a stable tensor name, in memory.
 //
 // A residual e holds, per element, what compression has not yet delivered of the gradients seen
 // so far (ErrorFeedbackCodec: g' = g + e; send C(g'); e = g' - D(C(g'))). Losing it on a
@@ -15,29 +15,8 @@
 // store that already holds the checkpoint's tensors copies the values into the existing buffers,
 // so spans stay valid across it too.
 //
-// Checkpoint file format (version 2). Integers and f32 values are little-endian:
-//
-//   offset  size  field
-//   0       4     magic "GZEF"
-//   4       4     u32 format version (kFormatVersion)
-//   8       4     u32 world size
-//   12      4     u32 rank
-//   16      8     u64 number of tensors N
-//   24      ...   N records, sorted by name (byte-wise, strictly increasing):
-//                   u32 name length L (>= 1), L name bytes, u64 element count C, C f32 values
-//   ...     8     u64 number of counters M
-//   ...     ...   M records, sorted by name (byte-wise, strictly increasing):
-//                   u32 name length L (>= 1), L name bytes, u64 value
-//   end-8   8     u64 checksum: FNV-1a 64 over every byte before it
-//
-// Counters are what the store's owner needs beside the residuals to continue a run exactly (the
-// Communicator's per-name call numbers, algo=auto's model inputs, the Reducer's step); the store
-// does not interpret them: collectives/checkpoint.h lays the typed checkpoints into this file.
-// Version 1 is version 2 without the counters section (and its count); load() reads both.
-//
-// save() writes the whole file to a temporary file in the target's directory, fsyncs it and
-// renames it over the target, so a crash leaves either the old checkpoint or the new one,
-// never a half-written file.
+// Checkpoints: save() and load() write and read the file of error_feedback/checkpoint_file.h
+// (its format is documented there) with this store's residuals and the owner's counters.
 #pragma once
 
 #include <cstddef>
@@ -50,16 +29,15 @@
 #include <string_view>
 #include <vector>
 
+#include "error_feedback/checkpoint_file.h"
 #include "gradzip/compression_spec.h"
 
 namespace gradzip::error_feedback {
 
 class ResidualStore {
  public:
-  // The checkpoint format version save() writes; load() reads it and version 1.
-  static constexpr std::uint32_t kFormatVersion = 2;
-  // Named u64 values saved beside the residuals (format above).
-  using Counters = std::map<std::string, std::uint64_t, std::less<>>;
+  // Named u64 values saved beside the residuals (error_feedback/checkpoint_file.h).
+  using Counters = CheckpointCounters;
 
   // `world_size` >= 1 and `rank` < world_size (else ErrorCode::invalid_argument). Both are
   // recorded in checkpoints: a rank's residuals belong to that rank of that world.
@@ -122,7 +100,7 @@ class ResidualStore {
   // folded; ErrorCode::internal when a placed residual does not fit inside its root.
   std::size_t fold_into(std::string_view root, std::size_t count);
 
-  // Writes the checkpoint (format above) with `counters` (names non-empty). Throws ErrorCode::io_error naming the path and the
+  // Writes the checkpoint (write_checkpoint_file) with `counters` (names non-empty). Throws ErrorCode::io_error naming the path and the
   // system's reason when the file cannot be written; the target is then left as it was and
   // the temporary file is removed.
   void save(const std::filesystem::path& path, const Counters& counters = {}) const;
