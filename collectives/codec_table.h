@@ -23,7 +23,8 @@ struct CodecRow {
   // The paths algo=auto may choose among with the model, the default first: those that compress
   // each element no more often than the default does, so that the choice changes the speed but
   // never makes the result less accurate. The ring re-encodes partial sums P - 1 times and
-  // halving/doubling log2 P times, which is why neither is offered for qsgd, sign or top-k.
+  // halving/doubling log2 P times, which is why neither is offered for the quantisers (qsgd,
+  // sign, terngrad) or top-k.
   std::span<const AlgorithmId> auto_choices;
   // Random-k: every rank draws the same indices from the shared seed, so its messages add up
   // index by index (its own path; its encodes keep the shared seed instead of a per-rank one).

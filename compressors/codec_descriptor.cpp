@@ -9,8 +9,7 @@
 namespace gradzip::compressors {
 namespace {
 
-using Keys = std::array<std::string_view, 0>;
-constexpr Keys kNoKeys{};
+constexpr std::array<std::string_view, 0> kNoKeys{};
 constexpr std::array<std::string_view, 2> kQsgdKeys{"bits", "bucket"};
 constexpr std::array<std::string_view, 1> kSignKeys{"bucket"};
 constexpr std::array<std::string_view, 5> kTopkKeys{"ratio", "k", "approx", "values", "ramp"};
@@ -51,7 +50,8 @@ constexpr std::array<CodecDescriptor, 9> kDescriptors{{
     {CodecKind::qsgd, "qsgd", kQsgdKeys, false, WireCodec::qsgd, make_qsgd_codec, qsgd_bound, {}},
     {CodecKind::sign, "sign", kSignKeys, true, WireCodec::sign, make_sign_codec, sign_bound, {}},
     {CodecKind::topk, "topk", kTopkKeys, true, WireCodec::topk, make_topk_codec, sparse_bound, {}},
-    {CodecKind::randk, "randk", kRandkKeys, true, WireCodec::randk, make_randk_codec, sparse_bound, {}},
+    {CodecKind::randk, "randk", kRandkKeys, true, WireCodec::randk, make_randk_codec, sparse_bound,
+     {}},
     {CodecKind::powersgd, "powersgd", kPowersgdKeys, true, std::nullopt, nullptr, nullptr,
      "powersgd compresses whole matrices inside the Reducer; it has no element codec"},
     {CodecKind::terngrad, "terngrad", kTerngradKeys, false, WireCodec::terngrad,
