@@ -77,7 +77,7 @@ void randk_allreduce(ReduceJob& job) {
   // 2. Its values, as f32. The codec wrote f16 values iff the spec says values=fp16.
   const compressors::WireHeader header = compressors::read_header_for(
       message, compressors::WireCodec::randk, count, "randk_allreduce");
-  const std::size_t k = header.large_param;
+  const std::size_t k = compressors::entry_count_of(header);
   const DType value_dtype = spec.values;
   GZ_REQUIRE(header.payload_bytes == compressors::kRandkKeyBytes + k * value_bytes(value_dtype),
              ErrorCode::internal, "randk_allreduce of '", job.name, "': the randk message of ",

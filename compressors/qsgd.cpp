@@ -103,13 +103,13 @@ class QsgdCodec final : public Codec {
     const WireHeader header = read_header_for(in, WireCodec::qsgd, count, op);
     GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags 0x", std::hex,
                int{header.flags}, " (expected 0)");
-    const int bits = header.small_param;
+    const int bits = qsgd_bits_of(header);
     GZ_REQUIRE(bits >= kernels::kQsgdMinBits && bits <= kernels::kQsgdMaxBits,
                ErrorCode::malformed_message, op, ": bits ", bits, " (expected 1..8)");
-    GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+    GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
                ": bucket 0 (expected >= 1)");
     // Buckets above SIZE_MAX cannot occur on a 64-bit host; count <= kQsgdMaxCount bounds the rest.
-    const std::size_t bucket = static_cast<std::size_t>(header.large_param);
+    const std::size_t bucket = static_cast<std::size_t>(bucket_of(header));
     const auto layout = qsgd_layout(count, bits, bucket);
     GZ_REQUIRE(layout.has_value(), ErrorCode::malformed_message, op, ": count ", count,
                " exceeds the ", kernels::cpu::kQsgdMaxCount, " a qsgd message can hold");

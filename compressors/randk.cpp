@@ -101,7 +101,7 @@ class RandkCodec final : public Codec {
                " (only bit 1, 0x02 = f16 values, is defined)");
     GZ_REQUIRE(header.small_param == 0, ErrorCode::malformed_message, op, ": small_param ",
                int{header.small_param}, " (expected 0)");
-    const std::uint64_t k = header.large_param;
+    const std::uint64_t k = entry_count_of(header);
     if (count == 0) {
       GZ_REQUIRE(k == 0, ErrorCode::malformed_message, op, ": k = ", k,
                  " for a message of 0 elements (expected 0)");
@@ -109,7 +109,7 @@ class RandkCodec final : public Codec {
       GZ_REQUIRE(k >= 1 && k <= count, ErrorCode::malformed_message, op, ": k = ", k, " for ",
                  count, " elements (expected 1 <= k <= ", count, ")");
     }
-    const DType value_dtype = (header.flags & kRandkHalfValues) != 0 ? DType::f16 : DType::f32;
+    const DType value_dtype = has_half_values(header) ? DType::f16 : DType::f32;
     const std::uint64_t value_bytes = dtype_size(value_dtype);
     // k <= count keeps k * value_bytes in range for any real buffer; check anyway.
     GZ_REQUIRE(k <= (std::numeric_limits<std::uint64_t>::max() - kRandkKeyBytes) / value_bytes,

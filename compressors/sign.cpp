@@ -136,9 +136,9 @@ class SignCodec final : public Codec {
     GZ_REQUIRE(header.small_param == kSignBitsPerElement, ErrorCode::malformed_message, op,
                ": small_param (bits per element) is ", int{header.small_param}, " (expected ",
                int{kSignBitsPerElement}, ")");
-    GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+    GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
                ": bucket (large_param) is 0 (expected >= 1)");
-    const auto bucket = static_cast<std::size_t>(header.large_param);
+    const auto bucket = static_cast<std::size_t>(bucket_of(header));
     const std::size_t expected = payload_bytes_for(count, bucket);
     GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
                header.payload_bytes, " bytes for ", count, " elements in buckets of ", bucket,

@@ -94,9 +94,9 @@ class TerngradCodec final : public Codec {
     GZ_REQUIRE(header.flags == 0 && header.small_param == 0, ErrorCode::malformed_message, op,
                ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
                int{header.small_param}, " (expected 0 and 0)");
-    GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+    GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
                ": bucket 0 (expected >= 1)");
-    const std::size_t bucket = static_cast<std::size_t>(header.large_param);
+    const std::size_t bucket = static_cast<std::size_t>(bucket_of(header));
     const auto layout = terngrad_layout(count, bucket);
     GZ_REQUIRE(layout.has_value(), ErrorCode::malformed_message, op, ": count ", count,
                " exceeds the ", kTerngradMaxCount, " a terngrad message can hold");

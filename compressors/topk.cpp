@@ -84,23 +84,23 @@ TopkPayload validated_payload(std::span<const std::byte> in, std::size_t count,
   GZ_REQUIRE(header.small_param <= 1, ErrorCode::malformed_message, op, ": small_param ",
              int{header.small_param}, " is neither 0 (exact) nor 1 (approx)");
   TopkPayload payload;
-  payload.wide_indices = (header.flags & kTopkWideIndices) != 0;
-  payload.half_values = (header.flags & kTopkHalfValues) != 0;
+  payload.wide_indices = has_wide_indices(header);
+  payload.half_values = has_half_values(header);
   GZ_REQUIRE(payload.wide_indices || header.count <= kTopkMaxNarrowCount, ErrorCode::malformed_message,
              op, ": 32-bit indices cannot address ", header.count,
              " elements (flags bit 0x1 must be set above 2^32)");
-  GZ_REQUIRE(header.large_param <= header.count, ErrorCode::malformed_message, op, ": ",
-             header.large_param, " entries (large_param) for ", header.count, " elements");
+  GZ_REQUIRE(entry_count_of(header) <= header.count, ErrorCode::malformed_message, op, ": ",
+             entry_count_of(header), " entries (large_param) for ", header.count, " elements");
   const std::size_t index_width = payload.wide_indices ? 8 : 4;
   const std::size_t value_width = payload.half_values ? 2 : 4;
   const std::size_t entry_bytes = index_width + value_width;
   // Division, not m * entry_bytes: large_param comes off the wire and could overflow.
   GZ_REQUIRE(header.payload_bytes % entry_bytes == 0 &&
-                 header.payload_bytes / entry_bytes == header.large_param,
+                 header.payload_bytes / entry_bytes == entry_count_of(header),
              ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
-             " bytes, expected ", header.large_param, " entries of ", entry_bytes, " bytes (",
+             " bytes, expected ", entry_count_of(header), " entries of ", entry_bytes, " bytes (",
              index_width, "-byte index, ", value_width, "-byte value)");
-  payload.entries = static_cast<std::size_t>(header.large_param);
+  payload.entries = static_cast<std::size_t>(entry_count_of(header));
   payload.indices = in.data() + kWireHeaderBytes;
   payload.values = payload.indices + payload.entries * index_width;
   std::uint64_t previous = 0;

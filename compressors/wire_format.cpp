@@ -48,7 +48,7 @@ void write_header(const WireHeader& header, std::span<std::byte> out) {
 
 std::uint64_t index_bytes(const WireHeader& header) noexcept {
   if (header.codec != WireCodec::topk) return 0;
-  return header.large_param * ((header.flags & kTopkWideIndices) != 0 ? 8u : 4u);
+  return entry_count_of(header) * (has_wide_indices(header) ? 8u : 4u);
 }
 
 std::uint64_t announced_payload_bytes(std::span<const std::byte> bytes) noexcept {

@@ -69,6 +69,24 @@ struct WireHeader {
   std::uint64_t large_param = 0;
 };
 
+// The codec-specific fields by what the codecs keep in them (each codec's file documents its
+// header): read a validated header through these, not through small_param / large_param.
+// The bucket of qsgd, sign and terngrad (large_param).
+inline std::uint64_t bucket_of(const WireHeader& header) noexcept { return header.large_param; }
+// The bits per code of qsgd (small_param).
+inline int qsgd_bits_of(const WireHeader& header) noexcept { return header.small_param; }
+// The entries of a sparse message (large_param): top-k's m, random-k's k.
+inline std::uint64_t entry_count_of(const WireHeader& header) noexcept { return header.large_param; }
+// Top-k: u64 indices (else u32).
+inline bool has_wide_indices(const WireHeader& header) noexcept {
+  return (header.flags & kTopkWideIndices) != 0;
+}
+// Top-k and random-k (the same bit, 0x2): f16 values (else f32).
+inline bool has_half_values(const WireHeader& header) noexcept {
+  static_assert(kTopkHalfValues == kRandkHalfValues);
+  return (header.flags & kTopkHalfValues) != 0;
+}
+
 // Writes the header into out[0, 32). Throws invalid_argument if out is shorter than that.
 void write_header(const WireHeader& header, std::span<std::byte> out);
 

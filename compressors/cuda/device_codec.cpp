@@ -276,14 +276,14 @@ void decode_qsgd(const WireHeader& header, std::span<const std::byte> /*prefix*/
   const std::size_t n = target.count;
   GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags 0x", std::hex,
              int{header.flags}, " (expected 0)");
-  const int bits = header.small_param;
+  const int bits = qsgd_bits_of(header);
   GZ_REQUIRE(bits >= 1 && bits <= 8, ErrorCode::malformed_message, op, ": bits ", bits,
              " (expected 1..8)");
-  GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+  GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
              ": bucket 0 (expected >= 1)");
   GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
              " exceeds the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
-  const auto bucket = static_cast<std::size_t>(header.large_param);
+  const auto bucket = static_cast<std::size_t>(bucket_of(header));
   const std::size_t expected = cuda::qsgd_payload_bytes(n, bits, bucket);
   GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
              header.payload_bytes, " bytes for ", n, " elements, bits=", bits, ", bucket=",
@@ -300,9 +300,9 @@ void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/
   GZ_REQUIRE(header.flags == 0 && header.small_param == 1, ErrorCode::malformed_message, op,
              ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
              int{header.small_param}, " (expected 0 and 1)");
-  GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+  GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
              ": bucket (large_param) is 0 (expected >= 1)");
-  const auto bucket = static_cast<std::size_t>(header.large_param);
+  const auto bucket = static_cast<std::size_t>(bucket_of(header));
   const std::size_t expected = cuda::sign_payload_bytes(n, bucket);
   GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
              header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket,
@@ -321,26 +321,26 @@ void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/
              " (only 0x1 and 0x2 are defined)");
   GZ_REQUIRE(header.small_param <= 1, ErrorCode::malformed_message, op, ": small_param ",
              int{header.small_param}, " is neither 0 (exact) nor 1 (approx)");
-  const bool wide = (header.flags & kTopkWideIndices) != 0;
-  const bool half = (header.flags & kTopkHalfValues) != 0;
+  const bool wide = has_wide_indices(header);
+  const bool half = has_half_values(header);
   GZ_REQUIRE(wide || header.count <= kTopkMaxNarrowCount, ErrorCode::malformed_message, op,
              ": 32-bit indices for ", header.count,
              " elements (flags bit 0x1 must be set above 2^32)");
-  GZ_REQUIRE(header.large_param <= header.count, ErrorCode::malformed_message, op, ": ",
-             header.large_param, " entries (large_param) for ", header.count, " elements");
+  GZ_REQUIRE(entry_count_of(header) <= header.count, ErrorCode::malformed_message, op, ": ",
+             entry_count_of(header), " entries (large_param) for ", header.count, " elements");
   const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
   GZ_REQUIRE(header.payload_bytes % entry_bytes == 0 &&
-                 header.payload_bytes / entry_bytes == header.large_param,
+                 header.payload_bytes / entry_bytes == entry_count_of(header),
              ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
-             " bytes, expected ", header.large_param, " entries of ", entry_bytes, " bytes");
+             " bytes, expected ", entry_count_of(header), " entries of ", entry_bytes, " bytes");
   DeviceScratch status(sizeof(int), op);
   if (target.accumulate) {
     const std::byte* payloads[1] = {d_payload};
-    const std::uint64_t entries[1] = {header.large_param};
+    const std::uint64_t entries[1] = {entry_count_of(header)};
     cuda::sparse_decode_add(payloads, entries, 1, wide, half, n, target.data, status.as<int>(),
                             work_stream());
   } else {
-    cuda::sparse_decode(d_payload, header.large_param, wide, half, n, target.data,
+    cuda::sparse_decode(d_payload, entry_count_of(header), wide, half, n, target.data,
                         status.as<int>(), work_stream());
   }
   return check_status(status.as<int>(), op, describe_sparse_status);
@@ -353,10 +353,10 @@ void decode_randk(const WireHeader& header, std::span<const std::byte> prefix,
              ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
              ", small_param ", std::dec, int{header.small_param},
              " (expected flags 0 or 0x2, small_param 0)");
-  const std::uint64_t k = header.large_param;
+  const std::uint64_t k = entry_count_of(header);
   GZ_REQUIRE(n == 0 ? k == 0 : (k >= 1 && k <= n), ErrorCode::malformed_message, op, ": k = ",
              k, " for ", n, " elements (expected 1 <= k <= n, or 0 for an empty message)");
-  const bool half = (header.flags & kRandkHalfValues) != 0;
+  const bool half = has_half_values(header);
   const std::uint64_t expected = kernels::kRandkKeyBytes + k * (half ? 2 : 4);
   GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
              header.payload_bytes, " bytes for k = ", k, " (expected ", expected, ")");
@@ -376,11 +376,11 @@ void decode_terngrad(const WireHeader& header, std::span<const std::byte> /*pref
   GZ_REQUIRE(header.flags == 0 && header.small_param == 0, ErrorCode::malformed_message, op,
              ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
              int{header.small_param}, " (expected 0 and 0)");
-  GZ_REQUIRE(header.large_param >= 1, ErrorCode::malformed_message, op,
+  GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
              ": bucket 0 (expected >= 1)");
   GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
              " exceeds the ", cuda::kQsgdCudaMaxCount, " a terngrad message can hold");
-  const auto bucket = static_cast<std::size_t>(header.large_param);
+  const auto bucket = static_cast<std::size_t>(bucket_of(header));
   const std::size_t scale_bytes = (n / bucket + (n % bucket != 0)) * 4;
   const std::size_t expected = scale_bytes + kernels::terngrad_trit_bytes(n);
   GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
