@@ -81,6 +81,31 @@ ErrorCode error_code_of(const std::function<void()>& call, std::string* message)
   return ErrorCode::internal;
 }
 
+void expect_malformed(const Codec& codec, std::span<const std::byte> message, std::size_t count,
+                      const std::string& field) {
+  const std::string name(codec_kind_name(codec.spec().codec));
+  std::vector<float> out(count, 7.0f), acc(count, 7.0f);
+  std::string text;
+  EXPECT_EQ(error_code_of([&] { codec.decode(message, host_view(out.data(), count)); }, &text),
+            ErrorCode::malformed_message);
+  EXPECT_NE(text.find(name + ".decode"), std::string::npos) << text;
+  EXPECT_NE(text.find(field), std::string::npos) << text;
+  EXPECT_EQ(error_code_of([&] { codec.decode_add(message, acc.data(), count); }, &text),
+            ErrorCode::malformed_message);
+  EXPECT_NE(text.find(name + ".decode_add"), std::string::npos) << text;
+  for (std::size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(out[i], 7.0f) << "decode wrote element " << i;
+    ASSERT_EQ(acc[i], 7.0f) << "decode_add wrote element " << i;
+  }
+}
+
+std::vector<std::byte> with_byte(std::span<const std::byte> message, std::size_t offset,
+                                 std::uint8_t value) {
+  std::vector<std::byte> copy(message.begin(), message.end());
+  copy.at(offset) = std::byte{value};
+  return copy;
+}
+
 ::testing::AssertionResult same_bits(std::span<const float> actual, std::span<const float> expected) {
   if (actual.size() != expected.size())
     return ::testing::AssertionFailure() << actual.size() << " elements, expected "

@@ -59,6 +59,17 @@ std::vector<std::byte> encode_message(const Codec& codec, ConstTensorView in,
 // records a test failure and returns ErrorCode::internal when it throws none.
 ErrorCode error_code_of(const std::function<void()>& call, std::string* message = nullptr);
 
+// Decodes `message` with codec.decode and with codec.decode_add into host outputs of `count`
+// elements holding 7.0f: both must throw ErrorCode::malformed_message naming the operation
+// ("<codec>.decode", "<codec>.decode_add") and containing `field`, and leave every output
+// element at 7.0f.
+void expect_malformed(const Codec& codec, std::span<const std::byte> message, std::size_t count,
+                      const std::string& field);
+
+// A copy of `message` with the byte at `offset` set to `value`.
+std::vector<std::byte> with_byte(std::span<const std::byte> message, std::size_t offset,
+                                 std::uint8_t value);
+
 // The code a codec or collective refuses a host pointer labelled as a CUDA tensor with:
 // unsupported where this process cannot run CUDA work (no CUDA in the build, or no device), and
 // invalid_argument ("not CUDA device memory") where it can.
