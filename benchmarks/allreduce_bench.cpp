@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "benchmarks/bench_support.h"
+#include "collectives/algorithm_table.h"
 #include "compressors/codec_descriptor.h"
 #include "gradzip/error.h"
 
@@ -60,6 +61,8 @@ int run_allreduce(int /*argc*/, char** /*argv*/) { return report_mpi_unavailable
 #else
 
 namespace {
+
+using collectives::AlgorithmId;
 
 struct Options {
   std::vector<std::size_t> sizes;  // bytes of f32 data
@@ -242,28 +245,34 @@ std::uint64_t tree_bytes(const Codec& codec, int ranks, int r, std::size_t n) {
 std::uint64_t flat_bytes(const Codec& codec, const std::string& algo, int ranks, int r,
                          std::size_t n) {
   if (ranks == 1) return 0;
-  const std::unique_ptr<Codec> none = make_codec(CompressionSpec{});
-  const std::uint64_t others = static_cast<std::uint64_t>(ranks - 1);
-  if (algo == "ring") return ring_bytes(codec, ranks, r, n);
-  if (algo == "sra") {
-    // P - 1 worker messages (every chunk but its own), then its owned chunk's message,
-    // counted once for each of the P - 1 ranks the all-gather delivers it to.
-    std::uint64_t bytes = 0;
-    for (int c = 0; c < ranks; ++c)
-      if (c != r) bytes += codec.max_encoded_bytes(chunk_count(n, ranks, c));
-    return bytes + others * codec.max_encoded_bytes(chunk_count(n, ranks, r));
-  }
-  // One message of the whole tensor, counted once per receiving rank.
-  if (algo == "allgather") return others * codec.max_encoded_bytes(n);
-  // The dense switch of the sparse all-gather: an uncompressed ring of the decoded tensor.
-  if (algo == "allgather->ring") return ring_bytes(*none, ranks, r, n);
-  // An uncompressed ring over the k values at the shared indices.
-  if (algo == "randk") return ring_bytes(*none, ranks, r, codec.spec().k_for(n));
-  if (algo == "rhd") return halving_doubling_bytes(codec, ranks, r, n);
-  if (algo == "tree") return tree_bytes(codec, ranks, r, n);
   // The transport's own uncompressed all-reduce: gradzip does not count its bytes.
-  if (algo == "mpi") return 0;
-  GZ_THROW(ErrorCode::internal, "allreduce: no byte count theory for algorithm '", algo,
+  if (algo == collectives::kTransportSumName) return 0;
+  const std::unique_ptr<Codec> none = make_codec(CompressionSpec{});
+  // The dense switch of the sparse all-gather: an uncompressed ring of the decoded tensor.
+  if (algo == collectives::kSparseDenseSwitchName) return ring_bytes(*none, ranks, r, n);
+  const collectives::AlgorithmRow* row = collectives::find_algorithm_row(algo);
+  GZ_REQUIRE(row != nullptr, ErrorCode::internal, "allreduce: no algorithm is named '", algo,
+             "' (benchmarks/allreduce_bench.cpp)");
+  const std::uint64_t others = static_cast<std::uint64_t>(ranks - 1);
+  switch (row->path) {
+    case AlgorithmId::ring: return ring_bytes(codec, ranks, r, n);
+    case AlgorithmId::sra: {
+      // P - 1 worker messages (every chunk but its own), then its owned chunk's message,
+      // counted once for each of the P - 1 ranks the all-gather delivers it to.
+      std::uint64_t bytes = 0;
+      for (int c = 0; c < ranks; ++c)
+        if (c != r) bytes += codec.max_encoded_bytes(chunk_count(n, ranks, c));
+      return bytes + others * codec.max_encoded_bytes(chunk_count(n, ranks, r));
+    }
+    // One message of the whole tensor, counted once per receiving rank.
+    case AlgorithmId::allgather: return others * codec.max_encoded_bytes(n);
+    // An uncompressed ring over the k values at the shared indices.
+    case AlgorithmId::randk: return ring_bytes(*none, ranks, r, codec.spec().k_for(n));
+    case AlgorithmId::rhd: return halving_doubling_bytes(codec, ranks, r, n);
+    case AlgorithmId::tree: return tree_bytes(codec, ranks, r, n);
+    case AlgorithmId::hier: break;  // per node: sent_bytes_theory composes the flat counts
+  }
+  GZ_THROW(ErrorCode::internal, "allreduce: no flat byte count theory for '", algo,
            "' (benchmarks/allreduce_bench.cpp)");
 }
 
@@ -390,42 +399,50 @@ double flat_error_bound(const CompressionSpec& spec, const std::string& algo, in
                         double max_magnitude, double max_sum_magnitude) {
   const double P = ranks, M = max_magnitude, A = max_sum_magnitude;
   const double adds = (P - 1) * kF32Unit * A * (1 + 0x1p-20);
-  if (algo == "ring") {
-    double error = 0;
-    for (int k = 1; k <= ranks; ++k) {
-      const double y = std::min(k * M, A) + error;
-      error += compression_error(spec, y) + (k > 1 ? kF32Unit * y : 0);
+  if (algo == collectives::kTransportSumName) return adds;
+  const collectives::AlgorithmRow* row = collectives::find_algorithm_row(algo);
+  if (row == nullptr) return HUGE_VAL;  // no bound for an unknown name: the check fails visibly
+  switch (row->path) {
+    case AlgorithmId::ring: {
+      double error = 0;
+      for (int k = 1; k <= ranks; ++k) {
+        const double y = std::min(k * M, A) + error;
+        error += compression_error(spec, y) + (k > 1 ? kF32Unit * y : 0);
+      }
+      return error * (1 + 0x1p-20);
     }
-    return error * (1 + 0x1p-20);
-  }
-  if (algo == "sra") {
-    const double worker = compression_error(spec, M);
-    const double sum = A + P * worker;
-    return (P * worker + (P - 1) * kF32Unit * sum + compression_error(spec, sum * (1 + 0x1p-20))) *
-           (1 + 0x1p-20);
-  }
-  if (algo == "allgather" || algo == "allgather->ring") {
-    if (spec.codec == CodecKind::topk) return A + (P - 1) * kF32Unit * 2 * A;
-    const double worker = compression_error(spec, M);
-    return P * worker + (P - 1) * kF32Unit * (A + P * worker) * (1 + 0x1p-20);
-  }
-  if (algo == "randk") return A + adds;
-  if (algo == "mpi") return adds;
-  if (algo == "rhd") {
-    if ((spec.codec == CodecKind::topk || spec.codec == CodecKind::randk) && spec.values == DType::f32)
-      return A + 2 * adds;
-    const HalvingDoublingRanks hd(ranks);
-    double error = hd.extra * (compression_error(spec, M) + kF32Unit * A);
-    const double w = hd.extra > 0 ? 2 : 1;
-    for (int k = 0; k < hd.steps; ++k) {
-      const double messages = hd.p2 >> (k + 1);
-      const double y = std::min(w * (1 << k) * M, A) + error;
-      error += messages * (compression_error(spec, y) + kF32Unit * (A + error));
+    case AlgorithmId::sra: {
+      const double worker = compression_error(spec, M);
+      const double sum = A + P * worker;
+      return (P * worker + (P - 1) * kF32Unit * sum +
+              compression_error(spec, sum * (1 + 0x1p-20))) *
+             (1 + 0x1p-20);
     }
-    return (error + compression_error(spec, (A + error) * (1 + 0x1p-20))) * (1 + 0x1p-20);
+    case AlgorithmId::allgather: {  // kSparseDenseSwitchName included
+      if (spec.codec == CodecKind::topk) return A + (P - 1) * kF32Unit * 2 * A;
+      const double worker = compression_error(spec, M);
+      return P * worker + (P - 1) * kF32Unit * (A + P * worker) * (1 + 0x1p-20);
+    }
+    case AlgorithmId::randk: return A + adds;
+    case AlgorithmId::rhd: {
+      if ((spec.codec == CodecKind::topk || spec.codec == CodecKind::randk) &&
+          spec.values == DType::f32)
+        return A + 2 * adds;
+      const HalvingDoublingRanks hd(ranks);
+      double error = hd.extra * (compression_error(spec, M) + kF32Unit * A);
+      const double w = hd.extra > 0 ? 2 : 1;
+      for (int k = 0; k < hd.steps; ++k) {
+        const double messages = hd.p2 >> (k + 1);
+        const double y = std::min(w * (1 << k) * M, A) + error;
+        error += messages * (compression_error(spec, y) + kF32Unit * (A + error));
+      }
+      return (error + compression_error(spec, (A + error) * (1 + 0x1p-20))) * (1 + 0x1p-20);
+    }
+    case AlgorithmId::tree:
+      return (adds + compression_error(spec, (A + adds) * (1 + 0x1p-20))) * (1 + 0x1p-20);
+    case AlgorithmId::hier: break;  // error_bound composes it per node
   }
-  if (algo == "tree") return (adds + compression_error(spec, (A + adds) * (1 + 0x1p-20))) * (1 + 0x1p-20);
-  return HUGE_VAL;  // an algorithm this benchmark has no bound for: the check fails visibly
+  return HUGE_VAL;
 }
 
 //   hier/<inner>  the node sums (exact ring reduce-scatter in f32: at most (L - 1) adds, L the

@@ -43,6 +43,13 @@ const AlgorithmRow& algorithm_row(AlgorithmId path) noexcept {
   return kRows[index < kRows.size() ? index : 0];
 }
 
+const AlgorithmRow* find_algorithm_row(std::string_view name) noexcept {
+  if (name == kSparseDenseSwitchName) return &algorithm_row(AlgorithmId::allgather);
+  for (const AlgorithmRow& row : kRows)
+    if (row.name == name) return &row;
+  return nullptr;
+}
+
 const char* algorithm_id_name(AlgorithmId algorithm) noexcept {
   return algorithm_row(algorithm).name.data();  // the table's names are string literals
 }

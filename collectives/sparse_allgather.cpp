@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algorithm_table.h"
 #include "collectives/collective_job.h"
 #include "collectives/job_encoder.h"
 #include "compressors/wire_format.h"
@@ -123,7 +124,7 @@ void ring_sum_of_decoded_messages(ReduceJob& job, std::string note) {
   ReduceJob dense{job.transport, uncompressed_codec(), job.data, job.name,
                   /*residuals=*/nullptr, job.ctx, job.stats, job.device};
   ring_allreduce(dense);
-  job.stats.algorithm = "allgather->ring";
+  job.stats.algorithm = kSparseDenseSwitchName;
   job.stats.note = std::move(note);
 }
 

@@ -28,6 +28,7 @@
 
 #include "benchmarks/bench_support.h"
 #include "collectives/algorithm_choice.h"
+#include "collectives/algorithm_table.h"
 #include "collectives/cost_model.h"
 #include "gradzip/codec.h"
 #include "gradzip/compression_spec.h"
@@ -228,13 +229,10 @@ std::vector<MeasuredRow> read_measurements(const std::string& path) {
 }
 
 std::optional<AlgorithmId> algorithm_of(const std::string& algo) {
-  if (algo == "ring") return AlgorithmId::ring;
-  if (algo == "sra") return AlgorithmId::sra;
-  if (algo == "allgather" || algo == "allgather->ring") return AlgorithmId::allgather;
-  if (algo == "randk") return AlgorithmId::randk;
-  if (algo == "rhd") return AlgorithmId::rhd;
-  if (algo == "tree") return AlgorithmId::tree;
-  return std::nullopt;  // "mpi", "hier/..." are not modelled per row
+  const collectives::AlgorithmRow* row = collectives::find_algorithm_row(algo);
+  // "mpi" and "hier/<inner>" are not modelled per row.
+  if (row == nullptr || row->path == AlgorithmId::hier) return std::nullopt;
+  return row->path;
 }
 
 // `sample`: the largest tensor γ is measured on.
