@@ -248,7 +248,7 @@ std::uint64_t flat_bytes(const Codec& codec, const std::string& algo, int ranks,
   // The transport's own uncompressed all-reduce: gradzip does not count its bytes.
   if (algo == collectives::kTransportSumName) return 0;
   const std::unique_ptr<Codec> none = make_codec(CompressionSpec{});
-  // The dense switch of the sparse all-gather: an uncompressed ring of the decoded tensor.
+  // The dense switch of the sparse all-reduce: an uncompressed ring of the decoded tensor.
   if (algo == collectives::kSparseDenseSwitchName) return ring_bytes(*none, ranks, r, n);
   const collectives::AlgorithmRow* row = collectives::find_algorithm_row(algo);
   GZ_REQUIRE(row != nullptr, ErrorCode::internal, "allreduce: no algorithm is named '", algo,
@@ -265,7 +265,7 @@ std::uint64_t flat_bytes(const Codec& codec, const std::string& algo, int ranks,
       return bytes + others * codec.max_encoded_bytes(chunk_count(n, ranks, r));
     }
     // One message of the whole tensor, counted once per receiving rank.
-    case AlgorithmId::allgather: return others * codec.max_encoded_bytes(n);
+    case AlgorithmId::sparse: return others * codec.max_encoded_bytes(n);
     // An uncompressed ring over the k values at the shared indices.
     case AlgorithmId::randk: return ring_bytes(*none, ranks, r, codec.spec().k_for(n));
     case AlgorithmId::rhd: return halving_doubling_bytes(codec, ranks, r, n);
@@ -382,7 +382,7 @@ double compression_error(const CompressionSpec& spec, double y_max) {
 //              f32 add that forms y_k (<= 2^-24 Y_k)
 //   sra        P worker encodes of single contributions (e(M) each), P - 1 f32 adds of the
 //              decoded values (|sum| <= Y_s = A + P e(M)), one owner encode e(Y_s)
-//   allgather  sum_r D(C(x_r)): P encodes e(M) in different elements' favour at worst, P - 1 f32
+//   sparse     sum_r D(C(x_r)): P encodes e(M) in different elements' favour at worst, P - 1 f32
 //              adds; a dropped top-k element errs by at most |sum over the ranks that dropped
 //              it| <= A, so top-k's bound is A plus the adds
 //   randk      every rank keeps the same indices: a dropped element errs by |sum_r x_r,i| <= A,
@@ -418,7 +418,7 @@ double flat_error_bound(const CompressionSpec& spec, const std::string& algo, in
               compression_error(spec, sum * (1 + 0x1p-20))) *
              (1 + 0x1p-20);
     }
-    case AlgorithmId::allgather: {  // kSparseDenseSwitchName included
+    case AlgorithmId::sparse: {  // kSparseDenseSwitchName included
       if (spec.codec == CodecKind::topk) return A + (P - 1) * kF32Unit * 2 * A;
       const double worker = compression_error(spec, M);
       return P * worker + (P - 1) * kF32Unit * (A + P * worker) * (1 + 0x1p-20);

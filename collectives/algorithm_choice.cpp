@@ -183,7 +183,7 @@ ShardedChoice choose_reduce_scatter(const CompressionSpec& spec, std::uint32_t s
                     default_flat_algorithm(spec.codec) == Algorithm::sra);
   choice.algorithm = sra ? Algorithm::sra : Algorithm::ring;
   choice.name = sra ? "sra" : "ring";
-  if (spec.algo == Algorithm::allgather || spec.algo == Algorithm::hier ||
+  if (spec.algo == Algorithm::sparse || spec.algo == Algorithm::hier ||
       spec.algo == Algorithm::rhd || spec.algo == Algorithm::tree)
     choice.note = detail::concat("algo=", algorithm_name(spec.algo),
                                  " has no reduce-scatter: ring");
@@ -193,8 +193,7 @@ ShardedChoice choose_reduce_scatter(const CompressionSpec& spec, std::uint32_t s
 ShardedChoice choose_allgather(const CompressionSpec& spec, std::uint32_t step) {
   require_element_codec(spec, "allgather");
   ShardedChoice choice;
-  choice.algorithm = Algorithm::allgather;
-  choice.name = "allgather";
+  choice.name = "allgather";  // the collective's name: it has one algorithm
   if (step < spec.warmup) {
     choice.warmup = true;
     choice.note = warmup_note(spec, step);

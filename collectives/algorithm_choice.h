@@ -18,7 +18,7 @@
 //   algo=auto without one                  -> the codec's default (its row's default_path)
 // The AutoModel's inputs (link, γ) are agreed bit for bit by every rank
 // (collectives/link_calibration.h), so the model's choice is the same everywhere too.
-//   algo=ring | sra | allgather | rhd | tree -> that flat algorithm, at any size
+//   algo=ring | sra | sparse | rhd | tree  -> that flat algorithm, at any size
 //   algo=hier                              -> hierarchical_allreduce with the codec's default
 //                                             flat algorithm across nodes (auto)
 //   codec powersgd                         -> ErrorCode::unsupported (a Reducer-level
@@ -53,7 +53,7 @@ struct AllreduceChoice {
   // hierarchical: the inner algorithm across nodes; transport_sum: unused (auto_select).
   Algorithm algorithm = Algorithm::auto_select;
   // The name the call reports in CollectiveStats::algorithm: "mpi", "ring", "sra",
-  // "allgather", "randk" or "hier/<inner>" (inner as the flat names).
+  // "sparse", "randk" or "hier/<inner>" (inner as the flat names).
   std::string name;
   // Why, when the reason is not obvious from the spec (warm-up, below min_bytes, auto).
   std::string note;
@@ -107,7 +107,9 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
                                  const AutoModel* model = nullptr);
 
 struct ShardedChoice {
-  Algorithm algorithm = Algorithm::ring;  // reduce-scatter: ring or sra; all-gather: allgather
+  // Reduce-scatter: ring or sra. All-gather: none (compressed_allgather is the all-gather
+  // collective's only algorithm and has no algo= value).
+  std::optional<Algorithm> algorithm;
   bool warmup = false;                    // true: run with codec none, without error feedback
   std::string name;                       // CollectiveStats::algorithm
   std::string note;

@@ -10,7 +10,8 @@ namespace gradzip::collectives {
 enum class AlgorithmId : std::uint8_t {
   ring,       // ring reduce-scatter + all-gather, re-encoding partial sums (codec `none`: plain)
   sra,        // scatter-reduce-allgather: encode once, owner re-encodes the sum
-  allgather,  // sparse all-gather of whole-tensor messages (with the dense switch)
+  sparse,     // the sparse all-reduce: an all-gather of whole-tensor messages (with the dense
+              // switch)
   randk,      // random-k's shared-index path: a ring over k values
   rhd,        // recursive halving (re-encoding) + doubling (forwarding), Rabenseifner
   tree,       // binomial reduce in f32, the sum encoded once, binomial broadcast of the message

@@ -15,8 +15,7 @@ using A = AlgorithmId;
 const std::array<AlgorithmRow, 7> kRows{{
     {A::ring, "ring", Algorithm::ring, &ring_allreduce, &estimate_ring, {}},
     {A::sra, "sra", Algorithm::sra, &sra_allreduce, &estimate_sra, {}},
-    {A::allgather, "allgather", Algorithm::allgather, &sparse_allgather_allreduce,
-     &estimate_allgather, {}},
+    {A::sparse, "sparse", Algorithm::sparse, &sparse_allreduce, &estimate_sparse, {}},
     {A::randk, "randk", std::nullopt, &randk_allreduce, &estimate_randk,
      "random-k's shared-index path runs on host memory"},
     // Halving/doubling parses the concatenated messages it forwards by their headers, and the
@@ -31,7 +30,7 @@ const std::array<AlgorithmRow, 7> kRows{{
 
 constexpr bool rows_in_order() {
   return static_cast<int>(A::ring) == 0 && static_cast<int>(A::sra) == 1 &&
-         static_cast<int>(A::allgather) == 2 && static_cast<int>(A::randk) == 3 &&
+         static_cast<int>(A::sparse) == 2 && static_cast<int>(A::randk) == 3 &&
          static_cast<int>(A::rhd) == 4 && static_cast<int>(A::tree) == 5 && static_cast<int>(A::hier) == 6;
 }
 static_assert(rows_in_order(), "kRows must follow AlgorithmId's order");
@@ -44,7 +43,7 @@ const AlgorithmRow& algorithm_row(AlgorithmId path) noexcept {
 }
 
 const AlgorithmRow* find_algorithm_row(std::string_view name) noexcept {
-  if (name == kSparseDenseSwitchName) return &algorithm_row(AlgorithmId::allgather);
+  if (name == kSparseDenseSwitchName) return &algorithm_row(AlgorithmId::sparse);
   for (const AlgorithmRow& row : kRows)
     if (row.name == name) return &row;
   return nullptr;

@@ -40,12 +40,12 @@ const AlgorithmRow& algorithm_row(AlgorithmId path) noexcept;
 // non-finite fallback): "mpi" over every transport, as logs and benchmark files have it.
 inline constexpr std::string_view kTransportSumName = "mpi";
 
-// What CollectiveStats::algorithm reports when the sparse all-gather found the gathered
+// What CollectiveStats::algorithm reports when the sparse all-reduce found the gathered
 // messages denser than the tensor and ran the uncompressed ring instead (its row's path).
-inline constexpr std::string_view kSparseDenseSwitchName = "allgather->ring";
+inline constexpr std::string_view kSparseDenseSwitchName = "sparse->ring";
 
 // The row whose name CollectiveStats::algorithm reports (kSparseDenseSwitchName: the sparse
-// all-gather's row), or null for anything else (kTransportSumName, "hier/<inner>").
+// all-reduce's row), or null for anything else (kTransportSumName, "hier/<inner>").
 const AlgorithmRow* find_algorithm_row(std::string_view name) noexcept;
 
 // The row of an algo= value (not auto_select: gradzip::Error internal).

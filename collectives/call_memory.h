@@ -34,10 +34,11 @@ struct CudaRoute {
   std::string why_staged;  // for Kind::staged: the reason, for the stats' note
 };
 
-// The route of a CUDA call whose algorithm is `algorithm` (nullopt: the uncompressed transport
-// sum) under `spec`: on device memory over NCCL when the build has it, else over the host
-// transport when MPI is CUDA-aware, else staged; the paths whose algorithm row says they run on
-// host memory (random-k's shared-index path with `shared_index`, hier, rhd, tree) and cuda_path
+// The route of a CUDA call whose algorithm is `algorithm` under `spec` (nullopt: a path without
+// a row in the algorithm table, i.e. the transport's own uncompressed sum or the all-gather
+// collective): on device memory over NCCL when the build has it, else over the host transport
+// when MPI is CUDA-aware, else staged; the paths whose algorithm row says they run on host
+// memory (random-k's shared-index path with `shared_index`, hier, rhd, tree) and cuda_path
 // staged are always staged. The same on every rank: the call check has compared everything that
 // decides it (spec, count, step, cuda_path; the build and MPI library are the same everywhere).
 // cuda_path nccl in a build without NCCL throws unsupported.

@@ -15,8 +15,8 @@ using A = AlgorithmId;
 constexpr std::array kDenseRunnable{A::ring, A::sra, A::rhd, A::tree};
 constexpr std::array kQuantisedRunnable{A::sra, A::ring, A::rhd, A::tree};
 constexpr std::array kQuantisedAuto{A::sra, A::tree};
-constexpr std::array kTopkRunnable{A::allgather, A::ring, A::rhd, A::tree};
-constexpr std::array kTopkAuto{A::allgather, A::tree};
+constexpr std::array kTopkRunnable{A::sparse, A::ring, A::rhd, A::tree};
+constexpr std::array kTopkAuto{A::sparse, A::tree};
 constexpr std::array kRandkPaths{A::randk};
 
 // A row with its paths; the traits are set by the caller.
@@ -47,7 +47,7 @@ std::vector<CodecRow> make_table() {
   set(paths(CodecKind::sign, A::sra, kQuantisedRunnable, kQuantisedAuto));
   set(paths(CodecKind::terngrad, A::sra, kQuantisedRunnable, kQuantisedAuto));
 
-  CodecRow topk = paths(CodecKind::topk, A::allgather, kTopkRunnable, kTopkAuto);
+  CodecRow topk = paths(CodecKind::topk, A::sparse, kTopkRunnable, kTopkAuto);
   topk.values_key = true;
   topk.size_varies_with_approx = true;
   set(topk);

@@ -15,7 +15,7 @@ namespace gradzip::collectives {
 struct CodecRow {
   CodecKind codec = CodecKind::none;
   // What algo=auto runs without the cost model, and the model's fallback: the ring, SRA, the
-  // sparse all-gather, or random-k's shared-index path (randk_allreduce).
+  // sparse all-reduce, or random-k's shared-index path (randk_allreduce).
   AlgorithmId default_path = AlgorithmId::ring;
   // Every flat path that can run the codec, the default first (the cost model's
   // candidate_algorithms; `gradzip-bench model` compares them).
@@ -46,7 +46,7 @@ const CodecRow& codec_row(CodecKind codec) noexcept;
 // its shared-index path has none; Algorithm::ring is returned and shared_indices says the rest).
 Algorithm default_flat_algorithm(CodecKind codec) noexcept;
 
-// The stats name of the codec's default path ("ring", "sra", "allgather" or "randk").
+// The stats name of the codec's default path ("ring", "sra", "sparse" or "randk").
 std::string_view default_path_name(CodecKind codec) noexcept;
 
 // The 16-bit type `spec`'s wire values narrow to, or f32 when they do not narrow.

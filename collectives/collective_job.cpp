@@ -146,7 +146,7 @@ void run_flat_allreduce(ReduceJob& job, Algorithm algo) {
                                 : algorithm_row(algo);
   GZ_REQUIRE(row.run_flat != nullptr, ErrorCode::invalid_argument, "run_flat_allreduce of '",
              job.name, "': algorithm '", row.name,
-             "' is not a flat algorithm (ring, sra, allgather, rhd or tree)");
+             "' is not a flat algorithm (ring, sra, sparse, rhd or tree)");
   job.stats.algorithm = std::string(row.name);
   row.run_flat(job);
 }

@@ -137,7 +137,7 @@ void ring_reduce_scatter(ReduceJob& job);                // ring_allreduce.cpp (
 void randk_allreduce(ReduceJob& job);                    // randk_allreduce.cpp
 void sra_allreduce(ReduceJob& job);                      // sra_allreduce.cpp
 void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (first half)
-void sparse_allgather_allreduce(ReduceJob& job);         // sparse_allgather.cpp
+void sparse_allreduce(ReduceJob& job);                   // sparse_allreduce.cpp
 void compressed_allgather(ReduceJob& job);               // allgather.cpp
 // Recursive halving reduce-scatter then recursive doubling all-gather (Rabenseifner), one
 // re-encode per halving step; non-powers of two fold the extra ranks in first.
@@ -150,11 +150,11 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter,
                             Algorithm inner);             // hierarchical_allreduce.cpp
 
 // The `none` codec, for the uncompressed stages of composite algorithms (random-k's value ring,
-// the sparse all-gather's dense switch, the hierarchical node stages). Codecs are stateless, so
+// the sparse all-reduce's dense switch, the hierarchical node stages). Codecs are stateless, so
 // one process-wide instance serves every call.
 const Codec& uncompressed_codec();
 
-// Runs flat algorithm `algo` (ring, sra, allgather, rhd, tree; auto = the codec's default path,
+// Runs flat algorithm `algo` (ring, sra, sparse, rhd, tree; auto = the codec's default path,
 // collectives/codec_table.h: random-k's shared-index path or default_flat_algorithm) on the
 // job and records its name in job.stats.algorithm.
 // Throws invalid_argument for hier.

@@ -117,7 +117,7 @@ CollectiveStats run_allgather(CommunicatorState& state, Call call) {
     const CallMemory memory = open_call_memory(
         state, call, shard_begin(count, transport.size(), transport.rank()),
         shard_begin(count, transport.size(), transport.rank() + 1),
-        route_of(state, call.tensor, spec, Algorithm::allgather), stats);
+        route_of(state, call.tensor, spec, std::nullopt), stats);
     ReduceJob job = make_job(state, spec, memory, allgather_job_name(call.name), call.name,
                              step, stats);
     compressed_allgather(job);

@@ -86,17 +86,17 @@ CostEstimate sra(const Codec& codec, const CodecCost& cost, double n, int p, con
   return finish(AlgorithmId::sra, latency, bytes / link.bytes_per_s, compute, bytes);
 }
 
-// Sparse all-gather: encode n once, all-gather P − 1 whole-tensor messages, decode_add P; or,
-// when the dense ring moves fewer bytes (the library's rule, sparse_allgather.cpp), the
+// The sparse all-reduce: encode n once, all-gather P − 1 whole-tensor messages, decode_add P; or,
+// when the dense ring moves fewer bytes (the library's rule, sparse_allreduce.cpp), the
 // uncompressed ring over the decoded messages.
-CostEstimate allgather(const Codec& codec, const CodecCost& cost, double n, int p,
-                       const LinkModel& link) {
+CostEstimate sparse(const Codec& codec, const CodecCost& cost, double n, int p,
+                    const LinkModel& link) {
   const double whole = message_bytes(codec, n);
   const double gathered = (p - 1) * whole;
   const double dense_ring = 2.0 * (p - 1) * kHeader + 2.0 * (p - 1) * 4.0 * n / p;
   if (p > 1 && dense_ring < gathered) {
     CostEstimate estimate = ring(codec, cost, n, p, link, /*uncompressed=*/true);
-    estimate.algorithm = AlgorithmId::allgather;
+    estimate.algorithm = AlgorithmId::sparse;
     estimate.compute_s += n * (cost.encode_s + cost.decode_add_s);
     estimate.seconds = estimate.latency_s + estimate.transfer_s + estimate.compute_s;
     estimate.dense_switch = true;
@@ -104,7 +104,7 @@ CostEstimate allgather(const Codec& codec, const CodecCost& cost, double n, int 
   }
   const double latency = exchange_latency(p, link) + size_exchange_latency(p, link);
   const double compute = n * cost.encode_s + p * n * cost.decode_add_s;
-  return finish(AlgorithmId::allgather, latency, gathered / link.bytes_per_s, compute, gathered);
+  return finish(AlgorithmId::sparse, latency, gathered / link.bytes_per_s, compute, gathered);
 }
 
 // Random-k: select k of n (encode), an uncompressed ring over the k values, decode.
@@ -210,8 +210,8 @@ CostEstimate estimate_ring(const EstimateInputs& in) {
               /*uncompressed=*/in.codec.spec().codec == CodecKind::none);
 }
 CostEstimate estimate_sra(const EstimateInputs& in) { return sra(in.codec, in.cost, in.n, in.ranks, in.link); }
-CostEstimate estimate_allgather(const EstimateInputs& in) {
-  return allgather(in.codec, in.cost, in.n, in.ranks, in.link);
+CostEstimate estimate_sparse(const EstimateInputs& in) {
+  return sparse(in.codec, in.cost, in.n, in.ranks, in.link);
 }
 CostEstimate estimate_randk(const EstimateInputs& in) { return randk(in.codec, in.cost, in.n, in.ranks, in.link); }
 CostEstimate estimate_rhd(const EstimateInputs& in) { return rhd(in.codec, in.cost, in.n, in.ranks, in.link); }

@@ -34,7 +34,7 @@ struct LinkModel {
   // not measure it (docs/cost-model.md); it can be given (link_exchange_gbps).
   double exchange_bytes_per_s = 0;
   // The start-up of one small collective (an all-gather of 8 bytes per rank), as measure_link
-  // measures it; 0: not known. SRA's and the sparse all-gather's collectives cost at least
+  // measures it; 0: not known. SRA's and the sparse all-reduce's collectives cost at least
   // this each: on the emulated cluster's 4 ranks on 2 cores it was about 5 α, because a
   // collective waits for every rank to be scheduled.
   double collective_latency_s = 0;
@@ -66,7 +66,7 @@ struct CostEstimate {
   double transfer_s = 0;  // β times the bytes on the critical path
   double compute_s = 0;   // γ terms
   double bytes_sent = 0;  // bytes this rank sends (docs/algorithms.md's count)
-  bool dense_switch = false;  // allgather: the dense ring would run instead
+  bool dense_switch = false;  // sparse: the dense ring would run instead
 };
 
 // What one path's estimate reads: the codec (its spec() gives the algorithm's parameters) and
@@ -84,7 +84,7 @@ struct EstimateInputs {
 // (collectives/algorithm_table.cpp) holds one per path, and estimate_allreduce calls it.
 CostEstimate estimate_ring(const EstimateInputs& in);       // codec none: plain f32 adds
 CostEstimate estimate_sra(const EstimateInputs& in);
-CostEstimate estimate_allgather(const EstimateInputs& in);  // with the dense switch
+CostEstimate estimate_sparse(const EstimateInputs& in);     // with the dense switch
 CostEstimate estimate_randk(const EstimateInputs& in);
 CostEstimate estimate_rhd(const EstimateInputs& in);
 CostEstimate estimate_tree(const EstimateInputs& in);

@@ -46,7 +46,7 @@
 // Stats (one CollectiveStats across all stages): bytes of (a), (b) and (c) add up; the raw f32
 // blocks of (c) and of the redistribution count as payload bytes (they have no header), once
 // per receiving rank. stats.algorithm = "hier/<inner>", <inner> the flat algorithm's name
-// (e.g. "hier/sra", "hier/allgather->ring").
+// (e.g. "hier/sra", "hier/sparse->ring").
 //
 // Errors: if step (b) throws on a rank, the node still runs step (c) and then exchanges a
 // failure flag (one u64 per rank inside the node), so no rank of that node waits forever and
@@ -251,7 +251,7 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter, 
     place_inner_job(job, across_nodes, shard.begin);
     try {
       run_flat_allreduce(across_nodes, inner);
-      algorithm = job.stats.algorithm;  // may carry a switch, e.g. "allgather->ring"
+      algorithm = job.stats.algorithm;  // may carry a switch, e.g. "sparse->ring"
     } catch (...) {
       failure = std::current_exception();
     }

@@ -127,7 +127,7 @@ void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t 
       const CallMemory memory = open_call_memory(
           state, call, shard_begin(count, transport.size(), transport.rank()),
           shard_begin(count, transport.size(), transport.rank() + 1),
-          route_of(state, tensor, dense, Algorithm::allgather), stats);
+          route_of(state, tensor, dense, std::nullopt), stats);
       ReduceJob job = make_job(state, dense, memory, allgather_job_name(call.name), call.name,
                                step, stats);
       compressed_allgather(job);

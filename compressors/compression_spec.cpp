@@ -103,7 +103,7 @@ std::string_view algorithm_name(Algorithm algo) noexcept {
     case Algorithm::auto_select: return "auto";
     case Algorithm::ring: return "ring";
     case Algorithm::sra: return "sra";
-    case Algorithm::allgather: return "allgather";
+    case Algorithm::sparse: return "sparse";
     case Algorithm::hier: return "hier";
     case Algorithm::rhd: return "rhd";
     case Algorithm::tree: return "tree";
@@ -181,11 +181,12 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
       result.ef_resize = parse_choice<ResizePolicy>(
           spec, key, value, {{"error", ResizePolicy::error}, {"reset", ResizePolicy::reset}});
     } else if (key == "algo") {
-      result.algo = parse_choice<Algorithm>(spec, key, value,
+      // "allgather" is the sparse all-reduce's former name, still accepted.
+      result.algo = parse_choice<Algorithm>(spec, key, value == "allgather" ? "sparse" : value,
                                             {{"auto", Algorithm::auto_select},
                                              {"ring", Algorithm::ring},
                                              {"sra", Algorithm::sra},
-                                             {"allgather", Algorithm::allgather},
+                                             {"sparse", Algorithm::sparse},
                                              {"hier", Algorithm::hier},
                                              {"rhd", Algorithm::rhd},
                                              {"tree", Algorithm::tree}});

@@ -19,7 +19,7 @@ import gradzip
 CODECS = ["none", "fp16", "bf16", "qsgd:bits=4", "qsgd:bits=2,ef=on", "sign", "sign:ef=off",
           "topk:ratio=0.01", "topk:ratio=0.05,approx=on", "topk:ratio=0.01,values=fp16",
           "randk:ratio=0.05"]
-ALGORITHMS = ["auto", "ring", "sra", "allgather", "rhd", "tree", "hier,ranks_per_node=1"]
+ALGORITHMS = ["auto", "ring", "sra", "sparse", "rhd", "tree", "hier,ranks_per_node=1"]
 
 
 def digest(array):

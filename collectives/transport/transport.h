@@ -1,5 +1,5 @@
 // The transport: how ranks move raw bytes. Algorithms in collectives/ talk only to this
-// interface, so the same ring / SRA / sparse all-gather code runs over Open MPI (host memory),
+// interface, so the same ring / SRA / sparse all-reduce code runs over Open MPI (host memory),
 // later NCCL, and test transports that corrupt or drop messages.
 //
 // Contract for every implementation:

@@ -28,7 +28,8 @@ enum class ReduceOp : std::uint8_t {
 
 // What one collective call did on this rank.
 struct CollectiveStats {
-  // "ring", "sra", "allgather", "randk", "hier/<inner>", or "mpi": the transport's own
+  // "ring", "sra", "sparse" (or "sparse->ring", its dense switch), "randk", "hier/<inner>",
+  // "allgather" (the all-gather collective), or "mpi": the transport's own
   // uncompressed all-reduce (small tensors, warm-up, non-finite input under
   // nonfinite=propagate), whose bytes are MPI's business and are not counted below; "skip":
   // skipped under nonfinite=skip.
@@ -132,7 +133,7 @@ class Communicator {
   // In-place all-reduce of `tensor` (f32, f16 or bf16; halves are reduced in f32 and rounded
   // to nearest even). The spec's algo= picks the algorithm: auto (tensors under min_bytes go
   // uncompressed, "mpi"; otherwise the cost model's fastest candidate, docs/communicator.md),
-  // ring, sra, allgather, rhd, tree or hier; warmup=N runs a name's first N calls uncompressed;
+  // ring, sra, sparse, rhd, tree or hier; warmup=N runs a name's first N calls uncompressed;
   // powersgd is refused (unsupported: a Reducer compressor). stats.algorithm says which ran.
   CollectiveStats allreduce(TensorView tensor, std::string_view name, const CompressionSpec& spec,
                             ReduceOp op = ReduceOp::sum);

@@ -18,9 +18,10 @@
 // Shared keys, accepted after every codec:
 //   ef=on|off            error feedback [on for sign, topk, randk, powersgd; off otherwise]
 //   ef_resize=error|reset what the residual store does when a tensor changes size [error]
-//   algo=auto|ring|sra|allgather|hier|rhd|tree  collective algorithm [auto]; rhd = recursive
-//                        halving/doubling, tree = binomial tree (all-reduce only); auto: the
-//                        cost model's choice (collectives/algorithm_choice.h)
+//   algo=auto|ring|sra|sparse|hier|rhd|tree  collective algorithm [auto]; sparse = the sparse
+//                        all-reduce (algo=allgather, its former name, is accepted as an alias);
+//                        rhd = recursive halving/doubling, tree = binomial tree (all-reduce
+//                        only); auto: the cost model's choice (collectives/algorithm_choice.h)
 //   warmup=STEPS         dense steps before compression starts [0]
 //   min_bytes=N          with algo=auto, tensors smaller than this go uncompressed through the
 //                        transport's own all-reduce [65536]
@@ -53,7 +54,19 @@
 namespace gradzip {
 
 enum class CodecKind : std::uint8_t { none, fp16, bf16, qsgd, sign, topk, randk, powersgd, terngrad };
-enum class Algorithm : std::uint8_t { auto_select, ring, sra, allgather, hier, rhd, tree };
+// sparse: the sparse all-reduce (every rank's whole compressed message all-gathered, the decoded
+// messages summed; top-k's default). `allgather` is its former name, kept so that existing code
+// compiles.
+enum class Algorithm : std::uint8_t {
+  auto_select,
+  ring,
+  sra,
+  sparse,
+  hier,
+  rhd,
+  tree,
+  allgather [[deprecated("the sparse all-reduce is Algorithm::sparse")]] = sparse,
+};
 enum class ResizePolicy : std::uint8_t { error, reset };
 enum class NonfinitePolicy : std::uint8_t { propagate, error, skip };
 

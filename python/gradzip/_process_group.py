@@ -1,6 +1,6 @@
 """The byte engine of gradzip's "torch" transport: torch.distributed's gloo backend.
 
-gradzip's collectives (ring, SRA, the sparse all-gather, the call check) talk to a C++
+gradzip's collectives (ring, SRA, the sparse all-reduce, the call check) talk to a C++
 Transport (collectives/transport/transport.h). Under torchrun there is no MPI world, so the
 transport of a communicator made with transport="torch" is python/process_group_transport.cpp,
 which forwards each operation to a ProcessGroupEngine here. The engine moves the bytes with

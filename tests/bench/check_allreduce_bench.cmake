@@ -15,7 +15,7 @@ set(expected_algo_none ring sra rhd tree)
 set(expected_algo_fp16 ring sra rhd tree)
 set(expected_algo_qsgd sra tree)
 set(expected_algo_sign sra tree)
-set(expected_algo_topk allgather tree)
+set(expected_algo_topk sparse tree)
 set(expected_algo_randk randk)
 
 set(json ${WORK_DIR}/allreduce.json)

@@ -136,7 +136,7 @@ TEST_F(CommunicatorCudaTest, AllreduceOverNcclEqualsTheHostResult) {
   const std::size_t count = (std::size_t{1} << 18) + 3;
   const std::vector<float> input = gpu_test::gaussian(count, 5);
   // Specs that run over NCCL: the uncompressed path (below min_bytes, warm-up), the ring, SRA
-  // and the sparse all-gather, without error feedback.
+  // and the sparse all-reduce, without error feedback.
   for (const char* spec : {"none", "fp16", "bf16", "qsgd:bits=4,bucket=512,algo=ring", "sign:algo=ring",
                            "qsgd:bits=4", "sign", "topk:ratio=0.01", "topk:ratio=0.01,approx=on",
                            "topk:ratio=0.02,algo=ring", "fp16:min_bytes=100000000", "qsgd:warmup=5",

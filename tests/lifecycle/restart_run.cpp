@@ -41,7 +41,7 @@ struct Parameter {
 // uninterrupted run and the saving run measure each for itself (a restart makes the saving
 // run's choices: the checkpoint carries its measurements, which test_communicator checks).
 constexpr const char* kModelSpec =
-    "topk:ratio=0.05,warmup=2,min_bytes=0,seed=11,algo=allgather;"
+    "topk:ratio=0.05,warmup=2,min_bytes=0,seed=11,algo=sparse;"
     "name=fc1.*->qsgd:bits=4,ef=on,min_bytes=0,seed=12,algo=sra;"
     "name=embed.*->randk:ratio=0.1,min_bytes=0,seed=13;"
     "name=fc2.weight->powersgd:rank=2,seed=14;"
@@ -59,7 +59,7 @@ const std::vector<std::pair<std::string, std::string>> kDirectCalls = {
     {"direct.qsgd", "qsgd:bits=2,ef=on,min_bytes=0,seed=21,algo=sra"},
     {"direct.randk", "randk:ratio=0.05,min_bytes=0,seed=22"},
     {"direct.sign", "sign:algo=sra,min_bytes=0"},
-    {"direct.topk", "topk:ratio=0.02,min_bytes=0,warmup=3,algo=allgather"}};
+    {"direct.topk", "topk:ratio=0.02,min_bytes=0,warmup=3,algo=sparse"}};
 constexpr std::size_t kDirectCount = 2049;
 
 std::uint64_t splitmix64(std::uint64_t& state) {

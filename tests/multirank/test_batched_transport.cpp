@@ -138,12 +138,12 @@ std::vector<float> contribution(std::size_t count, int call) {
 
 TEST(BatchedTransport, AllreduceAlgorithmsGiveThePlainResult) {
   // Every algorithm the Communicator routes to NCCL: ring (fixed-size codecs, exact top-k),
-  // SRA, the sparse all-gather (exact and approximate top-k, and its dense switch), with error
+  // SRA, the sparse all-reduce (exact and approximate top-k, and its dense switch), with error
   // feedback, and the uncompressed ring.
   const std::vector<std::string> specs = {
       "none:algo=ring",  "fp16",          "bf16:ef=on",        "qsgd:bits=4,bucket=512",
       "sign:ef=on",      "qsgd:bits=2,algo=ring", "topk:ratio=0.01",  "topk:ratio=0.01,approx=on,ef=on",
-      "topk:ratio=0.02,algo=ring", "topk:ratio=0.6", "sign:algo=allgather"};
+      "topk:ratio=0.02,algo=ring", "topk:ratio=0.6", "sign:algo=sparse"};
   Pair pair = make_pair();
   for (const std::string& spec : specs) {
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{100003}}) {

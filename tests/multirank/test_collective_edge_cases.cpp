@@ -32,7 +32,7 @@ using testing::world_size;
 using testing::kAllCodecs;
 // "auto" runs with min_bytes=0 so that small tensors take the codec's own algorithm instead of
 // the uncompressed MPI all-reduce.
-const char* const kAlgorithms[] = {"auto", "ring", "sra", "allgather", "hier", "rhd", "tree"};
+const char* const kAlgorithms[] = {"auto", "ring", "sra", "sparse", "hier", "rhd", "tree"};
 
 std::string with_options(const std::string& codec, const std::string& options) {
   return codec + (codec.find(':') == std::string::npos ? ":" : ",") + options;
@@ -105,7 +105,7 @@ float near_max_value(std::size_t i, int r) {
 // most 65504: no Inf. Error: an fp16 encode of v errs by at most 2^-11 |v| (v in f16's normal
 // range) or 2^-25 (subnormal; negligible against the bound). The ring encodes P partial sums
 // along a chunk's chain (P - 1 hops plus the all-gather), SRA 2 (the shards and the reduced
-// shard), the sparse all-gather 1 per rank (the sum of those is <= 2^-11 P S), hier within one
+// shard), the sparse all-reduce 1 per rank (the sum of those is <= 2^-11 P S), hier within one
 // node none or one of the above. So |result - average| <= (P + 1) 2^-11 S + 2^-16 S (second
 // order terms and f32 adds), plus 2^-11 |average| when the tensor is f16 (the final rounding),
 // and the result is finite.
@@ -154,10 +154,10 @@ TEST(CollectiveEdgeCases, Fp16AverageOfNearMaxValuesIsFiniteAndClose) {
   for (const char* algo : {"auto", "ring", "hier"}) {
     for (const DType dtype : {DType::f32, DType::f16}) check_near_max_average(comm, algo, dtype);
   }
-  check_near_max_average(comm, "allgather", DType::f32);
+  check_near_max_average(comm, "sparse", DType::f32);
 }
 
-// The same check for SRA (f32 and f16 tensors) and the sparse all-gather into an f16 tensor.
+// The same check for SRA (f32 and f16 tensors) and the sparse all-reduce into an f16 tensor.
 // The elements equal to +-65504 on every rank are the hard case: each rank encodes
 // y = 65504 / P, which f16 rounds up for P = 3 (21834.67 -> 21840) and P = 5 (13100.8 ->
 // 13104), so the sum of the P decoded values is 65520 = P * f16(65504 / P), f16's IEEE
@@ -168,7 +168,7 @@ TEST(CollectiveEdgeCases, Fp16AverageOfNearMaxValuesIsFiniteAndClose) {
 TEST(CollectiveEdgeCases, Fp16AverageOfMaxValuesThroughSraAndAllgather) {
   Communicator comm = Communicator::world();
   for (const DType dtype : {DType::f32, DType::f16}) check_near_max_average(comm, "sra", dtype);
-  check_near_max_average(comm, "allgather", DType::f16);
+  check_near_max_average(comm, "sparse", DType::f16);
 }
 
 // Values a 16-bit wire type would saturate somewhere in the reduction run uncompressed in f32
@@ -192,7 +192,7 @@ TEST(CollectiveEdgeCases, ValuesBeyondA16BitWireTypeFallBackToF32InsteadOfSatura
     for (int r = 0; r < ranks; ++r) total += static_cast<double>((i + static_cast<std::size_t>(r)) % 7);
     return total;
   };
-  for (const char* spec : {"fp16", "fp16:algo=sra", "topk:ratio=1,values=fp16,algo=allgather"}) {
+  for (const char* spec : {"fp16", "fp16:algo=sra", "topk:ratio=1,values=fp16,algo=sparse"}) {
     SCOPED_TRACE(spec);
     const float peak = std::string(spec).starts_with("topk") ? 70000.0f : 40000.0f;
     std::vector<float> data = input(peak);
@@ -220,10 +220,11 @@ TEST(CollectiveEdgeCases, ValuesBeyondA16BitWireTypeFallBackToF32InsteadOfSatura
 
 // k_for(7) = 1 for ratio=0.001 (ceil(0.007) = 1; k_for never returns 0 for n > 0). Rank r's
 // tensor: small positive integers 1 + (i + r) % 3 and one peak 100 + r at index j_r = r % 7.
-// Sparse all-gather (top-k: algo=allgather, or auto when it chose it): every rank keeps its peak only, so the result is
-// sum_r (100 + r) e_{j_r}: exact, zero elsewhere. Random-k's shared-index path (auto): every rank
-// keeps the same single index j, so the result is sum_r x_r[j] at j and 0 elsewhere (exactly one
-// nonzero, since every x_r[j] > 0). Other algorithms (ring, sra, allgather, hier) keep one entry
+// Sparse all-reduce (top-k: algo=sparse, or auto when it chose it): every rank keeps its peak
+// only, so the result is sum_r (100 + r) e_{j_r}: exact, zero elsewhere. Random-k's shared-index
+// path (auto): every rank keeps the same single index j, so the result is sum_r x_r[j] at j and
+// 0 elsewhere (exactly one nonzero, since every x_r[j] > 0). Other algorithms (ring, sra, hier,
+// and sparse for random-k) keep one entry
 // per encoded chunk of a partial sum of positive values, so every result element satisfies
 // 0 <= result_i <= sum_r x_r[i], and at least one is > 0 (each nonempty chunk's final encode
 // keeps one positive entry).
@@ -253,9 +254,9 @@ TEST(CollectiveEdgeCases, RatioBelowOneElementKeepsOne) {
       const CollectiveStats stats = comm.allreduce(host_view(data.data(), n), fresh_name(), spec);
       EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(data)));
       const bool topk = std::string(codec).rfind("topk", 0) == 0;
-      // The sparse all-gather (algo=allgather, or what algo=auto chose) adds every rank's
+      // The sparse all-reduce (algo=sparse, or what algo=auto chose) adds every rank's
       // exact top-k.
-      if (stats.algorithm == "allgather" && topk) {
+      if (stats.algorithm == "sparse" && topk) {
         for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(data[i], peaks[i]) << i << " " << stats.to_string();
         continue;
       }
@@ -282,7 +283,7 @@ TEST(CollectiveEdgeCases, RatioBelowOneElementKeepsOne) {
 // -------------------------------------------------------------------------------------------
 
 // Every rank's 11 elements have one magnitude, r + 1, with signs (-1)^(i + r): exact top-k
-// (k = 3) keeps indices 0, 1, 2 on every rank (lowest indices win), so the sparse all-gather
+// (k = 3) keeps indices 0, 1, 2 on every rank (lowest indices win), so the sparse all-reduce
 // gives sum_r x_r[i] for i < 3 and 0 elsewhere, exactly (small integers), identical on every
 // rank. approx=on keeps a prefix of m_r elements, 2 <= m_r <= 3: indices 0 and 1 are exact sums,
 // index 2 a partial sum of the ranks' values, indices >= 3 are 0.

@@ -254,7 +254,7 @@ TEST(Communicator, EveryCodecThroughAutoIsItsAlgorithmRunDirectly) {
         EXPECT_EQ(stats.sent_bytes(), reference.stats.sent_bytes());
         EXPECT_EQ(stats.sent_index_bytes, reference.stats.sent_index_bytes);
         EXPECT_EQ(stats.received_bytes, reference.stats.received_bytes);
-        if (spec.codec == CodecKind::topk && world_size() > 1 && stats.algorithm == "allgather") {
+        if (spec.codec == CodecKind::topk && world_size() > 1 && stats.algorithm == "sparse") {
           // This rank's message, received by the P - 1 others, has k u32 indices.
           EXPECT_EQ(stats.sent_index_bytes, (world_size() - 1) * 4 * spec.k_for(count));
         }
@@ -562,7 +562,7 @@ TEST(Communicator, ErrorFeedbackKeepsTheRunningSumOnTrack) {
   constexpr std::size_t kCount = 2000;
   const int ranks = world_size();
   const GradientSequence sequence = make_gradient_sequence(kCount, 200);
-  for (const char* codec : {"topk:ratio=0.01,algo=allgather", "sign:algo=sra"}) {
+  for (const char* codec : {"topk:ratio=0.01,algo=sparse", "sign:algo=sra"}) {
     SCOPED_TRACE(codec);
     Communicator comm = Communicator::world();
     const CompressionSpec with_ef = CompressionSpec::parse(std::string(codec) + ",ef=on");
@@ -685,13 +685,13 @@ TEST(Communicator, CorruptedMessagesThrowMalformedMessageOnEveryRank) {
     const char* spec;
     CorruptingTransport::Damage damage;
   };
-  // ring (none), SRA (qsgd), sparse all-gather (topk), shared-index (randk), header damage;
+  // ring (none), SRA (qsgd), sparse all-reduce (topk), shared-index (randk), header damage;
   // top-k with a damaged index.
   for (const Case& c : {Case{"none:min_bytes=0,algo=ring", CorruptingTransport::Damage::header_count},
                         Case{"qsgd:min_bytes=0,algo=sra", CorruptingTransport::Damage::header_count},
-                        Case{"topk:min_bytes=0,algo=allgather", CorruptingTransport::Damage::header_count},
+                        Case{"topk:min_bytes=0,algo=sparse", CorruptingTransport::Damage::header_count},
                         Case{"randk:min_bytes=0", CorruptingTransport::Damage::header_count},
-                        Case{"topk:min_bytes=0,algo=allgather", CorruptingTransport::Damage::topk_index}}) {
+                        Case{"topk:min_bytes=0,algo=sparse", CorruptingTransport::Damage::topk_index}}) {
     SCOPED_TRACE(::testing::Message() << c.spec << (c.damage == CorruptingTransport::Damage::topk_index
                                                         ? " (index)"
                                                         : " (header)"));
@@ -833,7 +833,7 @@ TEST(Communicator, HierarchicalEqualsTheFlatResultForNone) {
 
 TEST(Communicator, WarmupCallsRunUncompressed) {
   Communicator comm = Communicator::world();
-  const CompressionSpec spec = CompressionSpec::parse("topk:ratio=0.01,min_bytes=0,warmup=2,algo=allgather");
+  const CompressionSpec spec = CompressionSpec::parse("topk:ratio=0.01,min_bytes=0,warmup=2,algo=sparse");
   const std::vector<double> exact = exact_integer_sum(4097, 9);
   for (int call = 0; call < 3; ++call) {
     SCOPED_TRACE(::testing::Message() << "call " << call);
@@ -846,7 +846,7 @@ TEST(Communicator, WarmupCallsRunUncompressed) {
                 std::string::npos) << stats.note;
       for (std::size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], exact[i]) << "element " << i;
     } else {
-      EXPECT_EQ(stats.algorithm, "allgather");
+      EXPECT_EQ(stats.algorithm, "sparse");
       // Top-k of 1% keeps at most P * 41 of the 4097 sums.
       const auto nonzero = std::count_if(data.begin(), data.end(), [](float v) { return v != 0; });
       EXPECT_LE(nonzero, static_cast<std::ptrdiff_t>(world_size() * spec.k_for(4097)));

@@ -41,7 +41,7 @@ using testing::world_size;
 // Every codec; error feedback on where it applies (on by default for sign, topk, randk).
 const char* const kCodecs[] = {"none",  "fp16:ef=on",     "bf16:ef=on",     "qsgd:bits=4,ef=on",
                                "sign",  "topk:ratio=0.1", "randk:ratio=0.1", "terngrad:ef=on"};
-const char* const kAlgorithms[] = {"auto", "ring", "sra", "allgather"};
+const char* const kAlgorithms[] = {"auto", "ring", "sra", "sparse"};
 constexpr std::size_t kCount = 1003;
 constexpr std::size_t kBadIndex = 17;
 

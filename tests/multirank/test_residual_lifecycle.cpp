@@ -153,7 +153,7 @@ TEST(ResidualRelease, ResidualMemoryFollowsAChangingTensorSet) {
   Communicator comm = world_with_window(kWindow);
   collectives::CommunicatorState& state = collectives::state_of(comm);
   const std::size_t sizes[3][3] = {{1000, 1500, 500}, {500, 1000, 1500}, {1500, 500, 1000}};
-  const std::string spec = "topk:ratio=0.05,min_bytes=0,algo=allgather";
+  const std::string spec = "topk:ratio=0.05,min_bytes=0,algo=sparse";
   const std::size_t worker_bytes_of_a_set = 3000 * sizeof(float);
   std::size_t most_bytes = 0;
   for (int step = 0; step < 200; ++step) {

@@ -119,7 +119,7 @@ def test_qsgd_average_within_derived_bound(comm, rank, size, digests):
 
 
 def test_topk_ef_is_the_exact_sum_of_each_ranks_top_k(comm, rank, size, digests):
-    # Sparse all-gather: the result is sum_r D(C(x_r)), exact here (distinct integer magnitudes:
+    # Sparse all-reduce: the result is sum_r D(C(x_r)), exact here (distinct integer magnitudes:
     # each rank's top k is unique; the kept values are integers, their sums exact). With ef=on the
     # residual is x_r minus what was sent; a second call on zeros sends the top k of the residual.
     n = 30_000
@@ -134,11 +134,11 @@ def test_topk_ef_is_the_exact_sum_of_each_ranks_top_k(comm, rank, size, digests)
 
     name = "np.topk.ef"
     data = inputs[rank].copy()
-    comm.allreduce(data, name, "topk:ratio=0.01,ef=on,algo=allgather", op="sum")
+    comm.allreduce(data, name, "topk:ratio=0.01,ef=on,algo=sparse", op="sum")
     first = data.copy()
     residual_after_first = comm.residual(name)
     data = np.zeros(n, dtype=np.float32)
-    comm.allreduce(data, name, "topk:ratio=0.01,ef=on,algo=allgather", op="sum")
+    comm.allreduce(data, name, "topk:ratio=0.01,ef=on,algo=sparse", op="sum")
     second = data.copy()
     assert_same_on_every_rank(comm, digests, np.concatenate([first, second]))
 
@@ -222,7 +222,7 @@ def test_save_and_load_residuals_round_trip(comm, rank, size):
     n = 30_000
     name = "np.topk.checkpoint"
     data = lossy_input(rank, n)
-    comm.allreduce(data, name, "topk:ratio=0.01,ef=on,algo=allgather", op="average")
+    comm.allreduce(data, name, "topk:ratio=0.01,ef=on,algo=sparse", op="average")
     saved = comm.residual(name)
     assert saved is not None and np.count_nonzero(saved) > 0
     with tempfile.TemporaryDirectory(prefix=f"gradzip-rank{rank}-") as folder:
@@ -263,7 +263,7 @@ def test_released_residuals_are_said_and_the_window_is_settable(capfd, rank, siz
     for window, released in ((2, True), (0, False)):
         comm = gradzip.Communicator(transport=transport, release_unused_after_calls=window)
         comm.allreduce(small_ints(rank, size, 40_000), "np.release.kept",
-                       "topk:ratio=0.01,ef=on,algo=allgather,min_bytes=0")
+                       "topk:ratio=0.01,ef=on,algo=sparse,min_bytes=0")
         assert "np.release.kept" in comm.residual_names()
         capfd.readouterr()
         for _ in range(5):

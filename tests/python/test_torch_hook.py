@@ -18,9 +18,9 @@ import gradzip  # noqa: E402
 import gradzip.torch  # noqa: E402
 
 U = 2.0 ** -24  # f32 unit roundoff
-# min_bytes=0: every bucket compressed, with residuals; the sparse all-gather pinned (its worker
+# min_bytes=0: every bucket compressed, with residuals; the sparse all-reduce pinned (its worker
 # residuals are what these tests follow; algo=auto may take the tree on fast links)
-TOPK = "topk:ratio=0.01,ef=on,min_bytes=0,algo=allgather"
+TOPK = "topk:ratio=0.01,ef=on,min_bytes=0,algo=sparse"
 
 
 class Net(torch.nn.Module):
@@ -172,11 +172,11 @@ def test_topk_residuals_survive_the_bucket_rebuild(process_group, rank, size):
 
 # Every algorithm the hook may run, each with the residuals it keeps: SRA's owner side, the
 # tree's root, halving/doubling's steps and owner, the hierarchical shard's (and its inner SRA's),
-# the ring's and the sparse all-gather's worker residuals; and algo=auto.
+# the ring's and the sparse all-reduce's worker residuals; and algo=auto.
 EVERY_ALGORITHM = [
     "sign:algo=sra,min_bytes=0", "sign:algo=tree,min_bytes=0", "sign:algo=rhd,min_bytes=0",
     "sign:algo=hier,ranks_per_node=1,min_bytes=0", "topk:ratio=0.01,algo=ring,min_bytes=0",
-    "topk:ratio=0.01,algo=allgather,min_bytes=0", "sign:min_bytes=0", "qsgd:bits=2,ef=on,min_bytes=0",
+    "topk:ratio=0.01,algo=sparse,min_bytes=0", "sign:min_bytes=0", "qsgd:bits=2,ef=on,min_bytes=0",
     # the defaults: parameters under min_bytes averaged uncompressed, the rest packed or in place
     "sign", "topk:ratio=0.01"]
 
@@ -533,7 +533,7 @@ def test_short_topk_training_run_reduces_the_loss(process_group, rank, size, dig
 
     def topk_state(model):
         holder["state"] = gradzip.torch.GradzipState(
-            model, "topk:ratio=0.01,ef=on,algo=allgather", communicator=gradzip.Communicator())
+            model, "topk:ratio=0.01,ef=on,algo=sparse", communicator=gradzip.Communicator())
         return holder["state"]
 
     losses, parameters = _train_gaussian_classes(rank, gradzip.torch.hook, topk_state)

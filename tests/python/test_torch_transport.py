@@ -70,14 +70,14 @@ def test_every_algorithm_is_exact_over_torch(over_torch, rank, size, digests, sp
         assert stats["sent_bytes"] > 0, stats
 
 
-def test_sparse_allgather_over_torch_is_the_sum_of_each_ranks_top_k(over_torch, rank, size, digests):
+def test_sparse_allreduce_over_torch_is_the_sum_of_each_ranks_top_k(over_torch, rank, size, digests):
     # Distinct magnitudes per rank (|x| = index + 1, scaled by the rank), so each rank's top k
     # is unique and the sum of what every rank sends is exact.
     n, k = 20_000, 200
     inputs = [((np.arange(n) % 2 * 2 - 1) * (np.arange(n) + 1) * (r + 1)).astype(np.float32)
               for r in range(size)]
     data = inputs[rank].copy()
-    over_torch.allreduce(data, "torch.topk", "topk:k=200,algo=allgather,min_bytes=0,ef=off")
+    over_torch.allreduce(data, "torch.topk", "topk:k=200,algo=sparse,min_bytes=0,ef=off")
     expected = np.zeros(n, dtype=np.float32)
     for x in inputs:
         top = np.argsort(-np.abs(x), kind="stable")[:k]

@@ -27,7 +27,7 @@ constexpr CodecKind kElementCodecs[] = {CodecKind::none, CodecKind::fp16, CodecK
                                         CodecKind::qsgd, CodecKind::sign, CodecKind::topk,
                                         CodecKind::randk, CodecKind::terngrad};
 constexpr Algorithm kAlgorithms[] = {Algorithm::auto_select, Algorithm::ring, Algorithm::sra,
-                                     Algorithm::allgather, Algorithm::hier, Algorithm::rhd,
+                                     Algorithm::sparse, Algorithm::hier, Algorithm::rhd,
                                      Algorithm::tree};
 
 // The flat algorithm algo=auto runs per codec, by its stats name.
@@ -39,7 +39,7 @@ std::string auto_name(CodecKind codec) {
     case CodecKind::qsgd:
     case CodecKind::sign:
     case CodecKind::terngrad: return "sra";
-    case CodecKind::topk: return "allgather";
+    case CodecKind::topk: return "sparse";
     case CodecKind::randk: return "randk";
     default: return "?";
   }
@@ -78,7 +78,7 @@ TEST(AlgorithmChoice, AllreduceTableForEveryCodecAlgorithmAndSize) {
             break;
           case Algorithm::ring:
           case Algorithm::sra:
-          case Algorithm::allgather:
+          case Algorithm::sparse:
           case Algorithm::rhd:
           case Algorithm::tree:
             // An explicit flat algorithm runs at every size.
@@ -129,10 +129,10 @@ TEST(AlgorithmChoice, AutoModelTakesTheTreeOnFastLinksAndSraOnSlowOnes) {
   const AllreduceChoice slow = choose_with(spec, 4096, 4, LinkModel{40e-6, 12.5e6, 0, 100e-6});
   EXPECT_EQ(slow.algorithm, Algorithm::sra);
   EXPECT_EQ(slow.name, "sra");
-  // Top-k: the sparse all-gather's k entries against the tree's f32 vectors, the same way.
+  // Top-k: the sparse all-reduce's k entries against the tree's f32 vectors, the same way.
   const CompressionSpec topk = CompressionSpec::parse("topk:ratio=0.01,min_bytes=0");
   EXPECT_EQ(choose_with(topk, 4096, 4, LinkModel{25e-6, 1.25e9, 0, 100e-6}).name, "tree");
-  EXPECT_EQ(choose_with(topk, 1 << 20, 4, LinkModel{40e-6, 12.5e6, 0, 100e-6}).name, "allgather");
+  EXPECT_EQ(choose_with(topk, 1 << 20, 4, LinkModel{40e-6, 12.5e6, 0, 100e-6}).name, "sparse");
   // Random-k has one path, with or without a model.
   const CompressionSpec randk = CompressionSpec::parse("randk:min_bytes=0");
   const AllreduceChoice shared = choose_with(randk, 4096, 4, LinkModel{25e-6, 1.25e9, 0, 100e-6});
@@ -288,7 +288,7 @@ TEST(AlgorithmChoice, ReduceScatterUsesSraForTheQuantisersOrWhenAsked) {
       EXPECT_EQ(choice.algorithm, sra ? Algorithm::sra : Algorithm::ring);
       EXPECT_EQ(choice.name, sra ? "sra" : "ring");
       EXPECT_FALSE(choice.warmup);
-      // algo=allgather / hier / rhd / tree have no reduce-scatter: the note says the ring runs
+      // algo=sparse / hier / rhd / tree have no reduce-scatter: the note says the ring runs
       // instead.
       EXPECT_EQ(choice.note.empty(), algo == Algorithm::auto_select || algo == Algorithm::ring ||
                                          algo == Algorithm::sra)
@@ -307,7 +307,7 @@ TEST(AlgorithmChoice, AllgatherAlwaysRunsTheCompressedAllgather) {
   for (CodecKind codec : kElementCodecs) {
     for (Algorithm algo : kAlgorithms) {
       const collectives::ShardedChoice choice = choose_allgather(spec_of(codec, algo), 5);
-      EXPECT_EQ(choice.algorithm, Algorithm::allgather);
+      EXPECT_FALSE(choice.algorithm.has_value());  // the collective's one algorithm
       EXPECT_EQ(choice.name, "allgather");
       EXPECT_FALSE(choice.warmup);
     }

@@ -39,10 +39,10 @@ TEST(CodecTable, DefaultPathsAreTheDocumentedOnes) {
   EXPECT_EQ(default_path_name(CodecKind::qsgd), "sra");
   EXPECT_EQ(default_path_name(CodecKind::sign), "sra");
   EXPECT_EQ(default_path_name(CodecKind::terngrad), "sra");
-  EXPECT_EQ(default_path_name(CodecKind::topk), "allgather");
+  EXPECT_EQ(default_path_name(CodecKind::topk), "sparse");
   EXPECT_EQ(default_path_name(CodecKind::randk), "randk");
   EXPECT_EQ(default_flat_algorithm(CodecKind::qsgd), Algorithm::sra);
-  EXPECT_EQ(default_flat_algorithm(CodecKind::topk), Algorithm::allgather);
+  EXPECT_EQ(default_flat_algorithm(CodecKind::topk), Algorithm::sparse);
   EXPECT_EQ(default_flat_algorithm(CodecKind::fp16), Algorithm::ring);
   EXPECT_EQ(default_flat_algorithm(CodecKind::randk), Algorithm::ring);  // its path is not flat
 }

@@ -64,11 +64,17 @@ TEST(CompressionSpec, EveryKeyParses) {
   EXPECT_EQ(shared.seed, 18446744073709551615ull);
   EXPECT_EQ(CompressionSpec::parse("sign:ranks_per_node=2").ranks_per_node, 2u);
   for (auto [text, algo] : {std::pair{"auto", Algorithm::auto_select}, {"ring", Algorithm::ring},
-                            {"sra", Algorithm::sra}, {"allgather", Algorithm::allgather},
+                            {"sra", Algorithm::sra}, {"sparse", Algorithm::sparse},
                             {"hier", Algorithm::hier}, {"rhd", Algorithm::rhd},
                             {"tree", Algorithm::tree}}) {
     EXPECT_EQ(CompressionSpec::parse(std::string("none:algo=") + text).algo, algo) << text;
   }
+  // The sparse all-reduce's former name still parses, to the same spec, printed by its name.
+  const CompressionSpec alias = CompressionSpec::parse("topk:ratio=0.5,algo=sparse");
+  EXPECT_EQ(alias.algo, Algorithm::sparse);
+  EXPECT_EQ(alias, CompressionSpec::parse("topk:ratio=0.5,algo=sparse"));
+  EXPECT_NE(alias.to_string().find("algo=sparse"), std::string::npos) << alias.to_string();
+  EXPECT_EQ(alias.to_string().find("allgather"), std::string::npos) << alias.to_string();
   EXPECT_EQ(CompressionSpec::parse("  topk : ratio = 0.5 , ef = off ").ratio, 0.5);
   // nonfinite is a shared key: every codec takes each value.
   for (const char* codec : {"none", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "powersgd",
@@ -156,7 +162,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"topk:approx=yes", "one of: on, off"},
         BadSpec{"topk:values=bf16", "one of: fp32, fp16"},
         BadSpec{"powersgd:rank=0", "rank"}, BadSpec{"sign:ef=true", "one of: on, off"},
-        BadSpec{"none:algo=butterfly", "one of: auto, ring, sra, allgather, hier, rhd, tree"},
+        BadSpec{"none:algo=butterfly", "one of: auto, ring, sra, sparse, hier, rhd, tree"},
         BadSpec{"none:ef_resize=grow", "one of: error, reset"},
         BadSpec{"none:warmup=-3", "warmup"}, BadSpec{"none:warmup=4294967296", "warmup"},
         BadSpec{"none:seed=18446744073709551616", "seed"},

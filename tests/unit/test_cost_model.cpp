@@ -57,11 +57,11 @@ TEST(CostModel, CompressedRingAndSra) {
 
 TEST(CostModel, SparseAllgatherAndItsDenseSwitch) {
   // top-k k = 10 of 1000 (f32 values, u32 indices): e(n) = 32 + 80 = 112; P = 4: 3 messages.
-  expect_terms(estimate(AlgorithmId::allgather, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,
+  expect_terms(estimate(AlgorithmId::sparse, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,
                1000 + 4 * 1000.0);
   // k = 500 of 1000: (P−1)·e(n) = 3·(32 + 4000) exceeds the dense ring's 6·32 + 6·1000 = 6192:
   // the uncompressed ring runs over the decoded messages.
-  const CostEstimate dense = estimate(AlgorithmId::allgather, "topk:k=500", 1000, 4);
+  const CostEstimate dense = estimate(AlgorithmId::sparse, "topk:k=500", 1000, 4);
   EXPECT_TRUE(dense.dense_switch);
   expect_terms(dense, 6, 6 * 1032.0, 3 * 250.0 + 1000 * 2.0);
 }
@@ -137,7 +137,7 @@ TEST(CostModel, AutoCandidatesNeverCompressMoreOftenThanTheDefault) {
   EXPECT_EQ(auto_candidates(CodecKind::bf16), dense);
   EXPECT_EQ(auto_candidates(CodecKind::qsgd), (std::vector<A>{A::sra, A::tree}));
   EXPECT_EQ(auto_candidates(CodecKind::sign), (std::vector<A>{A::sra, A::tree}));
-  EXPECT_EQ(auto_candidates(CodecKind::topk), (std::vector<A>{A::allgather, A::tree}));
+  EXPECT_EQ(auto_candidates(CodecKind::topk), (std::vector<A>{A::sparse, A::tree}));
   EXPECT_EQ(auto_candidates(CodecKind::randk), (std::vector<A>{A::randk}));
 }
 
@@ -150,7 +150,7 @@ TEST(CostModel, CollectiveStartUpBoundsSraAndTheAllgatherButNotTheRing) {
               2 * 30e-6 + 2 * 20e-6, 1e-12);
   EXPECT_NEAR(estimate_allreduce(AlgorithmId::sra, *codec, free, 4096, 4, slow_collectives).latency_s,
               4 * 50e-6, 1e-12);
-  EXPECT_NEAR(estimate_allreduce(AlgorithmId::allgather, *codec, free, 4096, 4, slow_collectives).latency_s,
+  EXPECT_NEAR(estimate_allreduce(AlgorithmId::sparse, *codec, free, 4096, 4, slow_collectives).latency_s,
               2 * 50e-6, 1e-12);
   EXPECT_NEAR(estimate_allreduce(AlgorithmId::ring, *codec, free, 4096, 4, slow_collectives).latency_s,
               6 * 10e-6, 1e-12);
@@ -163,7 +163,7 @@ TEST(CostModel, CandidatesFollowTheCodec) {
   EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("randk")),
             (std::vector<A>{A::randk}));
   EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("topk")),
-            (std::vector<A>{A::allgather, A::ring, A::rhd, A::tree}));
+            (std::vector<A>{A::sparse, A::ring, A::rhd, A::tree}));
   EXPECT_EQ(collectives::candidate_algorithms(CompressionSpec::parse("sign")),
             (std::vector<A>{A::sra, A::ring, A::rhd, A::tree}));
 }

@@ -1,4 +1,4 @@
-// The sparse all-gather all-reduce: every rank ends with sum_r D(m_r), the decoded messages of
+// The sparse all-reduce: every rank ends with sum_r D(m_r), the decoded messages of
 // all ranks (error feedback included), byte-identical everywhere; it switches to a dense ring
 // exactly when its byte estimate says so; bad sizes and bad messages throw on every rank.
 //
@@ -147,11 +147,11 @@ RunResult run_steps(MpiTransport& world, const Codec& codec, std::size_t count,
   for (int step = 0; step < kSteps; ++step) {
     std::vector<float> data = contribution(count, world.rank(), step);
     CollectiveStats stats;
-    stats.algorithm = "allgather";  // as run_flat_allreduce sets it before the call
+    stats.algorithm = "sparse";  // as run_flat_allreduce sets it before the call
     ReduceJob job{transport, codec, data, "grad",
                   codec.spec().error_feedback ? &store : nullptr,
                   call_context(codec.spec(), step), stats};
-    collectives::sparse_allgather_allreduce(job);
+    collectives::sparse_allreduce(job);
     run.data.push_back(std::move(data));
     run.stats.push_back(stats);
   }
@@ -203,7 +203,7 @@ TEST_P(SparseAllgather, EveryRankGetsTheSumOfAllDecodedMessagesInRankOrder) {
     for (int step = 0; step < kSteps; ++step) {
       const CollectiveStats& stats = run.stats[static_cast<std::size_t>(step)];
       const auto& sizes = reference.sizes[static_cast<std::size_t>(step)];
-      EXPECT_EQ(stats.algorithm, "allgather");
+      EXPECT_EQ(stats.algorithm, "sparse");
       EXPECT_EQ(stats.note, "");
       // Own message delivered to P - 1 ranks; every other rank's message received once.
       EXPECT_EQ(stats.sent_bytes(),
@@ -243,13 +243,13 @@ TEST(SparseAllgatherDenseSwitch, HalfDensityTopKSwitchesToTheRingFromThreeRanks)
     for (int step = 0; step < kSteps; ++step) {
       const CollectiveStats& stats = run.stats[static_cast<std::size_t>(step)];
       if (switches) {
-        EXPECT_EQ(stats.algorithm, "allgather->ring");
+        EXPECT_EQ(stats.algorithm, "sparse->ring");
         EXPECT_EQ(stats.note.rfind("sparse union too dense (P*k/n = ", 0), 0u) << stats.note;
         // The switch pays off: fewer bytes arrive than the all-gather would have delivered.
         EXPECT_LT(stats.received_bytes,
                   sum_of_others(reference.sizes[static_cast<std::size_t>(step)], me));
       } else {
-        EXPECT_EQ(stats.algorithm, "allgather");
+        EXPECT_EQ(stats.algorithm, "sparse");
         EXPECT_EQ(stats.note, "");
       }
     }
@@ -268,13 +268,13 @@ TEST(SparseAllgatherDenseSwitch, ThreeQuarterDensityTopKSwitchesFromTwoRanks) {
   expect_sum_of_decoded_messages("topk:ratio=0.75", count, run, reference);
   for (const CollectiveStats& stats : run.stats) {
     if (ranks >= 2) {
-      EXPECT_EQ(stats.algorithm, "allgather->ring");
+      EXPECT_EQ(stats.algorithm, "sparse->ring");
       // P * 3073 / 4097 to 3 significant digits.
       const char* const density[] = {"", "", "1.5", "2.25", "3", "3.75"};
       EXPECT_NE(stats.note.find(std::string("(P*k/n = ") + density[ranks] + ")"),
                 std::string::npos) << stats.note;
     } else {
-      EXPECT_EQ(stats.algorithm, "allgather") << "one rank never communicates";
+      EXPECT_EQ(stats.algorithm, "sparse") << "one rank never communicates";
     }
   }
 }
@@ -305,7 +305,7 @@ TEST(SparseAllgatherAnyCodec, QsgdMessagesAreSummedInRankOrderBitForBit) {
     std::vector<float> data = testing::gaussian_contribution(count, world.rank(), 5);
     CollectiveStats stats;
     ReduceJob job{world, *codec, data, "grad", nullptr, call_context(codec->spec(), 0), stats};
-    collectives::sparse_allgather_allreduce(job);
+    collectives::sparse_allreduce(job);
     EXPECT_TRUE(same_bits(data, expected));
     EXPECT_EQ(stats.note, "");
     EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
@@ -328,11 +328,11 @@ TEST(SparseAllgatherAnyCodec, Fp16MessagesGiveTheExactSumOnBothPaths) {
     std::vector<float> data = testing::integer_contribution(count, world.rank(), 11);
     CollectiveStats stats;
     ReduceJob job{world, *codec, data, "grad", nullptr, call_context(codec->spec(), 0), stats};
-    collectives::sparse_allgather_allreduce(job);
+    collectives::sparse_allreduce(job);
     EXPECT_EQ(first_mismatch(data, expected), count);
     EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
     if (count == 4097 && ranks == 5) {
-      EXPECT_EQ(stats.algorithm, "allgather->ring");
+      EXPECT_EQ(stats.algorithm, "sparse->ring");
       EXPECT_EQ(stats.note.rfind("all-gathered dense messages cost more than a dense ring", 0),
                 0u) << stats.note;
     } else {
@@ -386,7 +386,7 @@ TEST(SparseAllgatherErrors, AnOutOfRangeIndexThrowsMalformedMessageOnEveryRank) 
   CollectiveStats stats;
   ReduceJob job{damaged, *codec, data, "grad", nullptr, call_context(codec->spec(), 0), stats};
   std::string text;
-  EXPECT_EQ(testing::error_code_of([&] { collectives::sparse_allgather_allreduce(job); }, &text),
+  EXPECT_EQ(testing::error_code_of([&] { collectives::sparse_allreduce(job); }, &text),
             ErrorCode::malformed_message);
   EXPECT_NE(text.find("topk"), std::string::npos) << text;
 }
@@ -401,7 +401,7 @@ TEST(SparseAllgatherErrors, AnImpossibleMessageSizeThrowsBeforeTheAllgatherOnEve
   CollectiveStats stats;
   ReduceJob job{damaged, *codec, data, "grad", nullptr, call_context(codec->spec(), 0), stats};
   std::string text;
-  EXPECT_EQ(testing::error_code_of([&] { collectives::sparse_allgather_allreduce(job); }, &text),
+  EXPECT_EQ(testing::error_code_of([&] { collectives::sparse_allreduce(job); }, &text),
             ErrorCode::malformed_message);
   EXPECT_NE(text.find("rank 0 announces a message of " +
                       std::to_string(codec->max_encoded_bytes(count) + 1)),

@@ -1,7 +1,7 @@
-// Sparse all-gather all-reduce: every rank encodes its whole tensor once, the messages are
-// all-gathered, and every rank decodes all of them. Made for top-k (a message of k (index,
-// value) pairs is far smaller than the tensor, and sparse messages cannot be summed on the way
-// as a ring would need), correct for any codec.
+// The sparse all-reduce (algo=sparse; top-k's default): every rank encodes its whole tensor
+// once, the messages are all-gathered, and every rank decodes all of them. Made for top-k (a
+// message of k (index, value) pairs is far smaller than the tensor, and sparse messages cannot
+// be summed on the way as a ring would need), correct for any codec.
 //
 // Steps on each of P ranks, tensor of n elements:
 //   1. encode: this rank's whole tensor into one message m_r, through error feedback when it is
@@ -30,7 +30,7 @@
 // The ring sums exactly those decoded vectors, so the result is again sum_r D(m_r), identical on
 // every rank (the ring's own guarantee), though summed in the ring's order rather than rank
 // order (bitwise different from the sparse path for non-integer data; equal for data whose sums
-// are exact). stats.algorithm becomes "allgather->ring" and stats.note says why.
+// are exact). stats.algorithm becomes "sparse->ring" and stats.note says why.
 // With f32 values and u32 indices the switch comes at about P k / n = 1 (headers decide near
 // it): at P = 2 and ratio 0.5 the all-gather is still 32 bytes cheaper (4n + 32 vs 4n + 64) and
 // stays; from P = 3 on it switches.
@@ -61,14 +61,14 @@ __extension__ typedef unsigned __int128 u128;  // byte estimates of huge tensors
 
 // Estimated bytes one rank receives on either path (see the file comment).
 struct PathCosts {
-  u128 allgather = 0;
+  u128 gathered = 0;  // the all-gather of every rank's message
   u128 dense_ring = 0;
 };
 
 PathCosts estimate_costs(const Codec& codec, std::size_t count, int ranks) {
   const u128 others = static_cast<u128>(ranks - 1);
   PathCosts costs;
-  costs.allgather = others * codec.max_encoded_bytes(count);
+  costs.gathered = others * codec.max_encoded_bytes(count);
   costs.dense_ring = 2 * others * compressors::kWireHeaderBytes +
                      2 * others * sizeof(float) * static_cast<u128>(count) /
                          static_cast<unsigned>(ranks);
@@ -85,13 +85,13 @@ std::string dense_switch_note(const Codec& codec, std::size_t count, int ranks,
     std::snprintf(text, sizeof text,
                   "sparse union too dense (P*k/n = %.3g): dense ring (estimated bytes received "
                   "per rank: all-gather %llu, dense ring %llu)",
-                  union_density, static_cast<unsigned long long>(costs.allgather),
+                  union_density, static_cast<unsigned long long>(costs.gathered),
                   static_cast<unsigned long long>(costs.dense_ring));
   } else {
     std::snprintf(text, sizeof text,
                   "all-gathered dense messages cost more than a dense ring: dense ring "
                   "(estimated bytes received per rank: all-gather %llu, dense ring %llu)",
-                  static_cast<unsigned long long>(costs.allgather),
+                  static_cast<unsigned long long>(costs.gathered),
                   static_cast<unsigned long long>(costs.dense_ring));
   }
   return text;
@@ -130,7 +130,7 @@ void ring_sum_of_decoded_messages(ReduceJob& job, std::string note) {
 
 }  // namespace
 
-void sparse_allgather_allreduce(ReduceJob& job) {
+void sparse_allreduce(ReduceJob& job) {
   Transport& transport = job.transport;
   const int ranks = transport.size();
   const std::size_t count = job.data.size();
@@ -139,7 +139,7 @@ void sparse_allgather_allreduce(ReduceJob& job) {
   // The path is known before encoding (it depends on the spec, n and P only), so the paths
   // that need this rank's decoded message get it from the encode step.
   const PathCosts costs = estimate_costs(job.codec, count, ranks);
-  const bool dense_switch = costs.dense_ring < costs.allgather;
+  const bool dense_switch = costs.dense_ring < costs.gathered;
 
   // Written by the encode before it is read: no zero fill. Host or device memory, as job.data.
   MessageBuffer mine(job.device);
@@ -164,7 +164,7 @@ void sparse_allgather_allreduce(ReduceJob& job) {
   for (int r = 0; r < ranks; ++r) {
     const std::uint64_t size = sizes[static_cast<std::size_t>(r)];
     GZ_REQUIRE(size >= compressors::kWireHeaderBytes && size <= capacity,
-               ErrorCode::malformed_message, "sparse_allgather_allreduce of '", job.name, "' (",
+               ErrorCode::malformed_message, "sparse_allreduce of '", job.name, "' (",
                transport.describe(), "): rank ", r, " announces a message of ", size,
                " bytes; a message of ", count, " elements holds ", compressors::kWireHeaderBytes,
                " to ", capacity, " bytes (", job.codec.name(), ")");
