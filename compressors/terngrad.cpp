@@ -27,11 +27,11 @@
 namespace gradzip::compressors {
 namespace {
 
-using kernels::cpu::terngrad_layout;
-using kernels::cpu::TerngradLayout;
+using kernels::kTerngradMaxCount;
+using kernels::terngrad_layout;
+using kernels::terngrad_layout_fits;
+using kernels::TerngradLayout;
 using kernels::cpu::TerngradPayloadProblem;
-
-constexpr std::size_t kTerngradMaxCount = std::size_t{1} << 60;  // terngrad_layout's limit
 
 class TerngradCodec final : public Codec {
  public:
@@ -83,10 +83,9 @@ class TerngradCodec final : public Codec {
   };
 
   TerngradLayout layout_for_encode(std::size_t count, std::string_view op) const {
-    const auto layout = terngrad_layout(count, spec_.bucket);
-    GZ_REQUIRE(layout.has_value(), ErrorCode::invalid_argument, op, ": ", count,
-               " elements exceed the ", kTerngradMaxCount, " a terngrad message can hold");
-    return *layout;
+    GZ_REQUIRE(terngrad_layout_fits(count, spec_.bucket), ErrorCode::invalid_argument, op, ": ",
+               count, " elements exceed the ", kTerngradMaxCount, " a terngrad message can hold");
+    return terngrad_layout(count, spec_.bucket);
   }
 
   static Validated validate(std::span<const std::byte> in, std::size_t count, std::string_view op) {
@@ -97,13 +96,13 @@ class TerngradCodec final : public Codec {
     GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
                ": bucket 0 (expected >= 1)");
     const std::size_t bucket = static_cast<std::size_t>(bucket_of(header));
-    const auto layout = terngrad_layout(count, bucket);
-    GZ_REQUIRE(layout.has_value(), ErrorCode::malformed_message, op, ": count ", count,
-               " exceeds the ", kTerngradMaxCount, " a terngrad message can hold");
-    GZ_REQUIRE(header.payload_bytes == layout->payload_bytes(), ErrorCode::malformed_message, op,
+    GZ_REQUIRE(terngrad_layout_fits(count, bucket), ErrorCode::malformed_message, op, ": count ",
+               count, " exceeds the ", kTerngradMaxCount, " a terngrad message can hold");
+    const TerngradLayout layout = terngrad_layout(count, bucket);
+    GZ_REQUIRE(header.payload_bytes == layout.payload_bytes(), ErrorCode::malformed_message, op,
                ": payload of ", header.payload_bytes, " bytes for ", count, " elements, bucket=",
-               bucket, " (expected ", layout->payload_bytes(), " = ", layout->scale_bytes,
-               " scale bytes + ", layout->trit_bytes, " trit bytes)");
+               bucket, " (expected ", layout.payload_bytes(), " = ", layout.scale_bytes,
+               " scale bytes + ", layout.trit_bytes, " trit bytes)");
     const std::byte* payload = payload_of(in).data();
     TerngradPayloadProblem problem;
     if (!kernels::cpu::terngrad_check_payload(payload, count, bucket, problem)) {

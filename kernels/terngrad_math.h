@@ -72,14 +72,45 @@ GZ_HOST_DEVICE GZ_INLINE std::uint64_t terngrad_trit_bytes(std::uint64_t count) 
   return count / kTerngradTritsPerByte + (count % kTerngradTritsPerByte != 0u);
 }
 
+// The most elements a terngrad message holds: qsgd's limit (2^60), since its codes are drawn by
+// qsgd's loops (kernels/cpu/qsgd_cpu.h kQsgdMaxCount, kernels/cuda/qsgd_cuda.h
+// kQsgdCudaMaxCount; both files assert that they agree with this).
+inline constexpr std::uint64_t kTerngradMaxCount = std::uint64_t{1} << 60;
+
+// The payload of `count` elements in buckets of `bucket`:
+//   [0, scale_bytes)                       f32 scale of each bucket (max |x|), as qsgd writes them
+//   [scale_bytes, scale_bytes + trit_bytes) the trit bytes, five elements each
+struct TerngradLayout {
+  std::uint64_t num_buckets = 0;  // ceil(count / bucket)
+  std::uint64_t scale_bytes = 0;  // 4 * num_buckets
+  std::uint64_t trit_bytes = 0;   // ceil(count / 5)
+  GZ_HOST_DEVICE GZ_INLINE std::uint64_t payload_bytes() const { return scale_bytes + trit_bytes; }
+};
+
+// True when terngrad_layout(count, bucket) is defined: bucket >= 1 and count <= kTerngradMaxCount.
+GZ_HOST_DEVICE GZ_INLINE bool terngrad_layout_fits(std::uint64_t count, std::uint64_t bucket) {
+  return bucket >= 1u && count <= kTerngradMaxCount;
+}
+
+// The one definition of the payload layout, for the host codec and the device routing.
+// Preconditions: terngrad_layout_fits(count, bucket).
+GZ_HOST_DEVICE GZ_INLINE TerngradLayout terngrad_layout(std::uint64_t count, std::uint64_t bucket) {
+  TerngradLayout layout;
+  layout.num_buckets = count / bucket + (count % bucket != 0u);
+  layout.scale_bytes = layout.num_buckets * sizeof(float);
+  layout.trit_bytes = terngrad_trit_bytes(count);
+  return layout;
+}
+
 // Bits [bit, bit + 10) of a little-endian bit stream of `stream_bytes` bytes (missing bytes
-// beyond its end read as 0).
+// beyond its end read as 0). `bit` is even (a 2-bit code boundary), so bit % 8 <= 6 and the ten
+// bits lie within two bytes.
 GZ_HOST_DEVICE GZ_INLINE std::uint32_t terngrad_read_codes10(const std::uint8_t* stream,
                                                              std::uint64_t stream_bytes,
                                                              std::uint64_t bit) {
   const std::uint64_t first = bit / 8;
   std::uint32_t window = 0;
-  for (std::uint64_t b = 0; b < 3 && first + b < stream_bytes; ++b) {
+  for (std::uint64_t b = 0; b < 2 && first + b < stream_bytes; ++b) {
     window |= static_cast<std::uint32_t>(stream[first + b]) << (8 * b);
   }
   return (window >> (bit % 8)) & 0x3FFu;

@@ -43,6 +43,9 @@ namespace gradzip::compressors {
 namespace {
 
 namespace cuda = kernels::cuda;
+
+static_assert(kernels::kTerngradMaxCount == cuda::kQsgdCudaMaxCount,
+              "terngrad's codes are drawn by qsgd's kernels: its count limit is theirs");
 using namespace device;  // compressors/cuda/device_support.h
 
 // fp16 / bf16 payload from f32 values; through aligned scratch when the payload is not 2-byte
@@ -124,9 +127,13 @@ WireHeader encode_sign(const CompressionSpec& spec, const float* d_in, std::size
 WireHeader encode_terngrad(const CompressionSpec& spec, const float* d_in, std::size_t n,
                            const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
   const int bits = kernels::kTerngradCodeBits;
+  GZ_REQUIRE(kernels::terngrad_layout_fits(n, spec.bucket), ErrorCode::invalid_argument, op, ": ",
+             n, " elements exceed the ", kernels::kTerngradMaxCount,
+             " a terngrad message can hold");
+  const kernels::TerngradLayout layout = kernels::terngrad_layout(n, spec.bucket);
+  const std::size_t scale_bytes = layout.scale_bytes;
+  const std::size_t payload = layout.payload_bytes();
   const std::size_t qsgd_bytes = cuda::qsgd_payload_bytes(n, bits, spec.bucket);
-  const std::size_t scale_bytes = checked_product(n / spec.bucket + (n % spec.bucket != 0), 4, op);
-  const std::size_t payload = scale_bytes + kernels::terngrad_trit_bytes(n);
   DeviceScratch qsgd(qsgd_bytes, op);
   const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
   cuda::qsgd_encode(d_in, n, bits, spec.bucket, params, qsgd.as<std::byte>(), nullptr, nullptr,
@@ -378,11 +385,12 @@ void decode_terngrad(const WireHeader& header, std::span<const std::byte> /*pref
              int{header.small_param}, " (expected 0 and 0)");
   GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
              ": bucket 0 (expected >= 1)");
-  GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
-             " exceeds the ", cuda::kQsgdCudaMaxCount, " a terngrad message can hold");
+  GZ_REQUIRE(n <= kernels::kTerngradMaxCount, ErrorCode::malformed_message, op, ": count ", n,
+             " exceeds the ", kernels::kTerngradMaxCount, " a terngrad message can hold");
   const auto bucket = static_cast<std::size_t>(bucket_of(header));
-  const std::size_t scale_bytes = (n / bucket + (n % bucket != 0)) * 4;
-  const std::size_t expected = scale_bytes + kernels::terngrad_trit_bytes(n);
+  const kernels::TerngradLayout layout = kernels::terngrad_layout(n, bucket);
+  const std::size_t scale_bytes = layout.scale_bytes;
+  const std::size_t expected = layout.payload_bytes();
   GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
              header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket, " (expected ",
              expected, ")");
@@ -434,13 +442,24 @@ const DeviceCodecRow kDeviceCodecs[] = {
     {WireCodec::terngrad, encode_terngrad, decode_terngrad, std::nullopt},
 };
 
+// The device row of each codec byte (null: no CUDA routing), built once.
+const std::array<const DeviceCodecRow*, 256>& device_rows_by_wire_id() {
+  static const std::array<const DeviceCodecRow*, 256> rows = [] {
+    std::array<const DeviceCodecRow*, 256> by_id{};
+    for (const DeviceCodecRow& row : kDeviceCodecs)
+      by_id[static_cast<std::uint8_t>(row.wire)] = &row;
+    return by_id;
+  }();
+  return rows;
+}
+
 const DeviceCodecRow& device_row(const CompressionSpec& spec, const std::string& op) {
   const CodecDescriptor& codec = codec_descriptor(spec.codec);
-  if (codec.wire) {
-    for (const DeviceCodecRow& row : kDeviceCodecs)
-      if (row.wire == *codec.wire) return row;
-  }
-  GZ_THROW(ErrorCode::unsupported, op, ": spec '", spec.to_string(), "' has no device codec");
+  const DeviceCodecRow* row =
+      codec.wire ? device_rows_by_wire_id()[static_cast<std::uint8_t>(*codec.wire)] : nullptr;
+  GZ_REQUIRE(row != nullptr, ErrorCode::unsupported, op, ": spec '", spec.to_string(),
+             "' has no device codec");
+  return *row;
 }
 
 }  // namespace

@@ -12,6 +12,10 @@
 #include "kernels/terngrad_math.h"
 
 namespace gradzip::kernels::cpu {
+
+static_assert(kTerngradMaxCount == kQsgdMaxCount,
+              "terngrad's codes are qsgd's: its count limit is qsgd's");
+
 namespace {
 
 // Ten code bits (five 2-bit codes) -> trit byte, and trit byte -> ten code bits.
@@ -50,7 +54,7 @@ std::byte* qsgd_scratch(std::size_t bytes) {
 
 // The qsgd payload holding the codes of a checked terngrad payload.
 const std::byte* to_qsgd_payload(const std::byte* payload, std::size_t count, std::size_t bucket) {
-  const TerngradLayout layout = *terngrad_layout(count, bucket);
+  const TerngradLayout layout = terngrad_layout(count, bucket);
   const QsgdLayout qsgd = *qsgd_layout(count, kTerngradCodeBits, bucket);
   std::byte* const scratch = qsgd_scratch(qsgd.payload_bytes());
   std::memcpy(scratch, payload, layout.scale_bytes);
@@ -78,20 +82,11 @@ const std::byte* to_qsgd_payload(const std::byte* payload, std::size_t count, st
 
 }  // namespace
 
-std::optional<TerngradLayout> terngrad_layout(std::size_t count, std::size_t bucket) noexcept {
-  if (bucket == 0 || count > kQsgdMaxCount) return std::nullopt;
-  TerngradLayout layout;
-  layout.num_buckets = count / bucket + (count % bucket != 0 ? 1 : 0);
-  layout.scale_bytes = layout.num_buckets * sizeof(float);
-  layout.trit_bytes = static_cast<std::size_t>(terngrad_trit_bytes(count));
-  return layout;
-}
-
 void terngrad_encode_payload(ConstTensorView in, std::size_t bucket, const EncodeContext& ctx,
                              std::byte* payload) {
   const std::size_t count = in.count;
   if (count == 0) return;  // an empty payload
-  const TerngradLayout layout = *terngrad_layout(count, bucket);
+  const TerngradLayout layout = terngrad_layout(count, bucket);
   const QsgdLayout qsgd = *qsgd_layout(count, kTerngradCodeBits, bucket);
   std::byte* const scratch = qsgd_scratch(qsgd.payload_bytes());
   qsgd_encode_payload(in, kTerngradCodeBits, bucket, ctx, scratch);
@@ -114,7 +109,7 @@ void terngrad_encode_payload(ConstTensorView in, std::size_t bucket, const Encod
 
 bool terngrad_check_payload(const std::byte* payload, std::size_t count, std::size_t bucket,
                             TerngradPayloadProblem& problem) {
-  const TerngradLayout layout = *terngrad_layout(count, bucket);
+  const TerngradLayout layout = terngrad_layout(count, bucket);
   const auto* const trits = reinterpret_cast<const std::uint8_t*>(payload + layout.scale_bytes);
   // Full bytes: the largest first (a loop the compiler vectorises), the offender only if needed.
   const std::size_t full_bytes = count / kTerngradTritsPerByte;

@@ -2,10 +2,8 @@
 // gradzip: compressors/terngrad.cpp writes and validates the message header and calls these.
 //
 // Payload (little-endian, no padding, any alignment):
-//   [0, 4 * num_buckets)             f32 scale of each bucket (max |x|), as qsgd writes them;
-//                                    num_buckets = ceil(count / bucket)
-//   [4 * num_buckets, +trit_bytes)   trit bytes, five elements each (kernels/terngrad_math.h);
-//                                    trit_bytes = ceil(count / 5)
+//   kernels/terngrad_math.h's TerngradLayout: the f32 scale of each bucket (max |x|), as qsgd
+//   writes them, then the trit bytes, five elements each.
 //
 // The codes are qsgd's 2-bit codes for the same values, bucket and context, drawn by qsgd's
 // loops (kernels/cpu/qsgd_cpu.h: scalar, AVX2 or AVX-512, all giving the same bytes), and a
@@ -16,25 +14,14 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 
 #include "gradzip/codec.h"
 #include "gradzip/tensor_view.h"
 
 namespace gradzip::kernels::cpu {
 
-struct TerngradLayout {
-  std::size_t num_buckets = 0;
-  std::size_t scale_bytes = 0;  // 4 * num_buckets
-  std::size_t trit_bytes = 0;   // ceil(count / 5)
-  std::size_t payload_bytes() const noexcept { return scale_bytes + trit_bytes; }
-};
-
-// The payload layout for `count` elements; nullopt when bucket is 0 or count exceeds qsgd's
-// kQsgdMaxCount (2^60).
-std::optional<TerngradLayout> terngrad_layout(std::size_t count, std::size_t bucket) noexcept;
-
-// Writes the payload of `in` (host f32/f16/bf16) into payload[0, layout.payload_bytes()).
+// Writes the payload of `in` (host f32/f16/bf16) into
+// payload[0, terngrad_layout(in.count, bucket).payload_bytes()).
 // Preconditions: bucket >= 1, in.count <= 2^60.
 void terngrad_encode_payload(ConstTensorView in, std::size_t bucket, const EncodeContext& ctx,
                              std::byte* payload);
@@ -55,7 +42,7 @@ struct TerngradPayloadProblem {
 // digits after the last element 0), every scale is one encode writes (+0 .. +Inf or the quiet NaN
 // 0x7FC00000) and every trit of a bucket with a non-finite scale is 0. Returns false with the
 // first offence in `problem`. Preconditions: the payload holds terngrad_layout(count,
-// bucket)->payload_bytes() bytes.
+// bucket).payload_bytes() bytes.
 bool terngrad_check_payload(const std::byte* payload, std::size_t count, std::size_t bucket,
                             TerngradPayloadProblem& problem);
 
