@@ -2,6 +2,8 @@
 #include "collectives/codec_table.h"
 
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "collectives/algorithm_table.h"
@@ -30,11 +32,18 @@ CodecRow paths(CodecKind codec, A default_path, std::span<const A> runnable,
   return row;
 }
 
-// Indexed by CodecKind, one row per codec of compressors/codec_descriptor.cpp (a codec without a
-// row here would read as `none`'s default row; tests/unit/test_codec_table.cpp checks every one).
+// Indexed by CodecKind, one row per codec of compressors/codec_descriptor.cpp. A codec given no
+// row below is a build mistake: the first lookup names it and aborts, rather than letting it
+// run as `none`'s row (tests/unit/test_codec_table.cpp checks every row's content).
 std::vector<CodecRow> make_table() {
-  std::vector<CodecRow> table(compressors::codec_descriptors().size());
-  const auto set = [&table](CodecRow row) { table[static_cast<std::size_t>(row.codec)] = row; };
+  const std::size_t codecs = compressors::codec_descriptors().size();
+  std::vector<CodecRow> table(codecs);
+  std::vector<bool> given(codecs, false);
+  const auto set = [&table, &given](CodecRow row) {
+    const auto index = static_cast<std::size_t>(row.codec);
+    table[index] = row;
+    given[index] = true;
+  };
   for (const CodecKind codec : {CodecKind::none, CodecKind::fp16, CodecKind::bf16, CodecKind::powersgd}) {
     CodecRow row = paths(codec, A::ring, kDenseRunnable, kDenseRunnable);
     row.wire_values = codec == CodecKind::fp16 ? DType::f16 : codec == CodecKind::bf16 ? DType::bf16 : DType::f32;
@@ -56,6 +65,14 @@ std::vector<CodecRow> make_table() {
   randk.shared_indices = true;
   randk.values_key = true;
   set(randk);
+  for (std::size_t index = 0; index < codecs; ++index) {
+    if (given[index]) continue;
+    std::fprintf(stderr,
+                 "gradzip internal error: codec '%.*s' has no row in collectives/codec_table.cpp\n",
+                 static_cast<int>(compressors::codec_descriptors()[index].name.size()),
+                 compressors::codec_descriptors()[index].name.data());
+    std::abort();
+  }
   return table;
 }
 
@@ -64,7 +81,11 @@ std::vector<CodecRow> make_table() {
 const CodecRow& codec_row(CodecKind codec) noexcept {
   static const std::vector<CodecRow> table = make_table();
   const auto index = static_cast<std::size_t>(codec);
-  return table[index < table.size() ? index : 0];
+  if (index >= table.size()) {  // only a value cast from outside the enum gets here
+    std::fprintf(stderr, "gradzip internal error: codec kind %zu is not a CodecKind\n", index);
+    std::abort();
+  }
+  return table[index];
 }
 
 Algorithm default_flat_algorithm(CodecKind codec) noexcept {

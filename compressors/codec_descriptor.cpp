@@ -2,6 +2,8 @@
 #include "compressors/codec_descriptor.h"
 
 #include <array>
+#include <cstddef>
+#include <cstdint>
 
 #include "compressors/registry.h"
 #include "gradzip/error.h"
@@ -58,15 +60,35 @@ constexpr std::array<CodecDescriptor, 9> kDescriptors{{
      make_terngrad_codec, terngrad_bound, {}},
 }};
 
+// Row i describes CodecKind i, so a kind indexes its row.
+constexpr bool rows_in_kind_order() {
+  for (std::size_t i = 0; i < kDescriptors.size(); ++i)
+    if (static_cast<std::size_t>(kDescriptors[i].kind) != i) return false;
+  return true;
+}
+static_assert(rows_in_kind_order(), "kDescriptors: row i must describe CodecKind i");
+
+// The row of each codec byte (-1: no codec sends it), built at compile time, so that a message's
+// codec byte costs one load (read_header runs this for every message).
+constexpr std::array<std::int8_t, 256> kRowOfWireId = [] {
+  std::array<std::int8_t, 256> row_of{};
+  row_of.fill(-1);
+  for (std::size_t i = 0; i < kDescriptors.size(); ++i) {
+    if (!kDescriptors[i].wire) continue;
+    row_of[static_cast<std::uint8_t>(*kDescriptors[i].wire)] = static_cast<std::int8_t>(i);
+  }
+  return row_of;
+}();
+
 }  // namespace
 
 std::span<const CodecDescriptor> codec_descriptors() noexcept { return kDescriptors; }
 
 const CodecDescriptor& codec_descriptor(CodecKind kind) {
-  for (const CodecDescriptor& row : kDescriptors)
-    if (row.kind == kind) return row;
-  GZ_THROW(ErrorCode::internal, "codec kind ", static_cast<int>(kind),
-           " has no row in compressors/codec_descriptor.cpp");
+  const auto index = static_cast<std::size_t>(kind);
+  GZ_REQUIRE(index < kDescriptors.size(), ErrorCode::internal, "codec kind ", index,
+             " has no row in compressors/codec_descriptor.cpp");
+  return kDescriptors[index];
 }
 
 const CodecDescriptor* find_codec_descriptor(std::string_view name) noexcept {
@@ -76,9 +98,8 @@ const CodecDescriptor* find_codec_descriptor(std::string_view name) noexcept {
 }
 
 const CodecDescriptor* find_wire_descriptor(std::uint8_t wire_id) noexcept {
-  for (const CodecDescriptor& row : kDescriptors)
-    if (row.wire && static_cast<std::uint8_t>(*row.wire) == wire_id) return &row;
-  return nullptr;
+  const int row = kRowOfWireId[wire_id];
+  return row < 0 ? nullptr : &kDescriptors[static_cast<std::size_t>(row)];
 }
 
 }  // namespace gradzip::compressors
