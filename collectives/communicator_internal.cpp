@@ -1,5 +1,6 @@
 #include "collectives/communicator_internal.h"
 
+#include <cstdlib>
 #include <set>
 #include <utility>
 
@@ -83,7 +84,11 @@ const DeadlinePolicy& deadline_policy_of(Communicator& communicator) {
   return state_of(communicator).deadline_policy();
 }
 
-[[noreturn]] void abort_job(Communicator& communicator) { state_of(communicator).transport().abort_job(); }
+[[noreturn]] void abort_job(Communicator& communicator) {
+  state_of(communicator).transport().abort_job();
+  // Transport::abort_job is [[noreturn]], which a compiler does not assume of a virtual call.
+  std::abort();
+}
 
 error_feedback::ResidualStore& residuals_of(Communicator& communicator) {
   return state_of(communicator).residuals();

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -703,16 +702,7 @@ TEST(TopkDecoder, AcceptsSixtyFourBitIndicesAtAnyCount) {
 // malformed_message naming the op, and leave their outputs untouched.
 void expect_refused(const std::vector<std::byte>& message, std::size_t count, const char* what) {
   SCOPED_TRACE(what);
-  const auto codec = make_codec("topk");
-  std::vector<float> out(count, 7.0f);
-  std::string text;
-  EXPECT_EQ(testing::error_code_of([&] { codec->decode(message, host_view(out.data(), count)); }, &text),
-            ErrorCode::malformed_message);
-  EXPECT_NE(text.find("topk.decode"), std::string::npos) << text;
-  EXPECT_EQ(testing::error_code_of([&] { codec->decode_add(message, out.data(), count); }, &text),
-            ErrorCode::malformed_message);
-  EXPECT_NE(text.find("topk.decode_add"), std::string::npos) << text;
-  for (float value : out) ASSERT_EQ(value, 7.0f) << "output written before validation failed";
+  testing::expect_malformed(*make_codec("topk"), message, count, /*field=*/"");
 }
 
 TEST(TopkDecoder, RefusesEveryMalformedMessage) {
