@@ -32,8 +32,9 @@
 //                   u32 spec length L (>= 1), L spec bytes, f64 encode_s, decode_add_s, add_s
 //   end-8   8     u64 checksum: FNV-1a 64 (kernels/fnv1a.h) over every byte before it
 //
-// Every f64 is finite and >= 0, a present link's bytes_per_s > 0; node sizes follow
-// SavedHierarchy's contract. read_checkpoint_file() refuses a file that breaks any of these.
+// Every f64 is finite and >= 0, and every present link's bytes_per_s (the flat link's and both
+// of each node structure's) > 0; node sizes follow SavedHierarchy's contract.
+// read_checkpoint_file() refuses a file that breaks any of these.
 //
 // Versions 1 and 2 (written by earlier builds) are read too. Version 2 is, after the header,
 // N records sorted by name (u32 name length, name, u64 element count, f32 values: version 3's
