@@ -11,28 +11,25 @@
 namespace gradzip::error_feedback {
 namespace {
 
-// A checkpoint's tensors as read, before they reach the store.
-using Buffers = CheckpointTensors;
-
-// Compares the loaded tensors with the registered ones (both sorted by name) and throws on
-// the first difference.
+// Compares the loaded tensors (all of lane 0) with the registered ones (both sorted by name)
+// and throws on the first difference.
 template <typename Store>
-void require_same_tensors(const Buffers& file, const Store& store, const std::string& path) {
+void require_same_tensors(const CheckpointTensors& file, const Store& store, const std::string& path) {
   auto in_file = file.begin();
   auto in_store = store.begin();
   while (in_file != file.end() || in_store != store.end()) {
-    if (in_store == store.end() || (in_file != file.end() && in_file->first < in_store->first)) {
+    if (in_store == store.end() || (in_file != file.end() && in_file->first.name < in_store->first)) {
       GZ_THROW(ErrorCode::invalid_argument, "ResidualStore::load: '", path, "' holds tensor '",
-               in_file->first, "', which this store does not have (the file has ", file.size(),
+               in_file->first.name, "', which this store does not have (the file has ", file.size(),
                " tensors, the store ", store.size(), ")");
     }
-    if (in_file == file.end() || in_store->first < in_file->first) {
+    if (in_file == file.end() || in_store->first < in_file->first.name) {
       GZ_THROW(ErrorCode::invalid_argument, "ResidualStore::load: this store has tensor '",
                in_store->first, "', which '", path, "' does not hold (the file has ",
                file.size(), " tensors, the store ", store.size(), ")");
     }
     GZ_REQUIRE(in_file->second.size() == in_store->second.values.size(), ErrorCode::size_mismatch,
-               "ResidualStore::load: tensor '", in_file->first, "' has ",
+               "ResidualStore::load: tensor '", in_file->first.name, "' has ",
                in_file->second.size(), " elements in '", path, "' and ",
                in_store->second.values.size(), " in this store");
     ++in_file;
@@ -178,33 +175,44 @@ std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept,
   return released;
 }
 
-void ResidualStore::save(const std::filesystem::path& path, const Counters& counters) const {
-  std::vector<CheckpointTensor> tensors;
+void ResidualStore::save(const std::filesystem::path& path,
+                         const CheckpointOwnerState& owner_state) const {
+  std::vector<CheckpointTensorView> tensors;
   tensors.reserve(residuals_.size());
-  for (const auto& [name, tensor] : residuals_) tensors.push_back({name, tensor.values});
-  write_checkpoint_file(path, world_size_, rank_, tensors, counters);
+  for (const auto& [name, tensor] : residuals_) tensors.push_back({0, name, tensor.values});
+  write_checkpoint_file(path, world_size_, rank_, tensors, owner_state);
 }
 
-void ResidualStore::load(const std::filesystem::path& path, Counters* counters) {
-  const std::string name_of_file = path.string();
+CheckpointContents ResidualStore::load(const std::filesystem::path& path) {
   CheckpointContents contents = read_checkpoint_file(path);
-  GZ_REQUIRE(contents.world_size == world_size_, ErrorCode::size_mismatch,
-             "ResidualStore::load: '", name_of_file, "' was written in a world of ",
-             contents.world_size, " ranks; this store belongs to a world of ", world_size_);
-  GZ_REQUIRE(contents.rank == rank_, ErrorCode::invalid_argument, "ResidualStore::load: '",
-             name_of_file, "' holds the residuals of rank ", contents.rank,
-             "; this store belongs to rank ", rank_);
+  require_loadable(path, contents);
+  adopt_tensors(contents);
+  return contents;
+}
 
-  Buffers& loaded = contents.tensors;
+void ResidualStore::require_loadable(const std::filesystem::path& path,
+                                     const CheckpointContents& contents) const {
+  const std::string name_of_file = path.string();
+  require_same_world_and_rank(contents, world_size_, rank_, name_of_file, "ResidualStore::load");
+  const auto other_lane = std::find_if(contents.tensors.begin(), contents.tensors.end(),
+                                       [](const auto& tensor) { return tensor.first.lane != 0; });
+  GZ_REQUIRE(other_lane == contents.tensors.end(), ErrorCode::invalid_argument,
+             "ResidualStore::load: '", name_of_file, "' holds tensor '", other_lane->first.name,
+             "' in lane ", other_lane->first.lane,
+             "; a store takes lane 0 only (a Reducer's checkpoint of several lanes?)");
+  if (!residuals_.empty()) require_same_tensors(contents.tensors, residuals_, name_of_file);
+}
+
+void ResidualStore::adopt_tensors(CheckpointContents& contents) {
+  CheckpointTensors loaded = std::move(contents.tensors);
+  contents.tensors.clear();
   if (residuals_.empty()) {
-    for (auto& [name, values] : loaded)
-      residuals_.emplace_hint(residuals_.end(), name, Tensor{std::move(values), clock_});
-    if (counters != nullptr) *counters = std::move(contents.counters);
+    for (auto& [key, values] : loaded)
+      residuals_.emplace_hint(residuals_.end(), key.name, Tensor{std::move(values), clock_});
     return;
   }
-  require_same_tensors(loaded, residuals_, name_of_file);
-  if (counters != nullptr) *counters = std::move(contents.counters);
-  // Same names and counts: copy into the existing buffers so that spans stay valid.
+  // Same names and counts (require_loadable): copy into the existing buffers so that spans
+  // stay valid.
   auto source = loaded.begin();
   for (auto& entry : residuals_) {
     std::copy(source->second.begin(), source->second.end(), entry.second.values.begin());

@@ -16,7 +16,7 @@
 // so spans stay valid across it too.
 //
 // Checkpoints: save() and load() write and read the file of error_feedback/checkpoint_file.h
-// (its format is documented there) with this store's residuals and the owner's counters.
+// (its format is documented there) with this store's residuals as lane 0 and the owner's state.
 #pragma once
 
 #include <cstddef>
@@ -36,9 +36,6 @@ namespace gradzip::error_feedback {
 
 class ResidualStore {
  public:
-  // Named u64 values saved beside the residuals (error_feedback/checkpoint_file.h).
-  using Counters = CheckpointCounters;
-
   // `world_size` >= 1 and `rank` < world_size (else ErrorCode::invalid_argument). Both are
   // recorded in checkpoints: a rank's residuals belong to that rank of that world.
   ResidualStore(std::uint32_t world_size, std::uint32_t rank, ResizePolicy policy);
@@ -100,29 +97,34 @@ class ResidualStore {
   // folded; ErrorCode::internal when a placed residual does not fit inside its root.
   std::size_t fold_into(std::string_view root, std::size_t count);
 
-  // Writes the checkpoint (write_checkpoint_file) with `counters` (names non-empty). Throws ErrorCode::io_error naming the path and the
-  // system's reason when the file cannot be written; the target is then left as it was and
-  // the temporary file is removed.
-  void save(const std::filesystem::path& path, const Counters& counters = {}) const;
+  // Writes the checkpoint (write_checkpoint_file): this store's residuals as lane 0, and
+  // `owner_state`. Refuses with invalid_argument what the file cannot hold (a call number with
+  // an empty name, model inputs that break their contracts); throws ErrorCode::io_error naming
+  // the path and the system's reason when the file cannot be written; the target is then left
+  // as it was and the temporary file is removed.
+  void save(const std::filesystem::path& path, const CheckpointOwnerState& owner_state = {}) const;
 
-  // Reads a checkpoint written by save(). The whole file is read and verified before the store
-  // changes; on any failure the store is unchanged. Refusals:
-  //   io_error          the file cannot be opened or read; it is shorter than its fields say;
-  //                     the magic is wrong; a name length, element count or counter count
-  //                     exceeds the bytes left in the file (checked before allocating); names
-  //                     are not strictly increasing; bytes trail the last record; the checksum
-  //                     differs.
-  //   invalid_argument  a format version other than 1 and 2 (checked right after the magic, before anything
-  //                     that version may lay out differently); another rank; the store is
-  //                     non-empty and a tensor name is in one of {file, store} only (the
-  //                     message names the first such name in sorted order).
+  // Reads a checkpoint (read_checkpoint_file, any version it reads) and takes its residuals.
+  // The whole file is read and verified before the store changes; on any failure the store is
+  // unchanged. Refusals: read_checkpoint_file's (io_error for a file that cannot be read or is
+  // corrupt, invalid_argument for another format version) and require_loadable's. An empty
+  // store takes the file's tensors; a non-empty store must hold exactly the file's tensors with
+  // the same counts and gets their values copied into its existing buffers. Returns the rest of
+  // the file: its header, owner state and version 2 counters (its tensors are in the store).
+  CheckpointContents load(const std::filesystem::path& path);
+
+  // load()'s two halves, for an owner that checks the rest of the file before the store changes.
+  // require_loadable refuses, changing nothing:
   //   size_mismatch     another world size; the store is non-empty and a tensor has another
   //                     element count in the file (the message names it and both counts).
-  // An empty store takes the file's tensors; a non-empty store must hold exactly the file's
-  // tensors with the same counts and gets their values copied into its existing buffers.
-  // `counters`, when given, receives the file's counters (none for a version 1 file), only when
-  // the load succeeds.
-  void load(const std::filesystem::path& path, Counters* counters = nullptr);
+  //   invalid_argument  another rank; a tensor in a lane other than 0 (a Reducer's lanes); the
+  //                     store is non-empty and a tensor name is in one of {file, store} only
+  //                     (the message names the first such name in sorted order).
+  // `path` names the file in messages.
+  void require_loadable(const std::filesystem::path& path, const CheckpointContents& contents) const;
+  // Takes `contents`' tensors (which leaves them empty); require_loadable must have accepted
+  // `contents`. Tensors taken into an empty store get the current use clock.
+  void adopt_tensors(CheckpointContents& contents);
 
  private:
   // std::less<> lets lookups take a string_view without building a std::string.

@@ -797,8 +797,8 @@ std::vector<std::vector<std::string>> ReducerState::bucket_names() const {
   return names;
 }
 
-// The checkpoint's layout (lane prefixes, the step counter, the model inputs) is
-// collectives/checkpoint.h's.
+// What the checkpoint holds (each lane's residuals, the step, the model inputs) and how it maps
+// onto the file is collectives/checkpoint.h's.
 void ReducerState::save(const std::string& path) {
   require_idle("save_state");
   Communicator& first = lanes_.front().communicator;

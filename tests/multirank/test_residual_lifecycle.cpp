@@ -217,7 +217,9 @@ TEST(CommunicatorCheckpoint, AnotherWorldSizeIsRefusedNamingBoth) {
   error_feedback::ResidualStore other(static_cast<std::uint32_t>(world_size() + 1),
                                       static_cast<std::uint32_t>(world_rank()), ResizePolicy::error);
   other.residual("w", 4);
-  other.save(path, {{"w", 3}});
+  error_feedback::CheckpointOwnerState call_numbers;
+  call_numbers.call_numbers = {{"w", 3}};
+  other.save(path, call_numbers);
   Communicator comm = Communicator::world();
   try {
     comm.load_residuals(path);

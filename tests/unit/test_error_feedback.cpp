@@ -12,15 +12,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
-#include <iterator>
 #include <limits>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "error_feedback/checkpoint_file.h"
 #include "error_feedback/error_feedback_codec.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
@@ -145,47 +144,18 @@ class TempDir {
   fs::path path_;
 };
 
-std::vector<unsigned char> read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-// FNV-1a 64, written again here from its definition so the test checks the documented format.
-std::uint64_t fnv1a64(const unsigned char* data, std::size_t size) {
-  std::uint64_t hash = 14695981039346656037ull;
-  for (std::size_t i = 0; i < size; ++i) {
-    hash ^= data[i];
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
-template <typename T>
-void put_le(std::vector<unsigned char>& bytes, std::size_t offset, T value) {
-  for (std::size_t i = 0; i < sizeof(T); ++i) {
-    bytes[offset + i] = static_cast<unsigned char>(static_cast<std::uint64_t>(value) >> (8 * i));
-  }
-}
-
-template <typename T>
-void append_le(std::vector<unsigned char>& bytes, T value) {
-  bytes.resize(bytes.size() + sizeof(T));
-  put_le(bytes, bytes.size() - sizeof(T), value);
-}
+using testing::append_le;
+using testing::append_name;
+using testing::fnv1a64_reference;
+using testing::put_le;
+using testing::read_file_bytes;
+using testing::write_file_bytes;
 
 // Rewrites the trailing checksum after a deliberate edit, so only the edit is wrong.
-void rehash(std::vector<unsigned char>& bytes) {
-  put_le(bytes, bytes.size() - 8, fnv1a64(bytes.data(), bytes.size() - 8));
-}
+void rehash(std::vector<unsigned char>& bytes) { testing::rehash_checkpoint(bytes); }
 
-// Field offsets of the version-1 format (residual_store.h).
+// Field offsets of the header, the same in every format version (checkpoint_file.h), and the
+// first tensor record of versions 1 and 2 (version 3's starts with its lane).
 constexpr std::size_t kVersionOffset = 4;
 constexpr std::size_t kWorldSizeOffset = 8;
 constexpr std::size_t kRankOffset = 12;
@@ -316,71 +286,146 @@ TEST(ResidualStoreCheckpoint, FileLayoutIsTheDocumentedOne) {
   store.residual("c", 0);
   store.save(dir / "ef.bin");
 
+  // Version 3 (checkpoint_file.h): the store's tensors are lane 0's; no owner state.
   std::vector<unsigned char> expected = {'G', 'Z', 'E', 'F'};
-  append_le<std::uint32_t>(expected, 2);  // version
+  append_le<std::uint32_t>(expected, 3);  // version
   append_le<std::uint32_t>(expected, 3);  // world size
   append_le<std::uint32_t>(expected, 2);  // rank
   append_le<std::uint64_t>(expected, 2);  // tensors
-  append_le<std::uint32_t>(expected, 2);
-  expected.insert(expected.end(), {'a', 'b'});
+  append_le<std::uint32_t>(expected, 0);  // lane
+  append_name(expected, "ab");
   append_le<std::uint64_t>(expected, 2);
   append_le<std::uint32_t>(expected, kernels::float_bits(1.5f));
   append_le<std::uint32_t>(expected, kernels::float_bits(-2.0f));
-  append_le<std::uint32_t>(expected, 1);
-  expected.push_back('c');
+  append_le<std::uint32_t>(expected, 0);
+  append_name(expected, "c");
   append_le<std::uint64_t>(expected, 0);
-  append_le<std::uint64_t>(expected, 0);  // counters
-  append_le<std::uint64_t>(expected, fnv1a64(expected.data(), expected.size()));
+  const std::size_t owner_state_offset = expected.size();
+  append_le<std::uint64_t>(expected, 0);  // call numbers
+  append_le<std::uint8_t>(expected, 0);   // no step
+  append_le<std::uint64_t>(expected, 0);
+  append_le<std::uint8_t>(expected, 0);   // no link: four zero terms
+  for (int term = 0; term < 4; ++term) append_le<double>(expected, 0.0);
+  append_le<std::uint32_t>(expected, 0);  // node structures
+  append_le<std::uint32_t>(expected, 0);  // codec costs
+  append_le<std::uint64_t>(expected, fnv1a64_reference(expected.data(), expected.size()));
 
-  EXPECT_EQ(read_bytes(dir / "ef.bin"), expected);
+  EXPECT_EQ(read_file_bytes(dir / "ef.bin"), expected);
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"ef.bin"})) << "a temporary file was left";
 
-  // With counters: they follow the tensors, sorted by name.
-  store.save(dir / "counted.bin", {{"zz", 7}, {"a", std::uint64_t{1} << 40}});
-  expected.resize(expected.size() - 16);  // drop "0 counters" and the checksum
+  // With call numbers: they follow the tensors, sorted by name.
+  error_feedback::CheckpointOwnerState owner;
+  owner.call_numbers = {{"zz", 7}, {"a", std::uint64_t{1} << 40}};
+  store.save(dir / "counted.bin", owner);
+  expected.resize(owner_state_offset);
   append_le<std::uint64_t>(expected, 2);
-  append_le<std::uint32_t>(expected, 1);
-  expected.push_back('a');
+  append_name(expected, "a");
   append_le<std::uint64_t>(expected, std::uint64_t{1} << 40);
-  append_le<std::uint32_t>(expected, 2);
-  expected.insert(expected.end(), {'z', 'z'});
+  append_name(expected, "zz");
   append_le<std::uint64_t>(expected, 7);
-  append_le<std::uint64_t>(expected, fnv1a64(expected.data(), expected.size()));
-  EXPECT_EQ(read_bytes(dir / "counted.bin"), expected);
+  append_le<std::uint8_t>(expected, 0);
+  append_le<std::uint64_t>(expected, 0);
+  append_le<std::uint8_t>(expected, 0);
+  for (int term = 0; term < 4; ++term) append_le<double>(expected, 0.0);
+  append_le<std::uint32_t>(expected, 0);
+  append_le<std::uint32_t>(expected, 0);
+  append_le<std::uint64_t>(expected, fnv1a64_reference(expected.data(), expected.size()));
+  EXPECT_EQ(read_file_bytes(dir / "counted.bin"), expected);
 }
 
-TEST(ResidualStoreCheckpoint, CountersRoundTripAndVersionOneFilesStillLoad) {
+TEST(ResidualStoreCheckpoint, FilesOfVersionsOneAndTwoLoadAsTheyDid) {
   TempDir dir;
-  ResidualStore store(2, 0, ResizePolicy::error);
-  fill(store, "w", 3, 0.25f);
-  const ResidualStore::Counters counters = {{"step", 123456789012ull}, {"w", 17}};
-  store.save(dir / "ef.bin", counters);
-  ResidualStore fresh(2, 0, ResizePolicy::error);
-  ResidualStore::Counters loaded = {{"stale", 1}};
-  fresh.load(dir / "ef.bin", &loaded);
-  EXPECT_EQ(loaded, counters);
-  EXPECT_EQ(fresh.residual("w")[2], 0.75f);  // fill: base + i/4
+  // Version 2, byte by byte: tensors by name (no lane), then the counters, sorted by name.
+  std::vector<unsigned char> v2 = {'G', 'Z', 'E', 'F'};
+  append_le<std::uint32_t>(v2, 2);
+  append_le<std::uint32_t>(v2, 3);
+  append_le<std::uint32_t>(v2, 2);
+  append_le<std::uint64_t>(v2, 2);
+  append_name(v2, "ab");
+  append_le<std::uint64_t>(v2, 2);
+  append_le<std::uint32_t>(v2, kernels::float_bits(1.5f));
+  append_le<std::uint32_t>(v2, kernels::float_bits(-2.0f));
+  append_name(v2, "c");
+  append_le<std::uint64_t>(v2, 0);
+  append_le<std::uint64_t>(v2, 2);
+  append_name(v2, "a");
+  append_le<std::uint64_t>(v2, std::uint64_t{1} << 40);
+  append_name(v2, "zz");
+  append_le<std::uint64_t>(v2, 7);
+  append_le<std::uint64_t>(v2, fnv1a64_reference(v2.data(), v2.size()));
+  // The test fixture writes the same bytes.
+  EXPECT_EQ(testing::legacy_checkpoint_bytes(2, 3, 2, {{"ab", {1.5f, -2.0f}}, {"c", {}}},
+                                             {{"a", std::uint64_t{1} << 40}, {"zz", 7}}),
+            v2);
+  write_file_bytes(dir / "v2.bin", v2);
+  ResidualStore store(3, 2, ResizePolicy::error);
+  const error_feedback::CheckpointContents rest = store.load(dir / "v2.bin");
+  EXPECT_EQ(rest.format_version, 2u);
+  EXPECT_EQ(rest.version2_counters,
+            (error_feedback::CheckpointCounters{{"a", std::uint64_t{1} << 40}, {"zz", 7}}));
+  EXPECT_EQ(rest.owner_state, error_feedback::CheckpointOwnerState{}) << "version 2 has no typed sections";
+  EXPECT_TRUE(rest.tensors.empty()) << "the tensors went into the store";
+  EXPECT_EQ(store.names(), (std::vector<std::string>{"ab", "c"}));
+  expect_same_bits(store.residual("ab"), std::vector<float>{1.5f, -2.0f}, "ab");
+  EXPECT_TRUE(store.residual("c").empty());
 
-  // A version 1 file (written by hand: no counters section) loads, with no counters.
+  // Version 1 has no counters section: it loads, with no counters.
   std::vector<unsigned char> v1 = {'G', 'Z', 'E', 'F'};
   append_le<std::uint32_t>(v1, 1);
   append_le<std::uint32_t>(v1, 2);
   append_le<std::uint32_t>(v1, 0);
   append_le<std::uint64_t>(v1, 1);
-  append_le<std::uint32_t>(v1, 1);
-  v1.push_back('w');
+  append_name(v1, "w");
   append_le<std::uint64_t>(v1, 1);
   append_le<std::uint32_t>(v1, kernels::float_bits(-3.5f));
-  append_le<std::uint64_t>(v1, fnv1a64(v1.data(), v1.size()));
-  write_bytes(dir / "v1.bin", v1);
+  append_le<std::uint64_t>(v1, fnv1a64_reference(v1.data(), v1.size()));
+  EXPECT_EQ(testing::legacy_checkpoint_bytes(1, 2, 0, {{"w", {-3.5f}}}), v1);
+  write_file_bytes(dir / "v1.bin", v1);
   ResidualStore old(2, 0, ResizePolicy::error);
-  old.load(dir / "v1.bin", &loaded);
-  EXPECT_TRUE(loaded.empty());
+  const error_feedback::CheckpointContents old_rest = old.load(dir / "v1.bin");
+  EXPECT_EQ(old_rest.format_version, 1u);
+  EXPECT_TRUE(old_rest.version2_counters.empty());
   EXPECT_EQ(old.residual("w")[0], -3.5f);
+}
 
-  // A counter with an empty name cannot be saved.
-  EXPECT_EQ(error_of([&] { store.save(dir / "bad.bin", {{"", 1}}); }).code,
-            ErrorCode::invalid_argument);
+TEST(ResidualStoreCheckpoint, OwnerStateRoundTripsAndWhatTheFormatCannotHoldIsRefused) {
+  TempDir dir;
+  ResidualStore store(2, 0, ResizePolicy::error);
+  fill(store, "w", 3, 0.25f);
+  error_feedback::CheckpointOwnerState owner;
+  owner.call_numbers = {{"step", 123456789012ull}, {"w", 17}};
+  owner.step = 5;
+  store.save(dir / "ef.bin", owner);
+  ResidualStore fresh(2, 0, ResizePolicy::error);
+  EXPECT_EQ(fresh.load(dir / "ef.bin").owner_state, owner);
+  EXPECT_EQ(fresh.residual("w")[2], 0.75f);  // fill: base + i/4
+
+  // A call number with an empty name cannot be saved.
+  error_feedback::CheckpointOwnerState empty_name;
+  empty_name.call_numbers = {{"", 1}};
+  const CaughtError refused = error_of([&] { store.save(dir / "bad.bin", empty_name); });
+  EXPECT_EQ(refused.code, ErrorCode::invalid_argument);
+  expect_mentions(refused, {"call number's tensor name of 0 bytes"});
+  EXPECT_FALSE(fs::exists(dir / "bad.bin"));
+}
+
+TEST(ResidualStoreCheckpoint, AVersion3FileOfAnotherWorldRankOrLaneIsRefused) {
+  TempDir dir;
+  const std::vector<float> values{1.0f, 2.0f};
+  const error_feedback::CheckpointTensorView lanes[] = {{0, "w", values}, {2, "w", values}};
+  error_feedback::write_checkpoint_file(dir / "lanes.bin", 2, 1, lanes, {});
+  error_feedback::write_checkpoint_file(dir / "lane0.bin", 2, 1, std::span(lanes, 1), {});
+  ResidualStore store(2, 1, ResizePolicy::error);
+  expect_load_refused(store, dir / "lanes.bin", ErrorCode::invalid_argument,
+                      {"holds tensor 'w' in lane 2", "lane 0 only"});
+  ResidualStore wider(3, 1, ResizePolicy::error);
+  expect_load_refused(wider, dir / "lane0.bin", ErrorCode::size_mismatch,
+                      {"world of 2 ranks", "world of 3"});
+  ResidualStore other_rank(2, 0, ResizePolicy::error);
+  expect_load_refused(other_rank, dir / "lane0.bin", ErrorCode::invalid_argument,
+                      {"rank 1", "rank 0"});
+  store.load(dir / "lane0.bin");
+  expect_same_bits(store.residual("w"), values, "lane 0's w");
 }
 
 TEST(ResidualStore, ReleasesExactlyTheTensorsUnusedSinceTheGivenClock) {
@@ -535,15 +580,23 @@ TEST(ResidualStoreCheckpoint, SaveFailuresAreIoErrorsThatLeaveNothingBehind) {
   EXPECT_TRUE(fs::is_empty(dir / "occupied"));
 }
 
-// A small checkpoint and stores to load it into, for the refusal tests.
+// What fill(store, name, count, first) puts in a residual.
+std::vector<float> filled(std::size_t count, float first) {
+  std::vector<float> values(count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = first + 0.25f * static_cast<float>(i);
+  return values;
+}
+
+// A small checkpoint of format version 2 (as earlier builds wrote it: the test fixture) and
+// stores to load it into, for the refusal tests of the reader of old files. Version 3's are in
+// test_checkpoint_file.cpp.
 class CheckpointRefusal : public ::testing::Test {
  protected:
   void SetUp() override {
-    ResidualStore writer(3, 1, ResizePolicy::error);
-    fill(writer, "decoder.bias", 7, 0.5f);
-    fill(writer, "encoder.weight", 5, -1.0f);
-    writer.save(good_path());
-    good_ = read_bytes(good_path());
+    testing::write_legacy_checkpoint(good_path(), 2, 3, 1,
+                                     {{"decoder.bias", filled(7, 0.5f)},
+                                      {"encoder.weight", filled(5, -1.0f)}});
+    good_ = read_file_bytes(good_path());
     ASSERT_EQ(good_.size(), 24u + (4 + 12 + 8 + 28) + (4 + 14 + 8 + 20) + 8 + 8);
     // A store with other values for the same tensors, and an empty store.
     fill(populated_, "decoder.bias", 7, 9.0f);
@@ -558,7 +611,7 @@ class CheckpointRefusal : public ::testing::Test {
                       const std::vector<std::string>& parts, const std::string& what) {
     SCOPED_TRACE(what);
     const fs::path path = dir_ / "bad.bin";
-    write_bytes(path, bytes);
+    write_file_bytes(path, bytes);
     expect_refused_path(path, code, parts);
   }
 
@@ -600,8 +653,8 @@ TEST_F(CheckpointRefusal, NonexistentPathAndDirectory) {
 }
 
 TEST_F(CheckpointRefusal, AnotherFormatVersion) {
-  expect_refused(good_with<std::uint32_t>(kVersionOffset, 3), ErrorCode::invalid_argument,
-                 {"version 3", "reads versions 1 and 2"}, "version 3");
+  expect_refused(good_with<std::uint32_t>(kVersionOffset, 4), ErrorCode::invalid_argument,
+                 {"version 4", "reads versions 1, 2 and 3"}, "version 4");
 }
 
 TEST_F(CheckpointRefusal, AnotherWorldSize) {
@@ -658,13 +711,14 @@ TEST_F(CheckpointRefusal, TrailingBytes) {
 
 TEST_F(CheckpointRefusal, EveryFlippedByte) {
   // A flipped version byte reads as another format version (checked before the checksum,
-  // because another version may checksum differently); any other flip is corruption.
+  // because another version may checksum differently); any other flip is corruption. Version
+  // 2 with its lowest bit flipped is 3, which this build reads: the file is then corrupt.
   for (std::size_t offset = 0; offset < good_.size(); ++offset) {
     auto bytes = good_;
     bytes[offset] ^= 0x01;
-    const bool in_version = offset >= kVersionOffset && offset < kVersionOffset + 4;
-    expect_refused(bytes, in_version ? ErrorCode::invalid_argument : ErrorCode::io_error,
-                   {in_version ? "version" : "bad.bin"},
+    const bool unknown_version = offset > kVersionOffset && offset < kVersionOffset + 4;
+    expect_refused(bytes, unknown_version ? ErrorCode::invalid_argument : ErrorCode::io_error,
+                   {unknown_version ? "version" : "bad.bin"},
                    "byte " + std::to_string(offset) + " flipped");
   }
   auto checksum_only = good_;
@@ -698,11 +752,9 @@ TEST_F(CheckpointRefusal, CorruptLengthsAreBoundedByTheFileSizeBeforeAllocating)
 }
 
 TEST_F(CheckpointRefusal, CountersOutOfOrderOrWithEmptyNames) {
-  ResidualStore writer(3, 1, ResizePolicy::error);
-  fill(writer, "decoder.bias", 7, 0.5f);
-  fill(writer, "encoder.weight", 5, -1.0f);
-  writer.save(good_path(), {{"a", 1}, {"b", 2}});
-  const auto counted = read_bytes(good_path());
+  const auto counted = testing::legacy_checkpoint_bytes(
+      2, 3, 1, {{"decoder.bias", filled(7, 0.5f)}, {"encoder.weight", filled(5, -1.0f)}},
+      {{"a", 1}, {"b", 2}});
   // Counter records: 8-byte count, then (4 + 1 + 8) bytes each, then the checksum.
   const std::size_t first_name = counted.size() - 8 - 2 * 13 + 4;
   auto swapped = counted;

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include "compressors/wire_format.h"
@@ -176,6 +178,70 @@ std::vector<float> decode_to_f32(const Codec& codec, std::span<const std::byte> 
   std::vector<float> out(count);
   codec.decode(message, host_view(out.data(), count));
   return out;
+}
+
+std::uint64_t fnv1a64_reference(const unsigned char* data, std::size_t size) {
+  std::uint64_t hash = 14695981039346656037ull;
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= data[i];
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+void rehash_checkpoint(std::vector<unsigned char>& bytes) {
+  put_le(bytes, bytes.size() - 8, fnv1a64_reference(bytes.data(), bytes.size() - 8));
+}
+
+void append_name(std::vector<unsigned char>& bytes, const std::string& name) {
+  append_le<std::uint32_t>(bytes, static_cast<std::uint32_t>(name.size()));
+  bytes.insert(bytes.end(), name.begin(), name.end());
+}
+
+std::vector<unsigned char> legacy_checkpoint_bytes(std::uint32_t version, std::uint32_t world_size,
+                                                   std::uint32_t rank,
+                                                   const LegacyCheckpointTensors& tensors,
+                                                   const LegacyCheckpointCounters& counters) {
+  EXPECT_TRUE(version == 2 || (version == 1 && counters.empty()))
+      << "version " << version << " with " << counters.size() << " counters";
+  std::vector<unsigned char> bytes = {'G', 'Z', 'E', 'F'};
+  append_le<std::uint32_t>(bytes, version);
+  append_le<std::uint32_t>(bytes, world_size);
+  append_le<std::uint32_t>(bytes, rank);
+  append_le<std::uint64_t>(bytes, tensors.size());
+  for (const auto& [name, values] : tensors) {
+    append_name(bytes, name);
+    append_le<std::uint64_t>(bytes, values.size());
+    for (const float value : values) append_le<float>(bytes, value);
+  }
+  if (version == 2) {
+    append_le<std::uint64_t>(bytes, counters.size());
+    for (const auto& [name, value] : counters) {
+      append_name(bytes, name);
+      append_le<std::uint64_t>(bytes, value);
+    }
+  }
+  append_le<std::uint64_t>(bytes, fnv1a64_reference(bytes.data(), bytes.size()));
+  return bytes;
+}
+
+void write_file_bytes(const std::filesystem::path& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  EXPECT_TRUE(out.good()) << "cannot write " << path;
+}
+
+std::vector<unsigned char> read_file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_legacy_checkpoint(const std::filesystem::path& path, std::uint32_t version,
+                             std::uint32_t world_size, std::uint32_t rank,
+                             const LegacyCheckpointTensors& tensors,
+                             const LegacyCheckpointCounters& counters) {
+  write_file_bytes(path, legacy_checkpoint_bytes(version, world_size, rank, tensors, counters));
 }
 
 }  // namespace gradzip::testing

@@ -1,13 +1,17 @@
 // Shared helpers of the unit tests: deterministic data and dtype plumbing.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 
 #include <gtest/gtest.h>
+#include <map>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gradzip/codec.h"
@@ -118,5 +122,61 @@ class ScopedIsa {
 // Decodes `message` into a fresh f32 vector of `count` elements.
 std::vector<float> decode_to_f32(const Codec& codec, std::span<const std::byte> message,
                                  std::size_t count);
+
+// ---- checkpoint files byte by byte (error_feedback/checkpoint_file.h's formats) ---------------
+
+// Sets the sizeof(T) bytes at `offset` to `value`, little-endian (f32 and f64 as their bits).
+template <typename T>
+void put_le(std::vector<unsigned char>& bytes, std::size_t offset, T value) {
+  static_assert(std::is_arithmetic_v<T> && sizeof(T) <= 8);
+  std::uint64_t bits = 0;
+  if constexpr (std::is_same_v<T, double>) {
+    bits = std::bit_cast<std::uint64_t>(value);
+  } else if constexpr (std::is_same_v<T, float>) {
+    bits = std::bit_cast<std::uint32_t>(value);
+  } else {
+    bits = static_cast<std::uint64_t>(value);
+  }
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    bytes[offset + i] = static_cast<unsigned char>(bits >> (8 * i));
+}
+
+// Appends `value`, little-endian (f32 and f64 as their bits).
+template <typename T>
+void append_le(std::vector<unsigned char>& bytes, T value) {
+  bytes.resize(bytes.size() + sizeof(T));
+  put_le(bytes, bytes.size() - sizeof(T), value);
+}
+
+// FNV-1a 64, written again here from its definition so that tests check the documented format.
+std::uint64_t fnv1a64_reference(const unsigned char* data, std::size_t size);
+
+// Rewrites the trailing 8-byte checksum of a checkpoint after a deliberate edit, so that only
+// the edit is wrong.
+void rehash_checkpoint(std::vector<unsigned char>& bytes);
+
+// Appends a name as the formats store it: u32 length, then its bytes.
+void append_name(std::vector<unsigned char>& bytes, const std::string& name);
+
+// A checkpoint file of format version 1 or 2 as earlier builds wrote it (the layout in
+// error_feedback/checkpoint_file.h's header comment), built byte by byte, so that the reader of
+// old files stays tested now that the writer writes version 3. A std::map's order is the files'
+// name order. Version 1 has no counters section: `counters` must then be empty.
+using LegacyCheckpointTensors = std::map<std::string, std::vector<float>>;
+using LegacyCheckpointCounters = std::map<std::string, std::uint64_t>;
+std::vector<unsigned char> legacy_checkpoint_bytes(std::uint32_t version, std::uint32_t world_size,
+                                                   std::uint32_t rank,
+                                                   const LegacyCheckpointTensors& tensors,
+                                                   const LegacyCheckpointCounters& counters = {});
+
+// Writes `bytes` to `path` (replacing it); a test failure when it cannot.
+void write_file_bytes(const std::filesystem::path& path, const std::vector<unsigned char>& bytes);
+std::vector<unsigned char> read_file_bytes(const std::filesystem::path& path);
+
+// legacy_checkpoint_bytes(...) written to `path`.
+void write_legacy_checkpoint(const std::filesystem::path& path, std::uint32_t version,
+                             std::uint32_t world_size, std::uint32_t rank,
+                             const LegacyCheckpointTensors& tensors,
+                             const LegacyCheckpointCounters& counters = {});
 
 }  // namespace gradzip::testing
