@@ -18,6 +18,9 @@
 #   --check-accuracy LABEL MIN
 #                  after the table, fail (exit 1) unless LABEL's final test accuracy is >= MIN
 #                  (in [0, 1]); the real figure is printed either way (plot_convergence.py)
+#   --check-relative LABEL REF FRACTION
+#                  likewise, against FRACTION times REF's final test accuracy (e.g. topk1_ef
+#                  none 0.9); both checks may be repeated
 #
 # Configurations (label: codec spec):
 #   none: none            fp16: fp16                    bf16: bf16
@@ -88,8 +91,12 @@ while (($#)); do
     --only) only="${2:?--only needs a value}"; shift 2 ;;
     --seed) seed="${2:?--seed needs a value}"; shift 2 ;;
     --check-accuracy)
-      check=(--check-accuracy "${2:?--check-accuracy needs LABEL MIN}" "${3:?--check-accuracy needs LABEL MIN}")
+      check+=(--check-accuracy "${2:?--check-accuracy needs LABEL MIN}" "${3:?--check-accuracy needs LABEL MIN}")
       shift 3 ;;
+    --check-relative)
+      check+=(--check-relative "${2:?--check-relative needs LABEL REF FRACTION}"
+              "${3:?--check-relative needs LABEL REF FRACTION}" "${4:?--check-relative needs LABEL REF FRACTION}")
+      shift 4 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Table and plots of the Fashion-MNIST convergence runs that benchmarks/convergence.sh makes.
 
-    python3 benchmarks/plot_convergence.py OUT [--check-accuracy LABEL MIN]
+    python3 benchmarks/plot_convergence.py OUT [--check-accuracy LABEL MIN]...
+                                               [--check-relative LABEL REF FRACTION]...
 
 Reads every OUT/csv/*.csv (one per configuration, written by rank 0 of train_fashion_mnist, one
 row per epoch), writes OUT/table.md and prints it, and writes OUT/accuracy_vs_epoch.png,
 OUT/loss_vs_epoch.png, OUT/accuracy_vs_bytes.png and OUT/loss_vs_bytes.png.
 
 --check-accuracy LABEL MIN prints LABEL's final test accuracy (a fraction, as in the CSV) and exits
-1 when it is below MIN or when LABEL has no CSV. A malformed CSV is an error (exit 1) that names
+1 when it is below MIN or when LABEL has no CSV. --check-relative LABEL REF FRACTION does the same
+against FRACTION times REF's final test accuracy (a compressed run against `none` trained the same
+way). Both may be given several times; every check is printed, and any failure exits 1. A malformed CSV is an error (exit 1) that names
 the file, the line and what is wrong.
 """
 
@@ -191,20 +194,29 @@ def plot(runs, out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="convergence.sh's --out directory (holds csv/)")
-    parser.add_argument("--check-accuracy", nargs=2, metavar=("LABEL", "MIN"),
-                        help="exit 1 unless LABEL's final test accuracy (a fraction) is >= MIN")
+    parser.add_argument("--check-accuracy", nargs=2, metavar=("LABEL", "MIN"), action="append",
+                        default=[],
+                        help="exit 1 unless LABEL's final test accuracy (a fraction) is >= MIN "
+                             "(repeatable)")
+    parser.add_argument("--check-relative", nargs=3, metavar=("LABEL", "REF", "FRACTION"),
+                        action="append", default=[],
+                        help="exit 1 unless LABEL's final test accuracy is >= FRACTION times "
+                             "REF's (repeatable)")
     args = parser.parse_args()
 
-    check = None
-    if args.check_accuracy:
-        label, minimum = args.check_accuracy
+    def fraction(option, text):
         try:
-            minimum = float(minimum)
+            value = float(text)
         except ValueError:
-            parser.error(f"--check-accuracy MIN '{minimum}' is not a number")
-        if not 0.0 <= minimum <= 1.0:
-            parser.error(f"--check-accuracy MIN is a fraction in [0, 1] (e.g. 0.80), got {minimum}")
-        check = (label, minimum)
+            parser.error(f"{option} '{text}' is not a number")
+        if not 0.0 <= value <= 1.0:
+            parser.error(f"{option} is a fraction in [0, 1] (e.g. 0.80), got {value}")
+        return value
+
+    checks = [(label, None, fraction("--check-accuracy MIN", minimum))
+              for label, minimum in args.check_accuracy]
+    checks += [(label, reference, fraction("--check-relative FRACTION", share))
+               for label, reference, share in args.check_relative]
 
     try:
         runs = read_runs(args.out)
@@ -219,8 +231,8 @@ def main():
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
     print(text, end="")
-    # The check first: its verdict is printed even when the plots cannot be made.
-    status = 0 if check is None else check_accuracy(runs, args.out, *check)
+    # The checks first: their verdicts are printed even when the plots cannot be made.
+    status = max([check_accuracy(runs, args.out, *check) for check in checks], default=0)
     try:
         plot(runs, args.out)
     except ImportError as error:
@@ -232,18 +244,26 @@ def main():
     return status
 
 
-def check_accuracy(runs, out, label, minimum):
-    """0 when label's final test accuracy is >= minimum, 1 (with the reason) otherwise."""
-    if label not in runs:
-        print(f"plot_convergence: check FAILED: no CSV for label '{label}' in "
-              f"{os.path.join(out, 'csv')} (found: {', '.join(runs)})", file=sys.stderr)
-        return 1
+def check_accuracy(runs, out, label, reference, share):
+    """0 when label's final test accuracy is >= share (reference None) or >= share times
+    reference's final test accuracy, 1 (with the reason) otherwise."""
+    for needed in [label] + ([reference] if reference is not None else []):
+        if needed not in runs:
+            print(f"plot_convergence: check FAILED: no CSV for label '{needed}' in "
+                  f"{os.path.join(out, 'csv')} (found: {', '.join(runs)})", file=sys.stderr)
+            return 1
     last = runs[label][-1]
     accuracy = last["test_accuracy"]
+    if reference is None:
+        minimum, rule = share, f"{share:.4f}"
+    else:
+        reference_accuracy = runs[reference][-1]["test_accuracy"]
+        minimum = share * reference_accuracy
+        rule = f"{minimum:.4f} = {share:.4f} x {reference}'s {reference_accuracy:.4f}"
     passed = accuracy >= minimum
     print(f"plot_convergence: check {'ok' if passed else 'FAILED'}: '{label}' final test accuracy "
           f"{accuracy:.4f} ({100.0 * accuracy:.2f}%) after {last['epoch']} epoch(s), required >= "
-          f"{minimum:.4f}", file=sys.stdout if passed else sys.stderr)
+          f"{rule}", file=sys.stdout if passed else sys.stderr)
     return 0 if passed else 1
 
 if __name__ == "__main__":
