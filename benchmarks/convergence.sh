@@ -20,7 +20,10 @@
 #                  (in [0, 1]); the real figure is printed either way (plot_convergence.py)
 #   --check-relative LABEL REF FRACTION
 #                  likewise, against FRACTION times REF's final test accuracy (e.g. topk1_ef
-#                  none 0.9); both checks may be repeated
+#                  none 0.95)
+#   --check-loss LABEL REF FACTOR
+#                  fail unless LABEL's final test loss is <= FACTOR times REF's; every check may
+#                  be repeated
 #
 # Configurations (label: codec spec):
 #   none: none            fp16: fp16                    bf16: bf16
@@ -96,6 +99,10 @@ while (($#)); do
     --check-relative)
       check+=(--check-relative "${2:?--check-relative needs LABEL REF FRACTION}"
               "${3:?--check-relative needs LABEL REF FRACTION}" "${4:?--check-relative needs LABEL REF FRACTION}")
+      shift 4 ;;
+    --check-loss)
+      check+=(--check-loss "${2:?--check-loss needs LABEL REF FACTOR}"
+              "${3:?--check-loss needs LABEL REF FACTOR}" "${4:?--check-loss needs LABEL REF FACTOR}")
       shift 4 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;

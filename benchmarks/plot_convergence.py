@@ -3,6 +3,7 @@
 
     python3 benchmarks/plot_convergence.py OUT [--check-accuracy LABEL MIN]...
                                                [--check-relative LABEL REF FRACTION]...
+                                               [--check-loss LABEL REF FACTOR]...
 
 Reads every OUT/csv/*.csv (one per configuration, written by rank 0 of train_fashion_mnist, one
 row per epoch), writes OUT/table.md and prints it, and writes OUT/accuracy_vs_epoch.png,
@@ -11,7 +12,8 @@ OUT/loss_vs_epoch.png, OUT/accuracy_vs_bytes.png and OUT/loss_vs_bytes.png.
 --check-accuracy LABEL MIN prints LABEL's final test accuracy (a fraction, as in the CSV) and exits
 1 when it is below MIN or when LABEL has no CSV. --check-relative LABEL REF FRACTION does the same
 against FRACTION times REF's final test accuracy (a compressed run against `none` trained the same
-way). Both may be given several times; every check is printed, and any failure exits 1. A malformed CSV is an error (exit 1) that names
+way), and --check-loss LABEL REF FACTOR requires LABEL's final test loss <= FACTOR times REF's.
+Each may be given several times; every check is printed, and any failure exits 1. A malformed CSV is an error (exit 1) that names
 the file, the line and what is wrong.
 """
 
@@ -202,6 +204,10 @@ def main():
                         action="append", default=[],
                         help="exit 1 unless LABEL's final test accuracy is >= FRACTION times "
                              "REF's (repeatable)")
+    parser.add_argument("--check-loss", nargs=3, metavar=("LABEL", "REF", "FACTOR"),
+                        action="append", default=[],
+                        help="exit 1 unless LABEL's final test loss is <= FACTOR times REF's "
+                             "(repeatable)")
     args = parser.parse_args()
 
     def fraction(option, text):
@@ -213,10 +219,21 @@ def main():
             parser.error(f"{option} is a fraction in [0, 1] (e.g. 0.80), got {value}")
         return value
 
-    checks = [(label, None, fraction("--check-accuracy MIN", minimum))
+    def factor(text):
+        try:
+            value = float(text)
+        except ValueError:
+            parser.error(f"--check-loss FACTOR '{text}' is not a number")
+        if not value >= 1.0:
+            parser.error(f"--check-loss FACTOR is at least 1 (e.g. 1.25), got {value}")
+        return value
+
+    checks = [("accuracy", label, None, fraction("--check-accuracy MIN", minimum))
               for label, minimum in args.check_accuracy]
-    checks += [(label, reference, fraction("--check-relative FRACTION", share))
+    checks += [("accuracy", label, reference, fraction("--check-relative FRACTION", share))
                for label, reference, share in args.check_relative]
+    checks += [("loss", label, reference, factor(times))
+               for label, reference, times in args.check_loss]
 
     try:
         runs = read_runs(args.out)
@@ -232,7 +249,7 @@ def main():
         f.write(text)
     print(text, end="")
     # The checks first: their verdicts are printed even when the plots cannot be made.
-    status = max([check_accuracy(runs, args.out, *check) for check in checks], default=0)
+    status = max([check_final(runs, args.out, *check) for check in checks], default=0)
     try:
         plot(runs, args.out)
     except ImportError as error:
@@ -244,22 +261,33 @@ def main():
     return status
 
 
-def check_accuracy(runs, out, label, reference, share):
-    """0 when label's final test accuracy is >= share (reference None) or >= share times
-    reference's final test accuracy, 1 (with the reason) otherwise."""
+def check_final(runs, out, kind, label, reference, value):
+    """kind "accuracy": 0 when label's final test accuracy is >= value (reference None) or >=
+    value times reference's; kind "loss": 0 when label's final test loss is <= value times
+    reference's. 1 (with the reason) otherwise."""
     for needed in [label] + ([reference] if reference is not None else []):
         if needed not in runs:
             print(f"plot_convergence: check FAILED: no CSV for label '{needed}' in "
                   f"{os.path.join(out, 'csv')} (found: {', '.join(runs)})", file=sys.stderr)
             return 1
     last = runs[label][-1]
+    if kind == "loss":
+        loss = last["test_loss"]
+        reference_loss = runs[reference][-1]["test_loss"]
+        maximum = value * reference_loss
+        passed = loss <= maximum
+        print(f"plot_convergence: check {'ok' if passed else 'FAILED'}: '{label}' final test loss "
+              f"{loss:.4f} after {last['epoch']} epoch(s), required <= {maximum:.4f} = "
+              f"{value:.4f} x {reference}'s {reference_loss:.4f}",
+              file=sys.stdout if passed else sys.stderr)
+        return 0 if passed else 1
     accuracy = last["test_accuracy"]
     if reference is None:
-        minimum, rule = share, f"{share:.4f}"
+        minimum, rule = value, f"{value:.4f}"
     else:
         reference_accuracy = runs[reference][-1]["test_accuracy"]
-        minimum = share * reference_accuracy
-        rule = f"{minimum:.4f} = {share:.4f} x {reference}'s {reference_accuracy:.4f}"
+        minimum = value * reference_accuracy
+        rule = f"{minimum:.4f} = {value:.4f} x {reference}'s {reference_accuracy:.4f}"
     passed = accuracy >= minimum
     print(f"plot_convergence: check {'ok' if passed else 'FAILED'}: '{label}' final test accuracy "
           f"{accuracy:.4f} ({100.0 * accuracy:.2f}%) after {last['epoch']} epoch(s), required >= "
