@@ -20,6 +20,14 @@
 //   error_bound            a bound on that error derived from the codec and the algorithm
 //                          (error_bound() below); 0 for `none`, whose integer data sum exactly
 //   ranks_identical        every rank's result equals rank 0's byte for byte
+//   cosine                 cos(result, exact) in f64 (1 when both are zero)
+//   min_cosine             the floor it must reach: allreduce_cosine_floor (compressors/
+//                          codec_descriptor.h) of the smallest cosine_estimate of the ranks' inputs
+//                          and the compressions on an element's path (compressions_on_path()
+//                          below); 0 (no floor) for `none` and below kCosineMinElementsPerRank
+//                          elements per rank.
+//                          The max-error bound alone accepts an all-zero result for sign, top-k
+//                          and random-k (their bound is at least max sum |x|); the floor does not
 // Data: `none` gets integer-valued floats in [-1000, 1000] (so the f32 sum is exact and the
 // error must be exactly 0); every other codec gets N(0, 1) data, different on every rank.
 //
@@ -445,6 +453,32 @@ double flat_error_bound(const CompressionSpec& spec, const std::string& algo, in
   return HUGE_VAL;
 }
 
+// The encodes on an element's way from the inputs to the result (allreduce_cosine_floor's S):
+// the ring encodes each partial sum once per hop (P), SRA a worker's share and the owner's sum
+// (2), halving/doubling one per step plus the fold and the owner's final encode; the sparse
+// all-reduce, random-k's and the tree encode once; the transport's sum never. hier/<inner>: the
+// node sums are exact, then <inner> runs over the nodes.
+int compressions_on_path(const std::string& algo, int ranks, const NodeLayout* layout) {
+  if (algo.rfind("hier/", 0) == 0)
+    return compressions_on_path(algo.substr(5), layout->nodes, nullptr);
+  if (algo == collectives::kTransportSumName) return 0;
+  const collectives::AlgorithmRow* row = collectives::find_algorithm_row(algo);
+  if (row == nullptr) return ranks;
+  switch (row->path) {
+    case AlgorithmId::ring: return ranks;
+    case AlgorithmId::sra: return 2;
+    case AlgorithmId::rhd: {
+      const HalvingDoublingRanks hd(ranks);
+      return hd.steps + (hd.extra > 0 ? 1 : 0) + 1;
+    }
+    case AlgorithmId::sparse:
+    case AlgorithmId::randk:
+    case AlgorithmId::tree:
+    case AlgorithmId::hier: return 1;
+  }
+  return ranks;
+}
+
 //   hier/<inner>  the node sums (exact ring reduce-scatter in f32: at most (L - 1) adds, L the
 //              largest node, <= (L - 1) 2^-24 A in all) are the contributions of `inner` across
 //              the m nodes, each at most min(L M, A) in magnitude
@@ -473,12 +507,15 @@ struct Row {
   double max_abs_error = 0;
   double error_bound = 0;
   bool ranks_identical = false;
+  double cosine = 1;
+  double min_cosine = 0;
 
   double algbw_gbps() const { return time_s > 0 ? static_cast<double>(bytes) / time_s / 1e9 : 0; }
   double busbw_gbps() const { return algbw_gbps() * 2.0 * (ranks - 1) / ranks; }
   double speedup_vs_mpi() const { return time_s > 0 ? mpi_time_s / time_s : 0; }
   bool check_failed() const {
-    return checked && (!ranks_identical || !(max_abs_error <= error_bound));
+    return checked &&
+           (!ranks_identical || !(max_abs_error <= error_bound) || !(cosine >= min_cosine));
   }
 };
 
@@ -585,6 +622,26 @@ void check_result(Communicator& comm, const std::string& spec_text, const Compre
                         : error_bound(spec, stats.algorithm, row.ranks, max_magnitude,
                                       max_sum_magnitude, layout);
   row.ranks_identical = identical_to_rank0(result);
+
+  // The cosine with the exact sum, against its floor (rejects zeros and a negated sum).
+  double dot = 0, result_energy = 0, exact_energy = 0;
+  for (std::size_t i = 0; i < input.size(); ++i) {
+    dot += static_cast<double>(result[i]) * exact[i];
+    result_energy += static_cast<double>(result[i]) * result[i];
+    exact_energy += exact[i] * exact[i];
+  }
+  // A zero vector has no direction: cosine 1 when both are zero, 0 when only one is.
+  const double cosine = result_energy == 0 || exact_energy == 0
+                            ? (result_energy == exact_energy ? 1.0 : 0.0)
+                            : dot / std::sqrt(result_energy * exact_energy);
+  row.cosine = -max_over_ranks(-(std::isnan(cosine) ? -HUGE_VAL : cosine));
+  if (spec.codec != CodecKind::none &&
+      input.size() / static_cast<std::size_t>(row.ranks) >= compressors::kCosineMinElementsPerRank) {
+    const double single = -max_over_ranks(
+        -compressors::codec_descriptor(spec.codec).cosine_estimate(spec, input));
+    row.min_cosine = compressors::allreduce_cosine_floor(
+        single, compressions_on_path(stats.algorithm, row.ranks, layout));
+  }
 }
 
 Row measure(const std::string& spec_text, std::size_t bytes, const std::vector<float>& input,
@@ -621,7 +678,8 @@ Row measure(const std::string& spec_text, std::size_t bytes, const std::vector<f
 void print_header(bool check, int spec_width) {
   std::printf("%-*s %-15s %9s %10s %8s %8s %10s %10s %10s %8s", spec_width, "spec", "algo", "size",
               "time_s", "algbw", "busbw", "sent/rank", "theory", "mpi_s", "speedup");
-  if (check) std::printf(" %10s %10s %5s", "max_err", "bound", "same");
+  if (check)
+    std::printf(" %10s %10s %7s %7s %5s", "max_err", "bound", "cosine", "min_cos", "same");
   std::printf("\n");
 }
 
@@ -633,8 +691,9 @@ void print_row(const Row& row, int spec_width) {
               human_bytes(static_cast<double>(row.theory_bytes_per_rank)).c_str(), row.mpi_time_s,
               row.speedup_vs_mpi());
   if (row.checked)
-    std::printf(" %10.3e %10.3e %5s%s", row.max_abs_error, row.error_bound,
-                row.ranks_identical ? "yes" : "NO", row.check_failed() ? "  FAIL" : "");
+    std::printf(" %10.3e %10.3e %7.4f %7.4f %5s%s", row.max_abs_error, row.error_bound,
+                row.cosine, row.min_cosine, row.ranks_identical ? "yes" : "NO",
+                row.check_failed() ? "  FAIL" : "");
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -657,6 +716,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows) {
     if (r.checked)
       json << ", \"max_abs_error\": " << json_number(r.max_abs_error)
            << ", \"error_bound\": " << json_number(r.error_bound)
+           << ", \"cosine\": " << json_number(r.cosine)
+           << ", \"min_cosine\": " << json_number(r.min_cosine)
            << ", \"ranks_identical\": " << (r.ranks_identical ? "true" : "false");
     json << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
@@ -696,7 +757,8 @@ int run(const Options& options) {
   const bool failed =
       std::any_of(rows.begin(), rows.end(), [](const Row& row) { return row.check_failed(); });
   if (root && options.check)
-    std::printf("\n--check: %s\n", failed ? "FAILED (see FAIL rows)" : "all rows within bound, "
+    std::printf("\n--check: %s\n", failed ? "FAILED (see FAIL rows)" : "all rows within bound and "
+                                                                       "above their cosine floor, "
                                                                        "identical on every rank");
   return failed ? 1 : 0;
 }

@@ -11,6 +11,7 @@
 // cuda/device_codec.cpp (docs/architecture.md has the checklist).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <span>
@@ -35,8 +36,34 @@ struct CodecDescriptor {
   // bucket codecs: the values of y_i's bucket), f32 rounding included: what the benchmarks'
   // error bounds are built from. Null for a codec without an element codec.
   double (*error_bound)(const CompressionSpec& spec, double y_max) = nullptr;
+  // An estimate of cos(D(E(y)), y) for one encode and decode of y, computed from y alone (never
+  // from the codec's output, so that a broken codec cannot lower its own floor): exact for sign
+  // (its decode projects each bucket onto its sign vector) and exact top-k (the kept share of
+  // |y|^2), a lower bound for the casts, the expectation for the stochastic codecs (qsgd and
+  // terngrad add at most spacing^2 / 4 of variance per element; randk keeps k/n of |y|^2 on
+  // average). 1 for an all-zero y. What the benchmarks' and tests' cosine floors
+  // (allreduce_cosine_floor) are built from. Null for a codec without an element codec.
+  double (*cosine_estimate)(const CompressionSpec& spec, std::span<const float> y) = nullptr;
   std::string_view why_no_element_codec;
 };
+
+// The least cosine similarity with the exact sum that a compressed all-reduce may show, given
+// `single_cosine` (the smallest cosine_estimate of the ranks' inputs) and `compressions` (how many
+// encodes the algorithm applies on an element's way to the result: P for the ring, 2 for SRA,
+// 1 for the sparse all-reduce, random-k's and the tree): 0.5 c^2 / sqrt(S). Why: S uncorrelated
+// errors, each (1 - c^2) / c^2 of the energy of the exact partial sum a stage compresses (never
+// more than the whole sum's), leave cos >= 1 / sqrt(1 + S (1 - c^2) / c^2) >= c / sqrt(S); but a
+// stage compresses what earlier stages delivered, their errors included, and for SRA's two
+// stages that compounds to exactly c^2 (the owner's input has 1 / c^2 of the sum's energy). The
+// floor takes c^2 / sqrt(S) for both effects and half of it for sampling noise and the biased
+// codecs' correlated errors; measured cosines stay at least 2x above it (the lossy codecs 2.5x)
+// over every codec, algorithm and 2 to 12 ranks (docs/results.md). It is a sanity floor, not a tight bound: it
+// rejects an all-zero result (cosine 0) and a negated one (-1) whenever c > 0. Valid from kCosineMinElementsPerRank
+// elements per rank (n / P) up: the algorithms' messages hold at least n / P elements, and over
+// fewer a 1% sparse codec keeps too few entries per message for the cosine to be held to a floor
+// (random-k at 1,025 elements over 5 ranks by halving/doubling, 3 entries a message, fell below).
+double allreduce_cosine_floor(double single_cosine, int compressions) noexcept;
+inline constexpr std::size_t kCosineMinElementsPerRank = 1024;
 
 // Every row, in CodecKind order (the spec grammar's order).
 std::span<const CodecDescriptor> codec_descriptors() noexcept;

@@ -2,6 +2,9 @@
 # than ranks, counts that do not divide by 3) for every default codec, and checks its JSON:
 #   - every key is there, ranks = 3, bytes as asked, times positive;
 #   - every rank holds byte-identical results, and the error is within the bound;
+#   - the cosine with the exact sum reaches its floor, and every lossy row of at least 1024
+#     elements per rank (the 65540-byte rows) has a floor above 0 (the error bound alone accepts an all-zero result for sign,
+#     top-k and random-k; the floor rejects it and a negated sum);
 #   - `none` (integer-valued data) is exact: max_abs_error = 0;
 #   - the algorithm is one algo=auto may choose for the codec (collectives/cost_model.h
 #     auto_candidates; which one depends on the measured link and γ);
@@ -47,7 +50,8 @@ if(NOT entries EQUAL expected_entries)
 endif()
 
 set(keys spec algo ranks bytes time_s algbw_gbps busbw_gbps sent_bytes_per_rank
-         theory_bytes_per_rank mpi_time_s speedup_vs_mpi max_abs_error error_bound ranks_identical)
+         theory_bytes_per_rank mpi_time_s speedup_vs_mpi max_abs_error error_bound cosine
+         min_cosine ranks_identical)
 math(EXPR last "${entries} - 1")
 set(index 0)
 foreach(size IN LISTS sizes)
@@ -76,6 +80,13 @@ foreach(size IN LISTS sizes)
       message(FATAL_ERROR "${where}: max_abs_error ${max_abs_error} > error_bound ${error_bound}")
     endif()
     string(REGEX MATCH "^[a-z0-9]+" codec "${spec}")
+    if(NOT cosine GREATER_EQUAL min_cosine)
+      message(FATAL_ERROR "${where}: cosine with the exact sum ${cosine} < floor ${min_cosine}")
+    endif()
+    math(EXPR floor_from_bytes "4096 * ${world_size}")
+    if(NOT codec STREQUAL "none" AND size GREATER_EQUAL floor_from_bytes AND NOT min_cosine GREATER 0)
+      message(FATAL_ERROR "${where}: a lossy row of ${size} bytes has no cosine floor")
+    endif()
     if(codec STREQUAL "none" AND NOT max_abs_error EQUAL 0)
       message(FATAL_ERROR "${where}: none must be exact on integer data, max_abs_error ${max_abs_error}")
     endif()

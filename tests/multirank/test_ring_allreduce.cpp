@@ -17,6 +17,7 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/transport/mpi/mpi_transport.h"
+#include "compressors/codec_descriptor.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
@@ -252,6 +253,16 @@ TEST(RingAllreduce, LossyCodecsStayWithinTheirDerivedBounds) {
           magnitude_sum(n, ranks, seed, testing::gaussian_contribution));
       EXPECT_TRUE(within(data, exact, bound, 0, n));
       EXPECT_TRUE(testing::identical_on_all_ranks(data));
+      // The bound above is at least A for sign, top-k and random-k: an all-zero result would
+      // meet it. The cosine floor (P encodes on every element's path) rejects zeros and -exact.
+      if (n / ranks >= compressors::kCosineMinElementsPerRank) {
+        const double floor = compressors::allreduce_cosine_floor(
+            testing::smallest_cosine_estimate(codec->spec(), n, ranks, seed,
+                                              testing::gaussian_contribution, 0, n),
+            ranks);
+        EXPECT_GE(testing::cosine_similarity(data, exact, 0, n), floor);
+        EXPECT_GT(floor, 0.0);
+      }
     }
   }
 }
@@ -271,8 +282,18 @@ TEST(RingReduceScatter, LossyShardsStayWithinTheirDerivedBounds) {
       const std::vector<double> bound = ring_error_bound(
           RingBoundModel{codec->spec(), ranks, ranks - 1},
           magnitude_sum(n, ranks, seed, testing::gaussian_contribution));
-      EXPECT_TRUE(within(data, testing::exact_sum(n, ranks, seed, testing::gaussian_contribution),
-                         bound, shard_begin(n, ranks, rank), shard_begin(n, ranks, rank + 1)));
+      const std::vector<double> exact =
+          testing::exact_sum(n, ranks, seed, testing::gaussian_contribution);
+      const std::size_t begin = shard_begin(n, ranks, rank), end = shard_begin(n, ranks, rank + 1);
+      EXPECT_TRUE(within(data, exact, bound, begin, end));
+      // And the shard's cosine with its exact sum, over P - 1 encodes (see the all-reduce's).
+      if (end - begin >= compressors::kCosineMinElementsPerRank) {
+        const double floor = compressors::allreduce_cosine_floor(
+            testing::smallest_cosine_estimate(codec->spec(), n, ranks, seed,
+                                              testing::gaussian_contribution, begin, end),
+            ranks - 1);
+        EXPECT_GE(testing::cosine_similarity(data, exact, begin, end), floor);
+      }
     }
   }
 }

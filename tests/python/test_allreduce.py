@@ -158,6 +158,23 @@ def test_sign_average_within_derived_bound(comm, rank, size, digests):
     bound = (2 * size * m + 2 * (a + 2 * size * m)) * 1.001
     assert np.all(np.abs(data - exact) <= bound)
     assert np.all(np.isfinite(data))
+    # That bound is above |exact|: an all-zero result would meet it. The cosine floor does not
+    # (compressors/codec_descriptor.h, allreduce_cosine_floor): sign decodes each 512-element
+    # bucket to +-mean|x|, so one compression of x has cosine c = sqrt(sum_b 512 m_b^2) / |x|
+    # (about sqrt(3)/2 for these uniform magnitudes); SRA encodes an element twice, and the
+    # floor is c^2 / sqrt(2) / 2.
+    floor = 0.5 * min(sign_cosine(x) for x in inputs) ** 2 / math.sqrt(2)
+    norms = np.linalg.norm(data) * np.linalg.norm(exact)
+    cosine = np.dot(data, exact) / norms if norms > 0 else 0.0  # a zero vector: no direction
+    assert cosine >= floor > 0.25, (cosine, floor)
+
+
+def sign_cosine(x, bucket=512):
+    """cos(D(E(x)), x) of one sign compression: each bucket decodes to +-mean|x|."""
+    x = x.astype(np.float64)
+    kept = sum(np.sum(np.abs(x[b:b + bucket])) ** 2 / len(x[b:b + bucket])
+               for b in range(0, len(x), bucket))
+    return math.sqrt(kept / np.dot(x, x))
 
 
 # ---- bad input -----------------------------------------------------------------------------------
