@@ -50,6 +50,8 @@
 //                      time blocked in wait(), slowest rank)
 //   overlap_vs_max     overlapped_s / max(compute_s, comm_s)   (1: perfect overlap)
 //   overlap_vs_compute overlapped_s / compute_s
+//   hidden_comm_fraction  (sequential_s - overlapped_s) / comm_s: the share of the
+//                      communication that backward hid
 //   hidden_fraction    (sequential_s - overlapped_s) / min(compute_s, comm_s): the share of the
 //                      hideable time that was hidden
 //   compute_cpu_core_s, comm_cpu_core_s  median busy core-seconds of the whole host during a
@@ -336,6 +338,9 @@ struct StepSample {
   double contained_seconds = 0;
   double reducer_comm_seconds = 0;     // ReducerStats::communication_seconds (0 for compute)
   double reducer_exposed_seconds = 0;  // ReducerStats::exposed_seconds (0 for compute)
+  // ReducerStats::last_ready_seconds (0 for compute): > 0 when a bucket went out before
+  // backward's last mark_ready. Combined over ranks by its minimum, not its maximum.
+  double reducer_last_ready_seconds = 0;
   // Core-seconds the whole host was busy (user, system, interrupts: /proc/stat) from the
   // barrier before the step to a barrier after it, read by rank 0 (the others report 0). It
   // covers the kernel's TCP work, which on the emulated cluster runs on the same cores as
@@ -348,10 +353,22 @@ struct StepSample {
 using bench::max_over_ranks;
 
 StepSample max_over_ranks(StepSample mine) {
-  double values[5] = {mine.step_seconds, mine.contained_seconds, mine.reducer_comm_seconds,
-                      mine.reducer_exposed_seconds, mine.host_busy_core_seconds};
-  MPI_Allreduce(MPI_IN_PLACE, values, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return {values[0], values[1], values[2], values[3], values[4]};
+  // The last value is negated, so that MPI_MAX gives the minimum over ranks.
+  double values[6] = {mine.step_seconds,
+                      mine.contained_seconds,
+                      mine.reducer_comm_seconds,
+                      mine.reducer_exposed_seconds,
+                      mine.host_busy_core_seconds,
+                      -mine.reducer_last_ready_seconds};
+  MPI_Allreduce(MPI_IN_PLACE, values, 6, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  StepSample slowest;
+  slowest.step_seconds = values[0];
+  slowest.contained_seconds = values[1];
+  slowest.reducer_comm_seconds = values[2];
+  slowest.reducer_exposed_seconds = values[3];
+  slowest.host_busy_core_seconds = values[4];
+  slowest.reducer_last_ready_seconds = -values[5];
+  return slowest;
 }
 
 // Busy core-seconds of the host since boot (all /proc/stat "cpu" fields but idle and iowait),
@@ -433,6 +450,7 @@ StepSample run_step(Phase phase, EmulatedModel& model, Reducer& reducer) {
     reducer.step();
     sample.reducer_comm_seconds = reducer.stats().communication_seconds;
     sample.reducer_exposed_seconds = reducer.stats().exposed_seconds;
+    sample.reducer_last_ready_seconds = reducer.stats().last_ready_seconds;
     // The sequential step's communication starts at mark_all_ready(), after backward.
     if (phase == Phase::sequential) sample.contained_seconds += sample.reducer_comm_seconds;
   }
@@ -453,6 +471,7 @@ struct Row {
   std::vector<double> host_busy_samples[4];     // host busy core-seconds, by phase
   std::vector<double> reducer_comm_samples;     // comm-only steps
   std::vector<double> reducer_exposed_samples;  // overlapped steps
+  std::vector<double> reducer_last_ready_samples;  // overlapped steps, minimum over ranks
   std::vector<double> contained_samples[4];     // StepSample::contained_seconds, by phase
   std::uint64_t sent_bytes = 0;
   std::uint64_t gradient_bytes = 0;
@@ -478,6 +497,7 @@ struct Row {
     const double cores = std::max(1u, std::thread::hardware_concurrency());
     return (compute_cpu_core_s() + comm_cpu_core_s()) / cores;
   }
+  double hidden_comm_fraction() const { return (sequential_s() - overlapped_s()) / comm_s(); }
   double hidden_fraction() const {
     return (sequential_s() - overlapped_s()) / std::min(compute_s(), comm_s());
   }
@@ -503,8 +523,10 @@ Row measure(const std::string& spec, const Options& options, EmulatedModel& mode
       row.contained_samples[p].push_back(slowest.contained_seconds);
       if (kPhases[p] == Phase::comm)
         row.reducer_comm_samples.push_back(slowest.reducer_comm_seconds);
-      if (kPhases[p] == Phase::overlapped)
+      if (kPhases[p] == Phase::overlapped) {
         row.reducer_exposed_samples.push_back(slowest.reducer_exposed_seconds);
+        row.reducer_last_ready_samples.push_back(slowest.reducer_last_ready_seconds);
+      }
     }
   }
   // The stats of the last step: an overlapped one.
@@ -525,18 +547,19 @@ Row measure(const std::string& spec, const Options& options, EmulatedModel& mode
 // ---- output --------------------------------------------------------------------------------
 
 void print_header(int spec_width) {
-  std::printf("%-*s %9s %9s %9s %9s %9s %9s %8s %8s %7s %10s %7s %7s %8s %8s %8s\n", spec_width,
-              "spec", "compute_s", "comm_s", "seq_s", "ovl_s", "exposed", "red_exp", "ovl/max",
-              "ovl/cmp", "hidden", "sent/rank", "ratio", "buckets", "cpu_cmp", "cpu_comm",
-              "cpu_bnd");
+  std::printf("%-*s %9s %9s %9s %9s %9s %9s %8s %8s %7s %8s %10s %7s %7s %8s %8s %8s\n",
+              spec_width, "spec", "compute_s", "comm_s", "seq_s", "ovl_s", "exposed", "red_exp",
+              "ovl/max", "ovl/cmp", "hidden", "hid/comm", "sent/rank", "ratio", "buckets", "cpu_cmp",
+              "cpu_comm", "cpu_bnd");
 }
 
 void print_row(const Row& row, int spec_width) {
-  std::printf("%-*s %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %8.3f %8.3f %7.2f %10s %7.2f %7zu %8.3f "
-              "%8.3f %8.3f\n",
+  std::printf("%-*s %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %8.3f %8.3f %7.2f %8.2f %10s %7.2f %7zu "
+              "%8.3f %8.3f %8.3f\n",
               spec_width, row.spec.c_str(), row.compute_s(), row.comm_s(), row.sequential_s(),
               row.overlapped_s(), row.exposed_comm_s(), row.reducer_exposed_s(),
               row.overlap_vs_max(), row.overlap_vs_compute(), row.hidden_fraction(),
+              row.hidden_comm_fraction(),
               human_bytes(static_cast<double>(row.sent_bytes)).c_str(), row.compression_ratio,
               row.buckets, row.compute_cpu_core_s(), row.comm_cpu_core_s(), row.cpu_bound_s());
   std::fflush(stdout);
@@ -575,6 +598,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
          << ", \"reducer_exposed_s\": " << json_number(r.reducer_exposed_s())
          << ",\n   \"overlap_vs_max\": " << json_number(r.overlap_vs_max())
          << ", \"overlap_vs_compute\": " << json_number(r.overlap_vs_compute())
+         << ", \"hidden_comm_fraction\": " << json_number(r.hidden_comm_fraction())
          << ", \"hidden_fraction\": " << json_number(r.hidden_fraction())
          << ", \"sent_bytes\": " << r.sent_bytes << ", \"gradient_bytes\": " << r.gradient_bytes
          << ", \"compression_ratio\": " << json_number(r.compression_ratio)
@@ -590,6 +614,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
          << ",\n   \"overlapped_samples_s\": " << json_numbers(r.samples[3])
          << ",\n   \"reducer_comm_samples_s\": " << json_numbers(r.reducer_comm_samples)
          << ",\n   \"reducer_exposed_samples_s\": " << json_numbers(r.reducer_exposed_samples)
+         << ",\n   \"reducer_last_ready_samples_s\": "
+         << json_numbers(r.reducer_last_ready_samples)
          << ",\n   \"sequential_contained_samples_s\": " << json_numbers(r.contained_samples[2])
          << ",\n   \"overlapped_backward_samples_s\": " << json_numbers(r.contained_samples[3])
          << ",\n   \"reducer_stats\": " << r.reducer_stats_json << "}"
@@ -621,7 +647,8 @@ int run(const Options& options) {
                 human_bytes(static_cast<double>(options.reducer.chunk_bytes)).c_str());
     std::printf("times: median over %d iterations (after %d untimed) of the slowest rank's step; "
                 "exposed = ovl - compute; red_exp = Reducer's time blocked in wait();\n"
-                "hidden = (seq - ovl) / min(compute, comm); sent = Reducer bytes sent per rank "
+                "hidden = (seq - ovl) / min(compute, comm), hid/comm = (seq - ovl) / comm; "
+                "sent = Reducer bytes sent per rank "
                 "(max over ranks), ratio = its compression ratio;\n"
                 "cpu_cmp / cpu_comm = host busy core-seconds of a compute-only / comm-only step "
                 "(/proc/stat, all ranks on one host), cpu_bnd = (cpu_cmp + cpu_comm) / %u cores: "

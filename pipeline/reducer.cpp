@@ -195,6 +195,7 @@ class ReducerState {
   std::size_t next_launch_ = 0;
   bool step_started_ = false;
   Clock::time_point first_launch_{};
+  Clock::time_point last_ready_{};  // this step's last mark_ready / mark_all_ready
   bool launched_any_ = false;
   std::vector<Clock::time_point> launch_time_;
 
@@ -372,6 +373,7 @@ void ReducerState::mark_ready(std::string_view name) {
   if (on_cuda()) ready_events_[index]->record(options_.cuda_stream, "Reducer::mark_ready");
   ready_[index] = true;
   step_started_ = true;
+  last_ready_ = Clock::now();
   ++ready_in_bucket_[bucket_of_[index]];
   launch_ready_buckets();
 }
@@ -385,6 +387,7 @@ void ReducerState::mark_all_ready() {
     ++ready_in_bucket_[bucket_of_[t]];
   }
   step_started_ = true;
+  last_ready_ = Clock::now();
   launch_ready_buckets();
 }
 
@@ -785,6 +788,7 @@ void ReducerState::finish_step_stats(Clock::time_point wait_begin, Clock::time_p
   stats.communication_seconds = launched_any_ ? seconds_between(first_launch_, last_done) : 0.0;
   stats.exposed_seconds = std::min(seconds_between(wait_begin, wait_end), stats.communication_seconds);
   stats.hidden_seconds = stats.communication_seconds - stats.exposed_seconds;
+  stats.last_ready_seconds = launched_any_ ? seconds_between(first_launch_, last_ready_) : 0.0;
   stats_ = std::move(stats);
 }
 
@@ -886,7 +890,8 @@ std::string ReducerStats::to_json() const {
       ",\"compression_ratio\":", number(compression_ratio), ",\"skipped_chunks\":", skipped_chunks,
       ",\"communication_seconds\":", number(communication_seconds),
       ",\"exposed_seconds\":", number(exposed_seconds), ",\"hidden_seconds\":",
-      number(hidden_seconds), ",\"buckets\":[");
+      number(hidden_seconds), ",\"last_ready_seconds\":", number(last_ready_seconds),
+      ",\"buckets\":[");
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     const ReducerBucketStats& bucket = buckets[b];
     out += detail::concat(b == 0 ? "" : ",", "{\"index\":", bucket.index, ",\"bytes\":", bucket.bytes,

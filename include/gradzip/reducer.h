@@ -101,6 +101,12 @@ struct ReducerStats {
   double exposed_seconds = 0;
   // communication_seconds - exposed_seconds (never negative).
   double hidden_seconds = 0;
+  // When the step's last mark_ready (or mark_all_ready) marked its tensor, in seconds since the
+  // step's first bucket launch. Positive when communication started while the caller was still
+  // marking gradients (overlap with backward was possible). At or just below 0 when nothing went
+  // out before the last mark: one bucket, mark_all_ready (whose marking launches every bucket at
+  // once), or a Reducer that held its buckets back until wait().
+  double last_ready_seconds = 0;
   // Chunk calls of this step skipped under nonfinite=skip (compression_spec.h): some rank's
   // gradient held NaN or Inf, so those chunks are zeros on every rank. A training loop should
   // skip its optimizer step when this is non-zero: every rank sees the same value, but buckets

@@ -8,7 +8,9 @@
 #     Reducer's communication_seconds is within the step, and in every overlapped step its time
 #     blocked in wait() is within the step;
 #   - every sequential step contains a whole backward and then the whole communication, and
-#     every overlapped step a whole backward, by the ranks' own clocks inside that step.
+#     every overlapped step a whole backward, by the ranks' own clocks inside that step;
+#   - overlap happened: in every overlapped step the first bucket was launched before
+#     backward's last mark_ready, on every rank (the Reducer's last_ready_seconds > 0).
 # Only intervals nested in one step are compared: no check sets one phase's time against another
 # phase's (sequential against compute, say), since a shared machine can slow one step and not the
 # next; those ratios are what the benchmark reports, not what this test asserts.
@@ -127,7 +129,7 @@ endif()
 
 set(keys spec ranks model params batch gemm_flops iters warmup lanes first_bucket_bytes
          bucket_bytes chunk_bytes compute_s comm_s sequential_s overlapped_s exposed_comm_s
-         reducer_exposed_s overlap_vs_max overlap_vs_compute hidden_fraction sent_bytes
+         reducer_exposed_s overlap_vs_max overlap_vs_compute hidden_comm_fraction hidden_fraction sent_bytes
          gradient_bytes compression_ratio buckets)
 set(phases compute comm sequential overlapped)
 set(all_samples)
@@ -196,6 +198,19 @@ foreach(expected_spec IN LISTS specs)
     if(inner LESS 0 OR inner GREATER outer)
       message(FATAL_ERROR "${where}: overlapped step ${i}: the Reducer's exposed_seconds "
                           "(${inner} ns) must lie within the step (${outer} ns)")
+    endif()
+  endforeach()
+
+  # Overlap happened: in every overlapped step, on every rank, the first bucket went out before
+  # backward's last mark_ready (ReducerStats::last_ready_seconds > 0, minimum over ranks). Later
+  # layers' GEMMs run between the mark that completes bucket 0 and the last mark, so this is an
+  # order of events, not a race; a Reducer that held its buckets until wait() gives <= 0.
+  samples_ns("${text}" ${index} reducer_last_ready_samples_s last_ready)
+  foreach(i RANGE ${last_sample})
+    list(GET last_ready ${i} value)
+    if(NOT value GREATER 0)
+      message(FATAL_ERROR "${where}: overlapped step ${i}: no bucket was launched before "
+                          "backward's last mark_ready (last_ready_seconds ${value} ns)")
     endif()
   endforeach()
 

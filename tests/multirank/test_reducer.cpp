@@ -17,9 +17,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -28,6 +30,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "gradzip/communicator.h"
@@ -935,8 +938,52 @@ TEST(Reducer, StatsAddUp) {
     EXPECT_TRUE(looks_like_one_json_object(json)) << json;
     for (const char* key : {"\"step\"", "\"sent_bytes\"", "\"gradient_bytes\"", "\"compression_ratio\"",
                             "\"communication_seconds\"", "\"exposed_seconds\"", "\"hidden_seconds\"",
-                            "\"buckets\"", "\"groups\"", "\"rule\"", "\"tensors\""})
+                            "\"last_ready_seconds\"", "\"buckets\"", "\"groups\"", "\"rule\"", "\"tensors\""})
       EXPECT_NE(json.find(key), std::string::npos) << key << " not in " << json;
+    reducer.step();
+  }
+}
+
+// Overlap: a bucket goes out when its last tensor is marked, not at wait(). Backward is
+// simulated by a sleep of kLayer before each mark_ready, so by the Reducer's own clock the step's
+// last mark comes at least kLayer x (the marks after bucket 0's last tensor) after the first
+// launch. sleep_for never returns early, so this is an ordering, not a race between two timings:
+// a Reducer that held its buckets back until wait() (or until the last mark) fails it with
+// last_ready_seconds <= 0 whatever the machine's load.
+TEST(Reducer, BucketsLaunchWhileBackwardIsStillMarkingGradients) {
+  constexpr auto kLayer = std::chrono::milliseconds(5);
+  Communicator comm = world_with_given_link();
+  Gradients gradients(mixed_model());
+  Reducer reducer(comm, small_options("fp16:min_bytes=0"));
+  gradients.register_with(reducer);
+  const std::vector<std::size_t> order = backward_order(gradients);
+  for (std::uint64_t step = 0; step < 2; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    fill_with_gaussians(gradients, 300 + step);
+    for (const std::size_t i : order) {
+      std::this_thread::sleep_for(kLayer);
+      reducer.mark_ready(gradients.def(i).name);
+    }
+    reducer.wait();
+    const ReducerStats& stats = reducer.stats();
+    const BucketNames buckets = reducer.buckets();
+    ASSERT_EQ(buckets.size(), 4u);
+    ASSERT_EQ(stats.buckets.size(), 4u);
+    // Marks after the one that completed bucket 0 (the backward order fills buckets in order).
+    const std::size_t later_marks = order.size() - buckets[0].size();
+    const double at_least = std::chrono::duration<double>(kLayer).count() * later_marks;
+    EXPECT_GE(stats.last_ready_seconds, at_least);
+    EXPECT_EQ(stats.buckets[0].launch_seconds, 0.0);
+    for (std::size_t b = 0; b + 1 < stats.buckets.size(); ++b)
+      EXPECT_LT(stats.buckets[b].launch_seconds, stats.last_ready_seconds) << "bucket " << b;
+    if (world_rank() == 0)
+      std::printf("[ overlap  ] step %llu: last mark %.1f ms after the first launch; "
+                  "communication %.1f ms, %.0f%% of it hidden behind the marks\n",
+                  static_cast<unsigned long long>(step), 1e3 * stats.last_ready_seconds,
+                  1e3 * stats.communication_seconds,
+                  stats.communication_seconds > 0
+                      ? 100 * stats.hidden_seconds / stats.communication_seconds
+                      : 0.0);
     reducer.step();
   }
 }
