@@ -45,6 +45,9 @@ then the test accuracy of the model after --steps steps (--test-images of the 10
 - link_tx_bytes_per_step: inside the emulated cluster, the bytes the rank's link interface
   ($GLOO_SOCKET_IFNAME) transmitted per timed step, TCP/IP headers and the barriers included
   (max over ranks); null elsewhere. It checks the counted bytes against the wire.
+- replicas_identical: whether every rank ended with the same parameters (a SHA-256 of them,
+  all-gathered). DDP's replicas stay in step only if the gradients were averaged: false for
+  no_communication, and for any hook that did not communicate.
 - --dense-steps N: the first N steps of every compressed configuration are uncompressed
   (PowerSGD's hook needs start_powerSGD_iter >= 2; gradzip's warmup gives the same start).
 
@@ -52,6 +55,7 @@ Output: a text table on rank 0 and, with --json PATH, the figures as JSON (rank 
 """
 import argparse
 import gc
+import hashlib
 import json
 import math
 import os
@@ -301,6 +305,10 @@ def run_configuration(name, kind, spec, args, data, communicator, rank, world):
     tx = None
     if tx_begin is not None and tx_end is not None:
         tx = max_over_ranks([(tx_end - tx_begin) / args.timed])[0]
+    digest = hashlib.sha256(torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                            .numpy().tobytes()).hexdigest()
+    digests = [None] * world
+    dist.all_gather_object(digests, digest)
     accuracy = evaluate(model, test_x[:args.test_images], test_y[:args.test_images], rank, world) \
         if args.test_images and spec != "noop" else None
     result = {
@@ -309,6 +317,7 @@ def run_configuration(name, kind, spec, args, data, communicator, rank, world):
         "bytes_per_step": bytes_per_step, "bytes_counted": counted,
         "link_tx_bytes_per_step": tx,
         "test_accuracy": accuracy, "final_train_loss": statistics.fmean(losses[-10:]),
+        "replicas_identical": len(set(digests)) == 1,
     }
     del ddp, model, optimizer
     gc.collect()
