@@ -190,7 +190,9 @@ int run_codecs(int argc, char** argv) {
       json << "  {\"codec\": \"" << r.codec << "\", \"ratio\": " << r.ratio
            << ", \"encode_gbps\": " << r.encode_gbps << ", \"decode_gbps\": " << r.decode_gbps
            << ", \"memcpy_gbps\": " << memcpy_gbps << ", \"rel_error\": " << r.rel_error
-           << ", \"size\": " << options.size << "}" << (i + 1 < results.size() ? "," : "")
+           << ", \"size\": " << options.size << ", \"isa\": \""
+           << kernels::cpu::isa_name(kernels::cpu::active_isa()) << "\"}"
+           << (i + 1 < results.size() ? "," : "")
            << "\n";
     }
     json << "]\n";

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Runs the benchmarks behind docs/results.md's generated tables and records their raw data.
+
+    python3 benchmarks/reproduce.py [--quick] [--only SUITE,...] [--rounds N] [--build DIR]
+                                    [--data DIR]
+
+(benchmarks/reproduce.sh is the entry point.) Per suite it writes DIR/<suite>.json (default
+docs/data/reproduce/), then runs benchmarks/render_results.py on DIR, which rewrites the
+generated sections of docs/results.md:
+
+    {"suite": ..., "quick": bool, "command": [...], "rounds_asked": N,
+     "machine": {cpu model, cores, memory, kernel, Open MPI, commit, dirty, date, load average},
+     "rounds": [{"round": i, "load_average_before": [1, 5, 15 min], "load_average_after": [...],
+                 "seconds": wall time, "rows": <the benchmark's own --json output>}, ...]}
+
+Interleaving: one round runs every configuration of the suite once, in a fixed order (the
+benchmark's own loop: A B C), and the rounds repeat it (A B C A B C ...), so that a slow spell of
+this shared machine lands on all configurations alike instead of on one of them; the renderer
+reports the median over rounds with the min-max spread.
+
+Suites:
+  codecs             gradzip-bench codecs (every default codec; encode/decode vs memcpy)
+  allreduce_shm      gradzip-bench allreduce --check, 4 ranks over shared memory
+  allreduce_cluster  the same inside benchmarks/emulated_cluster.sh (4 namespaces, 1 Gbit/s
+                     links; needs root for the namespaces)
+  overlap            gradzip-bench overlap in the emulated cluster (4 ranks, 1 Gbit/s,
+                     4 MiB buckets): how much of the communication backward hides
+--quick: smaller sizes, fewer iterations and 3 rounds (every figure is still measured; the
+tables say "quick"). A suite that fails stops the script with its output; the JSON of the
+suites before it stays.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPIRUN = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none"]
+
+
+def suites(build, quick):
+    """suite -> (rounds, command with {json} for the output path, whether it needs root)."""
+    bench = os.path.join(build, "bin", "gradzip-bench")
+    cluster = ["bash", os.path.join(ROOT, "benchmarks", "emulated_cluster.sh"), "--bench", bench]
+    sizes = ["--size", "1048576", "--size", "8388608" if quick else "67108864"]
+    iters = ["--iters", "3" if quick else "5"]
+    return {
+        "codecs": (3 if quick else 5,
+                   [bench, "codecs", "--size", "4194304" if quick else "16777216",
+                    "--repeat", "3" if quick else "5", "--json", "{json}"], False),
+        "allreduce_shm": (3 if quick else 5,
+                          MPIRUN + [bench, "allreduce", *sizes, *iters, "--check",
+                                    "--json", "{json}"], False),
+        "allreduce_cluster": (3,
+                              cluster + ["--", *sizes, *iters, "--check", "--json", "{json}"],
+                              True),
+        "overlap": (3,
+                    cluster + ["--ranks", "4", "--rate", "1gbit", "--command", "overlap", "--",
+                               "--model", "small" if quick else "25m",
+                               "--batch", "1024" if quick else "448",
+                               "--iters", "3" if quick else "5", "--warmup", "1",
+                               "--bucket-bytes", "4194304", "--json", "{json}"], True),
+    }
+
+
+def run_text(command):
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=True,
+                              cwd=ROOT).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def machine():
+    """What a figure needs beside it: the same commit measured on another 2-core VM can differ
+    by 2x (a different CPU model, a different vector ISA)."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    memory_gib = None
+    try:
+        with open("/proc/meminfo") as f:
+            memory_gib = round(int(f.readline().split()[1]) / 2 ** 20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    mpi = run_text(["mpirun", "--version"])
+    status = run_text(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "kernel": platform.release(),
+        "mpi": mpi.splitlines()[0] if mpi else None,
+        "commit": run_text(["git", "rev-parse", "HEAD"]),
+        "dirty": bool(status) if status is not None else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def run_suite(name, rounds, command, data_dir, quick):
+    record = {"suite": name, "quick": quick, "command": command, "rounds_asked": rounds,
+              "machine": machine(), "rounds": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "round.json")
+        for r in range(rounds):
+            argv = [path if a == "{json}" else a for a in command]
+            print(f"reproduce: {name} round {r + 1}/{rounds}: {' '.join(argv)}", flush=True)
+            before = list(os.getloadavg())
+            began = time.time()
+            done = subprocess.run(argv, cwd=ROOT)
+            if done.returncode != 0:
+                sys.exit(f"reproduce: {name} round {r + 1} failed (exit {done.returncode})")
+            with open(path) as f:
+                rows = json.load(f)
+            os.remove(path)
+            record["rounds"].append({"round": r, "load_average_before": before,
+                                     "load_average_after": list(os.getloadavg()),
+                                     "seconds": round(time.time() - began, 1), "rows": rows})
+    os.makedirs(data_dir, exist_ok=True)
+    out = os.path.join(data_dir, f"{name}.json")
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    print(f"reproduce: {name}: wrote {os.path.relpath(out, ROOT)}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="", help="comma-separated suites (default: all)")
+    parser.add_argument("--rounds", type=int, default=0, help="override every suite's rounds")
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--data", default=os.path.join(ROOT, "docs", "data", "reproduce"))
+    args = parser.parse_args()
+    table = suites(os.path.abspath(args.build), args.quick)
+    chosen = [s for s in args.only.split(",") if s] or list(table)
+    unknown = [s for s in chosen if s not in table]
+    if unknown:
+        parser.error(f"unknown suites {unknown}; known: {list(table)}")
+    if args.rounds < 0:
+        parser.error("--rounds must be >= 1 (0: each suite's own)")
+    if not os.path.exists(os.path.join(args.build, "bin", "gradzip-bench")):
+        sys.exit(f"reproduce: no {args.build}/bin/gradzip-bench: build first")
+    if shutil.which("mpirun") is None:
+        sys.exit("reproduce: no mpirun on PATH")
+    for name in chosen:
+        rounds, command, needs_root = table[name]
+        if needs_root and os.geteuid() != 0:
+            sys.exit(f"reproduce: suite {name} needs root (network namespaces)")
+        run_suite(name, args.rounds or rounds, command, args.data, args.quick)
+    render = [sys.executable, os.path.join(ROOT, "benchmarks", "render_results.py"),
+              "--data", args.data]
+    sys.exit(subprocess.run(render, cwd=ROOT).returncode)
+
+
+if __name__ == "__main__":
+    main()
