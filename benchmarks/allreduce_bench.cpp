@@ -635,8 +635,8 @@ void check_result(Communicator& comm, const std::string& spec_text, const Compre
                             ? (result_energy == exact_energy ? 1.0 : 0.0)
                             : dot / std::sqrt(result_energy * exact_energy);
   row.cosine = -max_over_ranks(-(std::isnan(cosine) ? -HUGE_VAL : cosine));
-  if (spec.codec != CodecKind::none &&
-      input.size() / static_cast<std::size_t>(row.ranks) >= compressors::kCosineMinElementsPerRank) {
+  const std::size_t per_rank = input.size() / static_cast<std::size_t>(row.ranks);
+  if (spec.codec != CodecKind::none && per_rank >= compressors::kCosineMinElementsPerRank) {
     const double single = -max_over_ranks(
         -compressors::codec_descriptor(spec.codec).cosine_estimate(spec, input));
     row.min_cosine = compressors::allreduce_cosine_floor(
