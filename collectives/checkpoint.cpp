@@ -127,6 +127,16 @@ CheckpointModelInputs model_inputs_from_version2(const CheckpointCounters& count
   return inputs;
 }
 
+// Appends a loaded call number (names arrive sorted), refusing one beyond the Communicator's
+// 32-bit counter: the file format stores 64 bits, for any version.
+void add_call_number(CommunicatorCheckpoint& loaded, const std::string& name, std::uint64_t value,
+                     std::string_view path) {
+  GZ_REQUIRE(value <= UINT32_MAX, ErrorCode::io_error, "Communicator::load_residuals: '", path,
+             "' gives tensor '", name, "' the call number ", value, ", beyond the 32-bit counter");
+  loaded.call_numbers.emplace_hint(loaded.call_numbers.end(), name,
+                                   static_cast<std::uint32_t>(value));
+}
+
 // A version 1 or 2 Communicator checkpoint's call numbers (the counters without
 // kAutoModelPrefix) and model inputs.
 CommunicatorCheckpoint communicator_checkpoint_from_version2(const CheckpointContents& contents,
@@ -136,10 +146,7 @@ CommunicatorCheckpoint communicator_checkpoint_from_version2(const CheckpointCon
       from_checkpoint_model_inputs(model_inputs_from_version2(contents.version2_counters, path));
   for (const auto& [name, value] : contents.version2_counters) {
     if (name.starts_with(kAutoModelPrefix)) continue;
-    GZ_REQUIRE(value <= UINT32_MAX, ErrorCode::io_error, "Communicator::load_residuals: '",
-               path, "' gives tensor '", name, "' the call number ", value,
-               ", beyond the 32-bit counter");
-    loaded.call_numbers.emplace_hint(loaded.call_numbers.end(), name, static_cast<std::uint32_t>(value));
+    add_call_number(loaded, name, value, path);
   }
   return loaded;
 }
@@ -182,12 +189,7 @@ CommunicatorCheckpoint communicator_checkpoint_from(const CheckpointOwnerState& 
              path, "' holds a step (", state.step.value_or(0),
              "): it is a Reducer's checkpoint, not a Communicator's");
   CommunicatorCheckpoint loaded;
-  for (const auto& [name, value] : state.call_numbers) {
-    GZ_REQUIRE(value <= UINT32_MAX, ErrorCode::io_error, "Communicator::load_residuals: '",
-               path, "' gives tensor '", name, "' the call number ", value,
-               ", beyond the 32-bit counter");
-    loaded.call_numbers.emplace_hint(loaded.call_numbers.end(), name, static_cast<std::uint32_t>(value));
-  }
+  for (const auto& [name, value] : state.call_numbers) add_call_number(loaded, name, value, path);
   loaded.auto_model = from_checkpoint_model_inputs(state.model_inputs);
   return loaded;
 }

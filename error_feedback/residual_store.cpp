@@ -194,12 +194,13 @@ void ResidualStore::require_loadable(const std::filesystem::path& path,
                                      const CheckpointContents& contents) const {
   const std::string name_of_file = path.string();
   require_same_world_and_rank(contents, world_size_, rank_, name_of_file, "ResidualStore::load");
-  const auto other_lane = std::find_if(contents.tensors.begin(), contents.tensors.end(),
-                                       [](const auto& tensor) { return tensor.first.lane != 0; });
-  GZ_REQUIRE(other_lane == contents.tensors.end(), ErrorCode::invalid_argument,
-             "ResidualStore::load: '", name_of_file, "' holds tensor '", other_lane->first.name,
-             "' in lane ", other_lane->first.lane,
-             "; a store takes lane 0 only (a Reducer's checkpoint of several lanes?)");
+  // Keys sort by lane first: the last one has the highest lane in the file.
+  if (!contents.tensors.empty()) {
+    const CheckpointTensorKey& highest = contents.tensors.rbegin()->first;
+    GZ_REQUIRE(highest.lane == 0, ErrorCode::invalid_argument, "ResidualStore::load: '",
+               name_of_file, "' holds tensor '", highest.name, "' in lane ", highest.lane,
+               "; a store takes lane 0 only (a Reducer's checkpoint of several lanes?)");
+  }
   if (!residuals_.empty()) require_same_tensors(contents.tensors, residuals_, name_of_file);
 }
 
