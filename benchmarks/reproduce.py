@@ -25,12 +25,17 @@ Suites:
                      links; needs root for the namespaces)
   overlap            gradzip-bench overlap in the emulated cluster (4 ranks, 1 Gbit/s,
                      4 MiB buckets): how much of the communication backward hides
+  convergence        benchmarks/convergence.sh: Fashion-MNIST, 4 ranks, 5 epochs per
+                     configuration (--quick: 1 epoch, none and topk1_ef), one round per seed
+                     (1, 2, 3); a round's rows are the training CSVs' per-epoch lines
 --quick: smaller sizes, fewer iterations and 3 rounds (every figure is still measured; the
 tables say "quick"). A suite that fails stops the script with its output; the JSON of the
 suites before it stays.
 """
 import argparse
+import csv
 import datetime
+import glob
 import json
 import os
 import platform
@@ -44,8 +49,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none"]
 
 
+# The convergence configurations (benchmarks/convergence.sh labels): the uncompressed baseline,
+# every codec once with its default error feedback, and the variants the README discusses.
+CONVERGENCE_LABELS = ["none", "fp16", "bf16", "qsgd4", "qsgd2", "terngrad_ef", "sign_ef", "sign_noef",
+                      "topk1_ef", "topk1_noef", "topk01_ef", "randk1_ef", "powersgd4"]
+CONVERGENCE_QUICK_LABELS = ["none", "topk1_ef"]
+
+
 def suites(build, quick):
-    """suite -> (rounds, command with {json} for the output path, whether it needs root)."""
+    """suite -> (rounds, command, whether it needs root). In a command, {json} is the path the
+    benchmark writes its rows to; {out} a scratch folder whose CSVs (convergence.sh's csv/) are
+    the rows instead; {seed} the round's seed (1, 2, ...)."""
     bench = os.path.join(build, "bin", "gradzip-bench")
     cluster = ["bash", os.path.join(ROOT, "benchmarks", "emulated_cluster.sh"), "--bench", bench]
     sizes = ["--size", "1048576", "--size", "8388608" if quick else "67108864"]
@@ -66,6 +80,12 @@ def suites(build, quick):
                                "--batch", "1024" if quick else "448",
                                "--iters", "3" if quick else "5", "--warmup", "1",
                                "--bucket-bytes", "4194304", "--json", "{json}"], True),
+        "convergence": (3,
+                        ["bash", os.path.join(ROOT, "benchmarks", "convergence.sh"),
+                         "--build", build, "--epochs", "1" if quick else "5", "--seed", "{seed}",
+                         "--only", ",".join(CONVERGENCE_QUICK_LABELS if quick
+                                            else CONVERGENCE_LABELS),
+                         "--out", "{out}"], False),
     }
 
 
@@ -110,22 +130,42 @@ def machine():
     }
 
 
+def csv_rows(folder):
+    """Every line of every CSV in folder as a dict, numbers parsed."""
+    rows = []
+    for name in sorted(glob.glob(os.path.join(folder, "*.csv"))):
+        with open(name, newline="") as f:
+            for row in csv.DictReader(f):
+                for key, value in row.items():
+                    try:
+                        row[key] = float(value) if "." in value or "e" in value else int(value)
+                    except ValueError:
+                        pass
+                rows.append(row)
+    return rows
+
+
 def run_suite(name, rounds, command, data_dir, quick):
     record = {"suite": name, "quick": quick, "command": command, "rounds_asked": rounds,
               "machine": machine(), "rounds": []}
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "round.json")
+        out = os.path.join(scratch, "out")
         for r in range(rounds):
-            argv = [path if a == "{json}" else a for a in command]
+            argv = [{"{json}": path, "{out}": out, "{seed}": str(r + 1)}.get(a, a) for a in command]
             print(f"reproduce: {name} round {r + 1}/{rounds}: {' '.join(argv)}", flush=True)
             before = list(os.getloadavg())
             began = time.time()
             done = subprocess.run(argv, cwd=ROOT)
             if done.returncode != 0:
                 sys.exit(f"reproduce: {name} round {r + 1} failed (exit {done.returncode})")
-            with open(path) as f:
-                rows = json.load(f)
-            os.remove(path)
+            if "{out}" in command:
+                rows = csv_rows(os.path.join(out, "csv"))
+                shutil.rmtree(out)
+            else:
+                with open(path) as f:
+                    rows = json.load(f)
+                os.remove(path)
             record["rounds"].append({"round": r, "load_average_before": before,
                                      "load_average_after": list(os.getloadavg()),
                                      "seconds": round(time.time() - began, 1), "rows": rows})

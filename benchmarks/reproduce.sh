@@ -8,7 +8,8 @@
 #
 # Needs a Release build (build/bin/gradzip-bench: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 # && cmake --build build) and root for the emulated-cluster suites (network namespaces).
-# --quick: smaller sizes and 3 rounds, about 15 minutes here; the full run is what is committed.
+# --quick: smaller sizes and 3 rounds, about 3 minutes here; the full run (about 40 minutes) is
+# what is committed.
 # Run nothing else on the machine meanwhile: the figures are wall-clock times.
 set -euo pipefail
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
