@@ -197,6 +197,11 @@ def render_convergence(record):
             if key not in final or row["epoch"] > final[key]["epoch"]:
                 final[key] = row
     labels = list(dict.fromkeys(label for label, _ in final))
+    command = record["command"]
+    if "--only" in command:  # the order the suite ran them in
+        ran = command[command.index("--only") + 1].split(",")
+        labels = [label for label in ran if label in labels] + \
+                 [label for label in labels if label not in ran]
     seeds = sorted({seed for _, seed in final})
     first = next(iter(final.values()))
     lines += [f"Fashion-MNIST, {first['ranks']} ranks, {first['epoch']} epoch(s), seeds "
