@@ -56,8 +56,9 @@ struct CodecDescriptor {
 // stage compresses what earlier stages delivered, their errors included, and for SRA's two
 // stages that compounds to exactly c^2 (the owner's input has 1 / c^2 of the sum's energy). The
 // floor takes c^2 / sqrt(S) for both effects and half of it for sampling noise and the biased
-// codecs' correlated errors; measured cosines stay at least 2x above it (the lossy codecs 2.5x)
-// over every codec, algorithm and 2 to 12 ranks (docs/results.md). It is a sanity floor, not a tight bound: it
+// codecs' correlated errors; measured cosines stay at least 2x above it (2.0 where c ~ 1 and
+// one compression: casts, 4- and 8-bit qsgd on the tree; 2.5x or more for sign, top-k, random-k
+// and 1- and 2-bit qsgd) over every codec, algorithm and 2 to 12 ranks (docs/results.md). It is a sanity floor, not a tight bound: it
 // rejects an all-zero result (cosine 0) and a negated one (-1) whenever c > 0. Valid from kCosineMinElementsPerRank
 // elements per rank (n / P) up: the algorithms' messages hold at least n / P elements, and over
 // fewer a 1% sparse codec keeps too few entries per message for the cosine to be held to a floor
