@@ -60,9 +60,9 @@ def preamble(record, figures="Figures: median over the rounds [min–max]."):
     rounds = record["rounds"]
     loads = [r["load_average_before"][0] for r in rounds]
     commit = (m.get("commit") or "?")[:10] + (" (uncommitted changes)" if m.get("dirty") else "")
-    command = " ".join(os.path.relpath(a, ROOT) if os.path.isabs(a) else a
-                       for a in record["command"]).replace("{json}", "ROUND.json").replace(
-                           "{out}", "OUT").replace("{seed}", "SEED")
+    # reproduce.py records paths inside the repository relative to it.
+    command = " ".join(record["command"]).replace("{json}", "ROUND.json").replace(
+        "{out}", "OUT").replace("{seed}", "SEED")
     lines = [
         f"{'Quick run' if record['quick'] else 'Full run'} of `benchmarks/reproduce.sh"
         f"{' --quick' if record['quick'] else ''}` (suite `{record['suite']}`), "

@@ -146,7 +146,11 @@ def csv_rows(folder):
 
 
 def run_suite(name, rounds, command, data_dir, quick):
-    record = {"suite": name, "quick": quick, "command": command, "rounds_asked": rounds,
+    # Paths inside the repository are recorded relative to it, so that the rendered command is
+    # the same whichever checkout renders it.
+    recorded = [os.path.relpath(a, ROOT) if os.path.isabs(a) and a.startswith(ROOT + os.sep)
+                else a for a in command]
+    record = {"suite": name, "quick": quick, "command": recorded, "rounds_asked": rounds,
               "machine": machine(), "rounds": []}
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "round.json")

@@ -194,12 +194,14 @@ void ResidualStore::require_loadable(const std::filesystem::path& path,
                                      const CheckpointContents& contents) const {
   const std::string name_of_file = path.string();
   require_same_world_and_rank(contents, world_size_, rank_, name_of_file, "ResidualStore::load");
-  // Keys sort by lane first: the last one has the highest lane in the file.
-  if (!contents.tensors.empty()) {
-    const CheckpointTensorKey& highest = contents.tensors.rbegin()->first;
-    GZ_REQUIRE(highest.lane == 0, ErrorCode::invalid_argument, "ResidualStore::load: '",
-               name_of_file, "' holds tensor '", highest.name, "' in lane ", highest.lane,
-               "; a store takes lane 0 only (a Reducer's checkpoint of several lanes?)");
+  // Keys sort by lane, then name: the last key has the highest lane in the file, and the
+  // message names that lane's first tensor.
+  if (!contents.tensors.empty() && contents.tensors.rbegin()->first.lane != 0) {
+    const std::uint32_t lane = contents.tensors.rbegin()->first.lane;
+    const CheckpointTensorKey& first = contents.tensors.lower_bound({lane, ""})->first;
+    GZ_THROW(ErrorCode::invalid_argument, "ResidualStore::load: '", name_of_file,
+             "' holds tensor '", first.name, "' in lane ", lane,
+             "; a store takes lane 0 only (a Reducer's checkpoint of several lanes?)");
   }
   if (!residuals_.empty()) require_same_tensors(contents.tensors, residuals_, name_of_file);
 }
