@@ -624,16 +624,7 @@ void check_result(Communicator& comm, const std::string& spec_text, const Compre
   row.ranks_identical = identical_to_rank0(result);
 
   // The cosine with the exact sum, against its floor (rejects zeros and a negated sum).
-  double dot = 0, result_energy = 0, exact_energy = 0;
-  for (std::size_t i = 0; i < input.size(); ++i) {
-    dot += static_cast<double>(result[i]) * exact[i];
-    result_energy += static_cast<double>(result[i]) * result[i];
-    exact_energy += exact[i] * exact[i];
-  }
-  // A zero vector has no direction: cosine 1 when both are zero, 0 when only one is.
-  const double cosine = result_energy == 0 || exact_energy == 0
-                            ? (result_energy == exact_energy ? 1.0 : 0.0)
-                            : dot / std::sqrt(result_energy * exact_energy);
+  const double cosine = compressors::cosine_similarity(result, exact);
   row.cosine = -max_over_ranks(-(std::isnan(cosine) ? -HUGE_VAL : cosine));
   const std::size_t per_rank = input.size() / static_cast<std::size_t>(row.ranks);
   if (spec.codec != CodecKind::none && per_rank >= compressors::kCosineMinElementsPerRank) {

@@ -212,6 +212,17 @@ double allreduce_cosine_floor(double single_cosine, int compressions) noexcept {
          std::sqrt(static_cast<double>(std::max(compressions, 1)));
 }
 
+double cosine_similarity(std::span<const float> actual, std::span<const double> exact) noexcept {
+  double dot = 0, actual_energy = 0, exact_energy = 0;
+  for (std::size_t i = 0; i < actual.size() && i < exact.size(); ++i) {
+    dot += static_cast<double>(actual[i]) * exact[i];
+    actual_energy += static_cast<double>(actual[i]) * actual[i];
+    exact_energy += exact[i] * exact[i];
+  }
+  if (actual_energy == 0 || exact_energy == 0) return actual_energy == exact_energy ? 1.0 : 0.0;
+  return dot / std::sqrt(actual_energy * exact_energy);
+}
+
 const CodecDescriptor* find_wire_descriptor(std::uint8_t wire_id) noexcept {
   const int row = kRowOfWireId[wire_id];
   return row < 0 ? nullptr : &kDescriptors[static_cast<std::size_t>(row)];

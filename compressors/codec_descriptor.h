@@ -58,13 +58,19 @@ struct CodecDescriptor {
 // floor takes c^2 / sqrt(S) for both effects and half of it for sampling noise and the biased
 // codecs' correlated errors; measured cosines stay at least 2x above it (2.0 where c ~ 1 and
 // one compression: casts, 4- and 8-bit qsgd on the tree; 2.5x or more for sign, top-k, random-k
-// and 1- and 2-bit qsgd) over every codec, algorithm and 2 to 12 ranks (docs/results.md). It is a sanity floor, not a tight bound: it
-// rejects an all-zero result (cosine 0) and a negated one (-1) whenever c > 0. Valid from kCosineMinElementsPerRank
-// elements per rank (n / P) up: the algorithms' messages hold at least n / P elements, and over
-// fewer a 1% sparse codec keeps too few entries per message for the cosine to be held to a floor
-// (random-k at 1,025 elements over 5 ranks by halving/doubling, 3 entries a message, fell below).
+// and 1- and 2-bit qsgd) over every codec, algorithm and 2 to 12 ranks (docs/results.md). It is
+// a sanity floor, not a tight bound: it rejects an all-zero result (cosine 0) and a negated one
+// (-1) whenever c > 0. Valid from kCosineMinElementsPerRank elements per rank (n / P) up: the
+// algorithms' messages hold at least n / P elements, and over fewer a 1% sparse codec keeps too
+// few entries per message for the cosine to be held to a floor (random-k at 1,025 elements over
+// 5 ranks by halving/doubling, 3 entries a message, fell below).
 double allreduce_cosine_floor(double single_cosine, int compressions) noexcept;
 inline constexpr std::size_t kCosineMinElementsPerRank = 1024;
+
+// cos(actual, exact) in f64 over spans of equal length (a longer one's tail is ignored): what
+// allreduce_cosine_floor is compared against. A zero vector has no direction: 1 when both are
+// zero, 0 when only one is (so an all-zero result fails any floor above 0).
+double cosine_similarity(std::span<const float> actual, std::span<const double> exact) noexcept;
 
 // Every row, in CodecKind order (the spec grammar's order).
 std::span<const CodecDescriptor> codec_descriptors() noexcept;

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <random>
 #include <system_error>
 
@@ -85,18 +84,6 @@ std::vector<float> gaussian_contribution(std::size_t count, int rank, std::uint6
   std::vector<float> values(count);
   for (float& value : values) value = normal(engine);
   return values;
-}
-
-double cosine_similarity(std::span<const float> actual, std::span<const double> exact,
-                         std::size_t begin, std::size_t end) {
-  double dot = 0, actual_energy = 0, exact_energy = 0;
-  for (std::size_t i = begin; i < end; ++i) {
-    dot += static_cast<double>(actual[i]) * exact[i];
-    actual_energy += static_cast<double>(actual[i]) * actual[i];
-    exact_energy += exact[i] * exact[i];
-  }
-  if (actual_energy == 0 || exact_energy == 0) return actual_energy == exact_energy ? 1.0 : 0.0;
-  return dot / std::sqrt(actual_energy * exact_energy);
 }
 
 double smallest_cosine_estimate(const CompressionSpec& spec, std::size_t count, int ranks,

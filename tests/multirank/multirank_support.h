@@ -34,10 +34,6 @@ std::vector<float> gaussian_contribution(std::size_t count, int rank, std::uint6
 std::vector<double> exact_sum(std::size_t count, int ranks, std::uint64_t seed,
                               std::vector<float> (*contribution)(std::size_t, int, std::uint64_t));
 
-// cos(actual, exact) over [begin, end), in f64; 1 when both are zero there, 0 when only one is.
-double cosine_similarity(std::span<const float> actual, std::span<const double> exact,
-                         std::size_t begin, std::size_t end);
-
 // The smallest cosine_estimate (compressors/codec_descriptor.h) of `spec`'s codec over the
 // inputs contribution(count, r, seed)[begin, end) of ranks 0 .. ranks-1, computed locally.
 double smallest_cosine_estimate(const CompressionSpec& spec, std::size_t count, int ranks,
