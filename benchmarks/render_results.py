@@ -25,6 +25,8 @@ import os
 import statistics
 import sys
 
+from plot_convergence import human_bytes  # benchmarks/, next to this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -46,13 +48,6 @@ def spread(values, digits=2):
     if f"{low:.{digits}f}" != f"{high:.{digits}f}":
         text += f" [{low:.{digits}f}–{high:.{digits}f}]"
     return text
-
-
-def human_bytes(n):
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def preamble(record, figures="Figures: median over the rounds [min–max]."):
@@ -137,7 +132,7 @@ def render_allreduce(record):
         checked = all("max_abs_error" in row for row in rows)
         ok = checked and all(row["ranks_identical"] and row["max_abs_error"] <= row["error_bound"]
                              and row["cosine"] >= row["min_cosine"] for row in rows)
-        exact = spec.split(":")[0].split(",")[0] == "none"  # integer data: the sum is exact
+        exact = all(row.get("error_bound") == 0 for row in rows)  # the bench's `none` rows
         if not checked:
             cosine = "-"
         elif exact:

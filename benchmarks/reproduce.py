@@ -33,9 +33,7 @@ tables say "quick"). A suite that fails stops the script with its output; the JS
 suites before it stays.
 """
 import argparse
-import csv
 import datetime
-import glob
 import json
 import os
 import platform
@@ -44,6 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import plot_convergence  # benchmarks/: read_runs, the checked reader of convergence.sh's CSVs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none"]
@@ -130,21 +130,6 @@ def machine():
     }
 
 
-def csv_rows(folder):
-    """Every line of every CSV in folder as a dict, numbers parsed."""
-    rows = []
-    for name in sorted(glob.glob(os.path.join(folder, "*.csv"))):
-        with open(name, newline="") as f:
-            for row in csv.DictReader(f):
-                for key, value in row.items():
-                    try:
-                        row[key] = float(value) if "." in value or "e" in value else int(value)
-                    except ValueError:
-                        pass
-                rows.append(row)
-    return rows
-
-
 def run_suite(name, rounds, command, data_dir, quick):
     # Paths inside the repository are recorded relative to it, so that the rendered command is
     # the same whichever checkout renders it.
@@ -164,7 +149,7 @@ def run_suite(name, rounds, command, data_dir, quick):
             if done.returncode != 0:
                 sys.exit(f"reproduce: {name} round {r + 1} failed (exit {done.returncode})")
             if "{out}" in command:
-                rows = csv_rows(os.path.join(out, "csv"))
+                rows = [row for run in plot_convergence.read_runs(out).values() for row in run]
                 shutil.rmtree(out)
             else:
                 with open(path) as f:
