@@ -28,6 +28,11 @@ Suites:
   convergence        benchmarks/convergence.sh: Fashion-MNIST, 4 ranks, 5 epochs per
                      configuration (--quick: 1 epoch, none and topk1_ef), one round per seed
                      (1, 2, 3); a round's rows are the training CSVs' per-epoch lines
+  peers              benchmarks/peers/ddp_peers.py in the emulated cluster (4 ranks, 1 Gbit/s):
+                     PyTorch DDP's all-reduce, its fp16 and PowerSGD hooks, and gradzip's hook
+                     (none, fp16, qsgd-4, sign, top-k 1%, PowerSGD-4, algo=auto) on a 24.2M-
+                     parameter model (--quick: 2.9M), step time and bytes; needs root and a
+                     Python with torch (see torch_python)
 --quick: smaller sizes, fewer iterations and 3 rounds (every figure is still measured; the
 tables say "quick"). A suite that fails stops the script with its output; the JSON of the
 suites before it stays.
@@ -56,10 +61,11 @@ CONVERGENCE_LABELS = ["none", "fp16", "bf16", "qsgd4", "qsgd2", "terngrad_ef", "
 CONVERGENCE_QUICK_LABELS = ["none", "topk1_ef"]
 
 
-def suites(build, quick):
-    """suite -> (rounds, command, whether it needs root). In a command, {json} is the path the
-    benchmark writes its rows to; {out} a scratch folder whose CSVs (convergence.sh's csv/) are
-    the rows instead; {seed} the round's seed (1, 2, ...)."""
+def suites(build, quick, python):
+    """suite -> (rounds, command, whether it needs root, extra environment). In a command, {json}
+    is the path the benchmark writes its rows to; {out} a scratch folder whose CSVs
+    (convergence.sh's csv/) are the rows instead; {seed} the round's seed (1, 2, ...).
+    `python`: the interpreter with torch that runs the peers suite."""
     bench = os.path.join(build, "bin", "gradzip-bench")
     cluster = ["bash", os.path.join(ROOT, "benchmarks", "emulated_cluster.sh"), "--bench", bench]
     sizes = ["--size", "1048576", "--size", "8388608" if quick else "67108864"]
@@ -67,25 +73,37 @@ def suites(build, quick):
     return {
         "codecs": (3 if quick else 5,
                    [bench, "codecs", "--size", "4194304" if quick else "16777216",
-                    "--repeat", "3" if quick else "5", "--json", "{json}"], False),
+                    "--repeat", "3" if quick else "5", "--json", "{json}"], False, {}),
         "allreduce_shm": (3 if quick else 5,
                           MPIRUN + [bench, "allreduce", *sizes, *iters, "--check",
-                                    "--json", "{json}"], False),
+                                    "--json", "{json}"], False, {}),
         "allreduce_cluster": (3,
                               cluster + ["--", *sizes, *iters, "--check", "--json", "{json}"],
-                              True),
+                              True, {}),
         "overlap": (3,
                     cluster + ["--ranks", "4", "--rate", "1gbit", "--command", "overlap", "--",
                                "--model", "small" if quick else "25m",
                                "--batch", "1024" if quick else "448",
                                "--iters", "3" if quick else "5", "--warmup", "1",
-                               "--bucket-bytes", "4194304", "--json", "{json}"], True),
+                               "--bucket-bytes", "4194304", "--json", "{json}"], True, {}),
         "convergence": (3,
                         ["bash", os.path.join(ROOT, "benchmarks", "convergence.sh"),
                          "--build", build, "--epochs", "1" if quick else "5", "--seed", "{seed}",
                          "--only", ",".join(CONVERGENCE_QUICK_LABELS if quick
                                             else CONVERGENCE_LABELS),
-                         "--out", "{out}"], False),
+                         "--out", "{out}"], False, {}),
+        # One job per round runs every configuration one after the other (ddp_peers.py's own
+        # loop), each from the same initial model; 10 steps, 7 of them timed. No accuracy: ten
+        # steps train nothing worth scoring (the convergence suite is the accuracy evidence,
+        # and ctest's python.peers_smoke.np2 checks that each configuration trains).
+        "peers": (3,
+                  cluster + ["--ranks", "4", "--rate", "1gbit", "--exec", "--", python,
+                             os.path.join(ROOT, "benchmarks", "peers", "ddp_peers.py"),
+                             *(["--hidden", "1024,1024", "--steps", "6", "--warmup", "2",
+                                "--timed", "4"] if quick else
+                               ["--steps", "10", "--warmup", "3", "--timed", "7"]),
+                             "--batch", "64", "--test-images", "0", "--json", "{json}"],
+                  True, {"PYTHONPATH": os.path.join(build, "python")}),
     }
 
 
@@ -130,7 +148,19 @@ def machine():
     }
 
 
-def run_suite(name, rounds, command, data_dir, quick):
+def torch_python():
+    """The Python that runs the peers suite: $GRADZIP_TORCH_PYTHON, else the current PyTorch of
+    scripts/install-deps.sh --torch-venv ($GRADZIP_TORCH_VENV, default
+    ~/.cache/gradzip/venv-torch), else python3 (e.g. Debian's python3-torch)."""
+    if os.environ.get("GRADZIP_TORCH_PYTHON"):
+        return os.environ["GRADZIP_TORCH_PYTHON"]
+    venv = os.environ.get("GRADZIP_TORCH_VENV",
+                          os.path.join(os.path.expanduser("~"), ".cache", "gradzip", "venv-torch"))
+    candidate = os.path.join(venv, "bin", "python")
+    return candidate if os.access(candidate, os.X_OK) else shutil.which("python3") or sys.executable
+
+
+def run_suite(name, rounds, command, environment, data_dir, quick):
     # Paths inside the repository are recorded relative to it, so that the rendered command is
     # the same whichever checkout renders it.
     recorded = [os.path.relpath(a, ROOT) if os.path.isabs(a) and a.startswith(ROOT + os.sep)
@@ -145,7 +175,7 @@ def run_suite(name, rounds, command, data_dir, quick):
             print(f"reproduce: {name} round {r + 1}/{rounds}: {' '.join(argv)}", flush=True)
             before = list(os.getloadavg())
             began = time.time()
-            done = subprocess.run(argv, cwd=ROOT)
+            done = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, **environment))
             if done.returncode != 0:
                 sys.exit(f"reproduce: {name} round {r + 1} failed (exit {done.returncode})")
             if "{out}" in command:
@@ -174,7 +204,8 @@ def main():
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--data", default=os.path.join(ROOT, "docs", "data", "reproduce"))
     args = parser.parse_args()
-    table = suites(os.path.abspath(args.build), args.quick)
+    python = torch_python()
+    table = suites(os.path.abspath(args.build), args.quick, python)
     chosen = [s for s in args.only.split(",") if s] or list(table)
     unknown = [s for s in chosen if s not in table]
     if unknown:
@@ -186,10 +217,15 @@ def main():
     if shutil.which("mpirun") is None:
         sys.exit("reproduce: no mpirun on PATH")
     for name in chosen:
-        rounds, command, needs_root = table[name]
+        rounds, command, needs_root, environment = table[name]
         if needs_root and os.geteuid() != 0:
             sys.exit(f"reproduce: suite {name} needs root (network namespaces)")
-        run_suite(name, args.rounds or rounds, command, args.data, args.quick)
+        if python in command and subprocess.run([python, "-c", "import torch"],
+                                                capture_output=True).returncode != 0:
+            sys.exit(f"reproduce: suite {name} needs torch, which {python} cannot import "
+                     "(scripts/install-deps.sh --torch-venv makes one; GRADZIP_TORCH_PYTHON "
+                     "names another)")
+        run_suite(name, args.rounds or rounds, command, environment, args.data, args.quick)
     render = [sys.executable, os.path.join(ROOT, "benchmarks", "render_results.py"),
               "--data", args.data]
     sys.exit(subprocess.run(render, cwd=ROOT).returncode)

@@ -5,11 +5,12 @@
 
 Runs ddp_peers.py under `MPIRUN --oversubscribe --bind-to none -np 2` with a 784-256-128-10
 model for 60 steps (timed 3..5; about 10 s in all) and checks its JSON: every configuration is there and measured
-(none skipped), times and bytes are positive (no_communication: 0 bytes, no accuracy),
+(none skipped), times and bytes are positive, every gradzip row names the algorithms it ran (no_communication: 0 bytes, no accuracy),
 accuracies lie in [0, 1], and the bytes per step
 relative to DDP's default all-reduce are what the codecs derive (f32 ring baseline:
 2(P-1)/P x 4 bytes per element; per-chunk headers add at most the slack given below):
   ddp_fp16_hook        exactly 1/2 (the formula)
+  gradzip_none         [1, 1.005]              (the same f32 ring, + headers)
   gradzip_fp16         [0.5, 0.505]            (2 bytes per element + headers)
   gradzip_qsgd4        [0.1269, 0.135]          ((4 + 32 / 512) / 32: 4 bits + an f32 scale per 512)
   gradzip_sign         [0.0332, 0.036]          ((1 + 32 / 512) / 32)
@@ -49,12 +50,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RANKS = 2
 STEPS = 60
 ACCURACY_FRACTION = 0.9
-EXPECTED = ["no_communication", "ddp_default", "ddp_fp16_hook", "ddp_powersgd_hook", "gradzip_fp16", "gradzip_qsgd4",
-            "gradzip_sign", "gradzip_topk1", "gradzip_powersgd4"]
+EXPECTED = ["no_communication", "ddp_default", "ddp_fp16_hook", "ddp_powersgd_hook", "gradzip_none",
+            "gradzip_fp16", "gradzip_qsgd4", "gradzip_sign", "gradzip_topk1", "gradzip_powersgd4"]
 MIN_BYTES = 65536  # the spec default: the hook averages smaller parameters uncompressed
 # name -> (low, high) of bytes per step / ddp_default's, for the compressed parameters (gradzip_*)
 RATIO_BOUNDS = {
     "ddp_fp16_hook": (0.5, 0.5),
+    "gradzip_none": (1.0, 1.005),
     "gradzip_fp16": (0.5, 0.505),
     "gradzip_qsgd4": (0.1269, 0.135),
     "gradzip_sign": (0.0332, 0.036),
@@ -111,6 +113,9 @@ def check(document):
             if name != "no_communication" and not r["test_accuracy"] >= ACCURACY_FRACTION * reference:
                 failures.append(f"{name}: accuracy {r['test_accuracy']:.4f} below "
                                 f"{ACCURACY_FRACTION} x ddp_default's {reference:.4f}")
+    for name, r in measured.items():
+        if name.startswith("gradzip_") and not r.get("algorithms"):
+            failures.append(f"{name}: no algorithms recorded for the hook's calls")
     for name, r in measured.items():
         communicates = name != "no_communication"
         if r.get("replicas_identical") is not communicates:

@@ -9,10 +9,14 @@ other, each from the same initial model (seed 1) over the same data order:
     ddp_default        DDP's built-in all-reduce (gloo ring), no hook
     ddp_fp16_hook      torch's fp16_compress_hook (cast to fp16, gloo all-reduce, divide)
     ddp_powersgd_hook  torch's PowerSGD hook, rank 4, error feedback and warm start (its buckets
-                       chained in order, see in_bucket_order: unchained it crashed gloo)
+                       chained in order, see in_bucket_order: unchained it crashes gloo, under
+                       PyTorch 1.13 and 2.15 alike)
+    gradzip_none       gradzip.torch.hook without compression: gradzip's transport (MPI) and
+                       hook against DDP's own gloo all-reduce, so that the compression's gain
+                       is not confused with the transport's
     gradzip_<codec>    gradzip.torch.hook with fp16, qsgd:bits=4, sign, topk:ratio=0.01 and
-                       powersgd:rank=4 (spec defaults otherwise: error feedback on for sign,
-                       top-k and PowerSGD)
+                       powersgd:rank=4 (spec defaults otherwise: algo=auto, error feedback on
+                       for sign, top-k and PowerSGD)
 
     mpirun -np 4 --oversubscribe --bind-to none /usr/bin/python3 benchmarks/peers/ddp_peers.py \
         --steps 40 --json peers.json
@@ -45,6 +49,8 @@ then the test accuracy of the model after --steps steps (--test-images of the 10
 - link_tx_bytes_per_step: inside the emulated cluster, the bytes the rank's link interface
   ($GLOO_SOCKET_IFNAME) transmitted per timed step, TCP/IP headers and the barriers included
   (max over ranks); null elsewhere. It checks the counted bytes against the wire.
+- algorithms (gradzip): the algorithms the timed steps' bucket calls ran, with how many calls
+  each (algo=auto's choices: e.g. {"sra": 21}); PyTorch's rows have none.
 - replicas_identical: whether every rank ended with the same parameters (a SHA-256 of them,
   all-gathered). DDP's replicas stay in step only if the gradients were averaged: false for
   no_communication, and for any hook that did not communicate.
@@ -84,6 +90,7 @@ CONFIGURATIONS = [
     ("ddp_default", "pytorch", None),
     ("ddp_fp16_hook", "pytorch", "fp16"),
     ("ddp_powersgd_hook", "pytorch", "powersgd"),
+    ("gradzip_none", "gradzip", "none"),
     ("gradzip_fp16", "gradzip", "fp16"),
     ("gradzip_qsgd4", "gradzip", "qsgd:bits=4"),
     ("gradzip_sign", "gradzip", "sign"),
@@ -123,10 +130,11 @@ class WideMlp(torch.nn.Module):
 def in_bucket_order(hook):
     """`hook` with each bucket's call started when the previous bucket's future completed.
 
-    PyTorch 1.13's PowerSGD hook issues its second and third all-reduce from future callbacks.
-    Over gloo with several DDP buckets the ranks then issued them in different orders, and gloo
+    PyTorch's PowerSGD hook issues its second and third all-reduce from future callbacks. Over
+    gloo with several DDP buckets the ranks then issued them in different orders, and gloo
     aborted (in the emulated cluster, 4 ranks, 3 buckets: "enforce fail at
-    gloo/transport/tcp/pair.cc:510 op.preamble.length <= op.nbytes. 8192 vs 4096"). Chaining the
+    gloo/transport/tcp/pair.cc:510 op.preamble.length <= op.nbytes. 8192 vs 4096" under PyTorch
+    1.13, the same at pair.cc:464 under 2.15; docs/data/powersgd-unchained-2026-12-02). Chaining the
     buckets fixes the order on every rank; the bytes and the math are the hook's own, and a
     bucket's communication still overlaps the rest of the backward pass (not the communication of
     the bucket before it: gradzip's hook runs its buckets one after the other too).
@@ -267,6 +275,7 @@ def run_configuration(name, kind, spec, args, data, communicator, rank, world):
     steps_per_epoch = len(train_x) // args.batch
     order = None
     times, sent, losses = [], [], []
+    algorithms = {}  # gradzip: algorithm -> bucket calls in the timed steps
     tx_begin = tx_end = None
     timed = range(args.warmup, args.warmup + args.timed)
     for step in range(args.steps):
@@ -289,6 +298,8 @@ def run_configuration(name, kind, spec, args, data, communicator, rank, world):
             times.append(time.perf_counter() - began)
             if gradzip_state is not None:
                 sent.append(sum(bucket_bytes(s, world) for s in gradzip_state.last_stats.values()))
+                for s in gradzip_state.last_stats.values():
+                    algorithms[s["algorithm"]] = algorithms.get(s["algorithm"], 0) + 1
             if step == timed.stop - 1:
                 tx_end = link_tx_bytes()
         losses.append(loss.item())
@@ -316,6 +327,7 @@ def run_configuration(name, kind, spec, args, data, communicator, rank, world):
         "step_time_s": statistics.median(slowest), "step_times_s": slowest,
         "bytes_per_step": bytes_per_step, "bytes_counted": counted,
         "link_tx_bytes_per_step": tx,
+        "algorithms": dict(sorted(algorithms.items())) if kind == "gradzip" else None,
         "test_accuracy": accuracy, "final_train_loss": statistics.fmean(losses[-10:]),
         "replicas_identical": len(set(digests)) == 1,
     }
@@ -412,7 +424,7 @@ def main():
         print_table(results, baseline["step_time_s"], baseline["bytes_per_step"])
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": world, "hidden": args.hidden, "parameters": parameters,
+                json.dump({"ranks": world, "torch": torch.__version__, "hidden": args.hidden, "parameters": parameters,
                            "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
                            "timed": args.timed, "dense_steps": args.dense_steps, "lr": args.lr,
                            "test_images": args.test_images,
