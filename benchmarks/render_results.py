@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Turns the raw data of benchmarks/reproduce.py into docs/results.md's generated sections.
+"""Turns the raw data of benchmarks/reproduce.py into the generated sections of docs/results.md
+and README.md.
 
-    python3 benchmarks/render_results.py [--data DIR] [--results FILE] [--check]
+    python3 benchmarks/render_results.py [--data DIR] [--results FILE] [--readme FILE] [--check]
 
 For every DIR/<suite>.json (default docs/data/reproduce/) it renders a markdown section and puts
 it between the markers
@@ -10,14 +11,16 @@ it between the markers
     ...
     <!-- end generated: <suite> -->
 
-in FILE (default docs/results.md), which must hold both markers of every suite it has data for.
-Text outside the markers, and the sections of suites without data in DIR, are left alone. With --check nothing is written: it exits 1, naming the
-sections, when FILE's generated text differs from what the JSON gives (ctest docs.results_generated
-runs this), and 0 when all match.
+in FILE (--results, default docs/results.md: every suite, in full) and, for the suites the
+README quotes (RENDERERS and README_RENDERERS below), in README.md (--readme: short tables of the
+same figures). A file must hold both markers of every suite it has a renderer and data for. Text
+outside the markers, and the sections of suites without data in DIR, are left alone. With
+--check nothing is written: it exits 1, naming the sections, when a file's generated text
+differs from what the JSON gives (ctest lint.results_generated runs this), and 0 when all match.
 
 Every figure is the median over the suite's rounds with the [min-max] spread; ratios (speedups,
 fractions of memcpy) are taken within each round, against the baseline measured in that round,
-and then summarised. Each section starts with the machine and the command.
+and then summarised. Each results.md section starts with the machine and the command.
 """
 import argparse
 import json
@@ -56,8 +59,9 @@ def preamble(record, figures="Figures: median over the rounds [min–max]."):
     loads = [r["load_average_before"][0] for r in rounds]
     commit = (m.get("commit") or "?")[:10] + (" (uncommitted changes)" if m.get("dirty") else "")
     # reproduce.py records paths inside the repository relative to it.
-    command = " ".join(record["command"]).replace("{json}", "ROUND.json").replace(
-        "{out}", "OUT").replace("{seed}", "SEED")
+    steps = record["command"] if isinstance(record["command"][0], list) else [record["command"]]
+    command = "\n".join(" ".join(step) for step in steps).replace("{json}", "ROUND.json").replace(
+        "{out}", "OUT").replace("{seed}", "SEED").replace("{scratch}", "SCRATCH")
     lines = [
         f"{'Quick run' if record['quick'] else 'Full run'} of `benchmarks/reproduce.sh"
         f"{' --quick' if record['quick'] else ''}` (suite `{record['suite']}`), "
@@ -183,9 +187,10 @@ def mean_std(values, digits):
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def render_convergence(record):
-    lines = preamble(record, "Figures: as the table's caption says.")
-    final = {}  # (label, seed) -> the CSV line of the last epoch
+def convergence_final(record):
+    """({(label, seed): the CSV line of its last epoch}, labels in the order the suite ran them,
+    seeds)."""
+    final = {}
     for seed, r in enumerate(record["rounds"], start=1):
         for row in r["rows"]:
             key = (row["label"], seed)
@@ -197,7 +202,12 @@ def render_convergence(record):
         ran = command[command.index("--only") + 1].split(",")
         labels = [label for label in ran if label in labels] + \
                  [label for label in labels if label not in ran]
-    seeds = sorted({seed for _, seed in final})
+    return final, labels, sorted({seed for _, seed in final})
+
+
+def render_convergence(record):
+    lines = preamble(record, "Figures: as the table's caption says.")
+    final, labels, seeds = convergence_final(record)
     first = next(iter(final.values()))
     lines += [f"Fashion-MNIST, {first['ranks']} ranks, {first['epoch']} epoch(s), seeds "
               f"{', '.join(map(str, seeds))} (one round each). Accuracy and loss: the test set "
@@ -222,18 +232,277 @@ def render_convergence(record):
     return lines
 
 
+PEERS_CAPTIONS = {
+    "no_communication": "no communication at all (`noop_hook`)",
+    "ddp_default": "DDP default all-reduce (gloo)",
+    "ddp_fp16_hook": "DDP + PyTorch `fp16_compress_hook`",
+    "ddp_powersgd_hook": "DDP + PyTorch PowerSGD hook, rank 4 (chained)",
+}
+
+
+def peers_rows(record):
+    """{configuration: [(round index, its result), ...]} in the run's order, and per round the
+    ddp_default result (the baseline of speedups and bytes)."""
+    table, baseline = {}, {}
+    for i, r in enumerate(record["rounds"]):
+        for result in r["rows"]["results"]:
+            if "skipped" in result:
+                continue
+            table.setdefault(result["name"], []).append((i, result))
+            if result["name"] == "ddp_default":
+                baseline[i] = result
+    return table, baseline
+
+
+def peers_caption(name, result):
+    if name in PEERS_CAPTIONS:
+        return PEERS_CAPTIONS[name]
+    return f"gradzip `{result['spec']}`"
+
+
+def peers_setup(record):
+    first = record["rounds"][0]["rows"]
+    timed = f"steps {first['warmup']}–{first['warmup'] + first['timed'] - 1}"
+    return (f"PyTorch {first.get('torch', '?')} DDP (gloo), {first['ranks']} ranks, each in its "
+            f"own network namespace behind a 1 Gbit/s link (gloo and gradzip's MPI both over "
+            f"the links), on {record['machine']['cores']} cores shared by the ranks; a "
+            f"{first['parameters'] / 1e6:.1f}M-parameter MLP (784-"
+            f"{'-'.join(map(str, first['hidden']))}-10) on Fashion-MNIST, global batch "
+            f"{first['batch']}, the first {first['dense_steps']} steps of every compressed "
+            f"configuration dense")
+
+
+def render_peers(record):
+    lines = preamble(record)
+    table, baseline = peers_rows(record)
+    first = record["rounds"][0]["rows"]
+    lines += [peers_setup(record) + f". Step time: per round the median of {timed_steps(first)}"
+              " of the slowest rank's step (forward, backward with its communication, optimizer "
+              "step); `speedup`: DDP default's step over this one's, in the same round. `MB/step`: "
+              "what one rank hands to the network per step (gradzip: the hook's stats; PyTorch: "
+              "by formula, gloo's ring sends 2(P−1)/P × the tensor's bytes); `link MB/step`: what "
+              "the rank's link interface transmitted (TCP/IP headers and barriers included). "
+              "`algorithms`: what algo=auto ran for the buckets' calls in the timed steps "
+              "(`mpi`: MPI's own all-reduce, for parameters under `min_bytes`). `replicas`: every "
+              "rank ended with the same parameters.", ""]
+    lines += ["| configuration | step (s) | speedup | MB/step | bytes vs default | link MB/step | "
+              "algorithms | replicas |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, entries in table.items():
+        results = [result for _, result in entries]
+        speedups = [baseline[i]["step_time_s"] / result["step_time_s"] for i, result in entries
+                    if i in baseline and result["step_time_s"] > 0]
+        relative = [result["bytes_per_step"] / baseline[i]["bytes_per_step"] for i, result in entries
+                    if i in baseline and baseline[i]["bytes_per_step"] > 0]
+        links = [result["link_tx_bytes_per_step"] / 1e6 for result in results
+                 if result.get("link_tx_bytes_per_step") is not None]
+        algorithms = sorted({a for result in results for a in (result.get("algorithms") or {})})
+        identical = [result["replicas_identical"] for result in results]
+        lines.append(
+            f"| {peers_caption(name, results[0])} | {spread([r['step_time_s'] for r in results], 3)} "
+            f"| {spread(speedups)} | {spread([r['bytes_per_step'] / 1e6 for r in results])} "
+            f"| {spread(relative, 4)} | {spread(links)} | {', '.join(algorithms) or '-'} "
+            f"| {'identical' if all(identical) else ('differ' if not any(identical) else 'MIXED')} |")
+    return lines
+
+
+def quantile(values, q):
+    """The q-quantile of values as gradzip-bench model reports it (sorted[min(n-1, n*q)])."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def error_summary(record, keep=lambda row: True):
+    """(rows per round, [median |error| per round], [90th percentile per round], [max per round])
+    over the validation rows that `keep` accepts."""
+    medians, p90s, maxima, counts = [], [], [], []
+    for r in record["rounds"]:
+        errors = [abs(row["error"]) for row in r["rows"]["validation"]["rows"] if keep(row)]
+        if errors:
+            counts.append(len(errors))
+            medians.append(100 * quantile(errors, 0.5))
+            p90s.append(100 * quantile(errors, 0.9))
+            maxima.append(100 * max(errors))
+    return counts, medians, p90s, maxima
+
+
+# Projection points the tables show: rank counts and link speeds.
+PROJECTION_RANKS = [8, 64, 1024, 4096]
+BREAK_EVEN_RANKS = [2, 8, 64, 1024, 4096]
+
+
+def gbps_cell(values):
+    """Break-even speeds (Gbit/s) over the rounds: 0 is 'never', None (JSON null) '>1e5'."""
+    if all(v == 0 for v in values):
+        return "never"
+    if all(v is None for v in values):
+        return ">1e5"
+    finite = [v for v in values if v]
+    return spread(finite, 0) if max(finite) >= 10 else spread(finite, 1)
+
+
+def projection_tables(record, ranks_shown, gbps_shown):
+    """Markdown rows: speedup of algo=auto's choice over dense f32 / f16 at each link speed in
+    gbps_shown and rank count; then the break-even speeds."""
+    rounds = [r["rows"] for r in record["rounds"]]
+    specs = list(dict.fromkeys(row["spec"] for row in rounds[0]["projection"]["rows"]))
+    model = rounds[0]["projection"]["rows"][0]["model"]
+    lines = []
+    for gbps in gbps_shown:
+        lines += ["", f"{model}, {gbps:g} Gbit/s: speedup over the dense f32 / the dense 16-bit "
+                  "all-reduce [the algorithm algo=auto runs]:", "",
+                  "| P | " + " | ".join(specs) + " |", "|---|" + "---|" * len(specs)]
+        for ranks in ranks_shown:
+            cells = []
+            for spec in specs:
+                points = [row for doc in rounds for row in doc["projection"]["rows"]
+                          if row["spec"] == spec and row["ranks"] == ranks and row["gbps"] == gbps]
+                if not points:
+                    cells.append("-")
+                    continue
+                f32 = [p["dense_f32_seconds"] / p["seconds"] for p in points]
+                f16 = [p["dense_f16_seconds"] / p["seconds"] for p in points]
+                algorithms = sorted({p["algorithm"] for p in points})
+                cells.append(f"{statistics.median(f32):.2f} / {statistics.median(f16):.2f} "
+                             f"[{', '.join(algorithms)}]")
+            lines.append(f"| {ranks} | " + " | ".join(cells) + " |")
+    lines += ["", f"{model}: break-even link speed (Gbit/s) against the dense f32 / the dense "
+              "16-bit all-reduce; above it the codec no longer pays ('never': not even at 0.01 "
+              "Gbit/s; fp16 *is* the 16-bit baseline):", "",
+              "| P | " + " | ".join(specs) + " |", "|---|" + "---|" * len(specs)]
+    for ranks in BREAK_EVEN_RANKS:
+        cells = []
+        for spec in specs:
+            points = [row for doc in rounds for row in doc["break_even"]
+                      if row["spec"] == spec and row["ranks"] == ranks]
+            cells.append(f"{gbps_cell([p['vs_f32_gbps'] for p in points])} / "
+                         f"{gbps_cell([p['vs_f16_gbps'] for p in points])}" if points else "-")
+        lines.append(f"| {ranks} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_cost_model(record):
+    lines = preamble(record, "Figures: the median over the rounds [min–max] of each round's "
+                     "own figure (every round measures its rows and γ afresh).")
+    first = record["rounds"][0]["rows"]["validation"]
+    lines += [f"Validation: the model against every all-reduce row measured in the round "
+              f"(P = 2, 3, 4; 1 Gbit/s emulated links). The link is not fitted: β is the tc rate "
+              f"× TCP's payload share ({first['link_efficiency']:.4f}), α = "
+              f"{first['link_latency_us']:g} µs; γ is measured in the same process on a tensor "
+              f"of the row's size, × P / {first['cores']:g} when P ranks share the "
+              f"{first['cores']:g} cores. |model − measured| / measured:", "",
+              "| rows | count | median | 90th percentile | worst |", "|---|---|---|---|---|"]
+    groups = [
+        ("all", lambda row: True),
+        ("≥ 1 MiB", lambda row: row["bytes"] >= 2 ** 20),
+        ("P = 2", lambda row: row["ranks"] == 2),
+        ("P = 3, 4 (ranks share the cores)", lambda row: row["ranks"] > 2),
+    ]
+    algorithms = list(dict.fromkeys(row["algo"] for row in first["rows"]))
+    groups += [(f"algorithm {a}", lambda row, a=a: row["algo"] == a) for a in algorithms]
+    for label, keep in groups:
+        counts, medians, p90s, maxima = error_summary(record, keep)
+        if counts:
+            lines.append(f"| {label} | {max(counts)} | {spread(medians, 0)}% | {spread(p90s, 0)}% "
+                         f"| {spread(maxima, 0)}% |")
+    lines += ["", "<details><summary>Every row (round 1; error = (model − measured) / measured)"
+              "</summary>", "", "| spec | algo | P | size | measured (s) | model (s) | error |",
+              "|---|---|---|---|---|---|---|"]
+    for row in first["rows"]:
+        lines.append(f"| {row['spec']} | {row['algo']} | {row['ranks']} | {human_bytes(row['bytes'])} "
+                     f"| {row['measured_s']:.3e} | {row['model_s']:.3e} | {100 * row['error']:+.0f}% |")
+    lines += ["", "</details>", "",
+              f"Projection (α = {record['rounds'][0]['rows']['projection']['latency_us']:g} µs, γ "
+              "of this CPU): the time of the algorithm algo=auto runs for each codec "
+              "(choose_allreduce with this model: the codec's default unless another of its auto "
+              "candidates is predicted at least 15% faster) against the cheapest dense f32 and "
+              "dense 16-bit all-reduce (ring, SRA, rhd or tree: what a tuned library gives). "
+              "Median over the rounds."]
+    lines += projection_tables(record, PROJECTION_RANKS, [1, 10, 100])
+    return lines
+
+
+def timed_steps(first):
+    return f"steps {first['warmup']}–{first['warmup'] + first['timed'] - 1}"
+
+
 RENDERERS = {
     "codecs": render_codecs,
     "allreduce_shm": render_allreduce,
     "allreduce_cluster": render_allreduce,
     "overlap": render_overlap,
     "convergence": render_convergence,
+    "peers": render_peers,
+    "cost_model": render_cost_model,
 }
 
 
-def rendered_sections(data_dir):
+# README.md's headline sections: short tables quoting the same JSON as docs/results.md's.
+def readme_convergence(record):
+    final, labels, seeds = convergence_final(record)
+    first = next(iter(final.values()))
+    lines = [f"{'Quick run' if record['quick'] else 'Full run'}, "
+             f"{first['ranks']} ranks, {first['epoch']} epoch(s), seeds "
+             f"{', '.join(map(str, seeds))}; data `docs/data/reproduce/convergence.json`, "
+             f"{record['machine']['date'][:10]}.", "",
+             "| spec | test accuracy | bytes sent vs `none` |", "|---|---|---|"]
+    for label in labels:
+        rows = [final[(label, s)] for s in seeds if (label, s) in final]
+        relative = [final[(label, s)]["bytes_sent"] / final[("none", s)]["bytes_sent"]
+                    for s in seeds if (label, s) in final and ("none", s) in final
+                    and final[("none", s)]["bytes_sent"] > 0]
+        factor = statistics.median(relative) if relative else None
+        fewer = f" ({1 / factor:.1f}× fewer)" if factor and factor < 0.5 else ""
+        # Below twice chance (10 classes) on every seed: it did not train.
+        diverged = " (diverged)" if all(r["test_accuracy"] < 0.2 for r in rows) else ""
+        lines.append(f"| `{rows[0]['spec']}` | {mean_std([100 * r['test_accuracy'] for r in rows], 2)}%{diverged} "
+                     f"| {spread(relative, 4)}{fewer} |")
+    return lines
+
+
+def readme_peers(record):
+    table, baseline = peers_rows(record)
+    first = record["rounds"][0]["rows"]
+    lines = [f"{'Quick run' if record['quick'] else 'Full run'}: " + peers_setup(record) +
+             f"; {len(record['rounds'])} rounds, each running every configuration once, median "
+             f"[min–max] over the rounds of the step time ({timed_steps(first)}, slowest rank). "
+             f"Data `docs/data/reproduce/peers.json`, {record['machine']['date'][:10]}.", "",
+             "| configuration | step (s) | speedup vs default | MB/rank/step |", "|---|---:|---:|---:|"]
+    for name, entries in table.items():
+        results = [result for _, result in entries]
+        speedups = [baseline[i]["step_time_s"] / result["step_time_s"] for i, result in entries
+                    if i in baseline and result["step_time_s"] > 0]
+        lines.append(f"| {peers_caption(name, results[0])} "
+                     f"| {spread([r['step_time_s'] for r in results], 2)} | {spread(speedups)} "
+                     f"| {spread([r['bytes_per_step'] / 1e6 for r in results])} |")
+    return lines
+
+
+def readme_cost_model(record):
+    counts, medians, p90s, maxima = error_summary(record)
+    big = error_summary(record, lambda row: row["bytes"] >= 2 ** 20)
+    lines = [f"{'Quick run' if record['quick'] else 'Full run'}; data "
+             f"`docs/data/reproduce/cost_model.json`, {record['machine']['date'][:10]}. The model "
+             f"against all {max(counts)} measured all-reduce rows (P = 2, 3, 4, 4 KiB to "
+             f"the largest size, every algorithm; {len(record['rounds'])} rounds): |error| median "
+             f"{spread(medians, 0)}%, 90th percentile {spread(p90s, 0)}%, worst {spread(maxima, 0)}% "
+             f"(rows of 1 MiB and more: median {spread(big[1], 0)}%, 90th percentile "
+             f"{spread(big[2], 0)}%, worst {spread(big[3], 0)}%). Projected with what algo=auto "
+             "would run, against the cheapest dense f32 / 16-bit all-reduce:"]
+    lines += projection_tables(record, [8, 1024], [1, 10])
+    return lines
+
+
+README_RENDERERS = {
+    "convergence": readme_convergence,
+    "peers": readme_peers,
+    "cost_model": readme_cost_model,
+}
+
+
+def rendered_sections(data_dir, renderers):
     sections = {}
-    for suite, render in RENDERERS.items():
+    for suite, render in renderers.items():
         path = os.path.join(data_dir, f"{suite}.json")
         if os.path.exists(path):
             with open(path) as f:
@@ -251,45 +520,56 @@ def splice(text, suite, body):
     return text[:start + len(begin) + 1] + body + "\n" + text[stop:]
 
 
+def render_file(path, renderers, data_dir, check):
+    """Splices `renderers`' sections into the file at `path` (with --check: compares only).
+    Returns (problems, sections rendered)."""
+    with open(path) as f:
+        original = f.read()
+    text = original
+    problems = []
+    sections = rendered_sections(data_dir, renderers)
+    for suite, body in sections.items():
+        spliced = splice(text, suite, body)
+        if spliced is None:
+            problems.append(f"{suite}: {path} lacks the markers '{begin_marker(suite)}' "
+                            f"and '{end_marker(suite)}'")
+            continue
+        if spliced != text and check:
+            problems.append(f"{suite}: {path}'s generated section differs from what "
+                            f"{data_dir}/{suite}.json gives (run benchmarks/render_results.py)")
+        text = spliced
+    for suite in renderers:
+        if suite not in sections and begin_marker(suite) in original:
+            if check:
+                problems.append(f"{suite}: {path} has its section but there is no "
+                                f"{data_dir}/{suite}.json")
+            else:
+                print(f"render_results: {suite}: no {data_dir}/{suite}.json, section of {path} "
+                      "left as is")
+    if not check and not problems and text != original:
+        with open(path, "w") as f:
+            f.write(text)
+    return problems, len(sections)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=os.path.join(ROOT, "docs", "data", "reproduce"))
     parser.add_argument("--results", default=os.path.join(ROOT, "docs", "results.md"))
+    parser.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    with open(args.results) as f:
-        original = f.read()
-    text = original
-    problems = []
-    sections = rendered_sections(args.data)
-    for suite, body in sections.items():
-        spliced = splice(text, suite, body)
-        if spliced is None:
-            problems.append(f"{suite}: {args.results} lacks the markers '{begin_marker(suite)}' "
-                            f"and '{end_marker(suite)}'")
-            continue
-        if spliced != text and args.check:
-            problems.append(f"{suite}: the generated section differs from what "
-                            f"{args.data}/{suite}.json gives (run benchmarks/render_results.py)")
-        text = spliced
-    for suite in RENDERERS:
-        if suite not in sections and begin_marker(suite) in original:
-            if args.check:
-                problems.append(f"{suite}: {args.results} has its section but there is no "
-                                f"{args.data}/{suite}.json")
-            else:
-                print(f"render_results: {suite}: no {args.data}/{suite}.json, section left as is")
+    problems, counts = [], []
+    for path, renderers in ((args.results, RENDERERS), (args.readme, README_RENDERERS)):
+        found, count = render_file(path, renderers, args.data, args.check)
+        problems += found
+        counts.append(f"{count} in {os.path.relpath(path, ROOT)}")
     for problem in problems:
         print(f"render_results: {problem}")
     if problems:
         return 1
-    if args.check:
-        print(f"render_results: {len(sections)} generated sections match their JSON")
-        return 0
-    if text != original:
-        with open(args.results, "w") as f:
-            f.write(text)
-    print(f"render_results: {len(sections)} sections rendered into {args.results}")
+    print(f"render_results: generated sections {'match their JSON' if args.check else 'rendered'}: "
+          f"{', '.join(counts)}")
     return 0
 
 

@@ -6,7 +6,9 @@
 
 (benchmarks/reproduce.sh is the entry point.) Per suite it writes DIR/<suite>.json (default
 docs/data/reproduce/), then runs benchmarks/render_results.py on DIR, which rewrites the
-generated sections of docs/results.md:
+generated sections of docs/results.md and README.md, and benchmarks/render_plots.py, which
+draws docs/img/'s plots from the same JSON. With a --data other than the default, both render
+into copies in DIR (DIR/results.md, DIR/README.md, DIR/img/) and the repository is untouched:
 
     {"suite": ..., "quick": bool, "command": [...], "rounds_asked": N,
      "machine": {cpu model, cores, memory, kernel, Open MPI, commit, dirty, date, load average},
@@ -33,12 +35,18 @@ Suites:
                      (none, fp16, qsgd-4, sign, top-k 1%, PowerSGD-4, algo=auto) on a 24.2M-
                      parameter model (--quick: 2.9M), step time and bytes; needs root and a
                      Python with torch (see torch_python)
+  cost_model         the cost model's validation and projection: the all-reduces of
+                     VALIDATION_CODECS in the emulated cluster at P = 2, 3, 4, then
+                     `gradzip-bench model --validate ... --json` (every row's error, median,
+                     90th percentile, max; BERT-large projected with algo=auto's choices;
+                     break-even link speeds); needs root
 --quick: smaller sizes, fewer iterations and 3 rounds (every figure is still measured; the
 tables say "quick"). A suite that fails stops the script with its output; the JSON of the
 suites before it stays.
 """
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -60,11 +68,20 @@ CONVERGENCE_LABELS = ["none", "fp16", "bf16", "qsgd4", "qsgd2", "terngrad_ef", "
                       "topk1_ef", "topk1_noef", "topk01_ef", "randk1_ef", "powersgd4"]
 CONVERGENCE_QUICK_LABELS = ["none", "topk1_ef"]
 
+# The all-reduces the cost model is validated against: every default algorithm, and the ones
+# algo=auto may switch to (rhd for the dense codecs, the tree), at P = 2, 3, 4.
+VALIDATION_CODECS = ["--codec", "none", "--codec", "fp16", "--codec", "qsgd:bits=4",
+                     "--codec", "sign", "--codec", "topk:ratio=0.01", "--codec", "randk:ratio=0.01",
+                     "--codec", "none:algo=rhd", "--codec", "qsgd:bits=4,algo=rhd",
+                     "--codec", "fp16:algo=tree", "--codec", "qsgd:bits=4,algo=tree"]
+
 
 def suites(build, quick, python):
-    """suite -> (rounds, command, whether it needs root, extra environment). In a command, {json}
-    is the path the benchmark writes its rows to; {out} a scratch folder whose CSVs
-    (convergence.sh's csv/) are the rows instead; {seed} the round's seed (1, 2, ...).
+    """suite -> (rounds, command, whether it needs root, extra environment). A command is one
+    argv, or a list of argvs that a round runs in turn. In a command, {json} is the path the
+    benchmark writes its rows to; {out} a scratch folder whose CSVs (convergence.sh's csv/) are
+    the rows instead; {seed} the round's seed (1, 2, ...); {scratch} (within an argument) the
+    round's scratch folder, for the files one step hands the next.
     `python`: the interpreter with torch that runs the peers suite."""
     bench = os.path.join(build, "bin", "gradzip-bench")
     cluster = ["bash", os.path.join(ROOT, "benchmarks", "emulated_cluster.sh"), "--bench", bench]
@@ -104,6 +121,21 @@ def suites(build, quick, python):
                                ["--steps", "10", "--warmup", "3", "--timed", "7"]),
                              "--batch", "64", "--test-images", "0", "--json", "{json}"],
                   True, {"PYTHONPATH": os.path.join(build, "python")}),
+        # A round: the validation all-reduces in the emulated cluster at P = 2, 3, 4 (1 Gbit/s),
+        # then `gradzip-bench model` compares the model with those rows (γ measured here, the
+        # link not fitted: the tc rate times TCP's payload share, α = 15 us) and projects
+        # BERT-large with what algo=auto would run. The model's JSON is the round's rows.
+        "cost_model": (3, [
+            *[cluster + ["--ranks", str(p), "--rate", "1gbit", "--",
+                         *(["--size", "4096", "--size", "1048576", "--size", "8388608"] if quick
+                           else ["--size", "4096", "--size", "1048576", "--size", "16777216",
+                                 "--size", "67108864"]),
+                         "--iters", "2" if quick else "3", *VALIDATION_CODECS,
+                         "--json", f"{{scratch}}/p{p}.json"] for p in (2, 3, 4)],
+            [bench, "model", *[a for p in (2, 3, 4) for a in ("--validate", f"{{scratch}}/p{p}.json")],
+             "--link-gbps", "1", "--link-latency-us", "15",
+             "--sample", "4194304" if quick else "16777216",
+             "--models", "bert-large", "--gbps", "1,10,100", "--json", "{json}"]], True, {}),
     }
 
 
@@ -160,25 +192,37 @@ def torch_python():
     return candidate if os.access(candidate, os.X_OK) else shutil.which("python3") or sys.executable
 
 
+def steps_of(command):
+    """A suite's command as the list of argvs a round runs."""
+    return command if isinstance(command[0], list) else [command]
+
+
 def run_suite(name, rounds, command, environment, data_dir, quick):
     # Paths inside the repository are recorded relative to it, so that the rendered command is
     # the same whichever checkout renders it.
-    recorded = [os.path.relpath(a, ROOT) if os.path.isabs(a) and a.startswith(ROOT + os.sep)
-                else a for a in command]
+    steps = steps_of(command)
+    recorded = [[os.path.relpath(a, ROOT) if os.path.isabs(a) and a.startswith(ROOT + os.sep)
+                 else a for a in step] for step in steps]
+    recorded = recorded if isinstance(command[0], list) else recorded[0]
     record = {"suite": name, "quick": quick, "command": recorded, "rounds_asked": rounds,
               "machine": machine(), "rounds": []}
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "round.json")
         out = os.path.join(scratch, "out")
         for r in range(rounds):
-            argv = [{"{json}": path, "{out}": out, "{seed}": str(r + 1)}.get(a, a) for a in command]
-            print(f"reproduce: {name} round {r + 1}/{rounds}: {' '.join(argv)}", flush=True)
+            round_scratch = os.path.join(scratch, f"round{r}")
+            os.makedirs(round_scratch)
             before = list(os.getloadavg())
             began = time.time()
-            done = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, **environment))
-            if done.returncode != 0:
-                sys.exit(f"reproduce: {name} round {r + 1} failed (exit {done.returncode})")
-            if "{out}" in command:
+            for step in steps:
+                argv = [{"{json}": path, "{out}": out, "{seed}": str(r + 1)}.get(a, a)
+                        .replace("{scratch}", round_scratch) for a in step]
+                print(f"reproduce: {name} round {r + 1}/{rounds}: {' '.join(argv)}", flush=True)
+                done = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, **environment))
+                if done.returncode != 0:
+                    sys.exit(f"reproduce: {name} round {r + 1} failed (exit {done.returncode})")
+            shutil.rmtree(round_scratch)
+            if "{out}" in steps[-1]:
                 rows = [row for run in plot_convergence.read_runs(out).values() for row in run]
                 shutil.rmtree(out)
             else:
@@ -220,7 +264,7 @@ def main():
         rounds, command, needs_root, environment = table[name]
         if needs_root and os.geteuid() != 0:
             sys.exit(f"reproduce: suite {name} needs root (network namespaces)")
-        if python in command and subprocess.run([python, "-c", "import torch"],
+        if any(python in step for step in steps_of(command)) and subprocess.run([python, "-c", "import torch"],
                                                 capture_output=True).returncode != 0:
             sys.exit(f"reproduce: suite {name} needs torch, which {python} cannot import "
                      "(scripts/install-deps.sh --torch-venv makes one; GRADZIP_TORCH_PYTHON "
@@ -228,7 +272,23 @@ def main():
         run_suite(name, args.rounds or rounds, command, environment, args.data, args.quick)
     render = [sys.executable, os.path.join(ROOT, "benchmarks", "render_results.py"),
               "--data", args.data]
-    sys.exit(subprocess.run(render, cwd=ROOT).returncode)
+    images = os.path.join(ROOT, "docs", "img")
+    if os.path.abspath(args.data) != os.path.abspath(parser.get_default("data")):
+        # Data elsewhere (a trial run): render into copies beside it, not into the repository.
+        for name, source in (("results.md", os.path.join(ROOT, "docs", "results.md")),
+                             ("README.md", os.path.join(ROOT, "README.md"))):
+            shutil.copyfile(source, os.path.join(args.data, name))
+        render += ["--results", os.path.join(args.data, "results.md"),
+                   "--readme", os.path.join(args.data, "README.md")]
+        images = os.path.join(args.data, "img")
+    if subprocess.run(render, cwd=ROOT).returncode != 0:
+        sys.exit("reproduce: render_results.py failed")
+    if importlib.util.find_spec("matplotlib") is None:
+        sys.exit(f"reproduce: {sys.executable} has no matplotlib: the tables are rendered, the "
+                 "plots are not (benchmarks/render_plots.py draws them)")
+    plots = [sys.executable, os.path.join(ROOT, "benchmarks", "render_plots.py"), "--data", args.data,
+             "--img", images]
+    sys.exit(subprocess.run(plots, cwd=ROOT).returncode)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@
 //      count, with the link given by --link-gbps / --link-latency-us; the relative error per
 //      row and its median and maximum;
 //   3. projection: for model sizes (ResNet-50, BERT-large, 7B), link speeds and P = 2 .. 4096,
-//      each codec's cheapest algorithm and its speedup over the dense f32 all-reduce (`none`:
-//      the cheapest of ring, rhd, tree) and the dense 16-bit one (`fp16`: ring or rhd), the
-//      baselines a user already has;
+//      the algorithm algo=auto runs for each codec (choose_allreduce with this model: the
+//      codec's default unless another of its auto candidates is predicted at least 15% faster;
+//      never an algorithm auto excludes as compressing too often) and its speedup over the
+//      dense f32 all-reduce (`none`) and the dense 16-bit one (`fp16`), each the cheapest of
+//      all its algorithms: the baselines a tuned library already gives a user;
 //   4. break-even: per codec and P, the link bandwidth above which the codec no longer beats
 //      each baseline.
+// --json FILE writes all four as JSON (benchmarks/reproduce.py's cost_model suite).
 // Single process, no MPI.
 #include <algorithm>
 #include <chrono>
@@ -67,6 +70,7 @@ struct Options {
   // host), each rank's compute ran ranks / cores times slower than γ measured alone.
   double cores = std::max(1u, std::thread::hardware_concurrency());
   std::string csv_path;
+  std::string json_path;
 };
 
 void print_help() {
@@ -74,7 +78,8 @@ void print_help() {
       "usage: gradzip-bench model [--codec SPEC]... [--ranks P,P,...] [--gbps G,G,...]\n"
       "                           [--latency-us A] [--sample N] [--csv FILE]\n"
       "                           [--validate FILE]... [--link-gbps G] [--link-latency-us A]\n"
-      "                           [--link-efficiency F] [--cores C] [--choice-cost]\n"
+      "                           [--link-efficiency F] [--cores C] [--models LIST]\n"
+      "                           [--json FILE] [--choice-cost]\n"
       "  --codec SPEC        codecs to model (default fp16, qsgd:bits=4, qsgd:bits=8, sign,\n"
       "                      topk:ratio=0.01, randk:ratio=0.01); the baselines none and fp16\n"
       "                      (dense rings) are always modelled\n"
@@ -90,6 +95,10 @@ void print_help() {
       "  --link-efficiency F payload bytes per wire byte (default 1448/1538: TCP at MTU 1500)\n"
       "  --cores C           cores the measured ranks shared (default: this machine's); with\n"
       "                      P > C ranks, gamma is scaled by P / C for those rows\n"
+      "  --models LIST       model sizes of the projection, among resnet50, bert-large, 7b\n"
+      "                      (default all three)\n"
+      "  --json FILE         gamma, validation rows and error quantiles, projection and\n"
+      "                      break-even speeds as JSON (break-even null: still ahead at 1e5)\n"
       "  --choice-cost       only time algo=auto's choice per call (with the model, and the\n"
       "                      fixed per-codec choice) for each codec, and stop\n");
 }
@@ -142,6 +151,20 @@ Options parse(int argc, char** argv) {
       GZ_REQUIRE(options.sample > 0, ErrorCode::invalid_argument, "model: --sample must be > 0");
     } else if (arg == "--csv") {
       options.csv_path = value();
+    } else if (arg == "--json") {
+      options.json_path = value();
+    } else if (arg == "--models") {
+      std::vector<ModelSize> chosen;
+      for (const std::string& name : split_list(value())) {
+        const std::vector<ModelSize> all = Options{}.models;
+        const auto known = std::find_if(all.begin(), all.end(),
+                                        [&](const ModelSize& m) { return m.name == name; });
+        GZ_REQUIRE(known != all.end(), ErrorCode::invalid_argument,
+                   "model: --models: unknown model '", name, "' (known: resnet50, bert-large, 7b)");
+        chosen.push_back(*known);
+      }
+      GZ_REQUIRE(!chosen.empty(), ErrorCode::invalid_argument, "model: --models needs a name");
+      options.models = std::move(chosen);
     } else if (arg == "--validate") {
       options.validate.push_back(value());
     } else if (arg == "--link-gbps") {
@@ -235,8 +258,8 @@ std::optional<AlgorithmId> algorithm_of(const std::string& algo) {
   return row->path;
 }
 
-// `sample`: the largest tensor γ is measured on.
-void run_validation(const Options& options, std::size_t sample) {
+// `sample`: the largest tensor γ is measured on. Appends `"validation": {...}, ` to `json`.
+void run_validation(const Options& options, std::size_t sample, std::string& json) {
   const LinkModel link = link_of(options.link_gbps, options.link_latency_us, options.link_efficiency);
   std::printf("\n== validation: model against measured rows (link %.3g Gbit/s x %.4f payload "
               "efficiency = %.1f MB/s, alpha %.0f us; gamma measured on each row's size, "
@@ -246,6 +269,7 @@ void run_validation(const Options& options, std::size_t sample) {
   std::printf("%-30s %-16s %5s %10s %11s %11s %8s  %s\n", "spec", "algo", "ranks", "size",
               "measured_s", "model_s", "error", "model: latency / transfer / compute");
   std::vector<double> errors;
+  std::string json_rows;
   std::vector<std::unique_ptr<ModeledCodec>> cache;
   for (const std::string& path : options.validate) {
     for (const MeasuredRow& row : read_measurements(path)) {
@@ -270,6 +294,12 @@ void run_validation(const Options& options, std::size_t sample) {
           *algorithm, *modeled.codec, shared, row.bytes / 4, row.ranks, link);
       const double error = (estimate.seconds - row.time_s) / row.time_s;
       errors.push_back(std::fabs(error));
+      json_rows += detail::concat(json_rows.empty() ? "" : ",\n", "  {\"spec\": ", json_string(row.spec),
+                                  ", \"algo\": ", json_string(row.algo), ", \"ranks\": ", row.ranks,
+                                  ", \"bytes\": ", row.bytes, ", \"measured_s\": ",
+                                  json_number(row.time_s), ", \"model_s\": ",
+                                  json_number(estimate.seconds), ", \"error\": ", json_number(error),
+                                  "}");
       std::printf("%-30s %-16s %5d %10s %11.4e %11.4e %+7.1f%%  %.2e / %.2e / %.2e\n",
                   row.spec.c_str(), row.algo.c_str(), row.ranks, human_bytes(row.bytes).c_str(),
                   row.time_s, estimate.seconds, 100 * error, estimate.latency_s,
@@ -279,18 +309,42 @@ void run_validation(const Options& options, std::size_t sample) {
   GZ_REQUIRE(!errors.empty(), ErrorCode::invalid_argument,
              "model: no measured row has an algorithm the model covers");
   std::sort(errors.begin(), errors.end());
+  const double median = errors[errors.size() / 2],
+               p90 = errors[std::min(errors.size() - 1, errors.size() * 9 / 10)];
   std::printf("%zu rows: |error| median %.1f%%, 90th percentile %.1f%%, max %.1f%%\n",
-              errors.size(), 100 * errors[errors.size() / 2],
-              100 * errors[std::min(errors.size() - 1, errors.size() * 9 / 10)],
-              100 * errors.back());
+              errors.size(), 100 * median, 100 * p90, 100 * errors.back());
+  json += detail::concat("\"validation\": {\"link_gbps\": ", json_number(options.link_gbps),
+                         ", \"link_latency_us\": ", json_number(options.link_latency_us),
+                         ", \"link_efficiency\": ", json_number(options.link_efficiency),
+                         ", \"cores\": ", json_number(options.cores), ", \"sample\": ", sample,
+                         ", \"median_abs_error\": ", json_number(median),
+                         ", \"p90_abs_error\": ", json_number(p90),
+                         ", \"max_abs_error\": ", json_number(errors.back()), ", \"rows\": [\n",
+                         json_rows, "]},\n");
 }
 
 // ---- projection -----------------------------------------------------------------------------
 
-// The time of `codec`'s cheapest algorithm.
+// The time of a baseline's cheapest algorithm among every one that runs its codec: what a
+// tuned dense all-reduce would take.
 CostEstimate best_of(const ModeledCodec& codec, std::size_t count, int ranks, const LinkModel& link) {
   return collectives::cheapest_allreduce(collectives::candidate_algorithms(codec.spec), *codec.codec,
                                          codec.cost, count, ranks, link);
+}
+
+// The time of what algo=auto runs for `codec`: choose_allreduce itself, given this model
+// (collectives/algorithm_choice.h; no node structure, so never hier), then that algorithm's
+// estimate. An explicit algo= in the spec is what it runs, as in a call.
+CostEstimate auto_choice_of(const ModeledCodec& codec, std::size_t count, int ranks,
+                            const LinkModel& link) {
+  const collectives::AutoModel model{*codec.codec, codec.cost, link, ranks, std::nullopt};
+  const collectives::AllreduceChoice choice =
+      collectives::choose_allreduce(codec.spec, count, codec.spec.warmup, &model);
+  const collectives::AlgorithmRow* row = collectives::find_algorithm_row(choice.name);
+  GZ_REQUIRE(choice.path == collectives::AllreducePath::flat && row != nullptr,
+             ErrorCode::internal, "model: algo=auto chose '", choice.name, "' for ",
+             codec.text, " at ", count, " elements, which the projection does not model");
+  return collectives::estimate_allreduce(row->path, *codec.codec, codec.cost, count, ranks, link);
 }
 
 // The bandwidth (Gbit/s) at which `codec` and `baseline` take the same time, by bisection in
@@ -299,7 +353,8 @@ double break_even_gbps(const ModeledCodec& codec, const ModeledCodec& baseline, 
                        int ranks, double latency_us) {
   const auto advantage = [&](double gbps) {
     const LinkModel link = link_of(gbps, latency_us);
-    return best_of(baseline, count, ranks, link).seconds - best_of(codec, count, ranks, link).seconds;
+    return best_of(baseline, count, ranks, link).seconds -
+           auto_choice_of(codec, count, ranks, link).seconds;
   };
   double low = 0.01, high = 1e5;
   if (advantage(low) <= 0) return 0;
@@ -371,7 +426,23 @@ int run(const Options& options) {
     if (c->spec != dense->spec && c->spec != half->spec) std::printf("%-24s %10.3f %12.3f %8.3f\n", c->text.c_str(), c->cost.encode_s * 1e9,
                 c->cost.decode_add_s * 1e9, c->cost.add_s * 1e9);
 
-  if (!options.validate.empty()) run_validation(options, options.sample);
+  std::string json = "{\"gamma\": [\n";
+  {
+    bool first = true;
+    const auto gamma_row = [&](const ModeledCodec& c) {
+      json += detail::concat(first ? "" : ",\n", "  {\"spec\": ", json_string(c.text),
+                             ", \"encode_ns\": ", json_number(c.cost.encode_s * 1e9),
+                             ", \"decode_add_ns\": ", json_number(c.cost.decode_add_s * 1e9),
+                             ", \"add_ns\": ", json_number(c.cost.add_s * 1e9), "}");
+      first = false;
+    };
+    gamma_row(*dense);
+    gamma_row(*half);
+    for (const auto& c : codecs)
+      if (c->spec != dense->spec && c->spec != half->spec) gamma_row(*c);
+    json += "],\n";
+  }
+  if (!options.validate.empty()) run_validation(options, options.sample, json);
 
   std::FILE* csv = nullptr;
   if (!options.csv_path.empty()) {
@@ -381,10 +452,13 @@ int run(const Options& options) {
     std::fprintf(csv, "model,parameters,gbps,ranks,spec,algorithm,seconds,dense_f32_seconds,"
                       "dense_f16_seconds,speedup_vs_f32,speedup_vs_f16\n");
   }
-  std::printf("\n== projection: speedup of each codec's cheapest algorithm over the dense f32 "
-              "all-reduce / the dense 16-bit all-reduce, each with its own cheapest algorithm "
-              "(alpha %.0f us; the codec's algorithm in brackets)\n",
+  std::printf("\n== projection: speedup of the algorithm algo=auto runs for each codec over the "
+              "dense f32 all-reduce / the dense 16-bit all-reduce, each with its own cheapest "
+              "algorithm (alpha %.0f us; the codec's algorithm in brackets)\n",
               options.latency_us);
+  json += detail::concat("\"projection\": {\"latency_us\": ", json_number(options.latency_us),
+                         ", \"rows\": [\n");
+  bool first_projection = true;
   for (const ModelSize& model : options.models) {
     for (double gbps : options.gbps) {
       const LinkModel link = link_of(gbps, options.latency_us);
@@ -397,7 +471,7 @@ int run(const Options& options) {
         const double f16 = best_of(*half, model.parameters, ranks, link).seconds;
         std::printf("%6d %11.4e %11.4e", ranks, f32, f16);
         for (const auto& c : codecs) {
-          const CostEstimate best = best_of(*c, model.parameters, ranks, link);
+          const CostEstimate best = auto_choice_of(*c, model.parameters, ranks, link);
           char cell[64];
           std::snprintf(cell, sizeof cell, "%.2f/%.2f [%s]", f32 / best.seconds,
                         f16 / best.seconds, collectives::algorithm_id_name(best.algorithm));
@@ -408,12 +482,22 @@ int run(const Options& options) {
                          collectives::algorithm_id_name(best.algorithm), best.seconds, f32,
                          f16, f32 / best.seconds, f16 / best.seconds);
           }
+          json += detail::concat(
+              first_projection ? "" : ",\n", "  {\"model\": ", json_string(model.name),
+              ", \"parameters\": ", model.parameters, ", \"gbps\": ", json_number(gbps),
+              ", \"ranks\": ", ranks, ", \"spec\": ", json_string(c->text), ", \"algorithm\": ",
+              json_string(collectives::algorithm_id_name(best.algorithm)), ", \"seconds\": ",
+              json_number(best.seconds), ", \"dense_f32_seconds\": ", json_number(f32),
+              ", \"dense_f16_seconds\": ", json_number(f16), "}");
+          first_projection = false;
         }
         std::printf("\n");
       }
     }
   }
   if (csv != nullptr) std::fclose(csv);
+  json += "]},\n\"break_even\": [\n";
+  bool first_break_even = true;
 
   std::printf("\n== break-even link bandwidth (Gbit/s): above it the codec no longer beats the "
               "dense f32 / the dense 16-bit all-reduce (alpha %.0f us; 'never': not even at "
@@ -425,14 +509,21 @@ int run(const Options& options) {
     for (int ranks : options.ranks) {
       std::printf("%6d", ranks);
       for (const auto& c : codecs) {
-        const std::string cell =
-            gbps_text(break_even_gbps(*c, *dense, model.parameters, ranks, options.latency_us)) +
-            " / " + gbps_text(break_even_gbps(*c, *half, model.parameters, ranks, options.latency_us));
+        const double vs_f32 = break_even_gbps(*c, *dense, model.parameters, ranks, options.latency_us),
+                     vs_f16 = break_even_gbps(*c, *half, model.parameters, ranks, options.latency_us);
+        const std::string cell = gbps_text(vs_f32) + " / " + gbps_text(vs_f16);
         std::printf(" %22s", cell.c_str());
+        json += detail::concat(first_break_even ? "" : ",\n", "  {\"model\": ",
+                               json_string(model.name), ", \"ranks\": ", ranks, ", \"spec\": ",
+                               json_string(c->text), ", \"vs_f32_gbps\": ", json_number(vs_f32),
+                               ", \"vs_f16_gbps\": ", json_number(vs_f16), "}");
+        first_break_even = false;
       }
       std::printf("\n");
     }
   }
+  json += "]}\n";
+  if (!options.json_path.empty()) write_json_file("model", options.json_path, json);
   return 0;
 }
 

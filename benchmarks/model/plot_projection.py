@@ -18,20 +18,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("csv_path")
-    parser.add_argument("png_path")
-    parser.add_argument("--model", default="bert-large")
-    parser.add_argument("--gbps", default="1,10,100")
-    args = parser.parse_args()
-    speeds = [float(g) for g in args.gbps.split(",")]
-
-    rows = [r for r in csv.DictReader(open(args.csv_path)) if r["model"] == args.model]
-    if not rows:
-        sys.exit(f"plot_projection: no rows for model '{args.model}' in {args.csv_path}")
+def plot(rows, png_path, model, speeds):
+    """rows: dicts with ranks, gbps, spec, speedup_vs_f32 and speedup_vs_f16 (numbers) of one
+    model; one column per link speed in `speeds`, the f32 baseline above, 16-bit below."""
     specs = list(dict.fromkeys(r["spec"] for r in rows))
-
     figure, axes = plt.subplots(2, len(speeds), figsize=(4.2 * len(speeds), 7), sharex=True,
                                 squeeze=False)
     for column, gbps in enumerate(speeds):
@@ -52,10 +42,24 @@ def main():
             if row_index == 1:
                 axis.set_xlabel("ranks P")
     axes[0][0].legend(fontsize=7)
-    figure.suptitle(f"Projected all-reduce speedup, {args.model} gradients "
-                    "(gradzip-bench model; gamma of this CPU)", fontsize=10)
+    figure.suptitle(f"Projected all-reduce speedup, {model} gradients, with the algorithm "
+                    "algo=auto runs (gradzip-bench model; gamma of this CPU)", fontsize=10)
     figure.tight_layout()
-    figure.savefig(args.png_path, dpi=110)
+    figure.savefig(png_path, dpi=110)
+    plt.close(figure)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("csv_path")
+    parser.add_argument("png_path")
+    parser.add_argument("--model", default="bert-large")
+    parser.add_argument("--gbps", default="1,10,100")
+    args = parser.parse_args()
+    rows = [r for r in csv.DictReader(open(args.csv_path)) if r["model"] == args.model]
+    if not rows:
+        sys.exit(f"plot_projection: no rows for model '{args.model}' in {args.csv_path}")
+    plot(rows, args.png_path, args.model, [float(g) for g in args.gbps.split(",")])
 
 
 if __name__ == "__main__":
