@@ -7,8 +7,9 @@
 #                                [--data DIR]
 #
 # Needs a Release build (build/bin/gradzip-bench: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-# && cmake --build build) and root for the emulated-cluster suites (network namespaces).
-# --quick: smaller sizes and 3 rounds, about 3 minutes here; the full run (about 40 minutes) is
+# && cmake --build build), root for the emulated-cluster suites (network namespaces) and, for the
+# peers suite, a Python with torch (scripts/install-deps.sh --torch-venv makes one).
+# --quick: smaller sizes and 3 rounds, about 6 minutes here; the full run (about 75 minutes) is
 # what is committed.
 # Run nothing else on the machine meanwhile: the figures are wall-clock times.
 set -euo pipefail
@@ -16,4 +17,8 @@ root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-exec "${PYTHON:-python3}" "$root_dir/benchmarks/reproduce.py" "$@"
+# Debian's /usr/bin/python3 has python3-matplotlib (scripts/install-deps.sh) for the plots.
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x /usr/bin/python3 ]; then PYTHON=/usr/bin/python3; else PYTHON=python3; fi
+fi
+exec "$PYTHON" "$root_dir/benchmarks/reproduce.py" "$@"

@@ -35,6 +35,7 @@ make_torch_venv() {
 
 packages=(
   build-essential cmake             # compiler and build system
+  ccache                            # compiler cache: rebuilds of a fresh checkout take minutes
   libgtest-dev libgmock-dev         # GoogleTest (CMake package GTest)
   libopenmpi-dev openmpi-bin        # Open MPI transport and mpirun
   libeigen3-dev                     # Eigen: PowerSGD's dense products (pipeline/), the MLP example
