@@ -14,6 +14,12 @@
 //   theory_bytes_per_rank  what the algorithm's messages weigh by the formulas of
 //                          docs/algorithms.md, max over ranks
 //   speedup_vs_mpi         mpi_time_s / time_s
+//   link_gbps              --link-gbps's G (null without it)
+//   wire_s                 with --link-gbps G: sent_bytes_per_rank x 8 / (G x 1e9), the time the
+//                          busiest rank's bytes take on a link of G Gbit/s (nominal: TCP/IP
+//                          headers not counted); null without --link-gbps
+//   time_over_wire         time_s / wire_s: 1 is a call at the speed of its bytes; above it, the
+//                          CPU (codec work, copies) or latency sets the pace
 // --check adds, for one extra call on a tensor name of its own (so error-feedback residuals start
 // at zero and the result is the plain compressed all-reduce):
 //   max_abs_error          max_i |result_i - exact_i| over all ranks, exact = the f64 sum
@@ -38,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -77,6 +84,7 @@ struct Options {
   std::vector<std::string> specs;
   int iters = 5;
   bool check = false;
+  double link_gbps = 0;  // --link-gbps: the link wire_s assumes; 0: not given
   std::string json_path;
   bool help = false;
 };
@@ -93,7 +101,7 @@ std::vector<std::size_t> default_sizes() {
 void print_help() {
   std::printf(
       "usage: mpirun -np P gradzip-bench allreduce [--size BYTES]... [--codec SPEC]... [--iters N]\n"
-      "                                        [--check] [--json FILE]\n"
+      "                                        [--check] [--link-gbps G] [--json FILE]\n"
       "  --size BYTES  f32 data per rank, a multiple of 4; repeat for several\n"
       "                (default 1 KiB .. 64 MiB by powers of 4)\n"
       "  --codec SPEC  a compression spec; repeat for several (default none, fp16, qsgd:bits=4,\n"
@@ -102,6 +110,8 @@ void print_help() {
       "  --iters N     timed calls per measurement; the median is reported (default 5)\n"
       "  --check       also compare every rank's result with the exact f64 sum: max error, its\n"
       "                bound, and whether all ranks hold identical bytes; exit 1 on a failure\n"
+      "  --link-gbps G the ranks' link speed in Gbit/s: adds wire_s = sent bytes (max over\n"
+      "                ranks) / the link rate, and time / wire_s\n"
       "  --json FILE   also write one JSON object per (spec, size) to FILE (rank 0)\n"
       "time = the slowest rank's time of one call (a barrier before each call); algbw = bytes /\n"
       "time, busbw = algbw * 2(P-1)/P for the uncompressed f32 size; sent = CollectiveStats bytes\n"
@@ -146,6 +156,14 @@ Options parse_options(int argc, char** argv) {
       options.check = true;
     } else if (arg == "--json") {
       options.json_path = value();
+    } else if (arg == "--link-gbps") {
+      const std::string text = value();
+      char* end = nullptr;
+      options.link_gbps = std::strtod(text.c_str(), &end);
+      GZ_REQUIRE(!text.empty() && end == text.c_str() + text.size() &&
+                     std::isfinite(options.link_gbps) && options.link_gbps > 0,
+                 ErrorCode::invalid_argument, "allreduce: --link-gbps expects a positive number, got '",
+                 text, "'");
     } else if (arg == "--help" || arg == "-h") {
       options.help = true;
     } else {
@@ -509,10 +527,16 @@ struct Row {
   bool ranks_identical = false;
   double cosine = 1;
   double min_cosine = 0;
+  double link_gbps = 0;  // 0: no wire time
 
   double algbw_gbps() const { return time_s > 0 ? static_cast<double>(bytes) / time_s / 1e9 : 0; }
   double busbw_gbps() const { return algbw_gbps() * 2.0 * (ranks - 1) / ranks; }
   double speedup_vs_mpi() const { return time_s > 0 ? mpi_time_s / time_s : 0; }
+  // NaN without a link (json_number writes null).
+  double wire_s() const {
+    return link_gbps > 0 ? static_cast<double>(sent_bytes_per_rank) * 8.0 / (link_gbps * 1e9) : NAN;
+  }
+  double time_over_wire() const { return wire_s() > 0 ? time_s / wire_s() : NAN; }
   bool check_failed() const {
     return checked &&
            (!ranks_identical || !(max_abs_error <= error_bound) || !(cosine >= min_cosine));
@@ -666,9 +690,10 @@ Row measure(const std::string& spec_text, std::size_t bytes, const std::vector<f
   return row;
 }
 
-void print_header(bool check, int spec_width) {
+void print_header(bool check, bool wire, int spec_width) {
   std::printf("%-*s %-15s %9s %10s %8s %8s %10s %10s %10s %8s", spec_width, "spec", "algo", "size",
               "time_s", "algbw", "busbw", "sent/rank", "theory", "mpi_s", "speedup");
+  if (wire) std::printf(" %10s %7s", "wire_s", "t/wire");
   if (check)
     std::printf(" %10s %10s %7s %7s %5s", "max_err", "bound", "cosine", "min_cos", "same");
   std::printf("\n");
@@ -681,6 +706,7 @@ void print_row(const Row& row, int spec_width) {
               row.busbw_gbps(), human_bytes(static_cast<double>(row.sent_bytes_per_rank)).c_str(),
               human_bytes(static_cast<double>(row.theory_bytes_per_rank)).c_str(), row.mpi_time_s,
               row.speedup_vs_mpi());
+  if (row.link_gbps > 0) std::printf(" %10.3e %7.2f", row.wire_s(), row.time_over_wire());
   if (row.checked)
     std::printf(" %10.3e %10.3e %7.4f %7.4f %5s%s", row.max_abs_error, row.error_bound,
                 row.cosine, row.min_cosine, row.ranks_identical ? "yes" : "NO",
@@ -703,7 +729,10 @@ void write_json(const std::string& path, const std::vector<Row>& rows) {
          << ", \"sent_bytes_per_rank\": " << r.sent_bytes_per_rank
          << ", \"theory_bytes_per_rank\": " << r.theory_bytes_per_rank
          << ", \"mpi_time_s\": " << json_number(r.mpi_time_s)
-         << ", \"speedup_vs_mpi\": " << json_number(r.speedup_vs_mpi());
+         << ", \"speedup_vs_mpi\": " << json_number(r.speedup_vs_mpi())
+         << ", \"link_gbps\": " << json_number(r.link_gbps > 0 ? r.link_gbps : NAN)
+         << ", \"wire_s\": " << json_number(r.wire_s())
+         << ", \"time_over_wire\": " << json_number(r.time_over_wire());
     if (r.checked)
       json << ", \"max_abs_error\": " << json_number(r.max_abs_error)
            << ", \"error_bound\": " << json_number(r.error_bound)
@@ -729,7 +758,10 @@ int run(const Options& options) {
                 ranks, options.iters);
     std::printf("algbw = bytes/time, busbw = algbw*2(P-1)/P (uncompressed f32 bytes); GB/s = 1e9 "
                 "B/s; sent = bytes this rank sent (max over ranks), theory = docs/algorithms.md\n\n");
-    print_header(options.check, spec_width);
+    if (options.link_gbps > 0)
+      std::printf("wire_s = sent/rank at %g Gbit/s (nominal, no TCP/IP headers); t/wire = time_s / "
+                  "wire_s\n\n", options.link_gbps);
+    print_header(options.check, options.link_gbps > 0, spec_width);
   }
   std::vector<Row> rows;
   for (const std::size_t bytes : options.sizes) {
@@ -741,6 +773,7 @@ int run(const Options& options) {
       std::vector<float>& input = exact ? integers : gaussian;
       if (input.size() != count) input = contribution(count, rank, exact);
       rows.push_back(measure(spec, bytes, input, options.check, options.iters));
+      rows.back().link_gbps = options.link_gbps;
       if (root) print_row(rows.back(), spec_width);
     }
   }

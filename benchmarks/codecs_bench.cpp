@@ -2,6 +2,9 @@
 //   ratio        input bytes / encoded bytes (header included)
 //   encode GB/s  input bytes / best encode time of --repeat runs
 //   decode GB/s  input bytes / best decode time (into f32) of --repeat runs
+//   EF enc GB/s  input bytes / best time of the encode with error feedback, the path the
+//                collectives run when the spec has ef=on (ErrorFeedbackCodec::encode_chunk:
+//                g + e, encode, decode, e = g + e - D), whatever the spec's own ef= says
 //   memcpy GB/s  the same input bytes copied by memcpy, best of --repeat runs, measured in this run
 //   rel_error    ||g - D(C(g))|| / ||g||, in double
 // Throughputs are also printed as fractions of memcpy, the baseline measured in the same run.
@@ -17,6 +20,8 @@
 #include <vector>
 
 #include "benchmarks/bench_support.h"
+#include "error_feedback/error_feedback_codec.h"
+#include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/cpu_features.h"
@@ -41,6 +46,7 @@ struct Result {
   double ratio = 0;
   double encode_gbps = 0;
   double decode_gbps = 0;
+  double ef_encode_gbps = 0;
   double rel_error = 0;
 };
 
@@ -139,8 +145,8 @@ int run_codecs(int argc, char** argv) {
               options.size, static_cast<double>(input_bytes) / (1 << 20), options.repeat,
               std::string(kernels::cpu::isa_name(kernels::cpu::active_isa())).c_str());
   std::printf("memcpy baseline: %.2f GB/s\n\n", memcpy_gbps);
-  std::printf("%-44s %9s %9s %8s %9s %8s %10s\n", "codec", "ratio", "enc GB/s", "enc/cpy",
-              "dec GB/s", "dec/cpy", "rel_error");
+  std::printf("%-44s %9s %9s %8s %9s %8s %9s %8s %10s\n", "codec", "ratio", "enc GB/s", "enc/cpy",
+              "dec GB/s", "dec/cpy", "EF GB/s", "EF/cpy", "rel_error");
 
   std::vector<Result> results;
   int failures = 0;
@@ -156,6 +162,14 @@ int run_codecs(int argc, char** argv) {
         encoded_bytes = codec->encode(input, message, ctx);
       });
       const std::span<const std::byte> encoded(message.data(), encoded_bytes);
+      // Error feedback around the same codec, into its own message buffer (the residual
+      // changes with every run; the work per run does not).
+      error_feedback::ResidualStore store(1, 0, ResizePolicy::error);
+      error_feedback::ErrorFeedbackCodec with_feedback(make_codec(text), store);
+      std::vector<std::byte> ef_message(codec->max_encoded_bytes(gradient.size()), std::byte{0});
+      const double ef_encode_seconds = best_seconds(options.repeat, [&] {
+        with_feedback.encode_chunk("bench", gradient.size(), input, ef_message, ctx);
+      });
       const double decode_seconds = best_seconds(options.repeat, [&] {
         codec->decode(encoded, host_view(decoded.data(), decoded.size()));
       });
@@ -167,11 +181,13 @@ int run_codecs(int argc, char** argv) {
       }
       Result result{codec->name(), static_cast<double>(input_bytes) / encoded_bytes,
                     gbps(input_bytes, encode_seconds), gbps(input_bytes, decode_seconds),
+                    gbps(input_bytes, ef_encode_seconds),
                     norm_sq > 0 ? std::sqrt(error_sq / norm_sq) : 0.0};
       result.codec = text;
-      std::printf("%-44s %9.2f %9.2f %8.2f %9.2f %8.2f %10.3e\n", text.c_str(), result.ratio,
-                  result.encode_gbps, result.encode_gbps / memcpy_gbps, result.decode_gbps,
-                  result.decode_gbps / memcpy_gbps, result.rel_error);
+      std::printf("%-44s %9.2f %9.2f %8.2f %9.2f %8.2f %9.2f %8.2f %10.3e\n", text.c_str(),
+                  result.ratio, result.encode_gbps, result.encode_gbps / memcpy_gbps,
+                  result.decode_gbps, result.decode_gbps / memcpy_gbps, result.ef_encode_gbps,
+                  result.ef_encode_gbps / memcpy_gbps, result.rel_error);
       results.push_back(result);
     } catch (const Error& error) {
       std::printf("%-44s failed: %s\n", text.c_str(), error.what());
@@ -189,6 +205,7 @@ int run_codecs(int argc, char** argv) {
       const Result& r = results[i];
       json << "  {\"codec\": \"" << r.codec << "\", \"ratio\": " << r.ratio
            << ", \"encode_gbps\": " << r.encode_gbps << ", \"decode_gbps\": " << r.decode_gbps
+           << ", \"ef_encode_gbps\": " << r.ef_encode_gbps
            << ", \"memcpy_gbps\": " << memcpy_gbps << ", \"rel_error\": " << r.rel_error
            << ", \"size\": " << options.size << ", \"isa\": \""
            << kernels::cpu::isa_name(kernels::cpu::active_isa()) << "\"}"

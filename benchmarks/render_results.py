@@ -93,32 +93,47 @@ def render_codecs(record):
     lines = preamble(record)
     isas = sorted({row.get("isa", "?") for r in record["rounds"] for row in r["rows"]})
     size = record["rounds"][0]["rows"][0]["size"]
+    # Runs since the error-feedback column was added have ef_encode_gbps.
+    feedback = all("ef_encode_gbps" in row for r in record["rounds"] for row in r["rows"])
     lines += [f"{size} f32 elements of N(0, 1); ISA chosen at run time: {', '.join(isas)}. "
-              "`enc / memcpy`: encode throughput over `memcpy`'s in the same round.", ""]
-    lines += ["| codec | ratio | enc GB/s | enc / memcpy | dec GB/s | dec / memcpy | rel_error |",
-              "|---|---|---|---|---|---|---|"]
+              "`enc / memcpy`: encode throughput over `memcpy`'s in the same round."
+              + (" `EF enc`: the encode with error feedback that the collectives run for ef=on "
+                 "(g + e, encode, decode, e = g + e − D), whatever the spec's own ef= says."
+                 if feedback else ""), ""]
+    lines += ["| codec | ratio | enc GB/s | enc / memcpy | dec GB/s | dec / memcpy | "
+              + ("EF enc GB/s | EF enc / memcpy | " if feedback else "") + "rel_error |",
+              "|---|---|---|---|---|---|---|" + ("---|---|" if feedback else "")]
     for codec, rows in by_key(record, lambda row: row["codec"]).items():
+        ef = (f"| {spread([r['ef_encode_gbps'] for r in rows])} "
+              f"| {spread([r['ef_encode_gbps'] / r['memcpy_gbps'] for r in rows])} "
+              if feedback else "")
         lines.append(
             f"| {codec} | {spread([r['ratio'] for r in rows])} "
             f"| {spread([r['encode_gbps'] for r in rows])} "
             f"| {spread([r['encode_gbps'] / r['memcpy_gbps'] for r in rows])} "
             f"| {spread([r['decode_gbps'] for r in rows])} "
             f"| {spread([r['decode_gbps'] / r['memcpy_gbps'] for r in rows])} "
-            f"| {statistics.median(r['rel_error'] for r in rows):.3e} |")
+            + ef + f"| {statistics.median(r['rel_error'] for r in rows):.3e} |")
     return lines
 
 
 def render_allreduce(record):
     lines = preamble(record)
     ranks = record["rounds"][0]["rows"][0]["ranks"]
+    # The link of --link-gbps: the time / wire column exists only for runs given one.
+    wired = sorted({row["link_gbps"] for r in record["rounds"] for row in r["rows"]
+                    if row.get("link_gbps")})
     lines += [f"{ranks} ranks. `vs MPI`: `MPI_Allreduce` of the same data in the same round over "
               "gradzip's time; `vs none`: gradzip's own uncompressed algorithm (`none`) at the "
               "same size in the same round over this row's time. `cosine`: with the exact f64 "
               "sum, and its floor (`none` runs on integer data and must be exact); `check`: "
-              "every rank within the error bound, above the floor, byte-identical (all rounds).",
+              "every rank within the error bound, above the floor, byte-identical (all rounds)."
+              + (" `time / wire`: time_s over the time the busiest rank's bytes take at the "
+                 f"link's nominal {wired[0]:g} Gbit/s (1: the speed of its bytes)." if wired else ""),
               ""]
-    lines += ["| spec | algo | size | time_s | vs MPI | vs none | sent/rank | cosine (floor) | check |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| spec | algo | size | time_s | vs MPI | vs none | sent/rank | "
+              + ("time / wire | " if wired else "") + "cosine (floor) | check |",
+              "|---|---|---|---|---|---|---|---|---|" + ("---|" if wired else "")]
     none_time = {}
     for i, r in enumerate(record["rounds"]):
         for row in r["rows"]:
@@ -149,7 +164,8 @@ def render_allreduce(record):
             f"| {spread([row['time_s'] for row in rows], 4)} "
             f"| {spread([row['speedup_vs_mpi'] for row in rows])} "
             f"| {spread(vs_none)} | {human_bytes(max(row['sent_bytes_per_rank'] for row in rows))} "
-            f"| {cosine} | {'pass' if ok else ('FAIL' if checked else '-')} |")
+            + (f"| {spread([row.get('time_over_wire') for row in rows])} " if wired else "")
+            + f"| {cosine} | {'pass' if ok else ('FAIL' if checked else '-')} |")
     return lines
 
 

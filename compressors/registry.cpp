@@ -1,8 +1,11 @@
 #include "compressors/registry.h"
 
+#include <vector>
+
 #include "compressors/codec_descriptor.h"
 #include "compressors/device_codec.h"
 #include "gradzip/error.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip {
 namespace compressors {
@@ -38,6 +41,11 @@ class DeviceDispatchCodec final : public Codec {
     host_->decode_add(in, acc);
   }
 
+  void subtract_decoded(std::span<const std::byte> in, float* residual,
+                        std::size_t count) const override {
+    host_->subtract_decoded(in, residual, count);
+  }
+
   bool additive() const noexcept override { return host_->additive(); }
   bool sparse() const noexcept override { return host_->sparse(); }
 
@@ -62,6 +70,16 @@ void Codec::decode_add(std::span<const std::byte> in, TensorView acc) const {
              ".decode_add: the accumulator is on CUDA device ", acc.device.index,
              " and this codec object serves host memory (make_codec() codecs serve both)");
   decode_add(in, static_cast<float*>(acc.data), acc.count);
+}
+
+void Codec::subtract_decoded(std::span<const std::byte> in, float* residual,
+                             std::size_t count) const {
+  GZ_REQUIRE(residual != nullptr || count == 0, ErrorCode::invalid_argument, name(),
+             ".subtract_decoded: null residual for ", count, " elements");
+  std::vector<float> decoded(count);
+  decode(in, TensorView{decoded.data(), count, DType::f32, Device{}});
+  for (std::size_t i = 0; i < count; ++i)
+    residual[i] = kernels::finite_or_zero(residual[i] - decoded[i]);
 }
 
 std::unique_ptr<Codec> make_codec(const CompressionSpec& spec) {

@@ -32,6 +32,7 @@
 #include "compressors/registry.h"
 #include "compressors/wire_format.h"
 #include "kernels/cast_math.h"
+#include "kernels/nonfinite_math.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/topk_cpu.h"
 
@@ -168,6 +169,17 @@ class TopkCodec final : public Codec {
     const TopkPayload payload = validated_payload(in, count, "topk.decode_add");
     for (std::size_t j = 0; j < payload.entries; ++j)
       acc[static_cast<std::size_t>(payload.index(j))] += payload.value(j);
+  }
+
+  // Only the carried entries: everywhere else decode() writes +0.0.
+  void subtract_decoded(std::span<const std::byte> in, float* residual,
+                        std::size_t count) const override {
+    require_accumulator(residual, count, "topk.subtract_decoded");
+    const TopkPayload payload = validated_payload(in, count, "topk.subtract_decoded");
+    for (std::size_t j = 0; j < payload.entries; ++j) {
+      float& value = residual[static_cast<std::size_t>(payload.index(j))];
+      value = kernels::finite_or_zero(value - payload.value(j));
+    }
   }
 
   bool additive() const noexcept override { return false; }

@@ -1,6 +1,8 @@
 #include "error_feedback/error_feedback_codec.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <utility>
 
 #include "compressors/codec_checks.h"
@@ -53,10 +55,12 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
     // The same arithmetic on the device; the residual stays in the store (host memory).
     return device_feedback_encode(*codec_, chunk, residual, out, ctx, decoded);
   }
+  float* const e = residual.data();
+  if (decoded.empty() && chunk.dtype == DType::f32 && codec_->sparse())
+    return encode_sparse_in_place(static_cast<const float*>(chunk.data), e, count, out, ctx);
   std::vector<float>& scratch_buffer = scratch();
   if (scratch_buffer.size() < count) scratch_buffer.resize(count);
   float* const corrected = scratch_buffer.data();  // g'
-  float* const e = residual.data();
 
   // g' = g + e. Converted inputs go block by block so each block is still in L1 for the add.
   if (chunk.dtype == DType::f32) {
@@ -92,6 +96,39 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
     codec_->decode(message, TensorView{decoded.data(), count, DType::f32, Device{}});
     for (std::size_t i = 0; i < count; ++i)
       e[i] = kernels::finite_or_zero(corrected[i] - decoded[i]);
+  }
+  return message_bytes;
+}
+
+// The sparse codecs' path (top-k): the same message and the same residual as the general path
+// above, in fewer passes over memory. g' is formed in the residual's own memory and encoded from
+// there; then only the entries the message carries are updated (Codec::subtract_decoded), since
+// D is +0.0 everywhere else and e = g' - (+0.0) = g' for a finite g'. That is three streams over
+// the chunk (g, e in, e out) plus the encode, against the general path's scratch write, full
+// decode and second pass. When some g' is not finite, every element is updated as above, so
+// each non-finite one becomes 0. The encode's argument checks ran in encode_chunk before the
+// residual changed; it cannot fail after them.
+std::size_t ErrorFeedbackCodec::encode_sparse_in_place(const float* g, float* e, std::size_t count,
+                                                       std::span<std::byte> out,
+                                                       const EncodeContext& ctx) {
+  std::uint32_t non_finite = 0;  // an OR of "exponent all ones" (Inf, NaN) over g'
+  for (std::size_t i = 0; i < count; ++i) {
+    const float corrected = g[i] + e[i];
+    e[i] = corrected;
+    non_finite |= static_cast<std::uint32_t>(
+        (std::bit_cast<std::uint32_t>(corrected) & 0x7f800000u) == 0x7f800000u);
+  }
+  const std::size_t message_bytes =
+      codec_->encode(ConstTensorView{e, count, DType::f32, Device{}}, out, ctx);
+  const std::span<const std::byte> message(out.data(), message_bytes);
+  if (non_finite == 0) {
+    codec_->subtract_decoded(message, e, count);
+  } else {
+    std::vector<float>& scratch_buffer = scratch();
+    if (scratch_buffer.size() < count) scratch_buffer.resize(count);
+    codec_->decode(message, TensorView{scratch_buffer.data(), count, DType::f32, Device{}});
+    for (std::size_t i = 0; i < count; ++i)
+      e[i] = kernels::finite_or_zero(e[i] - scratch_buffer[i]);
   }
   return message_bytes;
 }

@@ -68,6 +68,18 @@ class Codec {
   // The same for an f32 accumulator anywhere (host or CUDA). The default serves host views.
   virtual void decode_add(std::span<const std::byte> in, TensorView acc) const;
 
+  // Error feedback's residual update for a message of this codec (error_feedback/
+  // error_feedback_codec.h): residual[i] = finite_or_zero(residual[i] - decoded[i]) for every
+  // element whose decoded value is not +0.0, where finite_or_zero turns NaN and Inf into 0.
+  // Elements whose decoded value is +0.0 may be left as they are: for a finite residual that is
+  // the same update (x - (+0.0) == x), so a caller whose residual is all finite gets exactly
+  // decode-then-subtract. Same validation as decode(); a bad message throws
+  // ErrorCode::malformed_message and leaves `residual` untouched. `residual` is host memory.
+  // The default decodes into a temporary and updates every element; a sparse codec touches
+  // only the entries its message carries, which saves error feedback a full decode.
+  virtual void subtract_decoded(std::span<const std::byte> in, float* residual,
+                                std::size_t count) const;
+
   // True when payloads of equal-length messages can be summed without decoding
   // (casts, shared-seed random-k).
   virtual bool additive() const noexcept = 0;

@@ -33,7 +33,7 @@ foreach(spec IN LISTS specs)
 endforeach()
 execute_process(
   COMMAND ${MPIEXEC} -np ${world_size} --oversubscribe --bind-to none
-          ${BENCH} allreduce --check --iters 1 ${arguments} --json ${json}
+          ${BENCH} allreduce --check --iters 1 --link-gbps 2 ${arguments} --json ${json}
   RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message(STATUS "${out}")
 if(NOT result EQUAL 0)
@@ -51,7 +51,7 @@ endif()
 
 set(keys spec algo ranks bytes time_s algbw_gbps busbw_gbps sent_bytes_per_rank
          theory_bytes_per_rank mpi_time_s speedup_vs_mpi max_abs_error error_bound cosine
-         min_cosine ranks_identical)
+         min_cosine ranks_identical link_gbps wire_s time_over_wire)
 math(EXPR last "${entries} - 1")
 set(index 0)
 foreach(size IN LISTS sizes)
@@ -92,6 +92,16 @@ foreach(size IN LISTS sizes)
     endif()
     if(NOT algo IN_LIST expected_algo_${codec})
       message(FATAL_ERROR "${where}: algorithm '${algo}', expected one of '${expected_algo_${codec}}'")
+    endif()
+    # --link-gbps 2: wire_s = sent bytes x 8 bits / 2e9 bit/s = sent x 4 ns (within 1 ns:
+    # %.9g), and time / wire positive.
+    math(EXPR wire_ns "${sent_bytes_per_rank} * 4")
+    math(EXPR wire_ns_low "${wire_ns} - 1")
+    math(EXPR wire_ns_high "${wire_ns} + 1")
+    if(NOT link_gbps EQUAL 2 OR wire_s LESS "${wire_ns_low}e-9" OR wire_s GREATER "${wire_ns_high}e-9"
+       OR NOT time_over_wire GREATER 0)
+      message(FATAL_ERROR "${where}: link_gbps ${link_gbps}, wire_s ${wire_s}, time_over_wire "
+                          "${time_over_wire}; expected 2, ${wire_ns} ns and a positive ratio")
     endif()
     # |sent - theory| <= theory / 50 + 2 (P - 1) * 32
     math(EXPR difference "${sent_bytes_per_rank} - ${theory_bytes_per_rank}")

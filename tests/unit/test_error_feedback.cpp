@@ -17,6 +17,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "error_feedback/checkpoint_file.h"
@@ -1165,6 +1166,53 @@ TEST_P(ErrorFeedbackCodecTest, ChunksReadAndUpdateSlicesOfOneResidual) {
 
 INSTANTIATE_TEST_SUITE_P(Codecs, ErrorFeedbackCodecTest, ::testing::ValuesIn(kEfCodecSpecs),
                          spec_test_name);
+
+TEST(ErrorFeedback, SparseInPlacePathMatchesTheGeneralPathOnEveryIsa) {
+  // encode_chunk runs sparse codecs (top-k) in place, updating only the entries the message
+  // carries, unless the caller asks for `decoded` (then the general path decodes in full). Both
+  // must give the same message and the same residual, bit for bit, on every ISA: over chunked
+  // steps, with f16 values that overflow (g' - inf: the residual element becomes 0), with
+  // infinite and NaN gradient elements, some of them not sent (the in-place path's full update)
+  // and with a -0.0 input.
+  using kernels::cpu::Isa;
+  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    testing::ScopedIsa forced(isa);
+    for (const std::string spec : {"topk:ratio=0.01", "topk:ratio=0.05,approx=on",
+                                   "topk:ratio=0.02,values=fp16", "topk:k=3"}) {
+      const std::shared_ptr<const Codec> codec = built_codec(spec);
+      ResidualStore in_place_store(1, 0, ResizePolicy::error), general_store(1, 0, ResizePolicy::error);
+      ErrorFeedbackCodec in_place(codec, in_place_store), general(codec, general_store);
+      constexpr std::size_t kCount = 5003, kSplit = 2048;
+      for (std::uint32_t step = 0; step < 6; ++step) {
+        auto grad = testing::gaussian(kCount, 7000 + step);
+        if (step == 2) grad[11] = 1.0e6f;  // beyond f16: values=fp16 sends inf
+        if (step == 3) {  // more infinities than top-k:k=3 sends, and a NaN
+          for (std::size_t i = 40; i < 44; ++i) grad[i] = std::numeric_limits<float>::infinity();
+          grad[44] = std::numeric_limits<float>::quiet_NaN();
+        }
+        if (step == 4) grad[5] = -0.0f;
+        for (const auto& [offset, count] : {std::pair{std::size_t{0}, kSplit},
+                                            std::pair{kSplit, kCount - kSplit}}) {
+          EncodeContext ctx = step_context(step, 3);
+          ctx.element_offset = offset;
+          const ConstTensorView chunk = host_view(grad.data() + offset, count);
+          std::vector<std::byte> a(codec->max_encoded_bytes(count)), b(a.size());
+          std::vector<float> decoded(count);
+          a.resize(in_place.encode_chunk("w", kCount, chunk, a, ctx));
+          b.resize(general.encode_chunk("w", kCount, chunk, b, ctx, decoded));
+          const std::string where = spec + ", isa " + std::string(kernels::cpu::isa_name(isa)) +
+                                    ", step " + std::to_string(step) + ", offset " +
+                                    std::to_string(offset);
+          ASSERT_EQ(a, b) << where;
+          expect_same_bits(in_place_store.residual("w"), general_store.residual("w"),
+                           "residual, " + where);
+        }
+      }
+      // The overflow and the infinite element left 0 where they went, not a non-finite value.
+      for (const float value : in_place_store.residual("w")) ASSERT_TRUE(std::isfinite(value)) << spec;
+    }
+  }
+}
 
 TEST(ErrorFeedback, ChunkedElementwiseCodecsMatchTheWholeTensor) {
   // For element-wise deterministic codecs a chunk boundary changes nothing: encoding in chunks
