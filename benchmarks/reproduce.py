@@ -33,7 +33,7 @@ Suites:
   peers              benchmarks/peers/ddp_peers.py in the emulated cluster (4 ranks, 1 Gbit/s):
                      PyTorch DDP's all-reduce, its fp16 and PowerSGD hooks, and gradzip's hook
                      (none, fp16, qsgd-4, sign, top-k 1%, PowerSGD-4, algo=auto) on a 24.2M-
-                     parameter model (--quick: 2.9M), step time and bytes; needs root and a
+                     parameter model (--quick: 1.9M), step time and bytes; needs root and a
                      Python with torch (see torch_python)
   cost_model         the cost model's validation and projection: the all-reduces of
                      VALIDATION_CODECS in the emulated cluster at P = 2, 3, 4, then

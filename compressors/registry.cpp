@@ -45,6 +45,9 @@ class DeviceDispatchCodec final : public Codec {
                         std::size_t count) const override {
     host_->subtract_decoded(in, residual, count);
   }
+  bool subtracts_decoded_in_place() const noexcept override {
+    return host_->subtracts_decoded_in_place();
+  }
 
   bool additive() const noexcept override { return host_->additive(); }
   bool sparse() const noexcept override { return host_->sparse(); }

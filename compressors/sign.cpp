@@ -23,6 +23,7 @@
 #include "compressors/wire_format.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/sign_cpu.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -122,6 +123,21 @@ class SignCodec final : public Codec {
     require_accumulator(acc, count, "sign.decode_add");
     kernels::cpu::sign_decode_add(validated_payload(in, count, "sign.decode_add"), acc);
   }
+
+  // Decoded block by block into a stack buffer, so the residual is read and written once.
+  void subtract_decoded(std::span<const std::byte> in, float* residual,
+                        std::size_t count) const override {
+    require_accumulator(residual, count, "sign.subtract_decoded");
+    const kernels::cpu::SignPayload payload = validated_payload(in, count, "sign.subtract_decoded");
+    float block[kernels::cpu::kConvertBlock];
+    for (std::size_t begin = 0; begin < count; begin += kernels::cpu::kConvertBlock) {
+      const std::size_t n = std::min(kernels::cpu::kConvertBlock, count - begin);
+      kernels::cpu::sign_decode(payload, begin, n, block);
+      for (std::size_t i = 0; i < n; ++i)
+        residual[begin + i] = kernels::finite_or_zero(residual[begin + i] - block[i]);
+    }
+  }
+  bool subtracts_decoded_in_place() const noexcept override { return true; }
 
   bool additive() const noexcept override { return false; }
   bool sparse() const noexcept override { return false; }

@@ -181,6 +181,7 @@ class TopkCodec final : public Codec {
       value = kernels::finite_or_zero(value - payload.value(j));
     }
   }
+  bool subtracts_decoded_in_place() const noexcept override { return true; }
 
   bool additive() const noexcept override { return false; }
   bool sparse() const noexcept override { return true; }

@@ -56,8 +56,8 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
     return device_feedback_encode(*codec_, chunk, residual, out, ctx, decoded);
   }
   float* const e = residual.data();
-  if (decoded.empty() && chunk.dtype == DType::f32 && codec_->sparse())
-    return encode_sparse_in_place(static_cast<const float*>(chunk.data), e, count, out, ctx);
+  if (decoded.empty() && chunk.dtype == DType::f32 && codec_->subtracts_decoded_in_place())
+    return encode_in_place(static_cast<const float*>(chunk.data), e, count, out, ctx);
   std::vector<float>& scratch_buffer = scratch();
   if (scratch_buffer.size() < count) scratch_buffer.resize(count);
   float* const corrected = scratch_buffer.data();  // g'
@@ -100,17 +100,19 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
   return message_bytes;
 }
 
-// The sparse codecs' path (top-k): the same message and the same residual as the general path
-// above, in fewer passes over memory. g' is formed in the residual's own memory and encoded from
-// there; then only the entries the message carries are updated (Codec::subtract_decoded), since
-// D is +0.0 everywhere else and e = g' - (+0.0) = g' for a finite g'. That is three streams over
-// the chunk (g, e in, e out) plus the encode, against the general path's scratch write, full
-// decode and second pass. When some g' is not finite, every element is updated as above, so
-// each non-finite one becomes 0. The encode's argument checks ran in encode_chunk before the
-// residual changed; it cannot fail after them.
-std::size_t ErrorFeedbackCodec::encode_sparse_in_place(const float* g, float* e, std::size_t count,
-                                                       std::span<std::byte> out,
-                                                       const EncodeContext& ctx) {
+// The path of codecs whose subtract_decoded works in place (top-k, sign): the same message and
+// the same residual as the general path above, in fewer passes over memory. g' is formed in
+// the residual's own memory and encoded from there; then Codec::subtract_decoded updates the
+// residual: top-k only at the entries its message carries (D is +0.0 everywhere else, and
+// e = g' - (+0.0) = g' for a finite g'), sign block by block through a stack buffer. That is
+// three streams over the chunk (g, e in, e out) plus the encode and the update, against the
+// general path's scratch write, full decode and second pass. When some g' is not finite, every
+// element is updated through a full decode, as above, so each non-finite one becomes 0. The
+// encode's argument checks ran in encode_chunk before the residual changed; it cannot fail
+// after them.
+std::size_t ErrorFeedbackCodec::encode_in_place(const float* g, float* e, std::size_t count,
+                                                std::span<std::byte> out,
+                                                const EncodeContext& ctx) {
   std::uint32_t non_finite = 0;  // an OR of "exponent all ones" (Inf, NaN) over g'
   for (std::size_t i = 0; i < count; ++i) {
     const float corrected = g[i] + e[i];

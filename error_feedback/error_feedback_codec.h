@@ -81,10 +81,11 @@ class ErrorFeedbackCodec {
   void release_scratch() noexcept;
 
  private:
-  // encode_chunk's path for sparse codecs (f32 input, no `decoded` wanted): g' formed in the
-  // residual's memory, only the carried entries updated. Same message and residual.
-  std::size_t encode_sparse_in_place(const float* g, float* e, std::size_t count,
-                                     std::span<std::byte> out, const EncodeContext& ctx);
+  // encode_chunk's path for codecs that subtract their decode in place (f32 input, no `decoded`
+  // wanted; Codec::subtracts_decoded_in_place): g' formed in the residual's memory, then
+  // Codec::subtract_decoded. Same message and residual as the general path.
+  std::size_t encode_in_place(const float* g, float* e, std::size_t count,
+                              std::span<std::byte> out, const EncodeContext& ctx);
 
   std::shared_ptr<const Codec> codec_;
   ResidualStore* store_;

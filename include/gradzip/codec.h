@@ -79,6 +79,10 @@ class Codec {
   // only the entries its message carries, which saves error feedback a full decode.
   virtual void subtract_decoded(std::span<const std::byte> in, float* residual,
                                 std::size_t count) const;
+  // True when subtract_decoded needs no memory of its own (it touches only the carried entries,
+  // or decodes block by block into a fixed buffer): error feedback then updates the residual in
+  // place instead of decoding the whole message into scratch (error_feedback_codec.h).
+  virtual bool subtracts_decoded_in_place() const noexcept { return false; }
 
   // True when payloads of equal-length messages can be summed without decoding
   // (casts, shared-seed random-k).

@@ -1167,23 +1167,28 @@ TEST_P(ErrorFeedbackCodecTest, ChunksReadAndUpdateSlicesOfOneResidual) {
 INSTANTIATE_TEST_SUITE_P(Codecs, ErrorFeedbackCodecTest, ::testing::ValuesIn(kEfCodecSpecs),
                          spec_test_name);
 
-TEST(ErrorFeedback, SparseInPlacePathMatchesTheGeneralPathOnEveryIsa) {
-  // encode_chunk runs sparse codecs (top-k) in place, updating only the entries the message
-  // carries, unless the caller asks for `decoded` (then the general path decodes in full). Both
-  // must give the same message and the same residual, bit for bit, on every ISA: over chunked
-  // steps, with f16 values that overflow (g' - inf: the residual element becomes 0), with
-  // infinite and NaN gradient elements, some of them not sent (the in-place path's full update)
-  // and with a -0.0 input.
+TEST(ErrorFeedback, InPlacePathMatchesTheGeneralPathOnEveryIsa) {
+  // encode_chunk runs top-k and sign in place (Codec::subtracts_decoded_in_place): top-k
+  // updates only the entries its message carries, sign decodes block by block. A caller that
+  // asks for `decoded` gets the general path, which decodes in full. Both must give the same
+  // message and the same residual, bit for bit, on every ISA: over chunked steps, with f16
+  // values that overflow (g' - inf: the residual element becomes 0), with infinite and NaN
+  // gradient elements, some of them not sent (the in-place path's full update), with a -0.0
+  // input, and with finite elements near FLT_MAX whose bucket sum overflows (sign's rescue of
+  // the scale, which reads g' again after the encoder's pass).
   using kernels::cpu::Isa;
   for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     testing::ScopedIsa forced(isa);
     for (const std::string spec : {"topk:ratio=0.01", "topk:ratio=0.05,approx=on",
-                                   "topk:ratio=0.02,values=fp16", "topk:k=3"}) {
+                                   "topk:ratio=0.02,values=fp16", "topk:k=3", "sign",
+                                   "sign:bucket=64", "sign:bucket=7"}) {
       const std::shared_ptr<const Codec> codec = built_codec(spec);
       ResidualStore in_place_store(1, 0, ResizePolicy::error), general_store(1, 0, ResizePolicy::error);
       ErrorFeedbackCodec in_place(codec, in_place_store), general(codec, general_store);
-      constexpr std::size_t kCount = 5003, kSplit = 2048;
-      for (std::uint32_t step = 0; step < 6; ++step) {
+      // Chunks of several of sign's 4096-element decode blocks (kernels/cpu/convert.h), the
+      // second starting inside a sign bucket.
+      constexpr std::size_t kCount = 20011, kSplit = 8200;
+      for (std::uint32_t step = 0; step < 7; ++step) {
         auto grad = testing::gaussian(kCount, 7000 + step);
         if (step == 2) grad[11] = 1.0e6f;  // beyond f16: values=fp16 sends inf
         if (step == 3) {  // more infinities than top-k:k=3 sends, and a NaN
@@ -1191,6 +1196,9 @@ TEST(ErrorFeedback, SparseInPlacePathMatchesTheGeneralPathOnEveryIsa) {
           grad[44] = std::numeric_limits<float>::quiet_NaN();
         }
         if (step == 4) grad[5] = -0.0f;
+        if (step == 5) {
+          for (std::size_t i = 100; i < 110; ++i) grad[i] = 3.0e38f;
+        }
         for (const auto& [offset, count] : {std::pair{std::size_t{0}, kSplit},
                                             std::pair{kSplit, kCount - kSplit}}) {
           EncodeContext ctx = step_context(step, 3);
