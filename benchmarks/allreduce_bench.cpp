@@ -44,7 +44,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -157,13 +156,7 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--json") {
       options.json_path = value();
     } else if (arg == "--link-gbps") {
-      const std::string text = value();
-      char* end = nullptr;
-      options.link_gbps = std::strtod(text.c_str(), &end);
-      GZ_REQUIRE(!text.empty() && end == text.c_str() + text.size() &&
-                     std::isfinite(options.link_gbps) && options.link_gbps > 0,
-                 ErrorCode::invalid_argument, "allreduce: --link-gbps expects a positive number, got '",
-                 text, "'");
+      options.link_gbps = parse_positive("allreduce", value(), arg);
     } else if (arg == "--help" || arg == "-h") {
       options.help = true;
     } else {

@@ -20,6 +20,15 @@ std::size_t parse_count(const char* command, const char* text, std::string_view 
   return static_cast<std::size_t>(value);
 }
 
+double parse_positive(const char* command, const std::string& text, std::string_view flag) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  GZ_REQUIRE(!text.empty() && end == text.c_str() + text.size() && std::isfinite(value) && value > 0,
+             ErrorCode::invalid_argument, command, ": ", flag, " expects a positive number, got '",
+             text, "'");
+  return value;
+}
+
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int unit = 0;

@@ -21,6 +21,11 @@ namespace gradzip::bench {
 // otherwise wrap around to a huge value).
 std::size_t parse_count(const char* command, const char* text, std::string_view flag);
 
+// `text` as a finite number > 0, the value of option `flag` of subcommand `command`. Throws
+// Error(invalid_argument) "<command>: <flag> expects a positive number, got '<text>'" when
+// `text` is empty, has anything after the number, or is not finite and positive.
+double parse_positive(const char* command, const std::string& text, std::string_view flag);
+
 // `bytes` in the largest of B, KiB, MiB, GiB that leaves at least 1: "512 B", "1.5 KiB".
 std::string human_bytes(double bytes);
 

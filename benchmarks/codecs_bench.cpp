@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -152,7 +153,7 @@ int run_codecs(int argc, char** argv) {
   int failures = 0;
   for (const std::string& text : options.codecs) {
     try {
-      const auto codec = make_codec(text);
+      const std::shared_ptr<const Codec> codec = make_codec(text);
       std::vector<std::byte> message(codec->max_encoded_bytes(gradient.size()));
       std::fill(message.begin(), message.end(), std::byte{0});
       const EncodeContext ctx{.seed = 1, .step = 1, .tensor_id = 7, .element_offset = 0};
@@ -165,7 +166,7 @@ int run_codecs(int argc, char** argv) {
       // Error feedback around the same codec, into its own message buffer (the residual
       // changes with every run; the work per run does not).
       error_feedback::ResidualStore store(1, 0, ResizePolicy::error);
-      error_feedback::ErrorFeedbackCodec with_feedback(make_codec(text), store);
+      error_feedback::ErrorFeedbackCodec with_feedback(codec, store);
       std::vector<std::byte> ef_message(codec->max_encoded_bytes(gradient.size()), std::byte{0});
       const double ef_encode_seconds = best_seconds(options.repeat, [&] {
         with_feedback.encode_chunk("bench", gradient.size(), input, ef_message, ctx);

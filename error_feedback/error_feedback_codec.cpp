@@ -1,8 +1,6 @@
 #include "error_feedback/error_feedback_codec.h"
 
 #include <algorithm>
-#include <bit>
-#include <cstdint>
 #include <utility>
 
 #include "compressors/codec_checks.h"
@@ -106,32 +104,24 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
 // residual: top-k only at the entries its message carries (D is +0.0 everywhere else, and
 // e = g' - (+0.0) = g' for a finite g'), sign block by block through a stack buffer. That is
 // three streams over the chunk (g, e in, e out) plus the encode and the update, against the
-// general path's scratch write, full decode and second pass. When some g' is not finite, every
-// element is updated through a full decode, as above, so each non-finite one becomes 0. The
-// encode's argument checks ran in encode_chunk before the residual changed; it cannot fail
+// general path's scratch write, full decode and second pass. When some g' is not finite, a
+// finite_or_zero sweep after the update gives each element the general path's
+// finite_or_zero(g' - D): the updated entries are finite already, the others are g' - (+0.0).
+// The encode's argument checks ran in encode_chunk before the residual changed; it cannot fail
 // after them.
 std::size_t ErrorFeedbackCodec::encode_in_place(const float* g, float* e, std::size_t count,
                                                 std::span<std::byte> out,
                                                 const EncodeContext& ctx) {
-  std::uint32_t non_finite = 0;  // an OR of "exponent all ones" (Inf, NaN) over g'
+  bool any_non_finite = false;
   for (std::size_t i = 0; i < count; ++i) {
-    const float corrected = g[i] + e[i];
-    e[i] = corrected;
-    non_finite |= static_cast<std::uint32_t>(
-        (std::bit_cast<std::uint32_t>(corrected) & 0x7f800000u) == 0x7f800000u);
+    e[i] = g[i] + e[i];
+    any_non_finite |= kernels::f32_bits_nonfinite(kernels::float_bits(e[i]));
   }
   const std::size_t message_bytes =
       codec_->encode(ConstTensorView{e, count, DType::f32, Device{}}, out, ctx);
-  const std::span<const std::byte> message(out.data(), message_bytes);
-  if (non_finite == 0) {
-    codec_->subtract_decoded(message, e, count);
-  } else {
-    std::vector<float>& scratch_buffer = scratch();
-    if (scratch_buffer.size() < count) scratch_buffer.resize(count);
-    codec_->decode(message, TensorView{scratch_buffer.data(), count, DType::f32, Device{}});
-    for (std::size_t i = 0; i < count; ++i)
-      e[i] = kernels::finite_or_zero(e[i] - scratch_buffer[i]);
-  }
+  codec_->subtract_decoded(std::span<const std::byte>(out.data(), message_bytes), e, count);
+  if (any_non_finite)
+    for (std::size_t i = 0; i < count; ++i) e[i] = kernels::finite_or_zero(e[i]);
   return message_bytes;
 }
 

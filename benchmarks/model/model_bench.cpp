@@ -111,15 +111,6 @@ std::vector<std::string> split_list(const std::string& text) {
   return parts;
 }
 
-double parse_positive(const char* flag, const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  GZ_REQUIRE(!text.empty() && end == text.c_str() + text.size() && std::isfinite(value) && value > 0,
-             ErrorCode::invalid_argument, "model: ", flag, " expects a positive number, got '",
-             text, "'");
-  return value;
-}
-
 Options parse(int argc, char** argv) {
   Options options;
   bool codecs_given = false;
@@ -143,9 +134,10 @@ Options parse(int argc, char** argv) {
         GZ_REQUIRE(p >= 2, ErrorCode::invalid_argument, "model: --ranks takes counts >= 2, got ", p);
     } else if (arg == "--gbps") {
       options.gbps.clear();
-      for (const std::string& g : split_list(value())) options.gbps.push_back(parse_positive("--gbps", g));
+      for (const std::string& g : split_list(value()))
+        options.gbps.push_back(parse_positive("model", g, "--gbps"));
     } else if (arg == "--latency-us") {
-      options.latency_us = parse_positive("--latency-us", value());
+      options.latency_us = parse_positive("model", value(), "--latency-us");
     } else if (arg == "--sample") {
       options.sample = parse_count("model", value().c_str(), "--sample");
       GZ_REQUIRE(options.sample > 0, ErrorCode::invalid_argument, "model: --sample must be > 0");
@@ -155,8 +147,8 @@ Options parse(int argc, char** argv) {
       options.json_path = value();
     } else if (arg == "--models") {
       std::vector<ModelSize> chosen;
+      const std::vector<ModelSize> all = Options{}.models;
       for (const std::string& name : split_list(value())) {
-        const std::vector<ModelSize> all = Options{}.models;
         const auto known = std::find_if(all.begin(), all.end(),
                                         [&](const ModelSize& m) { return m.name == name; });
         GZ_REQUIRE(known != all.end(), ErrorCode::invalid_argument,
@@ -168,15 +160,15 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--validate") {
       options.validate.push_back(value());
     } else if (arg == "--link-gbps") {
-      options.link_gbps = parse_positive("--link-gbps", value());
+      options.link_gbps = parse_positive("model", value(), "--link-gbps");
     } else if (arg == "--link-latency-us") {
-      options.link_latency_us = parse_positive("--link-latency-us", value());
+      options.link_latency_us = parse_positive("model", value(), "--link-latency-us");
     } else if (arg == "--choice-cost") {
       options.choice_cost = true;
     } else if (arg == "--cores") {
-      options.cores = parse_positive("--cores", value());
+      options.cores = parse_positive("model", value(), "--cores");
     } else if (arg == "--link-efficiency") {
-      options.link_efficiency = parse_positive("--link-efficiency", value());
+      options.link_efficiency = parse_positive("model", value(), "--link-efficiency");
     } else {
       GZ_THROW(ErrorCode::invalid_argument, "model: unknown option '", arg, "' (see --help)");
     }
