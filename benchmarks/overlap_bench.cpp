@@ -93,6 +93,7 @@
 #include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
 #include "gradzip/reducer.h"
+#include "collectives/timeline.h"
 #include "pipeline/model_spec.h"
 #endif
 
@@ -123,6 +124,7 @@ struct Options {
   int warmup = 2;
   ReducerOptions reducer;  // spec is set per --codec
   std::string json_path;
+  std::string trace_path;  // --trace: the Reducer's timeline of the last overlapped step
   bool help = false;
 };
 
@@ -134,7 +136,7 @@ void print_help() {
       "usage: mpirun -np P gradzip-bench overlap [--model small|25m] [--batch N]\n"
       "                                      [--codec SPEC]... [--iters N] [--warmup N] [--lanes N]\n"
       "                                      [--first-bucket-bytes B] [--bucket-bytes B]\n"
-      "                                      [--chunk-bytes B] [--json FILE]\n"
+      "                                      [--chunk-bytes B] [--json FILE] [--trace FILE]\n"
       "  --model M     layer shapes of a transformer's blocks: 25m (d=512, 8 blocks, 25.2M\n"
       "                parameters; default) or small (d=128, 2 blocks, 0.4M)\n"
       "  --batch N     rows of the emulated activations; backward costs 2*N flops per weight\n"
@@ -146,6 +148,9 @@ void print_help() {
       "  --lanes N, --first-bucket-bytes B, --bucket-bytes B, --chunk-bytes B\n"
       "                ReducerOptions (defaults %d, %zu, %zu, %zu)\n"
       "  --json FILE   also write one JSON object per spec to FILE (rank 0)\n"
+      "  --trace FILE  the Reducer's timeline (Chrome trace / Perfetto JSON) of the last\n"
+      "                overlapped step, one file per rank (FILE with .rank<R> before its\n"
+      "                extension; with several --codec, .spec<I> before that)\n"
       "Each iteration times, after a barrier each: backward alone (compute), the Reducer alone\n"
       "(comm), backward then the Reducer (sequential), backward marking gradients ready as they\n"
       "appear (overlapped). A time is the slowest rank's; the median over iterations is shown.\n",
@@ -193,6 +198,8 @@ Options parse_options(int argc, char** argv) {
       options.reducer.chunk_bytes = positive(value());
     } else if (arg == "--json") {
       options.json_path = value();
+    } else if (arg == "--trace") {
+      options.trace_path = value();
     } else if (arg == "--help" || arg == "-h") {
       options.help = true;
     } else {
@@ -503,10 +510,25 @@ struct Row {
   }
 };
 
-Row measure(const std::string& spec, const Options& options, EmulatedModel& model,
-            Communicator& communicator) {
+// --trace FILE for the spec at `spec_index`: FILE itself with one spec, else FILE with
+// ".spec<I>" before its extension.
+std::string trace_path_of(const Options& options, std::size_t spec_index) {
+  if (options.specs.size() == 1) return options.trace_path;
+  return collectives::insert_before_extension(options.trace_path,
+                                              ".spec" + std::to_string(spec_index));
+}
+
+Row measure(const std::string& spec, std::size_t spec_index, const Options& options,
+            EmulatedModel& model, Communicator& communicator) {
   ReducerOptions reducer_options = options.reducer;
   reducer_options.spec = spec;
+  if (!options.trace_path.empty()) {
+    // Every iteration steps the Reducer 3 times (comm, sequential, overlapped): the last
+    // overlapped step is the last step of all.
+    reducer_options.timeline_path = trace_path_of(options, spec_index);
+    reducer_options.timeline_first_step = 3 * static_cast<std::uint64_t>(options.warmup + options.iters) - 1;
+    reducer_options.timeline_steps = 1;
+  }
   // A Reducer per spec: error-feedback residuals and the step counter start afresh.
   Reducer reducer(communicator, reducer_options);
   model.register_with(reducer);
@@ -657,8 +679,9 @@ int run(const Options& options) {
     print_header(spec_width);
   }
   std::vector<Row> rows;
-  for (const std::string& spec : options.specs) {
-    rows.push_back(measure(spec, options, model, communicator));
+  for (std::size_t i = 0; i < options.specs.size(); ++i) {
+    const std::string& spec = options.specs[i];
+    rows.push_back(measure(spec, i, options, model, communicator));
     if (root) print_row(rows.back(), spec_width);
   }
   if (root && !options.json_path.empty()) write_json(options.json_path, rows, options, model);

@@ -44,7 +44,7 @@ void compressed_allgather(ReduceJob& job) {
   message_memory.resize(capacity);
   std::size_t message_bytes = 0;
   {
-    StageTimer timer(job.stats.encode_seconds);
+    StageTimer timer(job.stats, Stage::encode);
     const ConstTensorView shard(mine.data(), mine.size(), DType::f32, job.device);
     const EncodeContext ctx = encode_context(job, shard_begin(count, ranks, rank));
     message_bytes =
@@ -54,7 +54,7 @@ void compressed_allgather(ReduceJob& job) {
   const std::span<const std::byte> message(message_memory.data(), message_bytes);
 
   const auto decode_shard = [&](int s, std::span<const std::byte> bytes) {
-    StageTimer timer(job.stats.decode_seconds);
+    StageTimer timer(job.stats, Stage::decode);
     const std::span<float> shard = shard_data(s);
     job.codec.decode(bytes, TensorView{shard.data(), shard.size(), DType::f32, job.device});
   };
@@ -66,7 +66,7 @@ void compressed_allgather(ReduceJob& job) {
   // 2. Message sizes, checked before they size anything.
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks));
   {
-    StageTimer timer(job.stats.communicate_seconds);
+    StageTimer timer(job.stats, Stage::communicate);
     const std::uint64_t my_size = message_bytes;
     job.transport.allgather_u64(std::span<const std::uint64_t>(&my_size, 1), sizes);
   }
@@ -88,7 +88,7 @@ void compressed_allgather(ReduceJob& job) {
   all_memory.resize(all_bytes);
   const std::span<std::byte> all = all_memory.span();
   {
-    StageTimer timer(job.stats.communicate_seconds);
+    StageTimer timer(job.stats, Stage::communicate);
     job.transport.allgatherv(message, all, block_bytes);
   }
   const std::uint64_t size_bytes = sizeof(std::uint64_t) * static_cast<std::uint64_t>(ranks - 1);

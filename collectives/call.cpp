@@ -2,9 +2,11 @@
 #include "collectives/call.h"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 
 #include "collectives/device_memory.h"
+#include "collectives/json_text.h"
 #include "collectives/nonfinite_policy.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/nonfinite_cpu.h"
@@ -135,6 +137,34 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
                  &call.beyond_wire_range);
   if (!call.explicit_step) state.count_call(call.name);
   return step;
+}
+
+CallSpan::CallSpan(const Call& call, const CollectiveStats& stats)
+    : call_(call),
+      stats_(stats),
+      timeline_(current_thread_timeline()),
+      begin_(TimelineClock::now()),
+      exceptions_at_begin_(std::uncaught_exceptions()) {}
+
+CallSpan::~CallSpan() {
+  if (timeline_.timeline == nullptr) return;
+  const TimelineClock::time_point end = TimelineClock::now();
+  try {
+    std::string args = detail::concat(
+        "\"spec\":", json_quoted(stats_.spec), ",\"algorithm\":", json_quoted(stats_.algorithm),
+        ",\"count\":", stats_.count, ",\"ranks\":", stats_.ranks,
+        ",\"sent_bytes\":", stats_.sent_bytes(), ",\"sent_index_bytes\":", stats_.sent_index_bytes,
+        ",\"received_bytes\":", stats_.received_bytes,
+        ",\"encoded_input_bytes\":", stats_.encoded_input_bytes,
+        ",\"encoded_message_bytes\":", stats_.encoded_message_bytes);
+    if (step_) args += detail::concat(",\"step\":", *step_);
+    if (!stats_.note.empty()) args += ",\"note\":" + json_quoted(stats_.note);
+    if (std::uncaught_exceptions() > exceptions_at_begin_) args += ",\"failed\":true";
+    timeline_.timeline->span(timeline_.track,
+                             detail::concat(collective_kind_name(call_.kind), " ", call_.name),
+                             "call", begin_, end, args);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory for a trace event; drop it
+  }
 }
 
 CollectiveStats start_stats(const Call& call, const Transport& transport) {

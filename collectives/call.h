@@ -15,6 +15,7 @@
 #include "collectives/call_check.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
+#include "collectives/timeline.h"
 #include "collectives/transport/deadline.h"
 #include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
@@ -60,11 +61,32 @@ CollectiveStats start_stats(const Call& call, const Transport& transport);
 // The spec of a warm-up call: no compression, no error feedback.
 CompressionSpec warmup_spec(const CompressionSpec& spec);
 
+// While the thread records a timeline (collectives/timeline.h): records one call as a span
+// "<kind> <name>" (category "call") from construction to destruction, with the stats as args
+// (spec, algorithm, count, ranks, step, bytes by kind; "failed": true when left by an exception).
+class CallSpan {
+ public:
+  CallSpan(const Call& call, const CollectiveStats& stats);
+  ~CallSpan();
+  CallSpan(const CallSpan&) = delete;
+  CallSpan& operator=(const CallSpan&) = delete;
+  void set_step(std::uint32_t step) noexcept { step_ = step; }
+
+ private:
+  const Call& call_;
+  const CollectiveStats& stats_;
+  ThreadTimeline timeline_;
+  TimelineClock::time_point begin_;
+  int exceptions_at_begin_;
+  std::optional<std::uint32_t> step_;
+};
+
 // Runs one call: the stats header, the call check (which gives the step), then
 // body(step, stats), all timed as the call's total.
 template <typename Body>
 CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
   CollectiveStats stats = start_stats(call, state.transport());
+  CallSpan span(call, stats);
   // What a timeout report names (collectives/transport/deadline.h): this call, its step and its
   // number among the communicator's calls (begin_call's start_call opens calls_started() + 1).
   const OperationScope operation(CurrentOperation{
@@ -72,8 +94,9 @@ CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
       call.explicit_step ? *call.explicit_step : state.call_number_of(call.name),
       state.calls_started() + 1, "the call check"});
   {
-    StageTimer total(stats.total_seconds);
+    StageTimer total(stats, Stage::total);
     const std::uint32_t step = begin_call(state, call);
+    span.set_step(step);
     set_operation_phase("the data exchange");
     body(step, stats);
   }

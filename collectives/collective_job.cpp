@@ -111,14 +111,71 @@ std::size_t PendingRequests::wait(std::size_t handle) {
 }
 
 std::size_t PendingRequests::timed_wait(std::size_t handle, CollectiveStats& stats) {
-  StageTimer timer(stats.communicate_seconds);
-  return wait(handle);
+  StageTimer timer(stats, Stage::communicate);
+  const std::size_t bytes = wait(handle);
+  timer.note_bytes(bytes);
+  return bytes;
 }
 
 std::size_t PendingRequests::wait_receive(std::size_t handle, CollectiveStats& stats) {
   const std::size_t bytes = timed_wait(handle, stats);
   stats.received_bytes += bytes;
   return bytes;
+}
+
+namespace {
+
+double& stage_seconds(CollectiveStats& stats, Stage stage) {
+  switch (stage) {
+    case Stage::encode: return stats.encode_seconds;
+    case Stage::communicate: return stats.communicate_seconds;
+    case Stage::decode: return stats.decode_seconds;
+    case Stage::total: break;
+  }
+  return stats.total_seconds;
+}
+
+const char* stage_name(Stage stage) {
+  switch (stage) {
+    case Stage::encode: return "encode";
+    case Stage::communicate: return "communicate";
+    case Stage::decode: return "decode";
+    case Stage::total: break;
+  }
+  return "total";
+}
+
+}  // namespace
+
+StageTimer::StageTimer(CollectiveStats& stats, Stage stage)
+    : stats_(stats),
+      stage_(stage),
+      timeline_(stage == Stage::total ? ThreadTimeline{} : current_thread_timeline()),
+      start_(std::chrono::steady_clock::now()) {
+  if (timeline_.timeline == nullptr) return;
+  sent_at_start_ = stats.sent_bytes();
+  received_at_start_ = stats.received_bytes;
+  encoded_input_at_start_ = stats.encoded_input_bytes;
+  encoded_message_at_start_ = stats.encoded_message_bytes;
+}
+
+StageTimer::~StageTimer() {
+  const auto end = std::chrono::steady_clock::now();
+  stage_seconds(stats_, stage_) += std::chrono::duration<double>(end - start_).count();
+  if (timeline_.timeline == nullptr) return;
+  std::string args;
+  const auto add = [&](const char* key, std::uint64_t value) {
+    if (value != 0) args += detail::concat(args.empty() ? "" : ",", "\"", key, "\":", value);
+  };
+  add("bytes", noted_bytes_);
+  add("sent_bytes", stats_.sent_bytes() - sent_at_start_);
+  add("received_bytes", stats_.received_bytes - received_at_start_);
+  add("encoded_input_bytes", stats_.encoded_input_bytes - encoded_input_at_start_);
+  add("encoded_message_bytes", stats_.encoded_message_bytes - encoded_message_at_start_);
+  try {
+    timeline_.timeline->span(timeline_.track, stage_name(stage_), "stage", start_, end, args);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory for a trace event; drop it
+  }
 }
 
 void fill_zero(std::span<float> data, Device where) {

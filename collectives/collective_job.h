@@ -13,6 +13,7 @@
 
 #include "collectives/codec_table.h"
 #include "collectives/device_memory.h"
+#include "collectives/timeline.h"
 #include "collectives/transport/transport.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
@@ -116,19 +117,36 @@ class PendingRequests {
 // data[i] = +0.0f; `data` is host memory or memory of `where`.
 void fill_zero(std::span<float> data, Device where);
 
-// Adds the time between construction and destruction to one of the stats' stage fields.
+// The stages of a call that CollectiveStats times.
+enum class Stage : std::uint8_t { encode, communicate, decode, total };
+
+// Adds the time between construction and destruction to the stats' field of `stage`. While the
+// thread records a timeline (collectives/timeline.h) it also records the stage as a span
+// (category "stage"; Stage::total records none: run_call records the call) whose args are the
+// bytes the stats counted meanwhile (sent_bytes, received_bytes, encoded_input_bytes,
+// encoded_message_bytes, those not zero) and the bytes given to note_bytes.
 class StageTimer {
  public:
-  explicit StageTimer(double& seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
-  ~StageTimer() {
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  StageTimer(CollectiveStats& stats, Stage stage);
+  ~StageTimer();
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
 
+  // Bytes the stage moved that the stats count elsewhere or not at all (a completed request's):
+  // the span's "bytes" argument.
+  void note_bytes(std::size_t bytes) noexcept { noted_bytes_ += bytes; }
+
  private:
-  double& seconds_;
+  CollectiveStats& stats_;
+  Stage stage_;
+  ThreadTimeline timeline_;
   std::chrono::steady_clock::time_point start_;
+  // The stats' byte counters at construction (read only while recording a timeline).
+  std::uint64_t sent_at_start_ = 0;
+  std::uint64_t received_at_start_ = 0;
+  std::uint64_t encoded_input_at_start_ = 0;
+  std::uint64_t encoded_message_at_start_ = 0;
+  std::size_t noted_bytes_ = 0;
 };
 
 // The algorithms, one per file. Each works for any count (0 included) and any rank count.

@@ -69,7 +69,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
                          route_of(state, call.tensor, spec, algorithm, shared_index), stats);
     divide_for_average(memory, call.op);
     if (choice.path == AllreducePath::transport_sum) {
-      StageTimer communicate(stats.communicate_seconds);
+      StageTimer communicate(stats, Stage::communicate);
       memory.transport->allreduce_f32_sum(memory.data);
     } else {
       ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);

@@ -184,7 +184,7 @@ class HalvingDoubling {
     std::vector<std::span<const std::byte>> messages;
     try {
       messages = split_blocks(blob().first(blob_bytes));
-      StageTimer timer(job_.stats.decode_seconds);
+      StageTimer timer(job_.stats, Stage::decode);
       for (int b = 0; b < p2_; ++b) {
         const std::span<float> values = range_data(b, b + 1);
         job_.codec.decode(messages[idx(b)],
@@ -234,7 +234,7 @@ class HalvingDoubling {
   // returns the message size.
   std::size_t encode(std::span<const float> values, std::span<std::byte> out, JobEncoder& encoder,
                      const EncodeContext& ctx) {
-    StageTimer timer(job_.stats.encode_seconds);
+    StageTimer timer(job_.stats, Stage::encode);
     const ConstTensorView view(values.data(), values.size(), DType::f32, job_.device);
     const std::size_t bytes = encoder.encode(view, out, ctx);
     count_encoded(job_.stats, values.size(), bytes);
@@ -242,7 +242,7 @@ class HalvingDoubling {
   }
 
   void decode_add(std::span<const std::byte> message, std::span<float> into) {
-    StageTimer timer(job_.stats.decode_seconds);
+    StageTimer timer(job_.stats, Stage::decode);
     job_.codec.decode_add(message, TensorView{into.data(), into.size(), DType::f32, job_.device});
   }
 

@@ -85,7 +85,7 @@ NodeLayout agree_on_layout(const ReduceJob& job, Transport& intra, Transport& in
                                              static_cast<std::uint64_t>(inter.size())};
   std::vector<std::uint64_t> all(static_cast<std::size_t>(world.size()) * kLayoutValues);
   {
-    StageTimer timer(job.stats.communicate_seconds);
+    StageTimer timer(job.stats, Stage::communicate);
     world.allgather_u64(mine, all);
   }
   const auto value = [&](int r, int field) {
@@ -164,7 +164,7 @@ void move_to_smaller_shards(ReduceJob& job, Transport& intra, int shards) {
   const std::vector<float> held_copy(job.data.begin() + static_cast<std::ptrdiff_t>(held.begin),
                                      job.data.begin() + static_cast<std::ptrdiff_t>(held.end));
   {
-    StageTimer timer(job.stats.communicate_seconds);
+    StageTimer timer(job.stats, Stage::communicate);
     intra.alltoallv(bytes_of(held_copy), send_bytes,
                     std::as_writable_bytes(job.data.subspan(wanted.begin, wanted.size())),
                     receive_bytes);
@@ -187,7 +187,7 @@ void gather_shards(ReduceJob& job, Transport& intra, int shards) {
   const std::vector<float> own_copy(job.data.begin() + static_cast<std::ptrdiff_t>(own.begin),
                                     job.data.begin() + static_cast<std::ptrdiff_t>(own.end));
   {
-    StageTimer timer(job.stats.communicate_seconds);
+    StageTimer timer(job.stats, Stage::communicate);
     intra.allgatherv(bytes_of(own_copy), std::as_writable_bytes(job.data), block_bytes);
   }
   const std::size_t own_bytes = own.size() * sizeof(float);

@@ -104,7 +104,7 @@ void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t 
                                                  route_of(state, tensor, dense, std::nullopt), stats);
       divide_for_average(memory, call.op);
       {
-        StageTimer communicate(stats.communicate_seconds);
+        StageTimer communicate(stats, Stage::communicate);
         memory.transport->allreduce_f32_sum(memory.data);
       }
       close_call_memory(memory, tensor, 0, count);

@@ -66,7 +66,7 @@ void randk_allreduce(ReduceJob& job) {
   std::vector<std::byte> message(job.codec.max_encoded_bytes(count));
   std::size_t message_bytes = 0;
   {
-    StageTimer timer(job.stats.encode_seconds);
+    StageTimer timer(job.stats, Stage::encode);
     const ConstTensorView tensor(job.data.data(), count, DType::f32);
     const EncodeContext ctx = encode_context(job, 0);
     message_bytes = job_encoder(job, ResidualRole::worker, count).encode(tensor, message, ctx);
@@ -101,7 +101,7 @@ void randk_allreduce(ReduceJob& job) {
 
   // 4. The sums back into the message, then the message into the tensor.
   for (std::size_t j = 0; j < k; ++j) write_value(values, value_dtype, j, sums[j]);
-  StageTimer timer(job.stats.decode_seconds);
+  StageTimer timer(job.stats, Stage::decode);
   job.codec.decode(message, TensorView{job.data.data(), count, DType::f32, Device{}});
 }
 

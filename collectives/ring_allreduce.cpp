@@ -161,7 +161,7 @@ class RingAllreduce {
       count_sent(job_, message);
       const std::size_t received = wait_receive(pending, receive_request);
       {
-        StageTimer timer(job_.stats.decode_seconds);
+        StageTimer timer(job_.stats, Stage::decode);
         const std::span<float> chunk = chunk_data(receive_chunk);
         job_.codec.decode_add(receive_buffer.first(received),
                               TensorView{chunk.data(), chunk.size(), DType::f32, job_.device});
@@ -244,7 +244,7 @@ class RingAllreduce {
   // `keep_decoded` and an encoder that fills_decoded(), the chunk's data also becomes
   // D(message), from the decode the residual update makes anyway.
   std::size_t encode_chunk(int c, std::span<std::byte> out, bool keep_decoded = false) {
-    StageTimer timer(job_.stats.encode_seconds);
+    StageTimer timer(job_.stats, Stage::encode);
     const std::span<float> chunk = chunk_data(c);
     const ConstTensorView view(chunk.data(), chunk.size(), DType::f32, job_.device);
     const EncodeContext ctx = encode_context(job_, chunk_begin(c));
@@ -256,7 +256,7 @@ class RingAllreduce {
 
   // data of chunk c = D(message).
   void decode_chunk(int c, std::span<const std::byte> message) {
-    StageTimer timer(job_.stats.decode_seconds);
+    StageTimer timer(job_.stats, Stage::decode);
     const std::span<float> chunk = chunk_data(c);
     job_.codec.decode(message, TensorView{chunk.data(), chunk.size(), DType::f32, job_.device});
   }

@@ -107,12 +107,12 @@ std::size_t encode_whole_tensor(ReduceJob& job, std::span<std::byte> out, bool k
   JobEncoder encoder = job_encoder(job, ResidualRole::worker, count);
   std::size_t bytes = 0;
   {
-    StageTimer timer(job.stats.encode_seconds);
+    StageTimer timer(job.stats, Stage::encode);
     bytes = encoder.encode(tensor, out, ctx, keep_decoded ? job.data : std::span<float>{});
+    count_encoded(job.stats, count, bytes);
   }
-  count_encoded(job.stats, count, bytes);
   if (keep_decoded && !encoder.fills_decoded()) {
-    StageTimer timer(job.stats.decode_seconds);
+    StageTimer timer(job.stats, Stage::decode);
     job.codec.decode(out.first(bytes), TensorView{job.data.data(), count, DType::f32, job.device});
   }
   return bytes;
@@ -154,7 +154,7 @@ void sparse_allreduce(ReduceJob& job) {
 
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks));
   {
-    StageTimer timer(job.stats.communicate_seconds);
+    StageTimer timer(job.stats, Stage::communicate);
     const std::uint64_t my_size = mine_bytes;
     transport.allgather_u64(std::span<const std::uint64_t>(&my_size, 1), sizes);
   }
@@ -176,13 +176,13 @@ void sparse_allreduce(ReduceJob& job) {
   MessageBuffer all(job.device);
   all.resize(total);
   {
-    StageTimer timer(job.stats.communicate_seconds);
+    StageTimer timer(job.stats, Stage::communicate);
     transport.allgatherv(my_message, all.span(), message_bytes);
   }
   for (int r = 0; r < ranks - 1; ++r) count_sent(job, my_message);
   job.stats.received_bytes += total - mine_bytes;
 
-  StageTimer timer(job.stats.decode_seconds);
+  StageTimer timer(job.stats, Stage::decode);
   fill_zero(job.data, job.device);
   std::size_t offset = 0;
   for (std::size_t r = 0; r < message_bytes.size(); ++r) {

@@ -119,7 +119,7 @@ class SraRound {
   // Chunk c is written at the end of the earlier chunks' messages, where at least
   // sum_{c' >= c} capacity(c') >= capacity(c) bytes remain, as encode requires.
   void encode_contributions() {
-    StageTimer timer(job_.stats.encode_seconds);
+    StageTimer timer(job_.stats, Stage::encode);
     send_.resize(std::accumulate(chunk_capacity_.begin(), chunk_capacity_.end(), std::size_t{0}) -
                  chunk_capacity_[idx(rank_)]);
     own_message_.resize(chunk_capacity_[idx(rank_)]);
@@ -162,7 +162,7 @@ class SraRound {
     if (ranks_ == 1) return;  // the only message is this rank's own, decoded from send_
     std::vector<std::uint64_t> sizes(idx(ranks_) * idx(ranks_));  // sizes[s * P + c]
     {
-      StageTimer timer(job_.stats.communicate_seconds);
+      StageTimer timer(job_.stats, Stage::communicate);
       std::vector<std::uint64_t> mine(send_sizes_.begin(), send_sizes_.end());
       mine[idx(rank_)] = own_message_.size();
       job_.transport.allgather_u64(mine, sizes);
@@ -178,7 +178,7 @@ class SraRound {
     for (int d = 0; d < ranks_; ++d)
       if (d != rank_) count_sent(job_, sent_message(d));
     job_.stats.received_bytes += received_.size();
-    StageTimer timer(job_.stats.communicate_seconds);
+    StageTimer timer(job_.stats, Stage::communicate);
     job_.transport.alltoallv(send_.span(), send_sizes_, received_.span(), recv_counts);
     received_sizes_ = std::move(recv_counts);
   }
@@ -186,7 +186,7 @@ class SraRound {
   // Sums into the owned slice of job.data: its contribution is already encoded in own_message_,
   // so the slice is free, and reduce-scatter's result lands in place without a copy.
   std::span<float> sum_contributions() {
-    StageTimer timer(job_.stats.decode_seconds);
+    StageTimer timer(job_.stats, Stage::decode);
     const std::size_t owned = chunk_count(rank_);
     const std::span<float> sum = job_.data.subspan(owned_begin(), owned);
     fill_zero(sum, job_.device);
@@ -204,7 +204,7 @@ class SraRound {
   }
 
   void encode_owned_sum(std::span<const float> owned_sum) {
-    StageTimer timer(job_.stats.encode_seconds);
+    StageTimer timer(job_.stats, Stage::encode);
     const ConstTensorView sum(owned_sum.data(), owned_sum.size(), DType::f32, job_.device);
     owned_message_.resize(chunk_capacity_[idx(rank_)]);
     const EncodeContext ctx = encode_context(job_, 0, /*server=*/true);
@@ -221,7 +221,7 @@ class SraRound {
     }
     std::vector<std::uint64_t> sizes(idx(ranks_));
     {
-      StageTimer timer(job_.stats.communicate_seconds);
+      StageTimer timer(job_.stats, Stage::communicate);
       const std::uint64_t announced = owned_bytes_;
       job_.transport.allgather_u64(std::span<const std::uint64_t>(&announced, 1), sizes);
     }
@@ -232,12 +232,12 @@ class SraRound {
     // The owner's message reaches each of the P - 1 other ranks once.
     for (int d = 1; d < ranks_; ++d) count_sent(job_, mine);
     job_.stats.received_bytes += gathered_.size() - owned_bytes_;
-    StageTimer timer(job_.stats.communicate_seconds);
+    StageTimer timer(job_.stats, Stage::communicate);
     job_.transport.allgatherv(mine, gathered_.span(), gathered_sizes_);
   }
 
   void decode_gathered() {
-    StageTimer timer(job_.stats.decode_seconds);
+    StageTimer timer(job_.stats, Stage::decode);
     std::size_t offset = 0;
     for (int c = 0; c < ranks_; ++c) {
       const std::size_t bytes = gathered_sizes_[idx(c)];

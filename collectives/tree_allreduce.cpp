@@ -80,7 +80,7 @@ void tree_allreduce(ReduceJob& job) {
     if ((rank & m) != 0) {
       std::size_t bytes = 0;
       {
-        StageTimer timer(job.stats.encode_seconds);
+        StageTimer timer(job.stats, Stage::encode);
         bytes = none.encode(data_input, memory, encode_context(job, 0));
         count_encoded(job.stats, n, bytes);
       }
@@ -94,7 +94,7 @@ void tree_allreduce(ReduceJob& job) {
       const std::size_t receive =
           pending.add(transport.irecv(rank + m, kReduceTag, memory.first(reduce_capacity)));
       const std::size_t bytes = pending.wait_receive(receive, job.stats);
-      StageTimer timer(job.stats.decode_seconds);
+      StageTimer timer(job.stats, Stage::decode);
       none.decode_add(memory.first(bytes), data_view);
     }
   }
@@ -105,7 +105,7 @@ void tree_allreduce(ReduceJob& job) {
   int lowest_bit = 1;
   while (lowest_bit < ranks) lowest_bit *= 2;  // rank 0: every m < P is a child
   if (rank == 0) {
-    StageTimer timer(job.stats.encode_seconds);
+    StageTimer timer(job.stats, Stage::encode);
     const EncodeContext ctx = encode_context(job, 0, /*server=*/true);
     bytes = root_encoder.encode(data_input, memory, ctx);
     count_encoded(job.stats, n, bytes);
@@ -122,7 +122,7 @@ void tree_allreduce(ReduceJob& job) {
       sends.push_back(pending.add(transport.isend(rank + m, kBroadcastTag, message)));
   std::exception_ptr decode_error;
   try {
-    StageTimer timer(job.stats.decode_seconds);
+    StageTimer timer(job.stats, Stage::decode);
     job.codec.decode(message, data_view);
   } catch (const Error&) {
     decode_error = std::current_exception();

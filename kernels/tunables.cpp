@@ -27,6 +27,14 @@ constexpr std::array kTunables = {
             "LATENCY_US,GBPS[,EXCHANGE_GBPS]: the link algo=auto's cost model assumes, instead of "
             "measuring it at the first call that needs it; overrides CommunicatorOptions::link_*. "
             "Unset: measured."},
+    Tunable{"GRADZIP_TIMELINE", "",
+            "PATH: the Reducer and the DDP hook write a Chrome trace / Perfetto JSON timeline of "
+            "their steps there (\"{rank}\" in PATH: the rank; else .rank<R> before the "
+            "extension when there are several ranks); overrides ReducerOptions::timeline_path. "
+            "Unset or empty: no timeline."},
+    Tunable{"GRADZIP_TIMELINE_STEPS", "1:1",
+            "COUNT or FIRST:COUNT: the steps the timeline records (from step FIRST, default 1); "
+            "overrides ReducerOptions::timeline_first_step / timeline_steps."},
 };
 
 }  // namespace

@@ -232,7 +232,7 @@ void run_powersgd(Communicator& lane, std::span<const PowerSgdMatrix> matrices,
     }
   }
   if (!local_error && preset_error == nullptr) {
-    const collectives::StageTimer encode(stats.encode_seconds);
+    const collectives::StageTimer encode(stats, collectives::Stage::encode);
     for (std::size_t m = 0; m < matrices.size(); ++m) {
       const PowerSgdMatrix& matrix = matrices[m];
       const std::size_t rank = layouts[m].rank;
@@ -257,7 +257,7 @@ void run_powersgd(Communicator& lane, std::span<const PowerSgdMatrix> matrices,
   if (p_error != nullptr) throw *p_error;
 
   {
-    const collectives::StageTimer encode(stats.encode_seconds);
+    const collectives::StageTimer encode(stats, collectives::Stage::encode);
     for (std::size_t m = 0; m < matrices.size(); ++m) {
       const PowerSgdMatrix& matrix = matrices[m];
       const std::size_t rank = layouts[m].rank;
@@ -277,7 +277,7 @@ void run_powersgd(Communicator& lane, std::span<const PowerSgdMatrix> matrices,
   add_call(stats, q_stats);
   stats.note = "P: " + p_stats.algorithm + ", Q: " + q_stats.algorithm;
 
-  const collectives::StageTimer decode(stats.decode_seconds);
+  const collectives::StageTimer decode(stats, collectives::Stage::decode);
   for (std::size_t m = 0; m < matrices.size(); ++m) {
     const PowerSgdMatrix& matrix = matrices[m];
     const std::size_t rank = layouts[m].rank;
@@ -307,7 +307,7 @@ CollectiveStats powersgd_allreduce(Communicator& lane,
   stats.spec = spec.to_string();
   stats.ranks = lane.size();
   {
-    const collectives::StageTimer total(stats.total_seconds);
+    const collectives::StageTimer total(stats, collectives::Stage::total);
     run_powersgd(lane, matrices, spec, group_name, step, preset_error, stats);
   }
   return stats;

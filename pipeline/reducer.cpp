@@ -24,6 +24,8 @@
 
 #include "collectives/communicator_internal.h"
 #include "collectives/device_memory.h"
+#include "collectives/json_text.h"
+#include "collectives/timeline.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
 #include "pipeline/bucket_layout.h"
@@ -157,6 +159,8 @@ class ReducerState {
   void wait_for_gradients(const GroupLayout& group, std::size_t begin, std::size_t count) const;
   // When a chunk lies inside one f32 tensor, that tensor's memory (reduced in place, no copy).
   float* in_place_span(const GroupLayout& group, std::size_t begin, std::size_t count) const;
+  // The task's chunk name (or "<group> (powersgd)"); describe_task adds its tensors' names.
+  std::string task_label(const Task& task) const;
   std::string describe_task(const Task& task) const;
   void finish_step_stats(Clock::time_point wait_begin, Clock::time_point wait_end);
   // Waits (holding `lock` on mutex_) until every task is done, or times out (see wait_for_tasks'
@@ -213,6 +217,19 @@ class ReducerState {
 
   std::vector<Lane> lanes_;
   ReducerStats stats_;
+
+  // The timeline (ReducerOptions::timeline_path): null when none was asked for. Track 0 is the
+  // training loop's (mark_ready, launches, wait), track 1 + l lane l's.
+  collectives::TimelineRequest timeline_request_;
+  std::unique_ptr<collectives::Timeline> timeline_;
+  std::string timeline_file_;  // this rank's file
+  bool timeline_written_ = false;
+  Clock::time_point step_begin_{};  // this step's first mark_ready / launch
+  std::uint64_t next_bucket_span_id_ = 0;
+  bool recording() const noexcept { return timeline_ && timeline_request_.records(step_); }
+  // Records this step's wait and buckets; writes the file after the last recorded step.
+  void record_step_end(Clock::time_point wait_begin, Clock::time_point wait_end);
+  void write_timeline();
   // The report of a timeout of wait() itself (throw mode); empty while none happened.
   std::string timed_out_;
 };
@@ -240,6 +257,18 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
       collectives::make_lane_communicators(communicator, options_.lanes, specs, "Reducer");
   lanes_.reserve(lane_communicators.size());
   for (Communicator& lane : lane_communicators) lanes_.push_back(Lane{std::move(lane), {}, {}});
+  timeline_request_ = collectives::timeline_request_from_environment(collectives::TimelineRequest{
+      options_.timeline_path, options_.timeline_first_step, options_.timeline_steps});
+  GZ_REQUIRE(timeline_request_.steps > 0, ErrorCode::invalid_argument,
+             "Reducer: timeline_steps = 0 (record at least one step, or leave timeline_path empty)");
+  if (!timeline_request_.path.empty()) {
+    timeline_ = std::make_unique<collectives::Timeline>(communicator.rank());
+    timeline_file_ = collectives::timeline_path_for_rank(timeline_request_.path,
+                                                         communicator.rank(), communicator.size());
+    timeline_->name_track(0, "training loop");
+    for (std::size_t l = 0; l < lanes_.size(); ++l)
+      timeline_->name_track(static_cast<int>(1 + l), detail::concat("lane ", l));
+  }
   for (std::size_t l = 0; l < lanes_.size(); ++l)
     lanes_[l].thread = std::thread([this, l] { lane_loop(l); });
 }
@@ -252,6 +281,14 @@ ReducerState::~ReducerState() {
   }
   lane_wakeup_.notify_all();
   for (Lane& lane : lanes_) lane.thread.join();
+  // A program that ended before the last recorded step still gets what was recorded.
+  if (timeline_ && !timeline_written_ && timeline_->event_count() > 0) {
+    try {
+      write_timeline();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "gradzip: Reducer: %s\n", error.what());
+    }
+  }
 }
 
 void ReducerState::require_idle(const char* op) const {
@@ -372,8 +409,13 @@ void ReducerState::mark_ready(std::string_view name) {
              "'): already marked ready in step ", step_);
   if (on_cuda()) ready_events_[index]->record(options_.cuda_stream, "Reducer::mark_ready");
   ready_[index] = true;
-  step_started_ = true;
   last_ready_ = Clock::now();
+  if (!step_started_) step_begin_ = last_ready_;
+  step_started_ = true;
+  if (recording()) {
+    timeline_->instant(0, detail::concat("mark_ready ", name), "ready", last_ready_,
+                       detail::concat("\"bucket\":", bucket_of_[index], ",\"step\":", step_));
+  }
   ++ready_in_bucket_[bucket_of_[index]];
   launch_ready_buckets();
 }
@@ -386,8 +428,11 @@ void ReducerState::mark_all_ready() {
     ready_[t] = true;
     ++ready_in_bucket_[bucket_of_[t]];
   }
-  step_started_ = true;
   last_ready_ = Clock::now();
+  if (!step_started_) step_begin_ = last_ready_;
+  step_started_ = true;
+  if (recording())
+    timeline_->instant(0, "mark_all_ready", "ready", last_ready_, detail::concat("\"step\":", step_));
   launch_ready_buckets();
 }
 
@@ -407,6 +452,12 @@ void ReducerState::launch(std::size_t bucket, const std::optional<Error>& preset
   }
   launch_time_[bucket] = now;
   const BucketLayout& layout = layout_[bucket];
+  if (recording()) {
+    timeline_->instant(0, detail::concat("launch bucket ", bucket), "launch", now,
+                       detail::concat("\"bucket\":", bucket, ",\"step\":", step_,
+                                      ",\"bytes\":", layout.bytes,
+                                      preset_error ? ",\"failed\":true" : ""));
+  }
   std::vector<std::pair<int, Task>> tasks;
   std::vector<std::string> group_specs;  // for the stats, made once per group and launch
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
@@ -459,6 +510,28 @@ void ReducerState::lane_loop(std::size_t lane_index) {
     try {
       if (on_cuda() && !stream) stream.emplace(memory_.index, "Reducer lane");
       const collectives::ThreadStreamScope scope(stream ? stream->get() : nullptr);
+      // Recording: the task as a span on the lane's track, its calls and stages inside it.
+      const bool record = timeline_ && timeline_request_.records(task.step);
+      const collectives::TimelineScope timeline_scope(record ? timeline_.get() : nullptr,
+                                                      static_cast<int>(1 + lane_index));
+      const Clock::time_point begin = Clock::now();
+      struct TaskSpan {  // recorded whether run() returns or throws
+        ReducerState& self;
+        const Task& task;
+        bool record;
+        Clock::time_point begin;
+        int track;
+        ~TaskSpan() {
+          if (!record) return;
+          try {
+            self.timeline_->span(track, self.task_label(task), "task", begin, Clock::now(),
+                                 detail::concat("\"bucket\":", task.bucket, ",\"group\":", task.group,
+                                                ",\"step\":", task.step, ",\"spec\":",
+                                                collectives::json_quoted(task.spec.to_string())));
+          } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory for an event; drop it
+          }
+        }
+      } task_span{*this, task, record, begin, static_cast<int>(1 + lane_index)};
       run(lane, task);
     } catch (const Error& error) {
       failure = error.what();
@@ -481,10 +554,14 @@ void ReducerState::lane_loop(std::size_t lane_index) {
   }
 }
 
+std::string ReducerState::task_label(const Task& task) const {
+  const GroupLayout& group = layout_[task.bucket].groups[task.group];
+  return task.chunk ? group.chunks[*task.chunk].name : group.name + " (powersgd)";
+}
+
 std::string ReducerState::describe_task(const Task& task) const {
   const GroupLayout& group = layout_[task.bucket].groups[task.group];
-  std::string text = task.chunk ? group.chunks[*task.chunk].name : group.name + " (powersgd)";
-  text += " [";
+  std::string text = task_label(task) + " [";
   for (std::size_t i = 0; i < group.tensors.size(); ++i)
     text += (i == 0 ? "" : ", ") + tensors_[group.tensors[i]].name;
   return text + "]";
@@ -598,14 +675,27 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
   wait_for_gradients(group, chunk.group_begin, chunk.count);
   float* data = in_place_span(group, chunk.group_begin, chunk.count);
   const bool packed = data == nullptr;
+  // Recording a timeline: the packing copies as spans (category "copy") beside the call's.
+  const collectives::ThreadTimeline timeline = collectives::current_thread_timeline();
+  const auto record_copy = [&](const char* name, Clock::time_point begin) {
+    if (timeline.timeline == nullptr) return;
+    timeline.timeline->span(timeline.track, name, "copy", begin, Clock::now(),
+                            detail::concat("\"bytes\":", chunk.count * sizeof(float)));
+  };
   if (packed) {
     data = group_buffers_[task.bucket][task.group].data() + chunk.group_begin;
+    const Clock::time_point begin = Clock::now();
     pack(group, chunk.group_begin, chunk.count, data, on_cuda());
+    record_copy("pack", begin);
   }
   const CollectiveStats stats = collectives::allreduce_at_step(
       lane.communicator, TensorView{data, chunk.count, DType::f32, on_cuda() ? memory_ : Device{}}, chunk.name,
       task.spec, ReduceOp::average, task.step, task.preset_error ? &*task.preset_error : nullptr);
-  if (packed) unpack(group, chunk.group_begin, chunk.count, data, on_cuda());
+  if (packed) {
+    const Clock::time_point begin = Clock::now();
+    unpack(group, chunk.group_begin, chunk.count, data, on_cuda());
+    record_copy("unpack", begin);
+  }
 
   // MPI's own all-reduce does not report its bytes: count what a ring would send.
   const std::uint64_t sent = collectives::ran_transport_sum(stats) ? ring_bytes_estimate(chunk.count * 4, stats.ranks)
@@ -702,6 +792,7 @@ void ReducerState::wait() {
   GZ_REQUIRE(timed_out_.empty(), ErrorCode::timeout, "Reducer::wait: this Reducer timed out "
              "earlier; end the job (", timed_out_.substr(0, timed_out_.find('\n')), ")");
   const Clock::time_point wait_begin = Clock::now();
+  if (!step_started_) step_begin_ = wait_begin;
   if (!frozen_) freeze();
   // Tensors never marked: their buckets still run, as calls this rank fails on purpose, so that
   // every rank's calls pair up and every rank hears about it (no rank waits forever).
@@ -729,7 +820,16 @@ void ReducerState::wait() {
     code = first_error_code_;
     first_error_code_.reset();
   }
-  finish_step_stats(wait_begin, Clock::now());
+  const Clock::time_point wait_end = Clock::now();
+  finish_step_stats(wait_begin, wait_end);
+  std::optional<Error> timeline_error;  // thrown after the step's own errors
+  if (recording()) {
+    try {
+      record_step_end(wait_begin, wait_end);
+    } catch (const Error& error) {
+      timeline_error = error;
+    }
+  }
   // The next step starts clean whatever happened in this one.
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(ready_in_bucket_.begin(), ready_in_bucket_.end(), 0);
@@ -744,6 +844,29 @@ void ReducerState::wait() {
       message += detail::concat(" (and ", errors.size() - 1, " more failed call(s) in this step)");
     throw Error(*code, message);
   }
+  if (timeline_error) throw *timeline_error;
+}
+
+void ReducerState::record_step_end(Clock::time_point wait_begin, Clock::time_point wait_end) {
+  timeline_->span(0, "wait", "wait", wait_begin, wait_end, detail::concat("\"step\":", step_));
+  timeline_->span(0, detail::concat("step ", step_), "step", std::min(step_begin_, wait_begin),
+                  wait_end,
+                  detail::concat("\"step\":", step_, ",\"sent_bytes\":", stats_.sent_bytes,
+                                 ",\"exposed_seconds\":", collectives::json_number(stats_.exposed_seconds)));
+  // Buckets overlap one another: async spans, from launch to done.
+  for (std::size_t b = 0; launched_any_ && b < layout_.size(); ++b) {
+    timeline_->async_span(detail::concat("bucket ", b), "bucket", next_bucket_span_id_++,
+                          launch_time_[b], std::max(launch_time_[b], bucket_done_time_[b]),
+                          detail::concat("\"bucket\":", b, ",\"step\":", step_,
+                                         ",\"bytes\":", layout_[b].bytes,
+                                         ",\"sent_bytes\":", stats_.buckets[b].sent_bytes));
+  }
+  if (timeline_request_.is_last(step_)) write_timeline();
+}
+
+void ReducerState::write_timeline() {
+  timeline_written_ = true;  // once, even when it fails: the error is reported once
+  timeline_->write(timeline_file_);
 }
 
 void ReducerState::finish_step_stats(Clock::time_point wait_begin, Clock::time_point wait_end) {
@@ -866,42 +989,25 @@ void Reducer::save_state(const std::string& path) const { state_->save(path); }
 void Reducer::load_state(const std::string& path) { state_->load(path); }
 
 std::string ReducerStats::to_json() const {
-  const auto quoted = [](const std::string& text) {
-    std::string out = "\"";
-    for (const char c : text) {
-      if (c == '"' || c == '\\') out += '\\';
-      if (static_cast<unsigned char>(c) < 0x20) {
-        char escaped[8];
-        std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-        out += escaped;
-        continue;
-      }
-      out += c;
-    }
-    return out + "\"";
-  };
-  const auto number = [](double value) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.9g", std::isfinite(value) ? value : 0.0);
-    return std::string(text);
-  };
+  using collectives::json_number;
+  using collectives::json_quoted;
   std::string out = detail::concat(
       "{\"step\":", step, ",\"sent_bytes\":", sent_bytes, ",\"gradient_bytes\":", gradient_bytes,
-      ",\"compression_ratio\":", number(compression_ratio), ",\"skipped_chunks\":", skipped_chunks,
-      ",\"communication_seconds\":", number(communication_seconds),
-      ",\"exposed_seconds\":", number(exposed_seconds), ",\"hidden_seconds\":",
-      number(hidden_seconds), ",\"last_ready_seconds\":", number(last_ready_seconds),
+      ",\"compression_ratio\":", json_number(compression_ratio), ",\"skipped_chunks\":", skipped_chunks,
+      ",\"communication_seconds\":", json_number(communication_seconds),
+      ",\"exposed_seconds\":", json_number(exposed_seconds), ",\"hidden_seconds\":",
+      json_number(hidden_seconds), ",\"last_ready_seconds\":", json_number(last_ready_seconds),
       ",\"buckets\":[");
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     const ReducerBucketStats& bucket = buckets[b];
     out += detail::concat(b == 0 ? "" : ",", "{\"index\":", bucket.index, ",\"bytes\":", bucket.bytes,
-                          ",\"launch_seconds\":", number(bucket.launch_seconds),
-                          ",\"done_seconds\":", number(bucket.done_seconds),
+                          ",\"launch_seconds\":", json_number(bucket.launch_seconds),
+                          ",\"done_seconds\":", json_number(bucket.done_seconds),
                           ",\"sent_bytes\":", bucket.sent_bytes, ",\"groups\":[");
     for (std::size_t g = 0; g < bucket.groups.size(); ++g) {
       const ReducerGroupStats& group = bucket.groups[g];
-      out += detail::concat(g == 0 ? "" : ",", "{\"spec\":", quoted(group.spec),
-                            ",\"rule\":", quoted(group.rule), ",\"count\":", group.count,
+      out += detail::concat(g == 0 ? "" : ",", "{\"spec\":", json_quoted(group.spec),
+                            ",\"rule\":", json_quoted(group.rule), ",\"count\":", group.count,
                             ",\"chunks\":", group.chunks, ",\"sent_bytes\":", group.sent_bytes,
                             ",\"encoded_input_bytes\":", group.encoded_input_bytes,
                             ",\"encoded_message_bytes\":", group.encoded_message_bytes,
@@ -909,7 +1015,7 @@ std::string ReducerStats::to_json() const {
       const auto append_list = [&](const std::vector<std::string>& items) {
         for (std::size_t i = 0; i < items.size(); ++i) {
           if (i > 0) out += ',';
-          out += quoted(items[i]);
+          out += json_quoted(items[i]);
         }
       };
       append_list(group.algorithms);

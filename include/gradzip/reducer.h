@@ -62,6 +62,17 @@ struct ReducerOptions {
   // CUDA tensors: the stream (a cudaStream_t) whose work produces the gradients; mark_ready
   // records an event on it. nullptr: the legacy default stream.
   void* cuda_stream = nullptr;
+
+  // A timeline of steps [timeline_first_step, timeline_first_step + timeline_steps) as a Chrome
+  // trace / Perfetto JSON file (tracks, spans and args: docs/reducer.md, "Timeline"), written
+  // when the last of those steps' wait() ends (returns or throws), else by the destructor. Rank r
+  // writes timeline_path with "{rank}" replaced by r; a path without "{rank}" gets ".rank<r>"
+  // before its extension when there is more than one rank. Empty: no timeline. The environment
+  // overrides these: GRADZIP_TIMELINE (a path), GRADZIP_TIMELINE_STEPS ("COUNT" or
+  // "FIRST:COUNT"). Step 1 by default: step 0 also pays one-time costs (buffers, first calls).
+  std::string timeline_path;
+  std::uint64_t timeline_first_step = 1;
+  std::uint64_t timeline_steps = 1;
 };
 
 // One group of one bucket as run in a step.
