@@ -38,10 +38,18 @@ Timeline::Timeline(int rank)
                            std::chrono::system_clock::now().time_since_epoch())
                            .count()) {}
 
+double Timeline::microseconds_at(TimelineClock::time_point at) const noexcept {
+  return std::chrono::duration<double, std::micro>(at - origin_).count();
+}
+
+TimelineClock::time_point Timeline::time_at(double microseconds) const noexcept {
+  return origin_ + std::chrono::duration_cast<TimelineClock::duration>(
+                       std::chrono::duration<double, std::micro>(microseconds));
+}
+
 std::string Timeline::timestamp(TimelineClock::time_point at) const {
-  const double since_origin_us = std::chrono::duration<double, std::micro>(at - origin_).count();
   char text[48];
-  std::snprintf(text, sizeof text, "%.3f", since_origin_us);
+  std::snprintf(text, sizeof text, "%.3f", microseconds_at(at));
   return text;
 }
 

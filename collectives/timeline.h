@@ -33,6 +33,10 @@ class Timeline {
   Timeline& operator=(const Timeline&) = delete;
 
   int rank() const noexcept { return rank_; }
+  // A time as the file gives it (microseconds since construction), and back: for recorders
+  // that hold times as numbers (the DDP hook, in Python).
+  double microseconds_at(TimelineClock::time_point at) const noexcept;
+  TimelineClock::time_point time_at(double microseconds) const noexcept;
 
   // `args`: JSON object members without the braces (e.g. "\"bytes\":12,\"step\":3"), or empty.
   // Every call is thread-safe.

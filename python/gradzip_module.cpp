@@ -13,11 +13,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "collectives/communicator_internal.h"
+#include "collectives/timeline.h"
 #ifdef GRADZIP_HAVE_NCCL
 #include "collectives/transport/nccl/nccl_library.h"
 #endif
@@ -201,6 +203,65 @@ each place tried).)");
       "and under min_bytes) once past warm-up: the rule the DDP hook applies per parameter.");
   m.def("parse_spec", [](const std::string& spec) { return CompressionSpec::parse(spec).to_string(); },
         py::arg("spec"), "The canonical form of a compression spec (gradzip.Error if it does not parse).");
+
+  // The timeline the DDP hook records (gradzip/torch.py); the Reducer's is C++ only.
+  using collectives::Timeline;
+  using collectives::TimelineScope;
+  struct TimelineRecording {  // a `with` block: the thread's calls recorded on one track
+    Timeline* timeline = nullptr;
+    int track = 0;
+    std::optional<TimelineScope> scope;
+  };
+  py::class_<TimelineRecording, std::unique_ptr<TimelineRecording>>(m, "TimelineRecording")
+      .def("__enter__", [](TimelineRecording& r) { r.scope.emplace(r.timeline, r.track); })
+      .def("__exit__", [](TimelineRecording& r, const py::args&) { r.scope.reset(); });
+  py::class_<Timeline>(m, "Timeline", R"(One rank's timeline as Chrome trace / Perfetto JSON
+(gradzip's collectives/timeline.h). Times are microseconds since construction (now_us()).)")
+      .def(py::init<int>(), py::arg("rank"))
+      .def("now_us", [](const Timeline& t) { return t.microseconds_at(collectives::TimelineClock::now()); })
+      .def("name_track", &Timeline::name_track, py::arg("track"), py::arg("name"))
+      .def(
+          "span",
+          [](Timeline& t, int track, const std::string& name, const std::string& category,
+             double begin_us, double end_us, const std::string& args) {
+            t.span(track, name, category, t.time_at(begin_us), t.time_at(end_us), args);
+          },
+          py::arg("track"), py::arg("name"), py::arg("category"), py::arg("begin_us"),
+          py::arg("end_us"), py::arg("args") = "",
+          "A span; args: JSON object members without the braces.")
+      .def(
+          "instant",
+          [](Timeline& t, int track, const std::string& name, const std::string& category,
+             double at_us, const std::string& args) {
+            t.instant(track, name, category, t.time_at(at_us), args);
+          },
+          py::arg("track"), py::arg("name"), py::arg("category"), py::arg("at_us"),
+          py::arg("args") = "")
+      .def(
+          "recording",
+          [](Timeline& t, int track) {
+            auto recording = std::make_unique<TimelineRecording>();
+            recording->timeline = &t;
+            recording->track = track;
+            return recording;
+          },
+          py::arg("track"), py::keep_alive<0, 1>(),
+          "A context manager: gradzip calls of this thread inside it are recorded on `track` "
+          "(each call a span, its encode / communicate / decode stages inside).")
+      .def("event_count", &Timeline::event_count)
+      .def("to_json", &Timeline::to_json)
+      .def("write", &Timeline::write, py::arg("path"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "timeline_request",
+      [](const std::string& path, std::uint64_t first_step, std::uint64_t steps) {
+        const collectives::TimelineRequest request = collectives::timeline_request_from_environment(
+            collectives::TimelineRequest{path, first_step, steps});
+        return py::make_tuple(request.path, request.first_step, request.steps);
+      },
+      py::arg("path"), py::arg("first_step"), py::arg("steps"),
+      "(path, first_step, steps) after GRADZIP_TIMELINE and GRADZIP_TIMELINE_STEPS.");
+  m.def("timeline_path_for_rank", &collectives::timeline_path_for_rank, py::arg("path"),
+        py::arg("rank"), py::arg("ranks"), "The file rank `rank` of `ranks` writes.");
 
   py::class_<Communicator>(m, "Communicator", R"(Compressed collectives over a transport.
 

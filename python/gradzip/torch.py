@@ -27,12 +27,21 @@ gradient is never averaged over other ranks than the training's.
 - state_dict() / load_state_dict() hold the residuals per parameter name (and the iteration),
   so a checkpoint survives any bucket layout.
 - warmup=N: the first N iterations run uncompressed (spec "none", no error feedback).
+- timeline=PATH (or the environment variable GRADZIP_TIMELINE=PATH): a Chrome trace / Perfetto
+  JSON of iterations [timeline_first_step, timeline_first_step + timeline_steps) (from iteration
+  1, one, by default; GRADZIP_TIMELINE_STEPS="COUNT" or "FIRST:COUNT" overrides), written when
+  the last of them is reduced (or at close()): track 0 holds each hook call ("hook bucket I",
+  when DDP handed the bucket over), track 1 the communication thread's work per bucket ("bucket
+  I"), each gradzip call in it and the call's encode / communicate / decode stages, with bytes.
+  Rank R writes PATH with "{rank}" replaced by R, or with ".rank<R>" before the extension when
+  there are several ranks.
 - spec powersgd:rank=R: each parameter of two or more dimensions (rows = shape[0]) is reduced
   by PowerSGD as a rows x (numel / rows) matrix, its residual and Q kept per parameter name
   (so bucket rebuilds need nothing, and state_dict() holds them by parameter name); other
   parameters are averaged uncompressed.
 """
 import hashlib
+import json
 
 import numpy as np
 import torch
@@ -55,13 +64,16 @@ class GradzipState:
         torch.distributed's `process_group` when torch.distributed is initialised and no MPI
         launcher started the process, else over MPI_COMM_WORLD).
     process_group: the torch.distributed group DDP reduces over (default: the world).
+    timeline, timeline_first_step, timeline_steps: the timeline's file and iterations (module
+        docstring); GRADZIP_TIMELINE and GRADZIP_TIMELINE_STEPS override them.
 
     The communicator must span that group: gradzip.Error when its rank count differs from the
     group's size (checked here when torch.distributed is initialised or WORLD_SIZE is set, else
     at the hook's first call).
     """
 
-    def __init__(self, model, spec="none", warmup=0, communicator=None, process_group=None):
+    def __init__(self, model, spec="none", warmup=0, communicator=None, process_group=None,
+                 timeline=None, timeline_first_step=1, timeline_steps=1):
         self.spec = _gradzip.parse_spec(spec)
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -95,14 +107,20 @@ class GradzipState:
         # same order on every rank, so every rank's collectives pair up); stopped by close() or
         # at interpreter exit (gradzip/_lifecycle.py says why it must be).
         self._thread = _lifecycle.Worker("gradzip-communication", _run_task)
+        self._timeline = _Timeline.from_request(self.communicator, timeline, timeline_first_step,
+                                                timeline_steps)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def close(self, timeout=_lifecycle.EXIT_JOIN_S):
         """Finishes the buckets already submitted and stops the communication thread (at most
         `timeout` seconds; returns whether it ended). Idempotent; the hook refuses afterwards.
-        Interpreter exit does it for every state still open."""
-        return self._thread.stop(timeout)
+        Interpreter exit does it for every state still open. A timeline whose last iteration was
+        never reduced is written with what it holds."""
+        stopped = self._thread.stop(timeout)
+        if self._timeline is not None and stopped:
+            self._timeline.write_if_pending()
+        return stopped
 
     @property
     def closed(self):
@@ -337,6 +355,70 @@ def _powersgd_allreduce(state, buffer, index, layout, step):
     return stats
 
 
+class _Timeline:
+    """The hook's timeline: which iterations it records, its file, and the events."""
+
+    HOOK_TRACK, THREAD_TRACK = 0, 1
+
+    def __init__(self, communicator, path, first, count):
+        self.events = _gradzip.Timeline(communicator.rank)
+        self.path = _gradzip.timeline_path_for_rank(path, communicator.rank, communicator.size)
+        self.steps = range(first, first + count)
+        self.written = False
+        self.events.name_track(self.HOOK_TRACK, "DDP hook calls")
+        self.events.name_track(self.THREAD_TRACK, "gradzip communication thread")
+
+    @classmethod
+    def from_request(cls, communicator, path, first, count):
+        if count < 1 or first < 0:
+            raise ValueError(f"timeline_first_step must be >= 0 and timeline_steps >= 1, got "
+                             f"{first} and {count}")
+        path, first, count = _gradzip.timeline_request(path or "", first, count)
+        return cls(communicator, path, first, count) if path else None
+
+    def records(self, step):
+        return step in self.steps
+
+    def hook_called(self, index, step, buffer):
+        self.events.instant(self.HOOK_TRACK, f"hook bucket {index}", "launch", self.events.now_us(),
+                            _json_members(bucket=index, step=step,
+                                          bytes=buffer.numel() * buffer.element_size()))
+
+    def bucket_done(self, index, step, begin_us, stats, last):
+        """The bucket's span on the thread's track; writes the file after the last one."""
+        args = {"bucket": index, "step": step}
+        if stats is None:
+            args["failed"] = True
+        else:
+            args.update(sent_bytes=stats["sent_bytes"], algorithm=stats["algorithm"])
+        self.events.span(self.THREAD_TRACK, f"bucket {index}", "task", begin_us,
+                         self.events.now_us(), _json_members(**args))
+        if last and step == self.steps[-1]:
+            self.written = True
+            self.events.write(self.path)
+
+    def write_if_pending(self):
+        if not self.written and self.events.event_count() > 0:
+            self.written = True
+            self.events.write(self.path)
+
+
+def _json_members(**args):
+    """Trace event args: a JSON object's members, without its braces."""
+    return json.dumps(args)[1:-1]
+
+
+def _reduce_bucket(state, buffer, index, layout, spec, step):
+    """Averages one bucket's buffer in place; returns its stats dict."""
+    if state._powersgd and spec != "none":
+        return _powersgd_allreduce(state, buffer, index, layout, step)
+    split = state._split_of(layout) if spec != "none" else None
+    if split is not None:
+        return _split_allreduce(state, buffer, index, layout, split, spec)
+    name = state._prepare(index, layout, buffer.numel())
+    return state.communicator.allreduce(buffer, name, spec, op="average")
+
+
 def hook(state, bucket):
     """DDP communication hook: average bucket.buffer() with gradzip; returns a Future of it."""
     if not state._spans_checked:  # the state was made before torch.distributed was initialised
@@ -347,23 +429,26 @@ def hook(state, bucket):
     layout = state._layout_of(bucket)
     spec = "none" if state.iteration < state.warmup else state.spec
     step = state.iteration
-    if bucket.is_last():
+    last = bucket.is_last()
+    if last:
         state.iteration += 1
     future = torch.futures.Future()
+    timeline = state._timeline if state._timeline is not None and state._timeline.records(step) else None
+    if timeline is not None:
+        timeline.hook_called(index, step, buffer)
 
     def communicate():
         try:
-            if state._powersgd and spec != "none":
-                state.last_stats[index] = _powersgd_allreduce(state, buffer, index, layout, step)
-                future.set_result(buffer)
-                return
-            split = state._split_of(layout) if spec != "none" else None
-            if split is not None:
-                state.last_stats[index] = _split_allreduce(state, buffer, index, layout, split, spec)
-                future.set_result(buffer)
-                return
-            name = state._prepare(index, layout, buffer.numel())
-            state.last_stats[index] = state.communicator.allreduce(buffer, name, spec, op="average")
+            if timeline is None:
+                state.last_stats[index] = _reduce_bucket(state, buffer, index, layout, spec, step)
+            else:
+                begin_us, stats = timeline.events.now_us(), None
+                try:
+                    with timeline.events.recording(timeline.THREAD_TRACK):
+                        stats = _reduce_bucket(state, buffer, index, layout, spec, step)
+                    state.last_stats[index] = stats
+                finally:
+                    timeline.bucket_done(index, step, begin_us, stats, last)
             future.set_result(buffer)
         except Exception as error:  # the future carries it to DDP's wait
             future.set_exception(error)

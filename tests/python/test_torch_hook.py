@@ -6,6 +6,8 @@ data; every rank runs the same iterations, so gradzip's collectives and gloo's p
 GradzipState gets its own gradzip.Communicator (residuals are keyed by bucket names, which repeat
 between tests that build the same model).
 """
+import json
+
 import numpy as np
 import pytest
 
@@ -490,6 +492,82 @@ def test_warmup_iterations_run_uncompressed(process_group, rank, size):
     assert all(s.startswith("none") for s in specs[0] + specs[1]), specs
     assert specs[2] and all(s.startswith("topk") for s in specs[2]), specs
     assert state.iteration == 3
+
+
+def _nested(spans):
+    """(span, parent or None) for spans of one track, failing when two overlap without nesting.
+    Durations and timestamps carry three decimals of a microsecond: 0.005 us of slack."""
+    stack, out = [], []
+    for span in sorted(spans, key=lambda e: (e["ts"], -e["dur"])):
+        while stack and span["ts"] >= stack[-1]["ts"] + stack[-1]["dur"] - 0.005:
+            stack.pop()
+        if stack:
+            assert span["ts"] + span["dur"] <= stack[-1]["ts"] + stack[-1]["dur"] + 0.005, (
+                f"{span['name']} overlaps {stack[-1]['name']} without nesting in it")
+        out.append((span, stack[-1] if stack else None))
+        stack.append(span)
+    return out
+
+
+def test_timeline_holds_each_bucket_its_calls_and_their_stages(process_group, rank, size, tmp_path):
+    # Iterations 1 and 2 of 4 recorded (0 is before DDP's rebuild); "sign" with the default
+    # min_bytes: each bucket is one compressed call plus one uncompressed call of its small
+    # parameters, so a bucket span holds two calls.
+    model = make_net(6)
+    ddp = DDP(model, bucket_cap_mb=0.5)
+    state = gradzip.torch.GradzipState(model, "sign", communicator=gradzip.Communicator(),
+                                       timeline=str(tmp_path / "trace.json"),
+                                       timeline_first_step=1, timeline_steps=2)
+    ddp.register_comm_hook(state, gradzip.torch.hook)
+    path = tmp_path / (f"trace.rank{rank}.json" if size > 1 else "trace.json")
+    stats = {}
+    for i in range(4):
+        step(ddp, rank, i)
+        stats[i] = {index: dict(s) for index, s in state.last_stats.items()}
+        if i == 1:
+            assert not path.exists(), "written before the last recorded iteration"
+        if i == 2:
+            assert path.exists(), "not written after the last recorded iteration"
+            written = path.read_text()
+    assert path.read_text() == written, "iteration 3 changed the file"
+    trace = json.loads(written)
+    events = trace["traceEvents"]
+    assert trace["otherData"]["rank"] == rank and all(e["pid"] == rank for e in events)
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert names == {0: "DDP hook calls", 1: "gradzip communication thread"}
+
+    hooks = [e for e in events if e["ph"] == "i"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert all(e["tid"] == 1 for e in spans)
+    tasks = {}
+    for span, parent in _nested(spans):
+        if parent is None:
+            assert span["cat"] == "task", span
+            tasks[(span["args"]["step"], span["args"]["bucket"])] = span
+        elif span["cat"] == "call":
+            assert parent["cat"] == "task", (span["name"], parent["name"])
+        else:
+            assert span["cat"] == "stage" and parent["cat"] in ("call", "stage"), (span, parent)
+    for i in (1, 2):
+        assert sorted(b for s, b in tasks if s == i) == sorted(stats[i]), "one span per bucket"
+    assert {e["args"]["step"] for e in hooks} == {1, 2}
+    assert {(e["args"]["step"], e["args"]["bucket"]) for e in hooks} == set(tasks)
+    for hook_call in hooks:
+        task = tasks[(hook_call["args"]["step"], hook_call["args"]["bucket"])]
+        assert hook_call["ts"] <= task["ts"], "a bucket reduced before DDP handed it over"
+    # Bytes: each bucket's calls add up to the hook's stats of that bucket (MPI's own all-reduce
+    # of the small parameters counted as a ring, as the hook counts it).
+    calls = [e for e in spans if e["cat"] == "call"]
+    for (i, index), task in tasks.items():
+        held = [c for c in calls if task["ts"] <= c["ts"] <= task["ts"] + task["dur"]]
+        assert len(held) == 2, [c["name"] for c in held]
+        sent = sum(gradzip.torch._ring_bytes(c["args"]) for c in held)
+        assert sent == stats[i][index]["sent_bytes"] == task["args"]["sent_bytes"], (i, index)
+        assert any(c["args"]["spec"].startswith("sign") and c["args"]["encoded_message_bytes"] > 0
+                   for c in held)
+    stages = [e for e in spans if e["cat"] == "stage"]
+    assert {e["name"] for e in stages} >= {"encode", "communicate", "decode"}
+    state.close()
 
 
 def _train_gaussian_classes(rank, hook, hook_state):
