@@ -59,8 +59,11 @@ void Timeline::append(std::string event) {
 }
 
 void Timeline::name_track(int track, std::string_view name) {
-  append(event_head("M", "thread_name", "__metadata", rank_, track) +
-         detail::concat(",\"args\":{\"name\":", json_quoted(name), "}}"));
+  std::string event = event_head("M", "thread_name", "__metadata", rank_, track) +
+                      detail::concat(",\"args\":{\"name\":", json_quoted(name), "}}");
+  std::lock_guard lock(mutex_);
+  events_.push_back(std::move(event));
+  ++track_names_;
 }
 
 void Timeline::span(int track, std::string_view name, std::string_view category,
@@ -90,7 +93,7 @@ void Timeline::async_span(std::string_view name, std::string_view category, std:
 
 std::size_t Timeline::event_count() const {
   std::lock_guard lock(mutex_);
-  return events_.size();
+  return events_.size() - track_names_;
 }
 
 std::string Timeline::to_json() const {
@@ -124,6 +127,7 @@ void Timeline::write(const std::string& path) const {
 void Timeline::clear() {
   std::lock_guard lock(mutex_);
   events_.clear();
+  track_names_ = 0;
 }
 
 std::string timeline_path_for_rank(std::string_view path, int rank, int ranks) {

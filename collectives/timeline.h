@@ -52,6 +52,7 @@ class Timeline {
                   TimelineClock::time_point begin, TimelineClock::time_point end,
                   std::string_view args = {});
 
+  // Events recorded, track names not counted.
   std::size_t event_count() const;
   // {"traceEvents":[...],"displayTimeUnit":"ms","otherData":{"rank":R,"origin_epoch_us":T}}
   std::string to_json() const;
@@ -69,6 +70,7 @@ class Timeline {
   std::int64_t origin_epoch_us_;
   mutable std::mutex mutex_;
   std::vector<std::string> events_;  // serialised, in recording order
+  std::size_t track_names_ = 0;      // of events_
 };
 
 // The file rank `rank` of `ranks` writes for the timeline path `path`: "{rank}" in the path is

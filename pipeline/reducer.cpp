@@ -245,6 +245,10 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
              options_.first_bucket_bytes, " and bucket_bytes = ", options_.bucket_bytes,
              " (both must be positive)");
   model_ = ModelSpec::parse(options_.spec, options_.default_rules, communicator.default_spec());
+  GZ_REQUIRE(options_.timeline_steps > 0, ErrorCode::invalid_argument,
+             "Reducer: timeline_steps = 0 (record at least one step, or leave timeline_path empty)");
+  timeline_request_ = collectives::timeline_request_from_environment(collectives::TimelineRequest{
+      options_.timeline_path, options_.timeline_first_step, options_.timeline_steps});
   layout_options_ = LayoutOptions{options_.first_bucket_bytes, options_.bucket_bytes,
                                   options_.chunk_bytes, options_.lanes};
 
@@ -257,10 +261,6 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
       collectives::make_lane_communicators(communicator, options_.lanes, specs, "Reducer");
   lanes_.reserve(lane_communicators.size());
   for (Communicator& lane : lane_communicators) lanes_.push_back(Lane{std::move(lane), {}, {}});
-  timeline_request_ = collectives::timeline_request_from_environment(collectives::TimelineRequest{
-      options_.timeline_path, options_.timeline_first_step, options_.timeline_steps});
-  GZ_REQUIRE(timeline_request_.steps > 0, ErrorCode::invalid_argument,
-             "Reducer: timeline_steps = 0 (record at least one step, or leave timeline_path empty)");
   if (!timeline_request_.path.empty()) {
     timeline_ = std::make_unique<collectives::Timeline>(communicator.rank());
     timeline_file_ = collectives::timeline_path_for_rank(timeline_request_.path,

@@ -630,6 +630,42 @@ TEST(Reducer, BadOptionsAreRefusedAtConstruction) {
             ErrorCode::invalid_argument);
 }
 
+TEST(Reducer, ATimelineThatCannotBeWrittenFailsTheLastRecordedWaitAndTrainingGoesOn) {
+  Communicator comm = world_with_given_link();
+  ReducerOptions options = small_options("none", 2);
+  options.timeline_steps = 0;
+  std::string message;
+  EXPECT_EQ(testing::error_code_of([&] { Reducer reducer(comm, options); }, &message),
+            ErrorCode::invalid_argument);
+  EXPECT_NE(message.find("timeline_steps = 0"), std::string::npos) << message;
+
+  // Steps 1 and 2 recorded into a folder that does not exist: wait() of step 2 (the last
+  // recorded) throws io_error naming this rank's file, on every rank; the results are there and
+  // the next step runs normally.
+  options.timeline_steps = 2;
+  options.timeline_path = "/nonexistent-folder-of-gradzip/trace-{rank}.json";
+  Gradients gradients(mixed_model());
+  Reducer reducer(comm, options);
+  gradients.register_with(reducer);
+  for (std::uint64_t step = 0; step < 4; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const TensorValues averages = fill_with_rank_multiples(gradients, 20 + step);
+    if (step == 2) {
+      const ErrorCode code = testing::error_code_of(
+          [&] { run_step(reducer, gradients, backward_order(gradients)); }, &message);
+      EXPECT_EQ(code, ErrorCode::io_error);
+      EXPECT_NE(message.find("/nonexistent-folder-of-gradzip/trace-" +
+                             std::to_string(world_rank()) + ".json"),
+                std::string::npos)
+          << message;
+    } else {
+      run_step(reducer, gradients, backward_order(gradients));
+    }
+    expect_results(gradients, averages);
+    reducer.step();
+  }
+}
+
 TEST(Reducer, RanksRegisteringDifferentTensorsAllThrowAtTheFirstMarkReady) {
   if (world_size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
   Communicator comm = world_with_given_link();
