@@ -84,6 +84,8 @@ class GradzipState:
         self._process_group = process_group
         _world.refuse_communicator_not_spanning(self.communicator.size, process_group)
         self._spans_checked = _world.torch_world(process_group) is not None
+        self._timeline = _Timeline.from_request(self.communicator, timeline, timeline_first_step,
+                                                timeline_steps)
         self.iteration = 0
         self._names = {id(p): name for name, p in model.named_parameters()}
         self._shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -107,8 +109,6 @@ class GradzipState:
         # same order on every rank, so every rank's collectives pair up); stopped by close() or
         # at interpreter exit (gradzip/_lifecycle.py says why it must be).
         self._thread = _lifecycle.Worker("gradzip-communication", _run_task)
-        self._timeline = _Timeline.from_request(self.communicator, timeline, timeline_first_step,
-                                                timeline_steps)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
