@@ -140,11 +140,11 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
 }
 
 CallSpan::CallSpan(const Call& call, const CollectiveStats& stats)
-    : call_(call),
-      stats_(stats),
-      timeline_(current_thread_timeline()),
-      begin_(TimelineClock::now()),
-      exceptions_at_begin_(std::uncaught_exceptions()) {}
+    : call_(call), stats_(stats), timeline_(current_thread_timeline()) {
+  if (timeline_.timeline == nullptr) return;  // no clock read on calls that record nothing
+  begin_ = TimelineClock::now();
+  exceptions_at_begin_ = std::uncaught_exceptions();
+}
 
 CallSpan::~CallSpan() {
   if (timeline_.timeline == nullptr) return;

@@ -76,8 +76,8 @@ class CallSpan {
   const Call& call_;
   const CollectiveStats& stats_;
   ThreadTimeline timeline_;
-  TimelineClock::time_point begin_;
-  int exceptions_at_begin_;
+  TimelineClock::time_point begin_{};  // set only while recording
+  int exceptions_at_begin_ = 0;
   std::optional<std::uint32_t> step_;
 };
 

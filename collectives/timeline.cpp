@@ -1,12 +1,8 @@
 // Chrome trace events of one rank (contract in collectives/timeline.h).
 #include "collectives/timeline.h"
 
-#include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <cstdlib>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -111,17 +107,10 @@ std::string Timeline::to_json() const {
 
 void Timeline::write(const std::string& path) const {
   const std::string text = to_json();
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    file.write(text.data(), static_cast<std::streamsize>(text.size()));
-    file.close();
-    GZ_REQUIRE(file.good(), ErrorCode::io_error, "timeline: cannot write '", temporary, "'");
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  GZ_REQUIRE(!error, ErrorCode::io_error, "timeline: cannot rename '", temporary, "' to '", path,
-             "': ", error.message());
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file.write(text.data(), static_cast<std::streamsize>(text.size()));
+  file.close();
+  GZ_REQUIRE(file.good(), ErrorCode::io_error, "timeline: cannot write '", path, "'");
 }
 
 void Timeline::clear() {
@@ -149,25 +138,14 @@ std::string insert_before_extension(std::string_view path, std::string_view suff
   return out;
 }
 
-namespace {
-
-std::optional<std::uint64_t> parse_decimal(std::string_view text) {
-  std::uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc{} || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
-}  // namespace
-
 TimelineRequest with_timeline_steps(TimelineRequest given, std::string_view text,
                                     std::string_view source) {
   const std::size_t colon = text.find(':');
   const std::optional<std::uint64_t> first =
       colon == std::string_view::npos ? std::optional<std::uint64_t>(given.first_step)
-                                      : parse_decimal(text.substr(0, colon));
+                                      : kernels::parse_unsigned_integer(text.substr(0, colon));
   const std::optional<std::uint64_t> count =
-      parse_decimal(colon == std::string_view::npos ? text : text.substr(colon + 1));
+      kernels::parse_unsigned_integer(colon == std::string_view::npos ? text : text.substr(colon + 1));
   GZ_REQUIRE(first && count && *count > 0, ErrorCode::invalid_argument, source, "='", text,
              "': expected COUNT or FIRST:COUNT (decimal, COUNT at least 1)");
   given.first_step = *first;
@@ -176,6 +154,8 @@ TimelineRequest with_timeline_steps(TimelineRequest given, std::string_view text
 }
 
 TimelineRequest timeline_request_from_environment(TimelineRequest given) {
+  GZ_REQUIRE(given.steps > 0, ErrorCode::invalid_argument,
+             "timeline_steps = 0 (record at least one step, or give no timeline path)");
   if (const std::string& path = kernels::tunable_value("GRADZIP_TIMELINE"); !path.empty())
     given.path = path;
   if (std::getenv("GRADZIP_TIMELINE_STEPS") != nullptr) {

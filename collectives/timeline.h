@@ -56,8 +56,8 @@ class Timeline {
   std::size_t event_count() const;
   // {"traceEvents":[...],"displayTimeUnit":"ms","otherData":{"rank":R,"origin_epoch_us":T}}
   std::string to_json() const;
-  // to_json() into `path` (replaced whole: written to path + ".tmp", then renamed). Throws
-  // gradzip::Error(io_error) naming the path when it cannot be written.
+  // to_json() into `path` (replaced). Throws gradzip::Error(io_error) naming the path when it
+  // cannot be written.
   void write(const std::string& path) const;
   void clear();
 
@@ -93,6 +93,8 @@ struct TimelineRequest {
   }
   bool is_last(std::uint64_t step) const noexcept { return records(step) && step - first_step == steps - 1; }
 };
+// `given.steps` = 0 is refused (invalid_argument) whatever the environment says: the one check
+// of the Reducer's and the DDP hook's options.
 TimelineRequest timeline_request_from_environment(TimelineRequest given);
 // `given` with the steps of `text` ("COUNT" or "FIRST:COUNT"); errors name `source`.
 TimelineRequest with_timeline_steps(TimelineRequest given, std::string_view text,

@@ -49,6 +49,13 @@ std::optional<double> parse_finite_number(std::string_view text) {
   return value;
 }
 
+std::optional<std::uint64_t> parse_unsigned_integer(std::string_view text) {
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
 const std::string& tunable_value(std::string_view name) {
   static std::mutex mutex;
   static std::map<std::string, std::string, std::less<>> cache;

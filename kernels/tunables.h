@@ -2,6 +2,7 @@
 // Values are read once, on first use, and cached; the README lists the same table.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,5 +26,8 @@ const std::string& tunable_value(std::string_view name);
 // A variable's text as a number: the whole text a finite decimal or scientific double ("2.5",
 // "1e3"; no sign but '-', no spaces), else nullopt.
 std::optional<double> parse_finite_number(std::string_view text);
+// A variable's text as an unsigned decimal integer (the whole text digits only, in range), else
+// nullopt.
+std::optional<std::uint64_t> parse_unsigned_integer(std::string_view text);
 
 }  // namespace gradzip::kernels

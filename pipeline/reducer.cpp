@@ -227,6 +227,8 @@ class ReducerState {
   Clock::time_point step_begin_{};  // this step's first mark_ready / launch
   std::uint64_t next_bucket_span_id_ = 0;
   bool recording() const noexcept { return timeline_ && timeline_request_.records(step_); }
+  // A lane's task as a span on its track (args bucket, group, step, spec; failed).
+  void record_task(const Task& task, int track, Clock::time_point begin, bool failed) noexcept;
   // Records this step's wait and buckets; writes the file after the last recorded step.
   void record_step_end(Clock::time_point wait_begin, Clock::time_point wait_end);
   void write_timeline();
@@ -245,8 +247,6 @@ ReducerState::ReducerState(Communicator& communicator, ReducerOptions options)
              options_.first_bucket_bytes, " and bucket_bytes = ", options_.bucket_bytes,
              " (both must be positive)");
   model_ = ModelSpec::parse(options_.spec, options_.default_rules, communicator.default_spec());
-  GZ_REQUIRE(options_.timeline_steps > 0, ErrorCode::invalid_argument,
-             "Reducer: timeline_steps = 0 (record at least one step, or leave timeline_path empty)");
   timeline_request_ = collectives::timeline_request_from_environment(collectives::TimelineRequest{
       options_.timeline_path, options_.timeline_first_step, options_.timeline_steps});
   layout_options_ = LayoutOptions{options_.first_bucket_bytes, options_.bucket_bytes,
@@ -507,31 +507,14 @@ void ReducerState::lane_loop(std::size_t lane_index) {
     }
     std::optional<std::string> failure;
     std::optional<ErrorCode> code;
+    // Recording: the task as a span on the lane's track, its calls and stages inside it.
+    const bool record = timeline_ && timeline_request_.records(task.step);
+    const int track = static_cast<int>(1 + lane_index);
+    const Clock::time_point begin = record ? Clock::now() : Clock::time_point{};
     try {
       if (on_cuda() && !stream) stream.emplace(memory_.index, "Reducer lane");
       const collectives::ThreadStreamScope scope(stream ? stream->get() : nullptr);
-      // Recording: the task as a span on the lane's track, its calls and stages inside it.
-      const bool record = timeline_ && timeline_request_.records(task.step);
-      const collectives::TimelineScope timeline_scope(record ? timeline_.get() : nullptr,
-                                                      static_cast<int>(1 + lane_index));
-      const Clock::time_point begin = Clock::now();
-      struct TaskSpan {  // recorded whether run() returns or throws
-        ReducerState& self;
-        const Task& task;
-        bool record;
-        Clock::time_point begin;
-        int track;
-        ~TaskSpan() {
-          if (!record) return;
-          try {
-            self.timeline_->span(track, self.task_label(task), "task", begin, Clock::now(),
-                                 detail::concat("\"bucket\":", task.bucket, ",\"group\":", task.group,
-                                                ",\"step\":", task.step, ",\"spec\":",
-                                                collectives::json_quoted(task.spec.to_string())));
-          } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory for an event; drop it
-          }
-        }
-      } task_span{*this, task, record, begin, static_cast<int>(1 + lane_index)};
+      const collectives::TimelineScope timeline_scope(record ? timeline_.get() : nullptr, track);
       run(lane, task);
     } catch (const Error& error) {
       failure = error.what();
@@ -540,6 +523,7 @@ void ReducerState::lane_loop(std::size_t lane_index) {
       failure = error.what();
       code = ErrorCode::internal;
     }
+    if (record) record_task(task, track, begin, failure.has_value());
     {
       std::lock_guard lock(mutex_);
       if (failure) {
@@ -551,6 +535,18 @@ void ReducerState::lane_loop(std::size_t lane_index) {
       lane.running = nullptr;
     }
     task_done_.notify_all();
+  }
+}
+
+void ReducerState::record_task(const Task& task, int track, Clock::time_point begin,
+                               bool failed) noexcept {
+  try {
+    timeline_->span(track, task_label(task), "task", begin, Clock::now(),
+                    detail::concat("\"bucket\":", task.bucket, ",\"group\":", task.group,
+                                   ",\"step\":", task.step, ",\"spec\":",
+                                   collectives::json_quoted(task.spec.to_string()),
+                                   failed ? ",\"failed\":true" : ""));
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory for a trace event; drop it
   }
 }
 
@@ -792,7 +788,7 @@ void ReducerState::wait() {
   GZ_REQUIRE(timed_out_.empty(), ErrorCode::timeout, "Reducer::wait: this Reducer timed out "
              "earlier; end the job (", timed_out_.substr(0, timed_out_.find('\n')), ")");
   const Clock::time_point wait_begin = Clock::now();
-  if (!step_started_) step_begin_ = wait_begin;
+  if (!step_started_) step_begin_ = wait_begin;  // a step with no mark_ready
   if (!frozen_) freeze();
   // Tensors never marked: their buckets still run, as calls this rank fails on purpose, so that
   // every rank's calls pair up and every rank hears about it (no rank waits forever).
@@ -849,8 +845,7 @@ void ReducerState::wait() {
 
 void ReducerState::record_step_end(Clock::time_point wait_begin, Clock::time_point wait_end) {
   timeline_->span(0, "wait", "wait", wait_begin, wait_end, detail::concat("\"step\":", step_));
-  timeline_->span(0, detail::concat("step ", step_), "step", std::min(step_begin_, wait_begin),
-                  wait_end,
+  timeline_->span(0, detail::concat("step ", step_), "step", step_begin_, wait_end,
                   detail::concat("\"step\":", step_, ",\"sent_bytes\":", stats_.sent_bytes,
                                  ",\"exposed_seconds\":", collectives::json_number(stats_.exposed_seconds)));
   // Buckets overlap one another: async spans, from launch to done.

@@ -370,8 +370,10 @@ class _Timeline:
 
     @classmethod
     def from_request(cls, communicator, path, first, count):
-        if count < 1 or first < 0:
-            raise ValueError(f"timeline_first_step must be >= 0 and timeline_steps >= 1, got "
+        # timeline_request refuses timeline_steps = 0 (gradzip.Error); a negative number would
+        # only meet the binding's unsigned type, so it is refused here by name.
+        if first < 0 or count < 0:
+            raise ValueError(f"timeline_first_step and timeline_steps must not be negative, got "
                              f"{first} and {count}")
         path, first, count = _gradzip.timeline_request(path or "", first, count)
         return cls(communicator, path, first, count) if path else None

@@ -7,6 +7,8 @@ GradzipState gets its own gradzip.Communicator (residuals are keyed by bucket na
 between tests that build the same model).
 """
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +20,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gradzip  # noqa: E402
 import gradzip.torch  # noqa: E402
+
+# The span-nesting check of the Reducer's timeline test, shared with the hook's.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import check_timeline  # noqa: E402
 
 U = 2.0 ** -24  # f32 unit roundoff
 # min_bytes=0: every bucket compressed, with residuals; the sparse all-reduce pinned (its worker
@@ -494,21 +500,6 @@ def test_warmup_iterations_run_uncompressed(process_group, rank, size):
     assert state.iteration == 3
 
 
-def _nested(spans):
-    """(span, parent or None) for spans of one track, failing when two overlap without nesting.
-    Durations and timestamps carry three decimals of a microsecond: 0.005 us of slack."""
-    stack, out = [], []
-    for span in sorted(spans, key=lambda e: (e["ts"], -e["dur"])):
-        while stack and span["ts"] >= stack[-1]["ts"] + stack[-1]["dur"] - 0.005:
-            stack.pop()
-        if stack:
-            assert span["ts"] + span["dur"] <= stack[-1]["ts"] + stack[-1]["dur"] + 0.005, (
-                f"{span['name']} overlaps {stack[-1]['name']} without nesting in it")
-        out.append((span, stack[-1] if stack else None))
-        stack.append(span)
-    return out
-
-
 def test_timeline_holds_each_bucket_its_calls_and_their_stages(process_group, rank, size, tmp_path):
     # Iterations 1 and 2 of 4 recorded (0 is before DDP's rebuild); "sign" with the default
     # min_bytes: each bucket is one compressed call plus one uncompressed call of its small
@@ -540,7 +531,7 @@ def test_timeline_holds_each_bucket_its_calls_and_their_stages(process_group, ra
     spans = [e for e in events if e["ph"] == "X"]
     assert all(e["tid"] == 1 for e in spans)
     tasks = {}
-    for span, parent in _nested(spans):
+    for span, parent in check_timeline.nest(spans):  # fails on spans that do not nest
         if parent is None:
             assert span["cat"] == "task", span
             tasks[(span["args"]["step"], span["args"]["bucket"])] = span
