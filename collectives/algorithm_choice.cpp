@@ -53,7 +53,9 @@ std::string milliseconds(double seconds) {
 }
 
 // algo=auto by the model: the codec's default (the first candidate), unless the fastest other
-// candidate is predicted at least kAutoSwitchGain faster.
+// candidate is predicted at least kAutoSwitchGain faster; then, with fallback=dense, the
+// transport's dense all-reduce when it is predicted no slower than that choice (an exact result
+// at no more time is the better trade; on a tie it wins).
 void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoModel& model,
                      AllreduceChoice& choice) {
   std::vector<AlgorithmId> candidates = auto_candidates(spec.codec);
@@ -78,9 +80,28 @@ void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoM
     choice.path = AllreducePath::hierarchical;
     choice.algorithm = Algorithm::auto_select;
     choice.name = "hier/" + auto_flat_name(spec.codec);
+  } else if (codec_row(spec.codec).shared_indices) {
+    // Random-k's shared-index path (its only candidate) has no algo= value: auto runs it.
+    choice.algorithm = Algorithm::auto_select;
+    choice.name = auto_flat_name(spec.codec);
   } else {
     choice.algorithm = algorithm_of(best.algorithm);
     choice.name = algorithm_id_name(best.algorithm);
+  }
+  std::string dense_reason;
+  if (spec.fallback == FallbackPolicy::dense) {
+    const CostEstimate dense = estimate_dense_allreduce(model.cost, count, model.ranks, model.link,
+                                                        /*flush_residual=*/spec.error_feedback);
+    times += detail::concat(", dense ", milliseconds(dense.seconds));
+    if (dense.seconds <= best.seconds) {
+      dense_reason = detail::concat(" (fallback=dense: dense ", milliseconds(dense.seconds),
+                                    " ms <= ", choice.name, " ", milliseconds(best.seconds), " ms",
+                                    spec.error_feedback ? "; residual flushed into it" : "", ")");
+      choice.path = AllreducePath::transport_sum;
+      choice.algorithm = Algorithm::auto_select;
+      choice.name = kTransportSumName;
+      choice.dense_fallback = true;
+    }
   }
   const std::string exchange =
       model.link.exchange_bytes_per_s > 0
@@ -102,14 +123,15 @@ void choose_by_model(const CompressionSpec& spec, std::size_t count, const AutoM
   choice.note = detail::concat("auto: model ms: ", times, " (link ",
                                milliseconds(model.link.latency_s), " ms, ",
                                model.link.bytes_per_s / 1e6, " MB/s", exchange, collective, nodes,
-                               ") -> ", choice.name);
+                               ") -> ", choice.name, dense_reason);
 }
 
 }  // namespace
 
 bool spec_uses_model(const CompressionSpec& spec) noexcept {
   const CodecRow& row = codec_row(spec.codec);
-  return spec.algo == Algorithm::auto_select && !row.shared_indices && row.element_codec;
+  return spec.algo == Algorithm::auto_select && row.element_codec &&
+         (!row.shared_indices || spec.fallback == FallbackPolicy::dense);
 }
 
 bool forms_nodes(int ranks, std::uint32_t ranks_per_node) noexcept {
@@ -146,7 +168,7 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
       return choice;
     }
     choice.path = AllreducePath::flat;
-    if (model != nullptr && !codec_row(spec.codec).shared_indices) {
+    if (model != nullptr && spec_uses_model(spec)) {
       choose_by_model(spec, count, *model, choice);
       return choice;
     }

@@ -7,7 +7,7 @@
 //   algo=auto, count * 4 < spec.min_bytes  -> uncompressed transport all-reduce ("mpi"):
 //                                             below a few KiB latency dominates and compressing
 //                                             saves nothing; error feedback is not involved
-//   algo=auto, random-k                    -> its shared-index path
+//   algo=auto, random-k (fallback=off)     -> its shared-index path
 //   algo=auto with an AutoModel            -> the codec's default (the first of its row's
 //                                             auto_choices, collectives/codec_table.cpp; and
 //                                             hier when the model has a node structure),
@@ -15,6 +15,10 @@
 //                                             15% faster: then the fastest (ties: the
 //                                             earlier); the note lists every candidate's
 //                                             predicted time
+//                                             With fallback=dense (random-k included): the
+//                                             transport's dense f32 all-reduce ("mpi") when
+//                                             estimate_dense_allreduce predicts it no slower
+//                                             than that choice; AllreduceChoice::dense_fallback
 //   algo=auto without one                  -> the codec's default (its row's default_path)
 // The AutoModel's inputs (link, γ) are agreed bit for bit by every rank
 // (collectives/link_calibration.h), so the model's choice is the same everywhere too.
@@ -57,6 +61,10 @@ struct AllreduceChoice {
   std::string name;
   // Why, when the reason is not obvious from the spec (warm-up, below min_bytes, auto).
   std::string note;
+  // transport_sum chosen by fallback=dense: the caller adds the error-feedback residual (every
+  // role's, folded into the worker's) to the tensor and zeroes it before the dense sum, and
+  // sets CollectiveStats::fallback.
+  bool dense_fallback = false;
 };
 
 // The node structure algo=auto's model knows when the hierarchical all-reduce is a candidate.
@@ -80,7 +88,7 @@ struct AutoModel {
 };
 
 // Whether algo=auto's model may ever decide for `spec`: algo=auto with a codec that has more
-// than one candidate (not random-k, not powersgd). What the Reducer asks to measure the model
+// than one candidate (not random-k, not powersgd), or random-k with fallback=dense. What the Reducer asks to measure the model
 // up front.
 bool spec_uses_model(const CompressionSpec& spec) noexcept;
 

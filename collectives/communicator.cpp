@@ -69,6 +69,16 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
                          route_of(state, call.tensor, spec, algorithm, shared_index), stats);
     divide_for_average(memory, call.op);
     if (choice.path == AllreducePath::transport_sum) {
+      if (choice.dense_fallback) {
+        stats.fallback = true;
+        // Nothing is lost: every residual of this tensor (the worker's and those the
+        // algorithms' re-encodes keep) goes into the dense sum, and is zero afterwards.
+        ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);
+        if (job.residuals != nullptr) {
+          job.residuals->fold_into(job.name, count);
+          deliver_worker_residual(job, "fallback=dense");
+        }
+      }
       StageTimer communicate(stats, Stage::communicate);
       memory.transport->allreduce_f32_sum(memory.data);
     } else {

@@ -51,13 +51,24 @@ CostEstimate finish(AlgorithmId algorithm, double latency, double transfer, doub
   return estimate;
 }
 
+void require_valid(int ranks, const LinkModel& link, const char* caller) {
+  GZ_REQUIRE(ranks >= 1, ErrorCode::invalid_argument, caller, ": ", ranks, " ranks");
+  GZ_REQUIRE(link.latency_s >= 0 && link.bytes_per_s > 0 && link.exchange_bytes_per_s >= 0 &&
+                 link.collective_latency_s >= 0,
+             ErrorCode::invalid_argument, caller, ": link latency ", link.latency_s,
+             " s, bandwidth ", link.bytes_per_s, " B/s, exchange bandwidth ",
+             link.exchange_bytes_per_s, " B/s, collective latency ", link.collective_latency_s,
+             " s (need latencies >= 0, bandwidth > 0, exchange >= 0)");
+}
+
 // Ring: 2(P − 1) steps of one chunk message each; P encodes of a chunk (P − 1 partial sums, the
 // owner's result), P − 1 decode_adds and P decodes (the all-gather, own chunk included).
-CostEstimate ring(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link,
+// Uncompressed (`codec` unused): f32 chunk messages and P − 1 chunk adds.
+CostEstimate ring(const Codec* codec, const CodecCost& cost, double n, int p, const LinkModel& link,
                   bool uncompressed) {
   const double m = n / p;
   const double steps = 2.0 * (p - 1);
-  const double bytes = steps * (uncompressed ? dense_bytes(m) : message_bytes(codec, m));
+  const double bytes = steps * (uncompressed ? dense_bytes(m) : message_bytes(*codec, m));
   const double compute = uncompressed
                              ? (p - 1) * m * cost.add_s
                              : n * cost.encode_s + (2.0 * p - 1.0) * m * cost.decode_add_s;
@@ -95,7 +106,7 @@ CostEstimate sparse(const Codec& codec, const CodecCost& cost, double n, int p,
   const double gathered = (p - 1) * whole;
   const double dense_ring = 2.0 * (p - 1) * kHeader + 2.0 * (p - 1) * 4.0 * n / p;
   if (p > 1 && dense_ring < gathered) {
-    CostEstimate estimate = ring(codec, cost, n, p, link, /*uncompressed=*/true);
+    CostEstimate estimate = ring(&codec, cost, n, p, link, /*uncompressed=*/true);
     estimate.algorithm = AlgorithmId::sparse;
     estimate.compute_s += n * (cost.encode_s + cost.decode_add_s);
     estimate.seconds = estimate.latency_s + estimate.transfer_s + estimate.compute_s;
@@ -110,7 +121,7 @@ CostEstimate sparse(const Codec& codec, const CodecCost& cost, double n, int p,
 // Random-k: select k of n (encode), an uncompressed ring over the k values, decode.
 CostEstimate randk(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
   const double k = static_cast<double>(codec.spec().k_for(static_cast<std::size_t>(n)));
-  CostEstimate inner = ring(codec, cost, k, p, link, /*uncompressed=*/true);
+  CostEstimate inner = ring(&codec, cost, k, p, link, /*uncompressed=*/true);
   inner.algorithm = AlgorithmId::randk;
   inner.compute_s += n * (cost.encode_s + cost.decode_add_s);
   inner.seconds = inner.latency_s + inner.transfer_s + inner.compute_s;
@@ -189,13 +200,7 @@ CostEstimate hier(const Codec& codec, const CodecCost& cost, double n, int p, co
 CostEstimate estimate_allreduce(AlgorithmId algorithm, const Codec& codec,
                                 const CodecCost& cost, std::size_t count, int ranks,
                                 const LinkModel& link, const HierarchyModel& hierarchy) {
-  GZ_REQUIRE(ranks >= 1, ErrorCode::invalid_argument, "estimate_allreduce: ", ranks, " ranks");
-  GZ_REQUIRE(link.latency_s >= 0 && link.bytes_per_s > 0 && link.exchange_bytes_per_s >= 0 &&
-                 link.collective_latency_s >= 0,
-             ErrorCode::invalid_argument, "estimate_allreduce: link latency ", link.latency_s,
-             " s, bandwidth ", link.bytes_per_s, " B/s, exchange bandwidth ",
-             link.exchange_bytes_per_s, " B/s, collective latency ", link.collective_latency_s,
-             " s (need latencies >= 0, bandwidth > 0, exchange >= 0)");
+  require_valid(ranks, link, "estimate_allreduce");
   if (ranks == 1 || count == 0) {
     CostEstimate none;
     none.algorithm = algorithm;
@@ -205,8 +210,21 @@ CostEstimate estimate_allreduce(AlgorithmId algorithm, const Codec& codec,
   return algorithm_row(algorithm).estimate(in);
 }
 
+CostEstimate estimate_dense_allreduce(const CodecCost& cost, std::size_t count, int ranks,
+                                      const LinkModel& link, bool flush_residual) {
+  require_valid(ranks, link, "estimate_dense_allreduce");
+  if (ranks == 1 || count == 0) return CostEstimate{};
+  const double n = static_cast<double>(count);
+  CostEstimate estimate = ring(nullptr, cost, n, ranks, link, /*uncompressed=*/true);
+  if (flush_residual) {
+    estimate.compute_s += n * cost.add_s;
+    estimate.seconds = estimate.latency_s + estimate.transfer_s + estimate.compute_s;
+  }
+  return estimate;
+}
+
 CostEstimate estimate_ring(const EstimateInputs& in) {
-  return ring(in.codec, in.cost, in.n, in.ranks, in.link,
+  return ring(&in.codec, in.cost, in.n, in.ranks, in.link,
               /*uncompressed=*/in.codec.spec().codec == CodecKind::none);
 }
 CostEstimate estimate_sra(const EstimateInputs& in) { return sra(in.codec, in.cost, in.n, in.ranks, in.link); }

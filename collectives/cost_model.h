@@ -97,6 +97,15 @@ CostEstimate estimate_allreduce(AlgorithmId algorithm, const Codec& codec,
                                 const CodecCost& cost, std::size_t count, int ranks,
                                 const LinkModel& link, const HierarchyModel& hierarchy = {});
 
+// What fallback=dense runs instead of a compressed path (collectives/algorithm_choice.h): the
+// transport's own all-reduce of n f32 elements, modelled as the uncompressed ring (2(P − 1)
+// messages of n / P f32 values, (P − 1) n / P adds; the bandwidth-optimal schedule MPI
+// libraries use for large messages), plus n adds when error feedback flushes its residual
+// into the tensor first (`flush_residual`). `algorithm` is reported as AlgorithmId::ring.
+// ranks >= 1 and the link's contract as for estimate_allreduce; one rank or n == 0 costs 0.
+CostEstimate estimate_dense_allreduce(const CodecCost& cost, std::size_t count, int ranks,
+                                      const LinkModel& link, bool flush_residual);
+
 // The flat algorithms that run `spec`'s codec on P ranks with a link each, the codec's default
 // first (CodecRow::runnable in collectives/codec_table.h). hier is not among them: it needs the
 // node structure (algo=hier says it; HierarchyModel describes it to the model).

@@ -20,8 +20,9 @@ namespace {
 using compressors::CodecDescriptor;
 using compressors::codec_descriptors;
 
-constexpr std::array<std::string_view, 8> kSharedKeys = {
-    "ef", "ef_resize", "algo", "warmup", "min_bytes", "seed", "ranks_per_node", "nonfinite"};
+constexpr std::array<std::string_view, 9> kSharedKeys = {
+    "ef",   "ef_resize",      "algo",      "warmup",  "min_bytes",
+    "seed", "ranks_per_node", "nonfinite", "fallback"};
 
 std::string join(std::span<const std::string_view> items) {
   std::string out;
@@ -107,6 +108,14 @@ std::string_view algorithm_name(Algorithm algo) noexcept {
     case Algorithm::hier: return "hier";
     case Algorithm::rhd: return "rhd";
     case Algorithm::tree: return "tree";
+  }
+  return "unknown";
+}
+
+std::string_view fallback_policy_name(FallbackPolicy policy) noexcept {
+  switch (policy) {
+    case FallbackPolicy::off: return "off";
+    case FallbackPolicy::dense: return "dense";
   }
   return "unknown";
 }
@@ -204,6 +213,9 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
                                                        {{"propagate", NonfinitePolicy::propagate},
                                                         {"error", NonfinitePolicy::error},
                                                         {"skip", NonfinitePolicy::skip}});
+    } else if (key == "fallback") {
+      result.fallback = parse_choice<FallbackPolicy>(
+          spec, key, value, {{"off", FallbackPolicy::off}, {"dense", FallbackPolicy::dense}});
     } else {
       GZ_THROW(ErrorCode::internal, "compression spec: key '", key, "' accepted but not handled");
     }
@@ -221,6 +233,16 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
              "': qsgd with bits=1 and ef=on diverges (each element's error is up to twice the "
              "bucket maximum, and error feedback amplifies it); use 'sign' for 1-bit with error "
              "feedback, or ef=off");
+  // fallback=dense is a choice algo=auto's cost model makes; an explicit algorithm is the
+  // user's, and PowerSGD runs in the Reducer, where no single collective chooses.
+  GZ_REQUIRE(result.fallback == FallbackPolicy::off || result.algo == Algorithm::auto_select,
+             ErrorCode::invalid_spec, "compression spec '", spec, "': fallback=dense needs algo=auto "
+             "(the cost model chooses between the compressed and the dense path); algo=",
+             algorithm_name(result.algo), " always runs that algorithm");
+  GZ_REQUIRE(result.fallback == FallbackPolicy::off || result.codec != CodecKind::powersgd,
+             ErrorCode::invalid_spec, "compression spec '", spec,
+             "': fallback=dense is a collective's choice and powersgd runs in the Reducer, not "
+             "in a single collective");
   if (seen.count("k")) result.ratio = 0.01;  // canonical: k decides, ratio keeps its default
   return result;
 }
@@ -251,6 +273,9 @@ std::string CompressionSpec::to_string() const {
   options.push_back(detail::concat("seed=", seed));
   options.push_back(detail::concat("ranks_per_node=", ranks_per_node));
   options.push_back(detail::concat("nonfinite=", nonfinite_policy_name(nonfinite)));
+  // Written only when on, so that every spec without it keeps the canonical string (and the
+  // call-check fingerprint and checkpoint entries made from it) it had before the key existed.
+  if (fallback == FallbackPolicy::dense) options.push_back("fallback=dense");
   for (std::size_t i = 0; i < options.size(); ++i) out += (i == 0 ? ":" : ",") + options[i];
   return out;
 }

@@ -24,12 +24,22 @@
 //               run between gradzip's (same run, same load)
 //   speedup     mpi_s / time_s
 //   same        whether every rank ended with byte-identical averaged gradients
+//   vs_none     the `none` row's time_s over this row's: >= 1 is at least as fast as gradzip
+//               uncompressed
+// `--json PATH` also writes the rows as JSON from rank 0 ({"ranks", "options", "rows": [{codec,
+// algorithms, fallback_tensors, sent_bytes, ratio, relative_error, seconds, mpi_seconds,
+// identical}]}) for benchmarks/fallback_demo.sh.
+// `--options KEY=VALUE[,KEY=VALUE...]` appends spec options to every codec but `none` (which
+// stays the baseline); e.g. `--options fallback=dense` lets algo=auto's model send a tensor
+// dense when that is predicted no slower, and the algorithms column counts those tensors as
+// "fallback".
 // On one host the ranks talk through shared memory, where compression rarely pays: see
 // benchmarks/emulated_cluster.sh for links of cluster bandwidth.
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -328,6 +338,7 @@ double relative_error(const std::vector<float>& result, const std::vector<double
 struct Row {
   std::string codec;
   std::string algorithms;
+  int fallback_tensors = 0;  // tensors fallback=dense sent uncompressed
   std::uint64_t sent_bytes = 0;  // per rank, max over ranks
   double relative_error = 0;
   double seconds = 0;      // gradzip's step, best of kSteps
@@ -370,7 +381,7 @@ double mpi_step(Gradients& work, int ranks) {
 
 std::string algorithm_summary(const std::vector<gradzip::CollectiveStats>& stats) {
   std::map<std::string, int> tensors_by_algorithm;
-  for (const auto& s : stats) ++tensors_by_algorithm[s.algorithm];
+  for (const auto& s : stats) ++tensors_by_algorithm[s.fallback ? "fallback" : s.algorithm];
   std::string summary;
   for (const auto& [algorithm, tensors] : tensors_by_algorithm)
     summary += (summary.empty() ? "" : " + ") + algorithm + " " + std::to_string(tensors);
@@ -394,6 +405,7 @@ Row run_codec(const std::string& spec, const Gradients& grads, const std::vector
   row.relative_error = relative_error(work.values, exact);
   row.identical = identical_on_all_ranks(work.values);
   row.algorithms = algorithm_summary(stats);
+  for (const auto& s : stats) row.fallback_tensors += s.fallback ? 1 : 0;
   for (const auto& s : stats) {
     // Tensors under min_bytes go through MPI_Allreduce, whose bytes gradzip does not count:
     // count what an uncompressed ring sends for them, as in the baseline.
@@ -411,17 +423,63 @@ Row run_codec(const std::string& spec, const Gradients& grads, const std::vector
   return row;
 }
 
-void print_row(const Row& row, double ring_bytes) {
+// The codec column's width: the longest spec, at least 18.
+int codec_width = 18;
+
+void print_row(const Row& row, double ring_bytes, double none_seconds) {
   char ratio[16] = "-";
   if (row.sent_bytes > 0)
     std::snprintf(ratio, sizeof ratio, "%.2f", ring_bytes / static_cast<double>(row.sent_bytes));
-  std::printf("%-18s %-24s %8s %10.2e %8.3f %8.3f %8.2f %5s\n", row.codec.c_str(),
+  char vs_none[16] = "-";
+  if (none_seconds > 0) std::snprintf(vs_none, sizeof vs_none, "%.2f", none_seconds / row.seconds);
+  std::printf("%-*s %-24s %8s %10.2e %8.3f %8.3f %8.2f %5s %8s\n", codec_width, row.codec.c_str(),
               row.algorithms.c_str(), ratio, row.relative_error, row.seconds, row.mpi_seconds,
-              row.mpi_seconds / row.seconds, row.identical ? "yes" : "NO");
+              row.mpi_seconds / row.seconds, row.identical ? "yes" : "NO", vs_none);
   std::fflush(stdout);
 }
 
-int run() {
+// `codec` with `options` appended ("" leaves it alone).
+std::string with_options(const std::string& codec, const std::string& options) {
+  if (options.empty() || codec == "none") return codec;
+  return codec + (codec.find(':') == std::string::npos ? ":" : ",") + options;
+}
+
+// A JSON string of `text` (specs and algorithm names: printable ASCII, no escapes needed
+// beyond quotes and backslashes).
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void write_json(const std::string& path, int ranks, const std::string& options,
+                const std::vector<Row>& rows, double ring_bytes) {
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  GZ_REQUIRE(file != nullptr, gradzip::ErrorCode::io_error, "gradzip-demo: cannot write '", path,
+             "': ", std::strerror(errno));
+  std::fprintf(file, "{\"ranks\": %d, \"options\": %s, \"rows\": [", ranks,
+               json_string(options).c_str());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    std::fprintf(file,
+                 "%s\n  {\"codec\": %s, \"algorithms\": %s, \"fallback_tensors\": %d, "
+                 "\"sent_bytes\": %llu, \"ratio\": %.6g, \"relative_error\": %.6g, "
+                 "\"seconds\": %.6g, \"mpi_seconds\": %.6g, \"identical\": %s}",
+                 i == 0 ? "" : ",", json_string(row.codec).c_str(),
+                 json_string(row.algorithms).c_str(), row.fallback_tensors,
+                 static_cast<unsigned long long>(row.sent_bytes),
+                 row.sent_bytes > 0 ? ring_bytes / static_cast<double>(row.sent_bytes) : 0.0,
+                 row.relative_error, row.seconds, row.mpi_seconds, row.identical ? "true" : "false");
+  }
+  std::fprintf(file, "\n]}\n");
+  GZ_REQUIRE(std::fclose(file) == 0, gradzip::ErrorCode::io_error, "gradzip-demo: cannot write '",
+             path, "'");
+}
+
+int run(const std::string& options, const std::string& json_path) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -446,28 +504,39 @@ int run() {
   mpi.relative_error = relative_error(work.values, exact);
   mpi.identical = identical_on_all_ranks(work.values);
 
+  std::vector<std::string> specs;
+  for (const std::string& codec : kCodecs) {
+    specs.push_back(with_options(codec, options));
+    codec_width = std::max(codec_width, static_cast<int>(specs.back().size()));
+  }
   if (rank == 0) {
     std::printf("gradzip-demo: averaging one step's ResNet-50 gradients (%zu tensors, %zu "
                 "parameters, %.1f MiB f32) over %d ranks\n\n",
                 grads.tensors(), grads.values.size(),
                 static_cast<double>(grads.values.size() * sizeof(float)) / (1 << 20), ranks);
-    std::printf("%-18s %-24s %8s %10s %8s %8s %8s %5s\n", "codec", "algorithms (tensors)",
-                "ratio", "rel.error", "time_s", "mpi_s", "speedup", "same");
-    print_row(mpi, ring_bytes);
+    std::printf("%-*s %-24s %8s %10s %8s %8s %8s %5s %8s\n", codec_width, "codec",
+                "algorithms (tensors)", "ratio", "rel.error", "time_s", "mpi_s", "speedup", "same",
+                "vs_none");
+    print_row(mpi, ring_bytes, 0);
   }
+  std::vector<Row> rows{mpi};
   bool all_identical = true;
-  for (const std::string& spec : kCodecs) {
+  double none_seconds = 0;  // kCodecs starts with none
+  for (const std::string& spec : specs) {
     const Row row = run_codec(spec, grads, exact);
+    if (spec == "none") none_seconds = row.seconds;
     all_identical = all_identical && row.identical;
-    if (rank == 0) print_row(row, ring_bytes);
+    if (rank == 0) print_row(row, ring_bytes, none_seconds);
+    rows.push_back(row);
   }
+  if (rank == 0 && !json_path.empty()) write_json(json_path, ranks, options, rows, ring_bytes);
   if (rank == 0) {
     std::printf(
         "\nratio: bytes an uncompressed ring sends per rank over the bytes gradzip sent (headers "
         "included);\nrel.error: ||avg - exact avg|| / ||exact avg|| after one step; time_s: the "
         "slowest rank's step, best of %d;\nmpi_s: MPI_Allreduce of the same gradients, best of "
         "%d steps run between gradzip's; speedup = mpi_s / time_s;\nsame: byte-identical on "
-        "every rank.\n",
+        "every rank; vs_none: none's time_s / time_s.\n",
         kSteps, kSteps - 1);
   }
   return all_identical ? 0 : 1;
@@ -479,8 +548,25 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int status = 1;
+  std::string options, json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--options" && i + 1 < argc) {
+      options = argv[++i];
+    } else if (arg == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (rank == 0)
+        std::fprintf(stderr, "gradzip-demo: unknown argument '%s'; usage: gradzip-demo "
+                             "[--options KEY=VALUE[,KEY=VALUE...]] [--json PATH]\n", arg.c_str());
+      MPI_Finalize();
+      return 2;
+    }
+  }
   try {
-    status = run();
+    status = run(options, json_path);
   } catch (const std::exception& error) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

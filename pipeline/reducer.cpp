@@ -132,6 +132,7 @@ class ReducerState {
   struct GroupProgress {
     CollectiveStats total;
     std::uint64_t skipped_chunks = 0;  // chunk calls skipped under nonfinite=skip
+    std::uint64_t fallback_chunks = 0;  // chunk calls fallback=dense sent uncompressed
     std::set<std::string> algorithms;
     std::string spec;
   };
@@ -706,6 +707,7 @@ void ReducerState::record_progress(const Task& task, const CollectiveStats& stat
   GroupProgress& progress = progress_[task.bucket][task.group];
   progress.algorithms.insert(stats.algorithm);
   if (stats.skipped) ++progress.skipped_chunks;
+  if (stats.fallback) ++progress.fallback_chunks;
   progress.total.sent_payload_bytes += sent;
   if (compressed) {
     progress.total.encoded_input_bytes += stats.encoded_input_bytes;
@@ -893,6 +895,7 @@ void ReducerState::finish_step_stats(Clock::time_point wait_begin, Clock::time_p
       out.encoded_message_bytes = progress.total.encoded_message_bytes;
       bucket.sent_bytes += out.sent_bytes;
       stats.skipped_chunks += progress.skipped_chunks;
+      stats.fallback_chunks += progress.fallback_chunks;
       encoded_input += out.encoded_input_bytes;
       encoded_message += out.encoded_message_bytes;
       bucket.groups.push_back(std::move(out));
@@ -989,6 +992,7 @@ std::string ReducerStats::to_json() const {
   std::string out = detail::concat(
       "{\"step\":", step, ",\"sent_bytes\":", sent_bytes, ",\"gradient_bytes\":", gradient_bytes,
       ",\"compression_ratio\":", json_number(compression_ratio), ",\"skipped_chunks\":", skipped_chunks,
+      ",\"fallback_chunks\":", fallback_chunks,
       ",\"communication_seconds\":", json_number(communication_seconds),
       ",\"exposed_seconds\":", json_number(exposed_seconds), ",\"hidden_seconds\":",
       json_number(hidden_seconds), ",\"last_ready_seconds\":", json_number(last_ready_seconds),

@@ -140,6 +140,7 @@ py::dict stats_dict(const CollectiveStats& stats) {
   d["total_seconds"] = stats.total_seconds;
   d["note"] = stats.note;
   d["skipped"] = stats.skipped;  // nonfinite=skip decided this call
+  d["fallback"] = stats.fallback;  // fallback=dense sent it uncompressed
   return d;
 }
 

@@ -31,7 +31,7 @@ struct CollectiveStats {
   // "ring", "sra", "sparse" (or "sparse->ring", its dense switch), "randk", "hier/<inner>",
   // "allgather" (the all-gather collective), or "mpi": the transport's own
   // uncompressed all-reduce (small tensors, warm-up, non-finite input under
-  // nonfinite=propagate), whose bytes are MPI's business and are not counted below; "skip":
+  // nonfinite=propagate, fallback=dense), whose bytes are MPI's business and are not counted below; "skip":
   // skipped under nonfinite=skip.
   std::string algorithm;
   std::string spec;       // canonical spec string
@@ -58,6 +58,10 @@ struct CollectiveStats {
   // True when some rank's input held NaN or Inf and the spec says nonfinite=skip: no data
   // moved, the tensor is zeros on every rank and no residual changed.
   bool skipped = false;
+  // True when the spec's fallback=dense sent this tensor through the transport's uncompressed
+  // all-reduce ("mpi") because the cost model predicted it no slower than the compressed path;
+  // the note gives both predictions. With error feedback the residual went into that sum.
+  bool fallback = false;
 
   std::uint64_t sent_bytes() const noexcept {
     return sent_header_bytes + sent_index_bytes + sent_payload_bytes;

@@ -39,6 +39,14 @@
 //                                     residuals untouched, CollectiveStats::skipped is set;
 //                          error:     every rank throws ErrorCode::nonfinite naming the ranks,
 //                                     counts and first indices; the tensor is left as passed
+//   fallback=off|dense   algo=auto only [off]; dense: when the cost model predicts that the
+//                        transport's own uncompressed f32 all-reduce of a tensor is faster on
+//                        this link than the compressed path it would choose, the tensor goes
+//                        dense, with the error-feedback residual (all of its roles) added to
+//                        it and zeroed, so nothing is lost; CollectiveStats::fallback is set
+//                        and the note gives both predictions. Host tensors only (the model's γ
+//                        is the CPU's): CUDA tensors always compress. Refused with an explicit
+//                        algo= and for powersgd. to_string() writes it only when dense.
 //
 // Unknown codecs, unknown keys, repeated keys and bad values throw gradzip::Error
 // (ErrorCode::invalid_spec) naming what was wrong and listing what is accepted.
@@ -69,10 +77,12 @@ enum class Algorithm : std::uint8_t {
 };
 enum class ResizePolicy : std::uint8_t { error, reset };
 enum class NonfinitePolicy : std::uint8_t { propagate, error, skip };
+enum class FallbackPolicy : std::uint8_t { off, dense };
 
 std::string_view codec_kind_name(CodecKind kind) noexcept;
 std::string_view algorithm_name(Algorithm algo) noexcept;
 std::string_view nonfinite_policy_name(NonfinitePolicy policy) noexcept;
+std::string_view fallback_policy_name(FallbackPolicy policy) noexcept;
 
 struct CompressionSpec {
   CodecKind codec = CodecKind::none;
@@ -100,11 +110,13 @@ struct CompressionSpec {
   std::uint64_t seed = 0;
   std::uint32_t ranks_per_node = 0;
   NonfinitePolicy nonfinite = NonfinitePolicy::propagate;
+  FallbackPolicy fallback = FallbackPolicy::off;
 
   // Parses a spec string (grammar above). Throws gradzip::Error on any bad input.
   static CompressionSpec parse(std::string_view text);
 
-  // Canonical string: parse(to_string()) == *this, keys in a fixed order, every key written.
+  // Canonical string: parse(to_string()) == *this, keys in a fixed order, every key written
+  // but fallback, which is written only when it is dense.
   std::string to_string() const;
 
   // Number of entries top-k / random-k keep out of n: 0 when n == 0, else clamped to [1, n].

@@ -123,6 +123,10 @@ struct ReducerStats {
   // skip its optimizer step when this is non-zero: every rank sees the same value, but buckets
   // reduced earlier in the step ran normally (and updated their error-feedback residuals).
   std::uint64_t skipped_chunks = 0;
+  // Chunk calls of this step that fallback=dense sent uncompressed (CollectiveStats::fallback):
+  // the cost model predicted the dense all-reduce no slower on this link. Their groups list
+  // "mpi" among their algorithms.
+  std::uint64_t fallback_chunks = 0;
   std::vector<ReducerBucketStats> buckets;
 
   // One JSON object: the fields above, buckets and groups included.

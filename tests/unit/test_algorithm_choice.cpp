@@ -196,6 +196,96 @@ TEST(AlgorithmChoice, AutoModelLeavesTheDefaultOnlyForAFifteenPercentGain) {
   EXPECT_TRUE(kept_in_band);
 }
 
+TEST(AlgorithmChoice, DenseAllreduceEstimateIsTheUncompressedRingPlusTheFlush) {
+  // 2^20 elements on 4 ranks over a 5 µs, 5 GB/s link, adds at 0.3 ns: 6 messages of
+  // 32 + 4 x 2^18 bytes = 6,291,648 B take 1.2583296 ms, their start-ups 30 µs, the
+  // 3 x 2^18 adds 0.2359296 ms; flushing the residual adds 2^20 x 0.3 ns = 0.3145728 ms.
+  const LinkModel shared_memory{5e-6, 5e9, 0, 20e-6};
+  const collectives::CostEstimate flushed =
+      collectives::estimate_dense_allreduce(kGamma, 1 << 20, 4, shared_memory, true);
+  EXPECT_NEAR(flushed.seconds, 1.838832e-3, 1e-12);
+  EXPECT_NEAR(flushed.transfer_s, 1.2583296e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(flushed.bytes_sent, 6291648.0);
+  const collectives::CostEstimate plain =
+      collectives::estimate_dense_allreduce(kGamma, 1 << 20, 4, shared_memory, false);
+  EXPECT_NEAR(plain.seconds, 1.838832e-3 - 0.3145728e-3, 1e-12);
+  // Two ranks exchange pairwise: the exchange rate.
+  const collectives::CostEstimate pair = collectives::estimate_dense_allreduce(
+      kGamma, 1 << 20, 2, LinkModel{5e-6, 5e9, 2.5e9, 0}, false);
+  EXPECT_NEAR(pair.transfer_s, 2 * (32 + 4.0 * (1 << 19)) / 2.5e9, 1e-12);
+  EXPECT_EQ(collectives::estimate_dense_allreduce(kGamma, 1 << 20, 1, shared_memory, true).seconds, 0);
+  EXPECT_THROW(collectives::estimate_dense_allreduce(kGamma, 1, 0, shared_memory, true), Error);
+}
+
+TEST(AlgorithmChoice, FallbackDenseSendsDenseExactlyWhereTheModelPredictsItNoSlower) {
+  // γ of a slow error-feedback encode (20 ns per element, what top-k with EF costs on a 2-core
+  // CPU): on shared memory (5 GB/s) the 2^20-element dense all-reduce (1.8 ms) beats encoding
+  // alone (21 ms); on 1 Gbit/s it takes 50 ms, and top-k's few hundred KB win.
+  const CodecCost slow_encode{20e-9, 1e-9, 0.3e-9};
+  const LinkModel shared_memory{5e-6, 5e9, 0, 20e-6};
+  const LinkModel gigabit{50e-6, 125e6, 0, 200e-6};
+  const std::size_t n = 1 << 20;
+  const auto choose = [&](const char* text, const LinkModel& link) {
+    const CompressionSpec spec = CompressionSpec::parse(text);
+    const std::unique_ptr<Codec> codec = make_codec(spec);
+    const AutoModel model{*codec, slow_encode, link, 4, std::nullopt};
+    return choose_allreduce(spec, n, 0, &model);
+  };
+  for (const char* text : {"topk:fallback=dense", "sign:fallback=dense", "qsgd:bits=4,fallback=dense",
+                           "fp16:fallback=dense", "randk:fallback=dense"}) {
+    SCOPED_TRACE(text);
+    const AllreduceChoice near = choose(text, shared_memory);
+    EXPECT_EQ(near.path, AllreducePath::transport_sum) << near.note;
+    EXPECT_TRUE(near.dense_fallback);
+    EXPECT_EQ(near.name, "mpi");
+    EXPECT_NE(near.note.find("fallback=dense: dense 1."), std::string::npos) << near.note;
+    const AllreduceChoice far = choose(text, gigabit);
+    EXPECT_NE(far.path, AllreducePath::transport_sum) << far.note;
+    EXPECT_FALSE(far.dense_fallback);
+    EXPECT_NE(far.note.find(", dense "), std::string::npos) << far.note;  // both predictions
+    EXPECT_EQ(far.note.find("fallback=dense:"), std::string::npos) << far.note;
+  }
+  // The flush is in the prediction and the note says it happens only with error feedback.
+  EXPECT_NE(choose("topk:fallback=dense", shared_memory).note.find("residual flushed"), std::string::npos);
+  EXPECT_EQ(choose("topk:ef=off,fallback=dense", shared_memory).note.find("residual flushed"),
+            std::string::npos);
+  // Random-k keeps its shared-index path when that wins.
+  const AllreduceChoice randk = choose("randk:fallback=dense", gigabit);
+  EXPECT_EQ(randk.path, AllreducePath::flat);
+  EXPECT_EQ(randk.algorithm, Algorithm::auto_select);
+  EXPECT_EQ(randk.name, "randk");
+  // Without the key the model never leaves the compressed paths, however fast the link.
+  for (const char* text : {"topk", "sign", "randk"}) {
+    const AllreduceChoice kept = choose(text, shared_memory);
+    EXPECT_NE(kept.path, AllreducePath::transport_sum) << text << ": " << kept.note;
+    EXPECT_FALSE(kept.dense_fallback) << text;
+  }
+}
+
+TEST(AlgorithmChoice, FallbackDenseTakesTheTieAndNothingSlower) {
+  // Sweep the link rate across the crossing: dense wherever its estimate is <= the compressed
+  // choice's, compressed everywhere else, and the sweep meets both sides.
+  const CompressionSpec spec = CompressionSpec::parse("sign:fallback=dense");
+  const std::unique_ptr<Codec> codec = make_codec(spec);
+  const CodecCost gamma{5e-9, 1e-9, 0.3e-9};
+  bool dense_seen = false, compressed_seen = false;
+  for (double rate = 1e7; rate < 1e11; rate *= 1.3) {
+    const LinkModel link{20e-6, rate, 0, 0};
+    const double dense =
+        collectives::estimate_dense_allreduce(gamma, 1 << 20, 4, link, true).seconds;
+    const double sra =
+        collectives::estimate_allreduce(collectives::AlgorithmId::sra, *codec, gamma, 1 << 20, 4, link).seconds;
+    const AutoModel model{*codec, gamma, link, 4, std::nullopt};
+    const AllreduceChoice choice = choose_allreduce(spec, 1 << 20, 0, &model);
+    SCOPED_TRACE(::testing::Message() << "rate " << rate << ": " << choice.note);
+    ASSERT_EQ(choice.dense_fallback || choice.name == "sra", true);
+    EXPECT_EQ(choice.dense_fallback, dense <= sra);
+    (choice.dense_fallback ? dense_seen : compressed_seen) = true;
+  }
+  EXPECT_TRUE(dense_seen);
+  EXPECT_TRUE(compressed_seen);
+}
+
 TEST(AlgorithmChoice, AutoUsesTheModelOnlyWhereItChooses) {
   const CompressionSpec qsgd = CompressionSpec::parse("qsgd");  // min_bytes 65536
   EXPECT_TRUE(collectives::auto_uses_model(qsgd, 16384, 0, 4, false));
@@ -206,6 +296,9 @@ TEST(AlgorithmChoice, AutoUsesTheModelOnlyWhereItChooses) {
   EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("qsgd:warmup=2"), 16384, 1, 4, false));
   EXPECT_TRUE(collectives::auto_uses_model(CompressionSpec::parse("qsgd:warmup=2"), 16384, 2, 4, false));
   EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("randk"), 16384, 0, 4, false));
+  // fallback=dense gives random-k's single path a second candidate: the dense all-reduce.
+  EXPECT_TRUE(collectives::auto_uses_model(CompressionSpec::parse("randk:fallback=dense"), 16384, 0, 4, false));
+  EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("randk:fallback=dense"), 16384, 0, 4, true));
   EXPECT_FALSE(collectives::auto_uses_model(CompressionSpec::parse("powersgd"), 16384, 0, 4, false));
 }
 

@@ -107,6 +107,26 @@ TEST(CompressionSpec, CanonicalStringRoundTrips) {
             CompressionSpec::parse("fp16").to_string());
 }
 
+// fallback=dense is written only when on: every spec without it keeps the canonical string it
+// had before the key existed (call-check fingerprints and checkpoints compare those strings).
+TEST(CompressionSpec, FallbackIsWrittenOnlyWhenDense) {
+  for (const char* codec : {"none", "fp16", "bf16", "qsgd", "sign", "topk", "randk", "terngrad"}) {
+    const auto off = CompressionSpec::parse(codec);
+    EXPECT_EQ(off.fallback, FallbackPolicy::off) << codec;
+    EXPECT_EQ(off.to_string().find("fallback"), std::string::npos) << off.to_string();
+    EXPECT_EQ(CompressionSpec::parse(std::string(codec) + ":fallback=off"), off) << codec;
+    const auto dense = CompressionSpec::parse(std::string(codec) + ":fallback=dense");
+    EXPECT_EQ(dense.fallback, FallbackPolicy::dense) << codec;
+    EXPECT_NE(dense, off) << codec;
+    EXPECT_EQ(CompressionSpec::parse(dense.to_string()), dense) << dense.to_string();
+  }
+  EXPECT_EQ(CompressionSpec::parse("sign:fallback=dense").to_string(),
+            "sign:bucket=512,ef=on,ef_resize=error,algo=auto,warmup=0,min_bytes=65536,seed=0,"
+            "ranks_per_node=0,nonfinite=propagate,fallback=dense");
+  EXPECT_EQ(fallback_policy_name(FallbackPolicy::off), "off");
+  EXPECT_EQ(fallback_policy_name(FallbackPolicy::dense), "dense");
+}
+
 TEST(CompressionSpec, KForClampsToOneAndN) {
   auto spec = CompressionSpec::parse("topk:ratio=0.01");
   EXPECT_EQ(spec.k_for(0), 0u);
@@ -151,7 +171,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"topk:ratio=0.1,", "not key=value"},
         BadSpec{"topk:bits=4", "unknown key 'bits' for codec 'topk'; accepted keys: ratio, k, "
                                "approx, values, ramp, ef, ef_resize, algo, warmup, min_bytes, seed, "
-                               "ranks_per_node, nonfinite"},
+                               "ranks_per_node, nonfinite, fallback"},
         BadSpec{"fp16:ratio=0.1", "unknown key 'ratio' for codec 'fp16'"},
         BadSpec{"qsgd:bits=0", "integer in [1, 8]"}, BadSpec{"qsgd:bits=9", "integer in [1, 8]"},
         BadSpec{"qsgd:bits=4.5", "bad value '4.5'"}, BadSpec{"qsgd:bits=-1", "bad value '-1'"},
@@ -170,7 +190,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"fp16:nonfinite=ignore", "one of: propagate, error, skip"},
         BadSpec{"sign:nonfinite=skip,nonfinite=error", "given twice"},
         BadSpec{"topk:ratio=0.1,ratio=0.2", "given twice"},
-        BadSpec{"qsgd:bits=1,ef=on", "use 'sign' for 1-bit with error feedback"}));
+        BadSpec{"qsgd:bits=1,ef=on", "use 'sign' for 1-bit with error feedback"},
+        BadSpec{"sign:fallback=mpi", "one of: off, dense"},
+        BadSpec{"sign:fallback=dense,algo=sra", "fallback=dense needs algo=auto"},
+        BadSpec{"topk:algo=sparse,fallback=dense", "algo=sparse always runs that algorithm"},
+        BadSpec{"powersgd:fallback=dense", "powersgd runs in the Reducer"},
+        BadSpec{"fp16:fallback=dense,fallback=off", "given twice"}));
 
 TEST(MakeCodec, RefusesPowerSgdAsAnElementCodec) {
   try {
