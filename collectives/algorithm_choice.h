@@ -88,8 +88,8 @@ struct AutoModel {
 };
 
 // Whether algo=auto's model may ever decide for `spec`: algo=auto with a codec that has more
-// than one candidate (not random-k, not powersgd), or random-k with fallback=dense. What the Reducer asks to measure the model
-// up front.
+// than one candidate (not random-k, not powersgd), or random-k with fallback=dense. What the
+// Reducer asks to measure the model up front.
 bool spec_uses_model(const CompressionSpec& spec) noexcept;
 
 // Whether `ranks` ranks form two or more nodes of `ranks_per_node` >= 2 ranks each (all of one

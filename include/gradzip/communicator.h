@@ -31,8 +31,8 @@ struct CollectiveStats {
   // "ring", "sra", "sparse" (or "sparse->ring", its dense switch), "randk", "hier/<inner>",
   // "allgather" (the all-gather collective), or "mpi": the transport's own
   // uncompressed all-reduce (small tensors, warm-up, non-finite input under
-  // nonfinite=propagate, fallback=dense), whose bytes are MPI's business and are not counted below; "skip":
-  // skipped under nonfinite=skip.
+  // nonfinite=propagate, fallback=dense), whose bytes are MPI's business and are not counted
+  // below; "skip": skipped under nonfinite=skip.
   std::string algorithm;
   std::string spec;       // canonical spec string
   std::size_t count = 0;  // elements of the tensor

@@ -40,13 +40,14 @@
 //                          error:     every rank throws ErrorCode::nonfinite naming the ranks,
 //                                     counts and first indices; the tensor is left as passed
 //   fallback=off|dense   algo=auto only [off]; dense: when the cost model predicts that the
-//                        transport's own uncompressed f32 all-reduce of a tensor is faster on
-//                        this link than the compressed path it would choose, the tensor goes
+//                        transport's own uncompressed f32 all-reduce of a tensor is no slower
+//                        on this link than the compressed path it would choose, the tensor goes
 //                        dense, with the error-feedback residual (all of its roles) added to
 //                        it and zeroed, so nothing is lost; CollectiveStats::fallback is set
 //                        and the note gives both predictions. Host tensors only (the model's γ
 //                        is the CPU's): CUDA tensors always compress. Refused with an explicit
-//                        algo= and for powersgd. to_string() writes it only when dense.
+//                        algo= and for powersgd. All-reduce only (reduce-scatter and
+//                        all-gather always compress). to_string() writes it only when dense.
 //
 // Unknown codecs, unknown keys, repeated keys and bad values throw gradzip::Error
 // (ErrorCode::invalid_spec) naming what was wrong and listing what is accepted.

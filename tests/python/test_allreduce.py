@@ -271,6 +271,30 @@ def test_given_link_drives_algo_auto(rank, size):
         gradzip.Communicator(link_latency_us=5)
 
 
+def test_fallback_dense_sends_dense_on_a_fast_link_and_compresses_on_a_slow_one(rank, size):
+    # fallback=dense: on a link the model is told is very fast (400 Gbit/s) encoding sign with
+    # error feedback costs more than sending f32, so the tensor goes through the transport's
+    # sum (exact for these integers: the first call has no residual yet); on 0.01 Gbit/s sign's
+    # 1/32 of the bytes wins and the tensor compresses. stats say which ran and why.
+    if size < 2:
+        pytest.skip("one rank has no link: the model, and so the fallback, is not used")
+    n = 40_000
+    fast = gradzip.Communicator(link_latency_us=1, link_gbps=400)
+    data = small_ints(rank, size, n)
+    stats = fast.allreduce(data, "fallback.fast", "sign:fallback=dense,min_bytes=0")
+    assert stats["fallback"] is True, stats["note"]
+    assert stats["algorithm"] == "mpi"
+    assert "fallback=dense: dense " in stats["note"], stats["note"]
+    np.testing.assert_array_equal(data, exact_reference(size, n, "sum"))
+    slow = gradzip.Communicator(link_latency_us=1, link_gbps=0.01)
+    data = small_ints(rank, size, n)
+    stats = slow.allreduce(data, "fallback.slow", "sign:fallback=dense,min_bytes=0")
+    assert stats["fallback"] is False, stats["note"]
+    assert stats["algorithm"] != "mpi", stats["note"]
+    assert ", dense " in stats["note"], stats["note"]
+    assert stats["sent_bytes"] < 4 * n
+
+
 def test_released_residuals_are_said_and_the_window_is_settable(capfd, rank, size):
     # A name's residual released after a window of calls without it is said on stderr (once);
     # release_unused_after_calls=0 keeps it however many other calls come.
