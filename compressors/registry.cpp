@@ -1,9 +1,11 @@
 #include "compressors/registry.h"
 
+#include <optional>
 #include <vector>
 
 #include "compressors/codec_descriptor.h"
 #include "compressors/device_codec.h"
+#include "compressors/fused_feedback.h"
 #include "gradzip/error.h"
 #include "kernels/nonfinite_math.h"
 
@@ -13,9 +15,19 @@ namespace {
 
 // What make_codec() returns: the host codec, with CUDA tensors sent to the device codecs
 // (compressors/device_codec.h). Host calls pass straight through.
-class DeviceDispatchCodec final : public Codec {
+// Error feedback's fused encode (compressors/fused_feedback.h, host memory only) is the host
+// codec's, when it has one.
+class DeviceDispatchCodec final : public Codec, public FusedFeedbackEncoder {
  public:
-  explicit DeviceDispatchCodec(std::unique_ptr<Codec> host) : host_(std::move(host)) {}
+  explicit DeviceDispatchCodec(std::unique_ptr<Codec> host)
+      : host_(std::move(host)), host_fused_(dynamic_cast<const FusedFeedbackEncoder*>(host_.get())) {}
+
+  std::optional<std::size_t> encode_with_feedback(const float* g, float* e, std::size_t count,
+                                                  std::span<std::byte> out,
+                                                  const EncodeContext& ctx) const override {
+    if (host_fused_ == nullptr) return std::nullopt;
+    return host_fused_->encode_with_feedback(g, e, count, out, ctx);
+  }
 
   const CompressionSpec& spec() const noexcept override { return host_->spec(); }
   std::size_t max_encoded_bytes(std::size_t count) const override {
@@ -54,6 +66,7 @@ class DeviceDispatchCodec final : public Codec {
 
  private:
   std::unique_ptr<Codec> host_;
+  const FusedFeedbackEncoder* host_fused_;  // null: the host codec has no fused encode
 };
 
 std::unique_ptr<Codec> make_host_codec(const CompressionSpec& spec) {

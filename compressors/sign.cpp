@@ -15,10 +15,13 @@
 // flags != 0, small_param != 1 and a nonzero unused bit; scales may hold any f32 bits.
 #include <algorithm>
 #include <limits>
+#include <numeric>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "compressors/codec_checks.h"
+#include "compressors/fused_feedback.h"
 #include "compressors/registry.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu/convert.h"
@@ -47,7 +50,14 @@ std::size_t payload_bytes_for(std::size_t count, std::size_t bucket) noexcept {
   return buckets * sizeof(float) + bit_bytes(count);
 }
 
-class SignCodec final : public Codec {
+// Error feedback fused into the encode (encode_with_feedback): blocks of about this many
+// elements (16 KiB of g', which stays in L1 between the add, the encode and the update), whole
+// buckets and a multiple of 8 each; buckets whose lcm with 8 exceeds kMaxFusedBlock take the
+// general path.
+constexpr std::size_t kFusedBlock = 4096;
+constexpr std::size_t kMaxFusedBlock = std::size_t{1} << 16;
+
+class SignCodec final : public Codec, public FusedFeedbackEncoder {
  public:
   using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit SignCodec(const CompressionSpec& spec) : spec_(spec) {
@@ -68,16 +78,9 @@ class SignCodec final : public Codec {
   std::size_t encode(ConstTensorView in, std::span<std::byte> out,
                      const EncodeContext& /*ctx*/) const override {
     require_host(in, "sign.encode");
-    const std::size_t total = max_encoded_bytes(in.count);
-    require_capacity(out, total, "sign.encode");
-    const std::size_t payload = total - kWireHeaderBytes;
-    write_header(
-        WireHeader{WireCodec::sign, 0, kSignBitsPerElement, in.count, payload, spec_.bucket}, out);
-    if (in.count == 0) return total;
-    std::byte* scales = out.data() + kWireHeaderBytes;
-    auto* bits = reinterpret_cast<std::uint8_t*>(scales + bucket_count(in.count, spec_.bucket) *
-                                                              sizeof(float));
-    kernels::cpu::SignEncoder encoder(spec_.bucket, scales, bits);
+    const Layout layout = start_message(in.count, out, "sign.encode");
+    if (in.count == 0) return layout.total;
+    kernels::cpu::SignEncoder encoder(spec_.bucket, layout.scales, layout.bits);
     if (in.dtype == DType::f32) {
       encoder.add(static_cast<const float*>(in.data), in.count);
     } else {
@@ -92,16 +95,54 @@ class SignCodec final : public Codec {
     }
     encoder.finish();
     // Step 3 of the scale: buckets whose sum overflowed f32 (finite elements near FLT_MAX).
-    if (!encoder.any_scale_overflowed()) return total;
+    if (!encoder.any_scale_overflowed()) return layout.total;
     std::vector<float> converted;  // one such bucket of an f16 / bf16 input
     kernels::cpu::sign_rescue_overflowed_scales(
-        in.count, spec_.bucket, scales, [&](std::size_t begin, std::size_t len) -> const float* {
+        in.count, spec_.bucket, layout.scales, [&](std::size_t begin, std::size_t len) -> const float* {
           if (in.dtype == DType::f32) return static_cast<const float*>(in.data) + begin;
           converted.resize(len);
           kernels::cpu::load_as_f32(in, begin, len, converted.data());
           return converted.data();
         });
-    return total;
+    return layout.total;
+  }
+
+  // One pass: per block of whole buckets, g' = g + e into e, the block's bits and scales (the
+  // encoder is the same streaming one encode() runs, so the bytes are the same whatever the
+  // block boundaries), the overflow rescue of the block's buckets while e still holds g', then
+  // e = finite_or_zero(g' - D) from the block's just-written part of the message.
+  std::optional<std::size_t> encode_with_feedback(const float* g, float* e, std::size_t count,
+                                                  std::span<std::byte> out,
+                                                  const EncodeContext& /*ctx*/) const override {
+    const std::size_t unit = std::lcm(spec_.bucket, std::size_t{8});
+    if (spec_.bucket > kMaxFusedBlock || unit > kMaxFusedBlock) return std::nullopt;
+    const std::size_t block = std::max(unit, kFusedBlock / unit * unit);
+    const Layout layout = start_message(count, out, "sign.encode");
+    kernels::cpu::SignEncoder encoder(spec_.bucket, layout.scales, layout.bits);
+    const kernels::cpu::SignPayload payload{layout.scales, layout.bits, count, spec_.bucket};
+    float decoded[kFusedBlock];  // D of up to kFusedBlock elements at a time
+    for (std::size_t begin = 0; begin < count; begin += block) {
+      const std::size_t n = std::min(block, count - begin);
+      float* const corrected = e + begin;
+      for (std::size_t i = 0; i < n; ++i) corrected[i] = g[begin + i] + corrected[i];
+      encoder.add(corrected, n);
+      if (begin + n == count) encoder.finish();
+      if (encoder.any_scale_overflowed()) {
+        // Only this block's buckets (it starts on a bucket boundary); earlier blocks' +inf
+        // scales are rescued already, and a rescued scale is never +inf unless a bucket holds
+        // an inf, whose rescue gives +inf again.
+        kernels::cpu::sign_rescue_overflowed_scales(
+            n, spec_.bucket, layout.scales + begin / spec_.bucket * sizeof(float),
+            [&](std::size_t first, std::size_t) -> const float* { return corrected + first; });
+      }
+      for (std::size_t done = 0; done < n; done += kFusedBlock) {
+        const std::size_t m = std::min(kFusedBlock, n - done);
+        kernels::cpu::sign_decode(payload, begin + done, m, decoded);
+        for (std::size_t i = 0; i < m; ++i)
+          corrected[done + i] = kernels::finite_or_zero(corrected[done + i] - decoded[i]);
+      }
+    }
+    return layout.total;
   }
 
   void decode(std::span<const std::byte> in, TensorView out) const override {
@@ -143,6 +184,27 @@ class SignCodec final : public Codec {
   bool sparse() const noexcept override { return false; }
 
  private:
+  // Where a message of `count` elements puts its parts, and its size.
+  struct Layout {
+    std::size_t total = 0;
+    std::byte* scales = nullptr;
+    std::uint8_t* bits = nullptr;
+  };
+
+  // Checks `out`'s capacity, writes the header and returns the layout (`op` names the caller).
+  Layout start_message(std::size_t count, std::span<std::byte> out, std::string_view op) const {
+    Layout layout;
+    layout.total = max_encoded_bytes(count);
+    require_capacity(out, layout.total, op);
+    write_header(WireHeader{WireCodec::sign, 0, kSignBitsPerElement, count,
+                            layout.total - kWireHeaderBytes, spec_.bucket},
+                 out);
+    layout.scales = out.data() + kWireHeaderBytes;
+    layout.bits = reinterpret_cast<std::uint8_t*>(layout.scales +
+                                                  bucket_count(count, spec_.bucket) * sizeof(float));
+    return layout;
+  }
+
   // Checks every header field, the exact payload size and the unused bits of the last byte.
   static kernels::cpu::SignPayload validated_payload(std::span<const std::byte> in,
                                                      std::size_t count, std::string_view op) {

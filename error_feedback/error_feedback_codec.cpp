@@ -1,10 +1,12 @@
 #include "error_feedback/error_feedback_codec.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "compressors/codec_checks.h"
 #include "compressors/device_codec.h"
+#include "compressors/fused_feedback.h"
 #include "error_feedback/device_feedback.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
@@ -109,9 +111,15 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
 // finite_or_zero(g' - D): the updated entries are finite already, the others are g' - (+0.0).
 // The encode's argument checks ran in encode_chunk before the residual changed; it cannot fail
 // after them.
+// A codec that fuses error feedback into its encode (compressors/fused_feedback.h: sign) does
+// it all in one pass over g and e, with the same message and residual.
 std::size_t ErrorFeedbackCodec::encode_in_place(const float* g, float* e, std::size_t count,
                                                 std::span<std::byte> out,
                                                 const EncodeContext& ctx) {
+  if (const auto* fused = dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec_.get())) {
+    if (const std::optional<std::size_t> bytes = fused->encode_with_feedback(g, e, count, out, ctx))
+      return *bytes;
+  }
   bool any_non_finite = false;
   for (std::size_t i = 0; i < count; ++i) {
     e[i] = g[i] + e[i];
