@@ -23,13 +23,16 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "compressors/codec_checks.h"
+#include "compressors/fused_feedback.h"
 #include "compressors/registry.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu/cast_cpu_simd.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -50,7 +53,7 @@ constexpr CastFormat kBf16{WireCodec::bf16, DType::bf16, kernels::cpu::f32_to_bf
 
 constexpr std::size_t kBytesPerElement = 2;
 
-class CastCodec final : public Codec {
+class CastCodec final : public Codec, public FusedFeedbackEncoder {
  public:
   using Codec::decode_add;  // the TensorView form (host accumulators) too
   CastCodec(const CompressionSpec& spec, const CastFormat& format)
@@ -89,6 +92,29 @@ class CastCodec final : public Codec {
         kernels::cpu::load_as_f32(in, begin, n, block);
         format_.from_f32(block, payload + begin * kBytesPerElement, n);
       }
+    }
+    return total;
+  }
+
+  // Error feedback in one pass (compressors/fused_feedback.h): per block of kConvertBlock
+  // elements, g' = g + e into e, the same conversion encode() runs, its widening back, and
+  // e = finite_or_zero(g' - widened), while the block is in L1.
+  std::optional<std::size_t> encode_with_feedback(const float* g, float* e, std::size_t count,
+                                                  std::span<std::byte> out,
+                                                  const EncodeContext& /*ctx*/) const override {
+    const std::size_t total = max_encoded_bytes(count);
+    require_capacity(out, total, encode_op_);
+    write_header(WireHeader{format_.wire, 0, 0, count, count * kBytesPerElement, 0}, out);
+    std::byte* payload = out.data() + kWireHeaderBytes;
+    float widened[kernels::cpu::kConvertBlock];
+    for (std::size_t begin = 0; begin < count; begin += kernels::cpu::kConvertBlock) {
+      const std::size_t n = std::min(kernels::cpu::kConvertBlock, count - begin);
+      float* const corrected = e + begin;
+      for (std::size_t i = 0; i < n; ++i) corrected[i] = g[begin + i] + corrected[i];
+      format_.from_f32(corrected, payload + begin * kBytesPerElement, n);
+      format_.to_f32(payload + begin * kBytesPerElement, widened, n);
+      for (std::size_t i = 0; i < n; ++i)
+        corrected[i] = kernels::finite_or_zero(corrected[i] - widened[i]);
     }
     return total;
   }

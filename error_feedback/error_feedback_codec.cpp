@@ -56,8 +56,15 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
     return device_feedback_encode(*codec_, chunk, residual, out, ctx, decoded);
   }
   float* const e = residual.data();
-  if (decoded.empty() && chunk.dtype == DType::f32 && codec_->subtracts_decoded_in_place())
-    return encode_in_place(static_cast<const float*>(chunk.data), e, count, out, ctx);
+  if (decoded.empty() && chunk.dtype == DType::f32) {
+    const auto* g = static_cast<const float*>(chunk.data);
+    // A codec that fuses error feedback into its encode (compressors/fused_feedback.h: sign,
+    // fp16, bf16) does it all in one pass over g and e, with the same message and residual.
+    if (const auto* fused = dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec_.get()))
+      if (const std::optional<std::size_t> bytes = fused->encode_with_feedback(g, e, count, out, ctx))
+        return *bytes;
+    if (codec_->subtracts_decoded_in_place()) return encode_in_place(g, e, count, out, ctx);
+  }
   std::vector<float>& scratch_buffer = scratch();
   if (scratch_buffer.size() < count) scratch_buffer.resize(count);
   float* const corrected = scratch_buffer.data();  // g'
@@ -111,15 +118,9 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
 // finite_or_zero(g' - D): the updated entries are finite already, the others are g' - (+0.0).
 // The encode's argument checks ran in encode_chunk before the residual changed; it cannot fail
 // after them.
-// A codec that fuses error feedback into its encode (compressors/fused_feedback.h: sign) does
-// it all in one pass over g and e, with the same message and residual.
 std::size_t ErrorFeedbackCodec::encode_in_place(const float* g, float* e, std::size_t count,
                                                 std::span<std::byte> out,
                                                 const EncodeContext& ctx) {
-  if (const auto* fused = dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec_.get())) {
-    if (const std::optional<std::size_t> bytes = fused->encode_with_feedback(g, e, count, out, ctx))
-      return *bytes;
-  }
   bool any_non_finite = false;
   for (std::size_t i = 0; i < count; ++i) {
     e[i] = g[i] + e[i];

@@ -83,8 +83,8 @@ class ErrorFeedbackCodec {
  private:
   // encode_chunk's path for codecs that subtract their decode in place (f32 input, no `decoded`
   // wanted; Codec::subtracts_decoded_in_place): g' formed in the residual's memory, then
-  // Codec::subtract_decoded; or, for a codec with a fused encode (compressors/fused_feedback.h),
-  // all of it in one pass. Same message and residual as the general path.
+  // Codec::subtract_decoded. Same message and residual as the general path. (Codecs with a
+  // fused encode, compressors/fused_feedback.h, take that before this.)
   std::size_t encode_in_place(const float* g, float* e, std::size_t count,
                               std::span<std::byte> out, const EncodeContext& ctx);
 
