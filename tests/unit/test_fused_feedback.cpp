@@ -32,7 +32,8 @@ using kernels::cpu::Isa;
 constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  // (empty spans may have null data, which memcmp must not get)
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 // g and e of `count` elements; `special` adds elements near FLT_MAX (bucket sums that overflow:
