@@ -77,9 +77,7 @@ class CastCodec final : public Codec, public FusedFeedbackEncoder {
                      const EncodeContext& /*ctx*/) const override {
     require_host(in, encode_op_);
     const std::size_t total = max_encoded_bytes(in.count);
-    require_capacity(out, total, encode_op_);
-    write_header(WireHeader{format_.wire, 0, 0, in.count, in.count * kBytesPerElement, 0}, out);
-    std::byte* payload = out.data() + kWireHeaderBytes;
+    std::byte* payload = start_message(in.count, total, out);
     if (in.count == 0) return total;
     if (in.dtype == format_.dtype) {
       std::memcpy(payload, in.data, in.count * kBytesPerElement);
@@ -103,9 +101,7 @@ class CastCodec final : public Codec, public FusedFeedbackEncoder {
                                                   std::span<std::byte> out,
                                                   const EncodeContext& /*ctx*/) const override {
     const std::size_t total = max_encoded_bytes(count);
-    require_capacity(out, total, encode_op_);
-    write_header(WireHeader{format_.wire, 0, 0, count, count * kBytesPerElement, 0}, out);
-    std::byte* payload = out.data() + kWireHeaderBytes;
+    std::byte* payload = start_message(count, total, out);
     float widened[kernels::cpu::kConvertBlock];
     for (std::size_t begin = 0; begin < count; begin += kernels::cpu::kConvertBlock) {
       const std::size_t n = std::min(kernels::cpu::kConvertBlock, count - begin);
@@ -147,6 +143,14 @@ class CastCodec final : public Codec, public FusedFeedbackEncoder {
   bool sparse() const noexcept override { return false; }
 
  private:
+  // Checks that `out` holds the `total` bytes of a message of `count` elements, writes its
+  // header and returns where the payload goes.
+  std::byte* start_message(std::size_t count, std::size_t total, std::span<std::byte> out) const {
+    require_capacity(out, total, encode_op_);
+    write_header(WireHeader{format_.wire, 0, 0, count, count * kBytesPerElement, 0}, out);
+    return out.data() + kWireHeaderBytes;
+  }
+
   // Checks every header field of `in` for a message of `count` elements; returns its payload.
   const std::byte* validated_payload(std::span<const std::byte> in, std::size_t count,
                                      const std::string& op) const {

@@ -115,7 +115,7 @@ class SignCodec final : public Codec, public FusedFeedbackEncoder {
                                                   std::span<std::byte> out,
                                                   const EncodeContext& /*ctx*/) const override {
     const std::size_t unit = std::lcm(spec_.bucket, std::size_t{8});
-    if (spec_.bucket > kMaxFusedBlock || unit > kMaxFusedBlock) return std::nullopt;
+    if (unit > kMaxFusedBlock) return std::nullopt;  // unit >= bucket
     const std::size_t block = std::max(unit, kFusedBlock / unit * unit);
     const Layout layout = start_message(count, out, "sign.encode");
     kernels::cpu::SignEncoder encoder(spec_.bucket, layout.scales, layout.bits);

@@ -16,7 +16,10 @@ namespace gradzip::error_feedback {
 
 ErrorFeedbackCodec::ErrorFeedbackCodec(std::shared_ptr<const Codec> codec, ResidualStore& store,
                                        std::vector<float>* shared_scratch)
-    : codec_(std::move(codec)), store_(&store), shared_scratch_(shared_scratch) {
+    : codec_(std::move(codec)),
+      fused_(dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec_.get())),
+      store_(&store),
+      shared_scratch_(shared_scratch) {
   GZ_REQUIRE(codec_ != nullptr, ErrorCode::invalid_argument,
              "ErrorFeedbackCodec: the wrapped codec is null");
 }
@@ -60,8 +63,8 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
     const auto* g = static_cast<const float*>(chunk.data);
     // A codec that fuses error feedback into its encode (compressors/fused_feedback.h: sign,
     // fp16, bf16) does it all in one pass over g and e, with the same message and residual.
-    if (const auto* fused = dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec_.get()))
-      if (const std::optional<std::size_t> bytes = fused->encode_with_feedback(g, e, count, out, ctx))
+    if (fused_ != nullptr)
+      if (const std::optional<std::size_t> bytes = fused_->encode_with_feedback(g, e, count, out, ctx))
         return *bytes;
     if (codec_->subtracts_decoded_in_place()) return encode_in_place(g, e, count, out, ctx);
   }

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "compressors/fused_feedback.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/tensor_view.h"
@@ -89,6 +90,8 @@ class ErrorFeedbackCodec {
                               std::span<std::byte> out, const EncodeContext& ctx);
 
   std::shared_ptr<const Codec> codec_;
+  // codec_'s fused encode (compressors/fused_feedback.h), or null; looked up once.
+  const compressors::FusedFeedbackEncoder* fused_;
   ResidualStore* store_;
   // g' of the current chunk: the codec's input, kept until the residual update.
   std::vector<float> own_scratch_;

@@ -674,6 +674,8 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
   const bool packed = data == nullptr;
   // Recording a timeline: the packing copies as spans (category "copy") beside the call's.
   const collectives::ThreadTimeline timeline = collectives::current_thread_timeline();
+  // The clock is read only while recording (begin is unused otherwise).
+  const auto copy_begin = [&] { return timeline.timeline ? Clock::now() : Clock::time_point{}; };
   const auto record_copy = [&](const char* name, Clock::time_point begin) {
     if (timeline.timeline == nullptr) return;
     timeline.timeline->span(timeline.track, name, "copy", begin, Clock::now(),
@@ -681,7 +683,7 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
   };
   if (packed) {
     data = group_buffers_[task.bucket][task.group].data() + chunk.group_begin;
-    const Clock::time_point begin = Clock::now();
+    const Clock::time_point begin = copy_begin();
     pack(group, chunk.group_begin, chunk.count, data, on_cuda());
     record_copy("pack", begin);
   }
@@ -689,7 +691,7 @@ void ReducerState::run_chunk(Lane& lane, const Task& task, const GroupLayout& gr
       lane.communicator, TensorView{data, chunk.count, DType::f32, on_cuda() ? memory_ : Device{}}, chunk.name,
       task.spec, ReduceOp::average, task.step, task.preset_error ? &*task.preset_error : nullptr);
   if (packed) {
-    const Clock::time_point begin = Clock::now();
+    const Clock::time_point begin = copy_begin();
     unpack(group, chunk.group_begin, chunk.count, data, on_cuda());
     record_copy("unpack", begin);
   }
