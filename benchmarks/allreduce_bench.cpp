@@ -20,6 +20,11 @@
 //                          headers not counted); null without --link-gbps
 //   time_over_wire         time_s / wire_s: 1 is a call at the speed of its bytes; above it, the
 //                          CPU (codec work, copies) or latency sets the pace
+//   encode_s, communicate_s, decode_s
+//                          CollectiveStats' stage times of the timed calls, mean per call, max
+//                          over ranks: where the time goes (communicate_s includes waiting for
+//                          slower peers; a pipelined algorithm's stages overlap, so the three
+//                          may add up to more or less than time_s)
 // --check adds, for one extra call on a tensor name of its own (so error-feedback residuals start
 // at zero and the result is the plain compressed all-reduce):
 //   max_abs_error          max_i |result_i - exact_i| over all ranks, exact = the f64 sum
@@ -55,6 +60,7 @@
 
 #include "benchmarks/bench_support.h"
 #include "collectives/algorithm_table.h"
+#include "collectives/segment_plan.h"
 #include "compressors/codec_descriptor.h"
 #include "gradzip/error.h"
 
@@ -277,11 +283,18 @@ std::uint64_t flat_bytes(const Codec& codec, const std::string& algo, int ranks,
     case AlgorithmId::ring: return ring_bytes(codec, ranks, r, n);
     case AlgorithmId::sra: {
       // P - 1 worker messages (every chunk but its own), then its owned chunk's message,
-      // counted once for each of the P - 1 ranks the all-gather delivers it to.
+      // counted once for each of the P - 1 ranks the all-gather delivers it to. Pipelined
+      // (host memory over MPI, the spec's segment key): each of those messages is S segment
+      // messages holding the same payload, i.e. S - 1 more headers each.
+      std::vector<std::size_t> counts;
+      for (int c = 0; c < ranks; ++c) counts.push_back(chunk_count(n, ranks, c));
+      const std::uint64_t extra_headers =
+          (collectives::segments_per_chunk(codec, counts, codec.spec().segment_bytes) - 1) *
+          compressors::kWireHeaderBytes;
       std::uint64_t bytes = 0;
       for (int c = 0; c < ranks; ++c)
-        if (c != r) bytes += codec.max_encoded_bytes(chunk_count(n, ranks, c));
-      return bytes + others * codec.max_encoded_bytes(chunk_count(n, ranks, r));
+        if (c != r) bytes += codec.max_encoded_bytes(counts[c]) + extra_headers;
+      return bytes + others * (codec.max_encoded_bytes(counts[r]) + extra_headers);
     }
     // One message of the whole tensor, counted once per receiving rank.
     case AlgorithmId::sparse: return others * codec.max_encoded_bytes(n);
@@ -521,6 +534,9 @@ struct Row {
   double cosine = 1;
   double min_cosine = 0;
   double link_gbps = 0;  // 0: no wire time
+  double encode_s = 0;  // stage times: mean per timed call, max over ranks
+  double communicate_s = 0;
+  double decode_s = 0;
 
   double algbw_gbps() const { return time_s > 0 ? static_cast<double>(bytes) / time_s / 1e9 : 0; }
   double busbw_gbps() const { return algbw_gbps() * 2.0 * (ranks - 1) / ranks; }
@@ -667,9 +683,20 @@ Row measure(const std::string& spec_text, std::size_t bytes, const std::vector<f
   const auto restore = [&] { std::copy(input.begin(), input.end(), work.begin()); };
   const std::string name = "bench/" + spec_text + "/" + std::to_string(bytes);
   CollectiveStats stats;
+  // Stage times summed over the timed calls (median_call_seconds' first call warms up).
+  double stage_seconds[3] = {0, 0, 0};  // encode, communicate, decode
+  int calls = 0;
   row.time_s = median_call_seconds(iters, restore, [&] {
     stats = comm.allreduce(host_view(work.data(), work.size()), name, spec);
+    if (calls++ == 0) return;
+    stage_seconds[0] += stats.encode_seconds;
+    stage_seconds[1] += stats.communicate_seconds;
+    stage_seconds[2] += stats.decode_seconds;
   });
+  const int timed_calls = std::max(calls - 1, 1);
+  row.encode_s = max_over_ranks(stage_seconds[0] / timed_calls);
+  row.communicate_s = max_over_ranks(stage_seconds[1] / timed_calls);
+  row.decode_s = max_over_ranks(stage_seconds[2] / timed_calls);
   row.mpi_time_s = median_call_seconds(iters, restore, [&] { mpi_allreduce_sum(work); });
   row.algo = stats.algorithm;
   row.sent_bytes_per_rank = max_over_ranks(stats.sent_bytes());
@@ -725,7 +752,10 @@ void write_json(const std::string& path, const std::vector<Row>& rows) {
          << ", \"speedup_vs_mpi\": " << json_number(r.speedup_vs_mpi())
          << ", \"link_gbps\": " << json_number(r.link_gbps > 0 ? r.link_gbps : NAN)
          << ", \"wire_s\": " << json_number(r.wire_s())
-         << ", \"time_over_wire\": " << json_number(r.time_over_wire());
+         << ", \"time_over_wire\": " << json_number(r.time_over_wire())
+         << ", \"encode_s\": " << json_number(r.encode_s)
+         << ", \"communicate_s\": " << json_number(r.communicate_s)
+         << ", \"decode_s\": " << json_number(r.decode_s);
     if (r.checked)
       json << ", \"max_abs_error\": " << json_number(r.max_abs_error)
            << ", \"error_bound\": " << json_number(r.error_bound)

@@ -127,8 +127,10 @@ ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const 
     residuals->set_resize_policy(spec.ef_resize);
   }
   const EncodeContext ctx{spec.seed, step, tensor_id_of(name), 0};
-  return ReduceJob{*memory.transport, state.codec_for(spec), memory.data, std::move(residual_key),
-                   residuals, ctx, stats, memory.device};
+  ReduceJob job{*memory.transport, state.codec_for(spec), memory.data, std::move(residual_key),
+                residuals, ctx, stats, memory.device};
+  job.segment_bytes = spec.segment_bytes;
+  return job;
 }
 
 CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,

@@ -1,7 +1,9 @@
 // The collectives' codec table (collectives/codec_table.h).
 #include "collectives/codec_table.h"
 
+#include <algorithm>
 #include <array>
+#include <numeric>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -50,11 +52,15 @@ std::vector<CodecRow> make_table() {
     // PowerSGD runs in the Reducer; its row says so and otherwise reads like the uncompressed
     // one, which is what its dense parameters use.
     row.element_codec = codec != CodecKind::powersgd;
+    row.segment_cut = row.element_codec ? SegmentCut::any_element : SegmentCut::never;
     set(row);
   }
-  set(paths(CodecKind::qsgd, A::sra, kQuantisedRunnable, kQuantisedAuto));
-  set(paths(CodecKind::sign, A::sra, kQuantisedRunnable, kQuantisedAuto));
-  set(paths(CodecKind::terngrad, A::sra, kQuantisedRunnable, kQuantisedAuto));
+  for (const CodecKind codec : {CodecKind::qsgd, CodecKind::sign, CodecKind::terngrad}) {
+    CodecRow row = paths(codec, A::sra, kQuantisedRunnable, kQuantisedAuto);
+    row.segment_cut = codec == CodecKind::terngrad ? SegmentCut::buckets_of_trit_codes
+                                                   : SegmentCut::buckets_of_bit_codes;
+    set(row);
+  }
 
   CodecRow topk = paths(CodecKind::topk, A::sparse, kTopkRunnable, kTopkAuto);
   topk.values_key = true;
@@ -102,6 +108,23 @@ DType wire_value_type(const CompressionSpec& spec) noexcept {
   const CodecRow& row = codec_row(spec.codec);
   if (row.values_key) return spec.values == DType::f16 ? DType::f16 : DType::f32;
   return row.wire_values;
+}
+
+std::size_t segment_granularity(const CompressionSpec& spec) noexcept {
+  // The parser bounds bucket by 2^31; a larger one set in code is never cut (the lcm could
+  // overflow).
+  constexpr std::size_t kLargestCutBucket = std::size_t{1} << 31;
+  const std::size_t bucket = std::max<std::size_t>(spec.bucket, 1);
+  switch (codec_row(spec.codec).segment_cut) {
+    case SegmentCut::never: return 0;
+    case SegmentCut::any_element: return 1;
+    case SegmentCut::buckets_of_bit_codes:
+      // Codes of at most 8 bits: 8 elements end on a byte boundary whatever the width.
+      return bucket > kLargestCutBucket ? 0 : std::lcm(bucket, std::size_t{8});
+    case SegmentCut::buckets_of_trit_codes:
+      return bucket > kLargestCutBucket ? 0 : std::lcm(bucket, std::size_t{5});
+  }
+  return 0;
 }
 
 bool message_size_varies(const CompressionSpec& spec) noexcept {

@@ -4,6 +4,8 @@
 // collectives/ switches over CodecKind for these facts.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -11,6 +13,18 @@
 #include "gradzip/compression_spec.h"
 
 namespace gradzip::collectives {
+
+// Where a pipelined algorithm may cut a chunk into segments (collectives/segment_plan.h) so that
+// the segments' messages carry, headers aside, exactly the bytes of the chunk's one message and
+// decode to the same values.
+enum class SegmentCut : std::uint8_t {
+  never,         // the encode looks at the whole chunk (top-k's and random-k's selections)
+  any_element,   // element by element (the casts): any boundary
+  buckets_of_bit_codes,    // one scale per bucket, codes of <= 8 bits bit-packed (qsgd, sign):
+                           // lcm(bucket, 8) elements, whole buckets ending on a whole byte
+  buckets_of_trit_codes,   // one scale per bucket, five ternary codes a byte (terngrad):
+                           // lcm(bucket, 5) elements
+};
 
 struct CodecRow {
   CodecKind codec = CodecKind::none;
@@ -37,6 +51,7 @@ struct CodecRow {
   bool values_key = false;
   // Messages differ in size between ranks for the same count: approximate top-k (approx=on).
   bool size_varies_with_approx = false;
+  SegmentCut segment_cut = SegmentCut::never;
 };
 
 // The codec's row (every CodecKind has one).
@@ -51,6 +66,10 @@ std::string_view default_path_name(CodecKind codec) noexcept;
 
 // The 16-bit type `spec`'s wire values narrow to, or f32 when they do not narrow.
 DType wire_value_type(const CompressionSpec& spec) noexcept;
+
+// The element count every segment boundary of `spec`'s chunks must be a multiple of (from the
+// chunk's start), or 0 when its chunks may not be cut (SegmentCut::never).
+std::size_t segment_granularity(const CompressionSpec& spec) noexcept;
 
 // Whether two ranks' messages for the same count may differ in size (a receiver cannot post
 // the exact size in advance).

@@ -43,6 +43,9 @@ struct ReduceJob {
   // compressed all-gathers run so; collectives/call_memory.cpp (cuda_route) stages the others
   // through host memory.
   Device device{};
+  // The pipelined algorithms' target message size in bytes (the spec's `segment` key,
+  // collectives/segment_plan.h); 0: no pipelining.
+  std::size_t segment_bytes = 0;
 };
 
 // Rank r's shard of `count` elements split over `ranks`: [shard_begin(r), shard_begin(r + 1)),
@@ -155,6 +158,11 @@ void ring_reduce_scatter(ReduceJob& job);                // ring_allreduce.cpp (
 void randk_allreduce(ReduceJob& job);                    // randk_allreduce.cpp
 void sra_allreduce(ReduceJob& job);                      // sra_allreduce.cpp
 void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (first half)
+// SRA with its chunks cut into segments whose encode, transfer and decode overlap
+// (sra_pipelined.cpp): how many segments per chunk the job gets (1: run the unsegmented SRA),
+// and the pipelined call itself (allgather false: the reduce-scatter half).
+std::size_t sra_segments(const ReduceJob& job);
+void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather);
 void sparse_allreduce(ReduceJob& job);                   // sparse_allreduce.cpp
 void compressed_allgather(ReduceJob& job);               // allgather.cpp
 // Recursive halving reduce-scatter then recursive doubling all-gather (Rabenseifner), one

@@ -246,6 +246,7 @@ void hierarchical_allreduce(ReduceJob& job, Transport& intra, Transport& inter, 
     ctx.tensor_id ^= static_cast<std::uint32_t>(local + 1) * 0x9E3779B9u;
     ReduceJob across_nodes{inter, job.codec, job.data.subspan(shard.begin, shard.size()),
                            hierarchical_shard_job_name(job.name), job.residuals, ctx, job.stats};
+    across_nodes.segment_bytes = job.segment_bytes;
     // The shard's residuals (the inner algorithm's, under the shard job's name) sit at the
     // shard's offset of the tensor (ResidualStore::fold_into).
     place_inner_job(job, across_nodes, shard.begin);

@@ -20,9 +20,9 @@ namespace {
 using compressors::CodecDescriptor;
 using compressors::codec_descriptors;
 
-constexpr std::array<std::string_view, 9> kSharedKeys = {
-    "ef",   "ef_resize",      "algo",      "warmup",  "min_bytes",
-    "seed", "ranks_per_node", "nonfinite", "fallback"};
+constexpr std::array<std::string_view, 10> kSharedKeys = {
+    "ef",   "ef_resize",      "algo",      "warmup",   "min_bytes",
+    "seed", "ranks_per_node", "nonfinite", "fallback", "segment"};
 
 std::string join(std::span<const std::string_view> items) {
   std::string out;
@@ -216,6 +216,8 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
     } else if (key == "fallback") {
       result.fallback = parse_choice<FallbackPolicy>(
           spec, key, value, {{"off", FallbackPolicy::off}, {"dense", FallbackPolicy::dense}});
+    } else if (key == "segment") {
+      result.segment_bytes = parse_unsigned(spec, key, value, 0, UINT64_MAX);
     } else {
       GZ_THROW(ErrorCode::internal, "compression spec: key '", key, "' accepted but not handled");
     }
@@ -276,6 +278,8 @@ std::string CompressionSpec::to_string() const {
   // Written only when on, so that every spec without it keeps the canonical string (and the
   // call-check fingerprint and checkpoint entries made from it) it had before the key existed.
   if (fallback == FallbackPolicy::dense) options.push_back("fallback=dense");
+  // The same for segment: the default is not written.
+  if (segment_bytes != kDefaultSegmentBytes) options.push_back(detail::concat("segment=", segment_bytes));
   for (std::size_t i = 0; i < options.size(); ++i) out += (i == 0 ? ":" : ",") + options[i];
   return out;
 }

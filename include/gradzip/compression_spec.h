@@ -48,6 +48,16 @@
 //                        is the CPU's): CUDA tensors always compress. Refused with an explicit
 //                        algo= and for powersgd. All-reduce only (reduce-scatter and
 //                        all-gather always compress). to_string() writes it only when dense.
+//   segment=BYTES        pipelining inside one call [65536]: SRA (all-reduce and reduce-scatter,
+//                        host tensors over MPI) cuts each rank's chunk into segments whose
+//                        messages hold about BYTES bytes, so that the encode of one segment
+//                        overlaps the transfer and decode of the ones before. Cuts fall on
+//                        whole buckets and code bytes, so the result and the residuals are bit
+//                        for bit those of the unsegmented call; each extra segment adds one
+//                        32-byte header per message. 0: one message per chunk. The 64 KiB
+//                        default keeps each message within Open MPI's TCP eager limit, which
+//                        lets it travel while the sender encodes the next one (docs/results.md).
+//                        to_string() writes it only when it is not the default.
 //
 // Unknown codecs, unknown keys, repeated keys and bad values throw gradzip::Error
 // (ErrorCode::invalid_spec) naming what was wrong and listing what is accepted.
@@ -85,6 +95,9 @@ std::string_view algorithm_name(Algorithm algo) noexcept;
 std::string_view nonfinite_policy_name(NonfinitePolicy policy) noexcept;
 std::string_view fallback_policy_name(FallbackPolicy policy) noexcept;
 
+// The `segment` key's default: 64 KiB messages.
+inline constexpr std::size_t kDefaultSegmentBytes = 65536;
+
 struct CompressionSpec {
   CodecKind codec = CodecKind::none;
 
@@ -112,12 +125,14 @@ struct CompressionSpec {
   std::uint32_t ranks_per_node = 0;
   NonfinitePolicy nonfinite = NonfinitePolicy::propagate;
   FallbackPolicy fallback = FallbackPolicy::off;
+  std::size_t segment_bytes = kDefaultSegmentBytes;
 
   // Parses a spec string (grammar above). Throws gradzip::Error on any bad input.
   static CompressionSpec parse(std::string_view text);
 
   // Canonical string: parse(to_string()) == *this, keys in a fixed order, every key written
-  // but fallback, which is written only when it is dense.
+  // but fallback, written only when it is dense, and segment, written only when it is not the
+  // default.
   std::string to_string() const;
 
   // Number of entries top-k / random-k keep out of n: 0 when n == 0, else clamped to [1, n].

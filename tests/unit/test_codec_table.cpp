@@ -47,6 +47,18 @@ TEST(CodecTable, DefaultPathsAreTheDocumentedOnes) {
   EXPECT_EQ(default_flat_algorithm(CodecKind::randk), Algorithm::ring);  // its path is not flat
 }
 
+TEST(CodecTable, OnlyElementAndBucketCodecsMayBeCut) {
+  EXPECT_EQ(codec_row(CodecKind::none).segment_cut, SegmentCut::any_element);
+  EXPECT_EQ(codec_row(CodecKind::fp16).segment_cut, SegmentCut::any_element);
+  EXPECT_EQ(codec_row(CodecKind::bf16).segment_cut, SegmentCut::any_element);
+  EXPECT_EQ(codec_row(CodecKind::qsgd).segment_cut, SegmentCut::buckets_of_bit_codes);
+  EXPECT_EQ(codec_row(CodecKind::sign).segment_cut, SegmentCut::buckets_of_bit_codes);
+  EXPECT_EQ(codec_row(CodecKind::terngrad).segment_cut, SegmentCut::buckets_of_trit_codes);
+  EXPECT_EQ(codec_row(CodecKind::topk).segment_cut, SegmentCut::never);
+  EXPECT_EQ(codec_row(CodecKind::randk).segment_cut, SegmentCut::never);
+  EXPECT_EQ(codec_row(CodecKind::powersgd).segment_cut, SegmentCut::never);
+}
+
 TEST(CodecTable, WireValueTypesAndVaryingSizes) {
   EXPECT_EQ(wire_value_type(CompressionSpec::parse("fp16")), DType::f16);
   EXPECT_EQ(wire_value_type(CompressionSpec::parse("bf16")), DType::bf16);

@@ -5,6 +5,7 @@
 #include "gradzip/codec.h"
 #include "gradzip/compression_spec.h"
 #include "gradzip/error.h"
+#include "tests/unit/test_support.h"
 
 namespace gradzip {
 namespace {
@@ -125,6 +126,32 @@ TEST(CompressionSpec, FallbackIsWrittenOnlyWhenDense) {
             "ranks_per_node=0,nonfinite=propagate,fallback=dense");
   EXPECT_EQ(fallback_policy_name(FallbackPolicy::off), "off");
   EXPECT_EQ(fallback_policy_name(FallbackPolicy::dense), "dense");
+}
+
+TEST(CompressionSpec, SegmentIsWrittenOnlyWhenNotTheDefault) {
+  for (const char* codec : {"none", "fp16", "qsgd", "sign", "topk", "terngrad"}) {
+    const auto plain = CompressionSpec::parse(codec);
+    EXPECT_EQ(plain.segment_bytes, 65536u) << codec;
+    EXPECT_EQ(plain.to_string().find("segment"), std::string::npos) << plain.to_string();
+    EXPECT_EQ(CompressionSpec::parse(std::string(codec) + ":segment=65536"), plain) << codec;
+    for (const char* value : {"0", "1", "4096", "18446744073709551615"}) {
+      const auto spec = CompressionSpec::parse(std::string(codec) + ":segment=" + value);
+      EXPECT_EQ(spec.segment_bytes, std::stoull(value)) << codec;
+      EXPECT_NE(spec, plain) << codec;
+      EXPECT_EQ(CompressionSpec::parse(spec.to_string()), spec) << spec.to_string();
+    }
+  }
+  EXPECT_EQ(CompressionSpec::parse("sign:segment=0,fallback=dense").to_string(),
+            "sign:bucket=512,ef=on,ef_resize=error,algo=auto,warmup=0,min_bytes=65536,seed=0,"
+            "ranks_per_node=0,nonfinite=propagate,fallback=dense,segment=0");
+  for (const char* bad : {"sign:segment=-1", "sign:segment=64k", "sign:segment=",
+                          "sign:segment=18446744073709551616", "sign:segment=1,segment=2"}) {
+    std::string message;
+    EXPECT_EQ(testing::error_code_of([&] { CompressionSpec::parse(bad); }, &message),
+              ErrorCode::invalid_spec)
+        << bad;
+    EXPECT_NE(message.find("segment"), std::string::npos) << bad << ": " << message;
+  }
 }
 
 TEST(CompressionSpec, KForClampsToOneAndN) {

@@ -1,0 +1,357 @@
+// Pipelined scatter-reduce-allgather: SRA (collectives/sra_allreduce.cpp) with each of the P
+// chunks cut into S segments (collectives/segment_plan.h), so that inside one call the encode of
+// one segment overlaps the transfer of the one before and the owner's sum, server encode and
+// the final decodes of earlier segments.
+//
+// Same arithmetic as SRA, segment by segment: segment k of chunk c is encoded by every rank (the
+// worker encoder, error feedback keyed by the element's index in the tensor) and sent to owner
+// c; the owner sums the P decoded contributions in rank order 0 .. P-1 into its slice of
+// job.data, encodes the sum once (the server encoder, residual of the owned chunk, element
+// offset counted from the chunk's start) and sends that message to every other rank; every rank
+// decodes every owner's message, its own included. Segment boundaries are whole codec granules
+// (whole buckets and code bytes), so the decoded values, the residuals and the result are bit
+// for bit those of the unsegmented SRA; the bytes on the wire are the same payload bytes plus
+// one 32-byte header per extra message: 2 (P - 1) (S - 1) more headers sent per rank
+// (docs/algorithms.md).
+//
+// Schedule on rank r (receives take a buffer of their segment's message bound and are posted one
+// segment ahead; a receive matches the sends of its (peer, tag) in posting order, so one tag
+// per phase serves all segments):
+//   for k = 0 .. S-1:
+//     post the receives of segment k+1 (segment 0's before the loop)
+//     encode segment k of chunks r+1, r+2, ..., r+P-1 (mod P), sending each message as soon as
+//       it is written, then the own chunk's (kept for the sum)
+//     k >= 1: wait for segment k-1's contributions, sum them, encode the sum, send it to all
+//     k >= 2: wait for segment k-2's owner messages and decode them
+//   then the sums of segment S-1 and the decodes of S-2 and S-1.
+// A segment's contributions were sent one whole segment's encode earlier, so the waits find
+// them arrived when the wire keeps up with the encode.
+//
+// Errors: a received message that is too long, shorter than a header, over its segment's bound
+// or refused by the decoder does not end the call on the spot (the peers would wait for this
+// rank's sends): the first such failure is held, every send and receive of the schedule still
+// runs (a failed sum is still encoded and sent; its values are unspecified), and at the end one
+// allgather_u64 of every rank's status makes every rank throw malformed_message together: the
+// ranks that received bad bytes their own error, the others one naming those ranks. Any other
+// error (a timeout, a failed encode) leaves at once; the posted requests are completed first
+// (PendingRequests), within the transport's deadline.
+//
+// Host memory over transports whose posted operations start when posted (MPI); the device
+// path and transports that complete whole batches (NCCL) run the unsegmented SRA.
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "collectives/collective_job.h"
+#include "collectives/job_encoder.h"
+#include "collectives/segment_plan.h"
+#include "compressors/wire_format.h"
+#include "gradzip/error.h"
+
+namespace gradzip::collectives {
+namespace {
+
+constexpr int kContributionTag = 110;  // segment messages to their chunk's owner
+constexpr int kOwnerTag = 111;         // the owners' messages of the reduced segments
+
+// A message's place in the call's one buffer: `capacity` bytes from `offset`.
+struct Slot {
+  std::size_t offset = 0;
+  std::size_t capacity = 0;
+};
+
+class PipelinedSra {
+ public:
+  PipelinedSra(ReduceJob& job, std::size_t segments, const char* op)
+      : job_(job),
+        op_(op),
+        ranks_(job.transport.size()),
+        rank_(job.transport.rank()),
+        segments_(segments),
+        chunk_begin_(idx(ranks_) + 1),
+        worker_encoder_(job_encoder(job, ResidualRole::worker, job.data.size())),
+        server_encoder_(job_encoder(job, ResidualRole::sra_server, owned_count(job))),
+        pending_(job.transport),
+        memory_(job.device) {
+    const std::size_t n = job.data.size();
+    for (int c = 0; c <= ranks_; ++c) chunk_begin_[idx(c)] = shard_begin(n, ranks_, c);
+    for (int c = 0; c < ranks_; ++c)
+      segment_begin_.push_back(segment_bounds(job.codec, chunk_count(c), segments_));
+    server_encoder_.place_in_worker(chunk_begin_[idx(rank_)]);
+    lay_out_slots();
+  }
+
+  // The whole call: with `allgather` false, only the scatter-reduce (this rank's shard of
+  // job.data ends with the sum of the decoded contributions).
+  void run(bool allgather) {
+    // Before any request is posted, so that a residual size mismatch throws on every rank.
+    worker_encoder_.register_residual();
+    if (allgather) server_encoder_.register_residual();
+    receive_contribution_.assign(segments_ * idx(ranks_), SIZE_MAX);
+    receive_owner_.assign(segments_ * idx(ranks_), SIZE_MAX);
+    post_receives(0, allgather);
+    for (std::size_t k = 0; k < segments_; ++k) {
+      if (k + 1 < segments_) post_receives(k + 1, allgather);
+      encode_contributions(k);
+      if (k >= 1) reduce_segment(k - 1, allgather);
+      if (allgather && k >= 2) decode_owner_messages(k - 2);
+    }
+    reduce_segment(segments_ - 1, allgather);
+    if (allgather) {
+      if (segments_ >= 2) decode_owner_messages(segments_ - 2);
+      decode_owner_messages(segments_ - 1);
+    }
+    for (const std::size_t send : sends_) pending_.timed_wait(send, job_.stats);
+    agree_on_failures();
+  }
+
+ private:
+  static std::size_t idx(int r) { return static_cast<std::size_t>(r); }
+  static std::size_t owned_count(const ReduceJob& job) {
+    const std::size_t n = job.data.size();
+    const int ranks = job.transport.size();
+    const int rank = job.transport.rank();
+    return shard_begin(n, ranks, rank + 1) - shard_begin(n, ranks, rank);
+  }
+  std::size_t at(std::size_t k, int c) const { return k * idx(ranks_) + idx(c); }
+
+  std::size_t chunk_count(int c) const { return chunk_begin_[idx(c) + 1] - chunk_begin_[idx(c)]; }
+  // Elements [first, first + count) of the tensor in segment k of chunk c.
+  std::size_t segment_first(std::size_t k, int c) const {
+    return chunk_begin_[idx(c)] + segment_begin_[idx(c)][k];
+  }
+  std::size_t segment_count(std::size_t k, int c) const {
+    return segment_begin_[idx(c)][k + 1] - segment_begin_[idx(c)][k];
+  }
+  std::span<float> segment_data(std::size_t k, int c) const {
+    return job_.data.subspan(segment_first(k, c), segment_count(k, c));
+  }
+  std::span<std::byte> slot(const Slot& s) const { return memory_.span().subspan(s.offset, s.capacity); }
+
+  // One buffer for every message of the call: per segment, this rank's P contribution
+  // messages, the P - 1 contributions it receives, its owner message and the P - 1 owner
+  // messages it receives, each sized by the codec's bound for its segment.
+  void lay_out_slots() {
+    std::size_t offset = 0;
+    const auto take = [&offset](std::size_t capacity) {
+      const Slot s{offset, capacity};
+      offset += capacity;
+      return s;
+    };
+    const std::size_t all = segments_ * idx(ranks_);
+    contribution_.resize(all);
+    received_.resize(all);
+    owner_.resize(all);  // owner_[at(k, c)]: chunk c's owner message of segment k
+    for (std::size_t k = 0; k < segments_; ++k) {
+      const std::size_t own_capacity = job_.codec.max_encoded_bytes(segment_count(k, rank_));
+      for (int c = 0; c < ranks_; ++c) {
+        const std::size_t capacity = job_.codec.max_encoded_bytes(segment_count(k, c));
+        contribution_[at(k, c)] = take(capacity);
+        if (c != rank_) received_[at(k, c)] = take(own_capacity);
+        owner_[at(k, c)] = take(capacity);
+      }
+    }
+    memory_.resize(offset);
+    contribution_bytes_.assign(all, 0);
+    owner_bytes_.assign(all, 0);
+  }
+
+  // Posts the receives of segment k: its P - 1 contributions to this rank's chunk and
+  // (allgather) the P - 1 other owners' messages. Segment k + 1's are posted before segment k is
+  // encoded, so a receive is waiting when its message comes (it arrives during the encode of
+  // segment k + 1 or later) while at most two segments' receives are outstanding: MPI matches
+  // an arriving message against the posted receives one by one.
+  void post_receives(std::size_t k, bool allgather) {
+    for (int i = 1; i < ranks_; ++i) {
+      const int s = (rank_ + ranks_ - i) % ranks_;
+      receive_contribution_[at(k, s)] =
+          pending_.add(job_.transport.irecv(s, kContributionTag, slot(received_[at(k, s)])));
+    }
+    if (!allgather) return;
+    for (int i = 1; i < ranks_; ++i) {
+      const int o = (rank_ + ranks_ - i) % ranks_;
+      receive_owner_[at(k, o)] =
+          pending_.add(job_.transport.irecv(o, kOwnerTag, slot(owner_[at(k, o)])));
+    }
+  }
+
+  void send(int peer, int tag, std::span<const std::byte> message) {
+    sends_.push_back(pending_.add(job_.transport.isend(peer, tag, message)));
+    count_sent(job_, message);
+  }
+
+  // Segment k of every chunk through the worker encoder; the other ranks' chunks first, each
+  // sent as soon as it is encoded, the own chunk's last (it stays here for the sum).
+  void encode_contributions(std::size_t k) {
+    for (int i = 1; i <= ranks_; ++i) {
+      const int c = (rank_ + i) % ranks_;
+      std::span<const std::byte> message;
+      {
+        StageTimer timer(job_.stats, Stage::encode);
+        const std::span<float> values = segment_data(k, c);
+        const ConstTensorView input(values.data(), values.size(), DType::f32, job_.device);
+        const std::size_t bytes = worker_encoder_.encode(
+            input, slot(contribution_[at(k, c)]), encode_context(job_, segment_first(k, c)));
+        count_encoded(job_.stats, values.size(), bytes);
+        contribution_bytes_[at(k, c)] = bytes;
+        message = slot(contribution_[at(k, c)]).first(bytes);
+      }
+      if (c != rank_) send(c, kContributionTag, message);
+    }
+  }
+
+  // Completes a receive; returns the message, or nothing (failure held) when the transport or
+  // the size check refused it.
+  std::optional<std::span<const std::byte>> receive(std::size_t request, const Slot& s,
+                                                    int sender, std::size_t k, const char* what) {
+    std::size_t bytes = 0;
+    if (!hold_malformed([&] { bytes = pending_.wait_receive(request, job_.stats); }))
+      return std::nullopt;
+    if (bytes < compressors::kWireHeaderBytes) {
+      hold(Error(ErrorCode::malformed_message,
+                 detail::concat(op_, " of '", job_.name, "' (", job_.transport.describe(), "): ",
+                                what, " of segment ", k, " from rank ", sender, " has ", bytes,
+                                " bytes, less than a ", compressors::kWireHeaderBytes,
+                                "-byte header")));
+      return std::nullopt;
+    }
+    return std::span<const std::byte>(slot(s).first(bytes));
+  }
+
+  // The owner's step for segment k: the P contributions summed in rank order into the owned
+  // slice of job.data, then (allgather) encoded once and sent to every other rank.
+  void reduce_segment(std::size_t k, bool allgather) {
+    std::vector<std::optional<std::span<const std::byte>>> messages(idx(ranks_));
+    for (int s = 0; s < ranks_; ++s) {
+      if (s == rank_)
+        messages[idx(s)] = slot(contribution_[at(k, s)]).first(contribution_bytes_[at(k, s)]);
+      else
+        messages[idx(s)] = receive(receive_contribution_[at(k, s)], received_[at(k, s)], s, k,
+                                   "the contribution");
+    }
+    const std::span<float> sum = segment_data(k, rank_);
+    {
+      StageTimer timer(job_.stats, Stage::decode);
+      fill_zero(sum, job_.device);
+      const TensorView accumulator{sum.data(), sum.size(), DType::f32, job_.device};
+      for (int s = 0; s < ranks_; ++s)
+        if (messages[idx(s)])
+          hold_malformed([&] { job_.codec.decode_add(*messages[idx(s)], accumulator); });
+    }
+    if (!allgather) return;
+    std::span<const std::byte> message;
+    {
+      StageTimer timer(job_.stats, Stage::encode);
+      const ConstTensorView input(sum.data(), sum.size(), DType::f32, job_.device);
+      const std::size_t bytes = server_encoder_.encode(
+          input, slot(owner_[at(k, rank_)]),
+          encode_context(job_, segment_begin_[idx(rank_)][k], /*server=*/true));
+      count_encoded(job_.stats, sum.size(), bytes);
+      owner_bytes_[at(k, rank_)] = bytes;
+      message = slot(owner_[at(k, rank_)]).first(bytes);
+    }
+    for (int i = 1; i < ranks_; ++i) send((rank_ + i) % ranks_, kOwnerTag, message);
+  }
+
+  // Every owner's message of segment k decoded into its chunk's segment of job.data.
+  void decode_owner_messages(std::size_t k) {
+    for (int o = 0; o < ranks_; ++o) {
+      std::optional<std::span<const std::byte>> message;
+      if (o == rank_)
+        message = slot(owner_[at(k, o)]).first(owner_bytes_[at(k, o)]);
+      else
+        message = receive(receive_owner_[at(k, o)], owner_[at(k, o)], o, k, "the owner message");
+      if (!message) continue;
+      StageTimer timer(job_.stats, Stage::decode);
+      const std::span<float> values = segment_data(k, o);
+      hold_malformed([&] {
+        job_.codec.decode(*message, TensorView{values.data(), values.size(), DType::f32, job_.device});
+      });
+    }
+  }
+
+  // Runs `step`; a malformed_message it throws is held (the first one) instead of leaving the
+  // call. Returns whether the step completed.
+  template <typename Step>
+  bool hold_malformed(Step&& step) {
+    try {
+      step();
+      return true;
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::malformed_message) throw;
+      hold(error);
+      return false;
+    }
+  }
+  void hold(const Error& error) {
+    if (!held_) held_ = error;
+  }
+
+  // One allgather_u64 of every rank's status (1: it holds a malformed message): every rank
+  // throws when any rank failed.
+  void agree_on_failures() {
+    if (ranks_ == 1) {
+      if (held_) throw *held_;
+      return;
+    }
+    std::vector<std::uint64_t> failed(idx(ranks_));
+    {
+      StageTimer timer(job_.stats, Stage::communicate);
+      const std::uint64_t mine = held_ ? 1 : 0;
+      job_.transport.allgather_u64(std::span<const std::uint64_t>(&mine, 1), failed);
+    }
+    if (held_) throw *held_;
+    std::string who;
+    for (int r = 0; r < ranks_; ++r)
+      if (failed[idx(r)] != 0) who += (who.empty() ? "" : ",") + std::to_string(r);
+    GZ_REQUIRE(who.empty(), ErrorCode::malformed_message, op_, " of '", job_.name, "' (",
+               job_.transport.describe(), "): rank(s) ", who,
+               " received malformed messages (their errors say which); the result here is "
+               "unspecified");
+  }
+
+  ReduceJob& job_;
+  const char* op_;
+  int ranks_;
+  int rank_;
+  std::size_t segments_;
+  std::vector<std::size_t> chunk_begin_;                 // P + 1 chunk boundaries
+  std::vector<std::vector<std::size_t>> segment_begin_;  // per chunk, S + 1, from its start
+  JobEncoder worker_encoder_;
+  JobEncoder server_encoder_;
+  PendingRequests pending_;
+  MessageBuffer memory_;
+  // Slots and message sizes, indexed at(k, c): this rank's contribution to chunk c, the
+  // contribution received from rank c (c != rank_), chunk c's owner message (this rank's own
+  // at c == rank_).
+  std::vector<Slot> contribution_, received_, owner_;
+  std::vector<std::size_t> contribution_bytes_, owner_bytes_;
+  // PendingRequests handles of the posted receives (at(k, peer)) and of every send.
+  std::vector<std::size_t> receive_contribution_, receive_owner_;
+  std::vector<std::size_t> sends_;
+  std::optional<Error> held_;
+};
+
+}  // namespace
+
+std::size_t sra_segments(const ReduceJob& job) {
+  const int ranks = job.transport.size();
+  if (ranks == 1 || job.device.kind == DeviceKind::cuda ||
+      job.transport.waits_complete_whole_batches())
+    return 1;
+  std::vector<std::size_t> counts(static_cast<std::size_t>(ranks));
+  for (int c = 0; c < ranks; ++c)
+    counts[static_cast<std::size_t>(c)] =
+        shard_begin(job.data.size(), ranks, c + 1) - shard_begin(job.data.size(), ranks, c);
+  return segments_per_chunk(job.codec, counts, job.segment_bytes);
+}
+
+void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather) {
+  PipelinedSra round(job, segments, allgather ? "sra_allreduce" : "sra_reduce_scatter");
+  round.run(allgather);
+}
+
+}  // namespace gradzip::collectives
