@@ -8,6 +8,7 @@
 
 #include "collectives/algorithm_table.h"
 #include "collectives/codec_table.h"
+#include "collectives/segment_plan.h"
 #include "compressors/wire_format.h"
 #include "error_feedback/error_feedback_codec.h"
 #include "error_feedback/residual_store.h"
@@ -89,12 +90,26 @@ double size_exchange_latency(int p, const LinkModel& link) {
 
 // SRA: encode n once, all-to-all of P − 1 chunk messages, the owner decode_adds P and encodes
 // its sum, all-gather of P − 1 messages, every rank decodes P chunks.
+// Pipelined (the spec's segment key cuts every chunk into S > 1 segments; the model is asked
+// about host tensors, which is where SRA pipelines): S − 1 more headers per message, no size
+// exchanges but one status all-gather at the end, and the segments' transfers overlap the
+// other segments' encodes and decodes: all but one segment's share of the smaller of the two
+// is hidden, overlap = min(transfer, compute) (S − 1) / S.
 CostEstimate sra(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
   const double m = n / p;
-  const double bytes = 2.0 * (p - 1) * message_bytes(codec, m);
-  const double latency = 2 * exchange_latency(p, link) + 2 * size_exchange_latency(p, link);
+  const std::vector<std::size_t> chunks{static_cast<std::size_t>(std::floor(m)),
+                                        static_cast<std::size_t>(std::ceil(m))};
+  const double segments = static_cast<double>(segments_per_chunk(codec, chunks, codec.spec().segment_bytes));
+  const double bytes = 2.0 * (p - 1) * (message_bytes(codec, m) + (segments - 1) * kHeader);
+  const double latency = 2 * exchange_latency(p, link) +
+                         (segments > 1 ? 1 : 2) * size_exchange_latency(p, link);
   const double compute = (n + m) * cost.encode_s + 2.0 * n * cost.decode_add_s;
-  return finish(AlgorithmId::sra, latency, bytes / link.bytes_per_s, compute, bytes);
+  CostEstimate estimate = finish(AlgorithmId::sra, latency, bytes / link.bytes_per_s, compute, bytes);
+  if (segments > 1) {
+    estimate.overlap_s = std::min(estimate.transfer_s, compute) * (segments - 1) / segments;
+    estimate.seconds -= estimate.overlap_s;
+  }
+  return estimate;
 }
 
 // The sparse all-reduce: encode n once, all-gather P − 1 whole-tensor messages, decode_add P; or,

@@ -61,10 +61,13 @@ struct HierarchyModel {
 
 struct CostEstimate {
   AlgorithmId algorithm = AlgorithmId::ring;
-  double seconds = 0;     // latency_s + transfer_s + compute_s
+  double seconds = 0;     // latency_s + transfer_s + compute_s - overlap_s
   double latency_s = 0;   // α times the sequential message start-ups
   double transfer_s = 0;  // β times the bytes on the critical path
   double compute_s = 0;   // γ terms
+  // Transfer and compute that run at the same time: the pipelined SRA's (segment key), 0 for
+  // every other path.
+  double overlap_s = 0;
   double bytes_sent = 0;  // bytes this rank sends (docs/algorithms.md's count)
   bool dense_switch = false;  // sparse: the dense ring would run instead
 };

@@ -55,6 +55,28 @@ TEST(CostModel, CompressedRingAndSra) {
                1250 + 2000.0);
 }
 
+TEST(CostModel, PipelinedSraHidesTheSmallerOfTransferAndCompute) {
+  // fp16:segment=1000, P = 4, n = 4000, m = 1000: e(m) = 32 + 2000 = 2032, cut into
+  // S = ceil(2000 / (1000 - 32)) = 3 segments, so 2 more headers per message:
+  // 6 (2032 + 64) = 12,576 bytes. Start-ups: 2 exchanges of 3 and one status all-gather of
+  // ceil(log2 4) = 2 (no size exchanges). Compute as unsegmented: 5000 encodes + 8000 decodes.
+  // Hidden: min(12,576, 13,000) x 2/3 = 8,384.
+  const CostEstimate e = estimate(AlgorithmId::sra, "fp16:segment=1000", 4000, 4);
+  EXPECT_DOUBLE_EQ(e.latency_s, 6 + 2);
+  EXPECT_DOUBLE_EQ(e.transfer_s, 12576);
+  EXPECT_DOUBLE_EQ(e.bytes_sent, 12576);
+  EXPECT_DOUBLE_EQ(e.compute_s, 13000);
+  EXPECT_DOUBLE_EQ(e.overlap_s, 8384);
+  EXPECT_DOUBLE_EQ(e.seconds, 8 + 12576 + 13000 - 8384);
+  // segment=0 is the unsegmented SRA: the size exchanges, no extra headers, nothing hidden.
+  const CostEstimate whole = estimate(AlgorithmId::sra, "fp16:segment=0", 4000, 4);
+  expect_terms(whole, 6 + 4, 6 * 2032.0, 13000);
+  EXPECT_DOUBLE_EQ(whole.overlap_s, 0);
+  // Codecs that are never cut keep the unsegmented estimate at any size.
+  const CostEstimate never_cut = estimate(AlgorithmId::sra, "topk:k=10,algo=sra,segment=64", 4000, 4);
+  EXPECT_DOUBLE_EQ(never_cut.overlap_s, 0);
+}
+
 TEST(CostModel, SparseAllgatherAndItsDenseSwitch) {
   // top-k k = 10 of 1000 (f32 values, u32 indices): e(n) = 32 + 80 = 112; P = 4: 3 messages.
   expect_terms(estimate(AlgorithmId::sparse, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,
