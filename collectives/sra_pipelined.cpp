@@ -54,8 +54,10 @@
 namespace gradzip::collectives {
 namespace {
 
-constexpr int kContributionTag = 110;  // segment messages to their chunk's owner
-constexpr int kOwnerTag = 111;         // the owners' messages of the reduced segments
+// Tags of their own (the ring uses 100-101, halving/doubling 110-113, the tree 120-121), so
+// that no message of another algorithm can match these receives.
+constexpr int kContributionTag = 140;  // segment messages to their chunk's owner
+constexpr int kOwnerTag = 141;         // the owners' messages of the reduced segments
 
 // A message's place in the call's one buffer: `capacity` bytes from `offset`.
 struct Slot {
@@ -65,9 +67,11 @@ struct Slot {
 
 class PipelinedSra {
  public:
-  PipelinedSra(ReduceJob& job, std::size_t segments, const char* op)
+  // allgather false: the reduce-scatter half only.
+  PipelinedSra(ReduceJob& job, std::size_t segments, bool allgather)
       : job_(job),
-        op_(op),
+        op_(allgather ? "sra_allreduce" : "sra_reduce_scatter"),
+        allgather_(allgather),
         ranks_(job.transport.size()),
         rank_(job.transport.rank()),
         segments_(segments),
@@ -84,23 +88,23 @@ class PipelinedSra {
     lay_out_slots();
   }
 
-  // The whole call: with `allgather` false, only the scatter-reduce (this rank's shard of
-  // job.data ends with the sum of the decoded contributions).
-  void run(bool allgather) {
+  // The whole call. The reduce-scatter half leaves this rank's shard of job.data holding the
+  // sum of the decoded contributions.
+  void run() {
     // Before any request is posted, so that a residual size mismatch throws on every rank.
     worker_encoder_.register_residual();
-    if (allgather) server_encoder_.register_residual();
+    if (allgather_) server_encoder_.register_residual();
     receive_contribution_.assign(segments_ * idx(ranks_), SIZE_MAX);
     receive_owner_.assign(segments_ * idx(ranks_), SIZE_MAX);
-    post_receives(0, allgather);
+    post_receives(0);
     for (std::size_t k = 0; k < segments_; ++k) {
-      if (k + 1 < segments_) post_receives(k + 1, allgather);
+      if (k + 1 < segments_) post_receives(k + 1);
       encode_contributions(k);
-      if (k >= 1) reduce_segment(k - 1, allgather);
-      if (allgather && k >= 2) decode_owner_messages(k - 2);
+      if (k >= 1) reduce_segment(k - 1);
+      if (allgather_ && k >= 2) decode_owner_messages(k - 2);
     }
-    reduce_segment(segments_ - 1, allgather);
-    if (allgather) {
+    reduce_segment(segments_ - 1);
+    if (allgather_) {
       if (segments_ >= 2) decode_owner_messages(segments_ - 2);
       decode_owner_messages(segments_ - 1);
     }
@@ -132,8 +136,8 @@ class PipelinedSra {
   std::span<std::byte> slot(const Slot& s) const { return memory_.span().subspan(s.offset, s.capacity); }
 
   // One buffer for every message of the call: per segment, this rank's P contribution
-  // messages, the P - 1 contributions it receives, its owner message and the P - 1 owner
-  // messages it receives, each sized by the codec's bound for its segment.
+  // messages, the P - 1 contributions it receives and (all-reduce) its owner message and the
+  // P - 1 owner messages it receives, each sized by the codec's bound for its segment.
   void lay_out_slots() {
     std::size_t offset = 0;
     const auto take = [&offset](std::size_t capacity) {
@@ -151,7 +155,7 @@ class PipelinedSra {
         const std::size_t capacity = job_.codec.max_encoded_bytes(segment_count(k, c));
         contribution_[at(k, c)] = take(capacity);
         if (c != rank_) received_[at(k, c)] = take(own_capacity);
-        owner_[at(k, c)] = take(capacity);
+        if (allgather_) owner_[at(k, c)] = take(capacity);
       }
     }
     memory_.resize(offset);
@@ -164,13 +168,13 @@ class PipelinedSra {
   // encoded, so a receive is waiting when its message comes (it arrives during the encode of
   // segment k + 1 or later) while at most two segments' receives are outstanding: MPI matches
   // an arriving message against the posted receives one by one.
-  void post_receives(std::size_t k, bool allgather) {
+  void post_receives(std::size_t k) {
     for (int i = 1; i < ranks_; ++i) {
       const int s = (rank_ + ranks_ - i) % ranks_;
       receive_contribution_[at(k, s)] =
           pending_.add(job_.transport.irecv(s, kContributionTag, slot(received_[at(k, s)])));
     }
-    if (!allgather) return;
+    if (!allgather_) return;
     for (int i = 1; i < ranks_; ++i) {
       const int o = (rank_ + ranks_ - i) % ranks_;
       receive_owner_[at(k, o)] =
@@ -222,8 +226,8 @@ class PipelinedSra {
   }
 
   // The owner's step for segment k: the P contributions summed in rank order into the owned
-  // slice of job.data, then (allgather) encoded once and sent to every other rank.
-  void reduce_segment(std::size_t k, bool allgather) {
+  // slice of job.data, then (all-reduce) encoded once and sent to every other rank.
+  void reduce_segment(std::size_t k) {
     std::vector<std::optional<std::span<const std::byte>>> messages(idx(ranks_));
     for (int s = 0; s < ranks_; ++s) {
       if (s == rank_)
@@ -241,7 +245,7 @@ class PipelinedSra {
         if (messages[idx(s)])
           hold_malformed([&] { job_.codec.decode_add(*messages[idx(s)], accumulator); });
     }
-    if (!allgather) return;
+    if (!allgather_) return;
     std::span<const std::byte> message;
     {
       StageTimer timer(job_.stats, Stage::encode);
@@ -315,6 +319,7 @@ class PipelinedSra {
 
   ReduceJob& job_;
   const char* op_;
+  bool allgather_;
   int ranks_;
   int rank_;
   std::size_t segments_;
@@ -350,8 +355,8 @@ std::size_t sra_segments(const ReduceJob& job) {
 }
 
 void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather) {
-  PipelinedSra round(job, segments, allgather ? "sra_allreduce" : "sra_reduce_scatter");
-  round.run(allgather);
+  PipelinedSra round(job, segments, allgather);
+  round.run();
 }
 
 }  // namespace gradzip::collectives

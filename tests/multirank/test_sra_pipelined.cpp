@@ -250,7 +250,7 @@ TEST(SraPipelined, MalformedTrafficInEitherPhaseThrowsOnEveryRank) {
   if (testing::world_size() == 1) GTEST_SKIP() << "a single rank exchanges nothing to damage";
   MpiTransport transport(MPI_COMM_WORLD);
   const auto codec = make_codec("qsgd:bits=4,bucket=64");
-  constexpr int kContributionTag = 110, kOwnerTag = 111;  // sra_pipelined.cpp's tags
+  constexpr int kContributionTag = 140, kOwnerTag = 141;  // sra_pipelined.cpp's tags
   for (const int tag : {kContributionTag, kOwnerTag}) {
     for (const auto damage : {DamagingTransport::Damage::bad_magic, DamagingTransport::Damage::too_long}) {
       SCOPED_TRACE(std::string(tag == kContributionTag ? "contributions" : "owner messages") +
