@@ -11,6 +11,11 @@
 //   3. decode: data = 0, then data += D(m_r) for r = 0, 1, ..., P-1 in that order (decode_add).
 //      The same bytes summed in the same order give the same bits on every rank; the result is
 //      sum_r D(m_r), this rank's own message included exactly as the others see it.
+// Pipelined (host tensors over MPI or torch.distributed, unless the spec says segment=0): steps
+// 2 and 3 together, point to point with receives of the codec's bound and no size exchange,
+// each message decode_added (in rank order) as soon as it has arrived, so the zeroing and the
+// earlier messages' decodes overlap the later transfers (gather_and_decode_as_messages_arrive).
+// Same messages, same adds in the same order: the same bits and bytes as the allgatherv path.
 // P == 1: no communication; data = D(m_0) = D(C(g + e)).
 //
 // Bytes received per rank: sum_{r != me} |m_r|, for top-k (P - 1) (32 + k (index + value
@@ -38,12 +43,15 @@
 // Errors: a size above max_encoded_bytes(n) in the size exchange throws malformed_message on
 // every rank (all see the same sizes) before anything is allocated for it; a message that fails
 // its codec's validation throws malformed_message on every rank (all hold the same bytes). In
-// both cases data is unspecified and the residual has already been updated.
+// both cases data is unspecified and the residual has already been updated. The pipelined path
+// holds such failures until its transfers are done and then throws on every rank together
+// after one allgather_u64 of every rank's status.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -128,6 +136,100 @@ void ring_sum_of_decoded_messages(ReduceJob& job, std::string note) {
   job.stats.note = std::move(note);
 }
 
+// The pipelined all-gather (step 2 and 3 together) runs for host tensors over transports whose
+// posted operations start when posted (MPI, torch.distributed), unless the spec's segment=0
+// turns pipelining off.
+bool pipelines_allgather(const ReduceJob& job) {
+  return job.segment_bytes > 0 && job.device.kind != DeviceKind::cuda &&
+         !job.transport.waits_complete_whole_batches();
+}
+
+constexpr int kSparseMessageTag = 150;  // the other algorithms use 100-141
+
+// Steps 2 and 3 with the decodes overlapping the transfers: every rank posts a receive of the
+// codec's bound (max_encoded_bytes(n)) from each other rank and sends its own message to each;
+// job.data is zeroed, then the P messages are decode_added in rank order, each as soon as it
+// has arrived, so the zeroing and the earlier ranks' decodes run while later messages travel.
+// Same bytes, same order of adds, hence the same bits as the allgatherv path; no size exchange.
+// A message that is too long, shorter than a header or refused by its decoder is held until
+// every transfer has completed; then one allgather_u64 of every rank's status makes every rank
+// throw malformed_message together (the ranks that received bad bytes their own error).
+void gather_and_decode_as_messages_arrive(ReduceJob& job, std::span<const std::byte> mine,
+                                          std::size_t capacity) {
+  Transport& transport = job.transport;
+  const int ranks = transport.size(), rank = transport.rank();
+  const auto index = [](int r) { return static_cast<std::size_t>(r); };
+  MessageBuffer received(job.device);
+  received.resize(index(ranks - 1) * capacity);
+  // Rank r's message lands in slot r (r < rank) or r - 1 (r > rank).
+  const auto slot = [&](int r) {
+    return received.span().subspan(index(r < rank ? r : r - 1) * capacity, capacity);
+  };
+  PendingRequests pending(transport);
+  std::vector<std::size_t> receives(index(ranks), SIZE_MAX), sends;
+  for (int i = 1; i < ranks; ++i) {
+    const int from = (rank + ranks - i) % ranks;
+    receives[index(from)] = pending.add(transport.irecv(from, kSparseMessageTag, slot(from)));
+  }
+  for (int i = 1; i < ranks; ++i) {
+    sends.push_back(pending.add(transport.isend((rank + i) % ranks, kSparseMessageTag, mine)));
+    count_sent(job, mine);
+  }
+
+  std::optional<Error> held;
+  const auto hold_malformed = [&held](auto&& step) {
+    try {
+      step();
+      return true;
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::malformed_message) throw;
+      if (!held) held = error;
+      return false;
+    }
+  };
+  const TensorView sum{job.data.data(), job.data.size(), DType::f32, job.device};
+  {
+    StageTimer timer(job.stats, Stage::decode);
+    fill_zero(job.data, job.device);
+  }
+  for (int r = 0; r < ranks; ++r) {
+    std::span<const std::byte> message = mine;
+    if (r != rank) {
+      std::size_t bytes = 0;
+      if (!hold_malformed([&] { bytes = pending.wait_receive(receives[index(r)], job.stats); }))
+        continue;
+      if (bytes < compressors::kWireHeaderBytes) {
+        if (!held)
+          held = Error(ErrorCode::malformed_message,
+                       detail::concat("sparse_allreduce of '", job.name, "' (", transport.describe(),
+                                      "): rank ", r, " sent a message of ", bytes,
+                                      " bytes, less than a ", compressors::kWireHeaderBytes,
+                                      "-byte header"));
+        continue;
+      }
+      message = slot(r).first(bytes);
+    }
+    StageTimer timer(job.stats, Stage::decode);
+    hold_malformed([&] { job.codec.decode_add(message, sum); });
+  }
+  for (const std::size_t send : sends) pending.timed_wait(send, job.stats);
+
+  std::vector<std::uint64_t> failed(index(ranks));
+  {
+    StageTimer timer(job.stats, Stage::communicate);
+    const std::uint64_t status = held ? 1 : 0;
+    transport.allgather_u64(std::span<const std::uint64_t>(&status, 1), failed);
+  }
+  if (held) throw *held;
+  std::string who;
+  for (int r = 0; r < ranks; ++r)
+    if (failed[index(r)] != 0) who += (who.empty() ? "" : ",") + std::to_string(r);
+  GZ_REQUIRE(who.empty(), ErrorCode::malformed_message, "sparse_allreduce of '", job.name, "' (",
+             transport.describe(), "): rank(s) ", who,
+             " received malformed messages (their errors say which); the result here is "
+             "unspecified");
+}
+
 }  // namespace
 
 void sparse_allreduce(ReduceJob& job) {
@@ -151,6 +253,8 @@ void sparse_allreduce(ReduceJob& job) {
   if (dense_switch)
     return ring_sum_of_decoded_messages(job, dense_switch_note(job.codec, count, ranks, costs));
   if (ranks == 1) return;  // job.data = D(own message)
+
+  if (pipelines_allgather(job)) return gather_and_decode_as_messages_arrive(job, my_message, capacity);
 
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks));
   {

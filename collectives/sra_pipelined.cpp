@@ -36,8 +36,8 @@
 // error (a timeout, a failed encode) leaves at once; the posted requests are completed first
 // (PendingRequests), within the transport's deadline.
 //
-// Host memory over transports whose posted operations start when posted (MPI); the device
-// path and transports that complete whole batches (NCCL) run the unsegmented SRA.
+// Host memory over transports whose posted operations start when posted (MPI, torch.distributed);
+// the device path and transports that complete whole batches (NCCL) run the unsegmented SRA.
 #include <algorithm>
 #include <cstdint>
 #include <optional>

@@ -49,12 +49,15 @@
 //                        algo= and for powersgd. All-reduce only (reduce-scatter and
 //                        all-gather always compress). to_string() writes it only when dense.
 //   segment=BYTES        pipelining inside one call [65536]: SRA (all-reduce and reduce-scatter,
-//                        host tensors over MPI) cuts each rank's chunk into segments whose
+//                        host tensors; not over NCCL) cuts each rank's chunk into segments whose
 //                        messages hold about BYTES bytes, so that the encode of one segment
 //                        overlaps the transfer and decode of the ones before. Cuts fall on
 //                        whole buckets and code bytes, so the result and the residuals are bit
 //                        for bit those of the unsegmented call; each extra segment adds one
-//                        32-byte header per message. 0: one message per chunk. The 64 KiB
+//                        32-byte header per message. The sparse all-reduce (top-k's default,
+//                        whose message is never cut) instead decodes each rank's message as it
+//                        arrives, overlapping the others' transfers (same bytes, same bits).
+//                        0: one message per chunk and no overlap in either. The 64 KiB
 //                        default keeps each message within Open MPI's TCP eager limit, which
 //                        lets it travel while the sender encodes the next one (docs/results.md).
 //                        to_string() writes it only when it is not the default.

@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,8 +138,9 @@ struct RunResult {
 };
 
 // kSteps calls of the algorithm on this rank's contributions, one residual store throughout.
+// segment_bytes > 0 runs the pipelined all-gather (host memory over MPI), 0 the allgatherv.
 RunResult run_steps(MpiTransport& world, const Codec& codec, std::size_t count,
-                    Transport* transport_override = nullptr) {
+                    Transport* transport_override = nullptr, std::size_t segment_bytes = 0) {
   Transport& transport = transport_override ? *transport_override : world;
   error_feedback::ResidualStore store(static_cast<std::uint32_t>(world.size()),
                                       static_cast<std::uint32_t>(world.rank()),
@@ -151,6 +153,7 @@ RunResult run_steps(MpiTransport& world, const Codec& codec, std::size_t count,
     ReduceJob job{transport, codec, data, "grad",
                   codec.spec().error_feedback ? &store : nullptr,
                   call_context(codec.spec(), step), stats};
+    job.segment_bytes = segment_bytes;
     collectives::sparse_allreduce(job);
     run.data.push_back(std::move(data));
     run.stats.push_back(stats);
@@ -196,9 +199,13 @@ TEST_P(SparseAllgather, EveryRankGetsTheSumOfAllDecodedMessagesInRankOrder) {
   std::vector<std::size_t> counts(std::begin(kSmallCounts), std::end(kSmallCounts));
   // The large count for the exact and the approximate selection only (run time at np 5).
   if (codec->spec().values == DType::f32 && codec->spec().k == 0) counts.push_back(kLargeCount);
+  // Both exchanges: the allgatherv (segment=0) and the pipelined one (the default segment
+  // size), which must give the same bits and the same byte counts.
+  for (const std::size_t segment_bytes : {std::size_t{0}, kDefaultSegmentBytes})
   for (std::size_t count : counts) {
+    SCOPED_TRACE(segment_bytes == 0 ? "allgatherv" : "pipelined");
     const Reference reference = reference_for(*codec, count, ranks, me);
-    const RunResult run = run_steps(world, *codec, count);
+    const RunResult run = run_steps(world, *codec, count, nullptr, segment_bytes);
     expect_sum_of_decoded_messages(GetParam(), count, run, reference);
     for (int step = 0; step < kSteps; ++step) {
       const CollectiveStats& stats = run.stats[static_cast<std::size_t>(step)];
@@ -302,13 +309,17 @@ TEST(SparseAllgatherAnyCodec, QsgdMessagesAreSummedInRankOrderBitForBit) {
       const std::vector<float> decoded = testing::decode_to_f32(*codec, message, count);
       for (std::size_t i = 0; i < count; ++i) expected[i] += decoded[i];
     }
-    std::vector<float> data = testing::gaussian_contribution(count, world.rank(), 5);
-    CollectiveStats stats;
-    ReduceJob job{world, *codec, data, "grad", nullptr, call_context(codec->spec(), 0), stats};
-    collectives::sparse_allreduce(job);
-    EXPECT_TRUE(same_bits(data, expected));
-    EXPECT_EQ(stats.note, "");
-    EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
+    // Both exchanges (allgatherv, pipelined) add in rank order, whatever the arrival order.
+    for (const std::size_t segment_bytes : {std::size_t{0}, kDefaultSegmentBytes}) {
+      std::vector<float> data = testing::gaussian_contribution(count, world.rank(), 5);
+      CollectiveStats stats;
+      ReduceJob job{world, *codec, data, "grad", nullptr, call_context(codec->spec(), 0), stats};
+      job.segment_bytes = segment_bytes;
+      collectives::sparse_allreduce(job);
+      EXPECT_TRUE(same_bits(data, expected)) << "segment " << segment_bytes;
+      EXPECT_EQ(stats.note, "");
+      EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
+    }
   }
 }
 
@@ -389,6 +400,54 @@ TEST(SparseAllgatherErrors, AnOutOfRangeIndexThrowsMalformedMessageOnEveryRank) 
   EXPECT_EQ(testing::error_code_of([&] { collectives::sparse_allreduce(job); }, &text),
             ErrorCode::malformed_message);
   EXPECT_NE(text.find("topk"), std::string::npos) << text;
+}
+
+// The pipelined exchange: the last rank's messages (tag 150, sparse_allreduce.cpp's) arrive with
+// their first index set to 2^32 - 1, or 64 bytes longer than any message of the tensor. Every
+// other rank holds the failure until the transfers are done, and the status all-gather makes
+// the last rank (which received nothing bad) throw too, naming the others.
+class PipelinedDamageTransport final : public DamagingTransport {
+ public:
+  PipelinedDamageTransport(Transport& inner, bool too_long) : DamagingTransport(inner), too_long_(too_long) {}
+  Request isend(int peer, int tag, std::span<const std::byte> data) override {
+    if (tag != 150 || rank() != size() - 1) return inner().isend(peer, tag, data);
+    std::vector<std::byte>& copy = copies_.emplace_back(data.begin(), data.end());
+    if (too_long_) {
+      copy.resize(copy.size() + 64, std::byte{0});
+    } else {
+      const std::uint32_t bad_index = 0xFFFFFFFFu;
+      std::memcpy(copy.data() + compressors::kWireHeaderBytes, &bad_index, sizeof bad_index);
+    }
+    return inner().isend(peer, tag, copy);
+  }
+
+ private:
+  bool too_long_;
+  std::deque<std::vector<std::byte>> copies_;  // live until the test ends (after every wait)
+};
+
+TEST(SparseAllgatherErrors, PipelinedExchangeThrowsMalformedMessageOnEveryRank) {
+  MpiTransport world(MPI_COMM_WORLD);
+  if (world.size() == 1) GTEST_SKIP() << "one rank receives no message";
+  const std::unique_ptr<Codec> codec = make_codec("topk:ratio=0.01,ef=off");
+  for (const bool too_long : {false, true}) {
+    SCOPED_TRACE(too_long ? "too long" : "bad index");
+    PipelinedDamageTransport damaged(world, too_long);
+    std::vector<float> data = testing::integer_contribution(4097, world.rank(), 3);
+    CollectiveStats stats;
+    ReduceJob job{damaged, *codec, data, "grad", nullptr, call_context(codec->spec(), 0), stats};
+    job.segment_bytes = kDefaultSegmentBytes;
+    std::string text;
+    EXPECT_EQ(testing::error_code_of([&] { collectives::sparse_allreduce(job); }, &text),
+              ErrorCode::malformed_message);
+    if (world.rank() == world.size() - 1) {
+      EXPECT_NE(text.find("received malformed messages"), std::string::npos) << text;
+    } else {
+      EXPECT_EQ(text.find("received malformed messages"), std::string::npos) << text;
+    }
+    // No rank was left waiting: the world still runs collectives in step.
+    EXPECT_TRUE(testing::identical_on_all_ranks(std::as_bytes(std::span<const char>("ok", 2))));
+  }
 }
 
 TEST(SparseAllgatherErrors, AnImpossibleMessageSizeThrowsBeforeTheAllgatherOnEveryRank) {
