@@ -36,8 +36,9 @@
 // error (a timeout, a failed encode) leaves at once; the posted requests are completed first
 // (PendingRequests), within the transport's deadline.
 //
-// Host memory over transports whose posted operations start when posted (MPI, torch.distributed);
-// the device path and transports that complete whole batches (NCCL) run the unsegmented SRA.
+// Host memory over transports whose posted operations start when posted and whose messages are
+// cheap (MPI); the device path, transports that complete whole batches (NCCL) and those whose
+// every message is expensive (torch.distributed through Python) run the unsegmented SRA.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -345,7 +346,7 @@ class PipelinedSra {
 std::size_t sra_segments(const ReduceJob& job) {
   const int ranks = job.transport.size();
   if (ranks == 1 || job.device.kind == DeviceKind::cuda ||
-      job.transport.waits_complete_whole_batches())
+      job.transport.waits_complete_whole_batches() || job.transport.messages_are_expensive())
     return 1;
   std::vector<std::size_t> counts(static_cast<std::size_t>(ranks));
   for (int c = 0; c < ranks; ++c)

@@ -49,7 +49,7 @@
 //                        algo= and for powersgd. All-reduce only (reduce-scatter and
 //                        all-gather always compress). to_string() writes it only when dense.
 //   segment=BYTES        pipelining inside one call [65536]: SRA (all-reduce and reduce-scatter,
-//                        host tensors; not over NCCL) cuts each rank's chunk into segments whose
+//                        host tensors over MPI) cuts each rank's chunk into segments whose
 //                        messages hold about BYTES bytes, so that the encode of one segment
 //                        overlaps the transfer and decode of the ones before. Cuts fall on
 //                        whole buckets and code bytes, so the result and the residuals are bit
