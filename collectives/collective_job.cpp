@@ -178,6 +178,28 @@ StageTimer::~StageTimer() {
   }
 }
 
+void MalformedHold::agree(Transport& transport, CollectiveStats& stats, std::string_view op,
+                          std::string_view name) const {
+  if (transport.size() == 1) {
+    if (held_) throw *held_;
+    return;
+  }
+  std::vector<std::uint64_t> failed(static_cast<std::size_t>(transport.size()));
+  {
+    StageTimer timer(stats, Stage::communicate);
+    const std::uint64_t mine = held_ ? 1 : 0;
+    transport.allgather_u64(std::span<const std::uint64_t>(&mine, 1), failed);
+  }
+  if (held_) throw *held_;
+  std::string who;
+  for (std::size_t r = 0; r < failed.size(); ++r)
+    if (failed[r] != 0) who += (who.empty() ? "" : ",") + std::to_string(r);
+  GZ_REQUIRE(who.empty(), ErrorCode::malformed_message, op, " of '", name, "' (",
+             transport.describe(), "): rank(s) ", who,
+             " received malformed messages (their errors say which); the result here is "
+             "unspecified");
+}
+
 void fill_zero(std::span<float> data, Device where) {
   if (where.kind == DeviceKind::cuda) zero_on_device(data.data(), data.size_bytes(), where.index);
   else std::fill(data.begin(), data.end(), 0.0f);

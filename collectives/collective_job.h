@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "gradzip/communicator.h"
+#include "gradzip/error.h"
 
 namespace gradzip::collectives {
 
@@ -115,6 +117,37 @@ class PendingRequests {
   Transport& transport_;
   std::vector<Transport::Request> requests_;
   std::vector<bool> completed_;
+};
+
+// What the point-to-point algorithms (the pipelined SRA, the sparse all-reduce's pipelined
+// exchange) do with a malformed received message: they may not leave the call on the spot (the
+// peers would wait for this rank's sends), so the first failure is held while the schedule runs
+// on, and agree() then makes every rank throw together.
+class MalformedHold {
+ public:
+  // Runs `step`; a malformed_message it throws is held (the first one) instead of leaving.
+  // Any other error leaves. Returns whether the step completed.
+  template <typename Step>
+  bool run(Step&& step) {
+    try {
+      step();
+      return true;
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::malformed_message) throw;
+      hold(error);
+      return false;
+    }
+  }
+  void hold(const Error& error) {
+    if (!held_) held_ = error;
+  }
+  // One allgather_u64 of every rank's status (counted as communicate time): a rank holding a
+  // failure throws it; the others throw malformed_message naming those ranks (`op` of `name`).
+  void agree(Transport& transport, CollectiveStats& stats, std::string_view op,
+             std::string_view name) const;
+
+ private:
+  std::optional<Error> held_;
 };
 
 // data[i] = +0.0f; `data` is host memory or memory of `where`.

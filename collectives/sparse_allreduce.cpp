@@ -176,17 +176,7 @@ void gather_and_decode_as_messages_arrive(ReduceJob& job, std::span<const std::b
     count_sent(job, mine);
   }
 
-  std::optional<Error> held;
-  const auto hold_malformed = [&held](auto&& step) {
-    try {
-      step();
-      return true;
-    } catch (const Error& error) {
-      if (error.code() != ErrorCode::malformed_message) throw;
-      if (!held) held = error;
-      return false;
-    }
-  };
+  MalformedHold failures;
   const TensorView sum{job.data.data(), job.data.size(), DType::f32, job.device};
   {
     StageTimer timer(job.stats, Stage::decode);
@@ -196,38 +186,24 @@ void gather_and_decode_as_messages_arrive(ReduceJob& job, std::span<const std::b
     std::span<const std::byte> message = mine;
     if (r != rank) {
       std::size_t bytes = 0;
-      if (!hold_malformed([&] { bytes = pending.wait_receive(receives[index(r)], job.stats); }))
+      if (!failures.run([&] { bytes = pending.wait_receive(receives[index(r)], job.stats); }))
         continue;
       if (bytes < compressors::kWireHeaderBytes) {
-        if (!held)
-          held = Error(ErrorCode::malformed_message,
+        failures.hold(Error(ErrorCode::malformed_message,
                        detail::concat("sparse_allreduce of '", job.name, "' (", transport.describe(),
                                       "): rank ", r, " sent a message of ", bytes,
                                       " bytes, less than a ", compressors::kWireHeaderBytes,
-                                      "-byte header"));
+                                      "-byte header")));
         continue;
       }
       message = slot(r).first(bytes);
     }
     StageTimer timer(job.stats, Stage::decode);
-    hold_malformed([&] { job.codec.decode_add(message, sum); });
+    failures.run([&] { job.codec.decode_add(message, sum); });
   }
   for (const std::size_t send : sends) pending.timed_wait(send, job.stats);
 
-  std::vector<std::uint64_t> failed(index(ranks));
-  {
-    StageTimer timer(job.stats, Stage::communicate);
-    const std::uint64_t status = held ? 1 : 0;
-    transport.allgather_u64(std::span<const std::uint64_t>(&status, 1), failed);
-  }
-  if (held) throw *held;
-  std::string who;
-  for (int r = 0; r < ranks; ++r)
-    if (failed[index(r)] != 0) who += (who.empty() ? "" : ",") + std::to_string(r);
-  GZ_REQUIRE(who.empty(), ErrorCode::malformed_message, "sparse_allreduce of '", job.name, "' (",
-             transport.describe(), "): rank(s) ", who,
-             " received malformed messages (their errors say which); the result here is "
-             "unspecified");
+  failures.agree(transport, job.stats, "sparse_allreduce", job.name);
 }
 
 }  // namespace

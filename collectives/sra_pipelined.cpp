@@ -110,7 +110,7 @@ class PipelinedSra {
       decode_owner_messages(segments_ - 1);
     }
     for (const std::size_t send : sends_) pending_.timed_wait(send, job_.stats);
-    agree_on_failures();
+    failures_.agree(job_.transport, job_.stats, op_, job_.name);
   }
 
  private:
@@ -213,10 +213,10 @@ class PipelinedSra {
   std::optional<std::span<const std::byte>> receive(std::size_t request, const Slot& s,
                                                     int sender, std::size_t k, const char* what) {
     std::size_t bytes = 0;
-    if (!hold_malformed([&] { bytes = pending_.wait_receive(request, job_.stats); }))
+    if (!failures_.run([&] { bytes = pending_.wait_receive(request, job_.stats); }))
       return std::nullopt;
     if (bytes < compressors::kWireHeaderBytes) {
-      hold(Error(ErrorCode::malformed_message,
+      failures_.hold(Error(ErrorCode::malformed_message,
                  detail::concat(op_, " of '", job_.name, "' (", job_.transport.describe(), "): ",
                                 what, " of segment ", k, " from rank ", sender, " has ", bytes,
                                 " bytes, less than a ", compressors::kWireHeaderBytes,
@@ -244,7 +244,7 @@ class PipelinedSra {
       const TensorView accumulator{sum.data(), sum.size(), DType::f32, job_.device};
       for (int s = 0; s < ranks_; ++s)
         if (messages[idx(s)])
-          hold_malformed([&] { job_.codec.decode_add(*messages[idx(s)], accumulator); });
+          failures_.run([&] { job_.codec.decode_add(*messages[idx(s)], accumulator); });
     }
     if (!allgather_) return;
     std::span<const std::byte> message;
@@ -272,50 +272,10 @@ class PipelinedSra {
       if (!message) continue;
       StageTimer timer(job_.stats, Stage::decode);
       const std::span<float> values = segment_data(k, o);
-      hold_malformed([&] {
+      failures_.run([&] {
         job_.codec.decode(*message, TensorView{values.data(), values.size(), DType::f32, job_.device});
       });
     }
-  }
-
-  // Runs `step`; a malformed_message it throws is held (the first one) instead of leaving the
-  // call. Returns whether the step completed.
-  template <typename Step>
-  bool hold_malformed(Step&& step) {
-    try {
-      step();
-      return true;
-    } catch (const Error& error) {
-      if (error.code() != ErrorCode::malformed_message) throw;
-      hold(error);
-      return false;
-    }
-  }
-  void hold(const Error& error) {
-    if (!held_) held_ = error;
-  }
-
-  // One allgather_u64 of every rank's status (1: it holds a malformed message): every rank
-  // throws when any rank failed.
-  void agree_on_failures() {
-    if (ranks_ == 1) {
-      if (held_) throw *held_;
-      return;
-    }
-    std::vector<std::uint64_t> failed(idx(ranks_));
-    {
-      StageTimer timer(job_.stats, Stage::communicate);
-      const std::uint64_t mine = held_ ? 1 : 0;
-      job_.transport.allgather_u64(std::span<const std::uint64_t>(&mine, 1), failed);
-    }
-    if (held_) throw *held_;
-    std::string who;
-    for (int r = 0; r < ranks_; ++r)
-      if (failed[idx(r)] != 0) who += (who.empty() ? "" : ",") + std::to_string(r);
-    GZ_REQUIRE(who.empty(), ErrorCode::malformed_message, op_, " of '", job_.name, "' (",
-               job_.transport.describe(), "): rank(s) ", who,
-               " received malformed messages (their errors say which); the result here is "
-               "unspecified");
   }
 
   ReduceJob& job_;
@@ -338,7 +298,7 @@ class PipelinedSra {
   // PendingRequests handles of the posted receives (at(k, peer)) and of every send.
   std::vector<std::size_t> receive_contribution_, receive_owner_;
   std::vector<std::size_t> sends_;
-  std::optional<Error> held_;
+  MalformedHold failures_;
 };
 
 }  // namespace
