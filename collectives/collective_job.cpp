@@ -7,6 +7,7 @@
 
 #include "collectives/algorithm_table.h"
 #include "collectives/device_memory.h"
+#include "collectives/segment_plan.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
 
@@ -198,6 +199,18 @@ void MalformedHold::agree(Transport& transport, CollectiveStats& stats, std::str
              transport.describe(), "): rank(s) ", who,
              " received malformed messages (their errors say which); the result here is "
              "unspecified");
+}
+
+std::size_t pipeline_segments(const ReduceJob& job) {
+  const int ranks = job.transport.size();
+  if (ranks == 1 || job.device.kind == DeviceKind::cuda ||
+      job.transport.waits_complete_whole_batches() || job.transport.messages_are_expensive())
+    return 1;
+  std::vector<std::size_t> counts(static_cast<std::size_t>(ranks));
+  for (int c = 0; c < ranks; ++c)
+    counts[static_cast<std::size_t>(c)] =
+        shard_begin(job.data.size(), ranks, c + 1) - shard_begin(job.data.size(), ranks, c);
+  return segments_per_chunk(job.codec, counts, job.segment_bytes);
 }
 
 void fill_zero(std::span<float> data, Device where) {

@@ -191,11 +191,17 @@ void ring_reduce_scatter(ReduceJob& job);                // ring_allreduce.cpp (
 void randk_allreduce(ReduceJob& job);                    // randk_allreduce.cpp
 void sra_allreduce(ReduceJob& job);                      // sra_allreduce.cpp
 void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (first half)
+// How many segments per chunk the pipelined ring and SRA cut the job's P chunks (shard_begin)
+// into (collectives/segment_plan.h): 1, run unsegmented, for one rank, device memory, a
+// transport whose waits complete whole batches (NCCL) or whose messages are expensive
+// (Transport::messages_are_expensive), segment_bytes 0 and codecs that may not be cut.
+std::size_t pipeline_segments(const ReduceJob& job);
 // SRA with its chunks cut into segments whose encode, transfer and decode overlap
-// (sra_pipelined.cpp): how many segments per chunk the job gets (1: run the unsegmented SRA),
-// and the pipelined call itself (allgather false: the reduce-scatter half).
-std::size_t sra_segments(const ReduceJob& job);
+// (sra_pipelined.cpp; allgather false: the reduce-scatter half).
 void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather);
+// The ring cut the same way (ring_pipelined.cpp); ring_allreduce and ring_reduce_scatter run
+// it when pipeline_segments(job) > 1.
+void ring_pipelined(ReduceJob& job, std::size_t segments, bool allgather);
 void sparse_allreduce(ReduceJob& job);                   // sparse_allreduce.cpp
 void compressed_allgather(ReduceJob& job);               // allgather.cpp
 // Recursive halving reduce-scatter then recursive doubling all-gather (Rabenseifner), one

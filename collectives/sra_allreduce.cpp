@@ -275,7 +275,7 @@ class SraRound {
 }  // namespace
 
 void sra_allreduce(ReduceJob& job) {
-  if (const std::size_t segments = sra_segments(job); segments > 1)
+  if (const std::size_t segments = pipeline_segments(job); segments > 1)
     return sra_pipelined(job, segments, /*allgather=*/true);
   SraRound round(job, "sra_allreduce");
   const std::span<const float> owned_sum = round.scatter_reduce();
@@ -283,7 +283,7 @@ void sra_allreduce(ReduceJob& job) {
 }
 
 void sra_reduce_scatter(ReduceJob& job) {
-  if (const std::size_t segments = sra_segments(job); segments > 1)
+  if (const std::size_t segments = pipeline_segments(job); segments > 1)
     return sra_pipelined(job, segments, /*allgather=*/false);
   SraRound round(job, "sra_reduce_scatter");
   round.scatter_reduce();  // leaves the sum in this rank's shard of job.data

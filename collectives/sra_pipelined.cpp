@@ -303,18 +303,6 @@ class PipelinedSra {
 
 }  // namespace
 
-std::size_t sra_segments(const ReduceJob& job) {
-  const int ranks = job.transport.size();
-  if (ranks == 1 || job.device.kind == DeviceKind::cuda ||
-      job.transport.waits_complete_whole_batches() || job.transport.messages_are_expensive())
-    return 1;
-  std::vector<std::size_t> counts(static_cast<std::size_t>(ranks));
-  for (int c = 0; c < ranks; ++c)
-    counts[static_cast<std::size_t>(c)] =
-        shard_begin(job.data.size(), ranks, c + 1) - shard_begin(job.data.size(), ranks, c);
-  return segments_per_chunk(job.codec, counts, job.segment_bytes);
-}
-
 void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather) {
   PipelinedSra round(job, segments, allgather);
   round.run();

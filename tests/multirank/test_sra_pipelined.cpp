@@ -48,7 +48,7 @@ struct Call {
     job.segment_bytes = segment_bytes;
     return job;
   }
-  std::size_t segments(std::span<float> data) { return collectives::sra_segments(job(data, 0)); }
+  std::size_t segments(std::span<float> data) { return collectives::pipeline_segments(job(data, 0)); }
   void allreduce(std::span<float> data, std::uint32_t step) {
     collectives::ReduceJob j = job(data, step);
     collectives::sra_allreduce(j);
