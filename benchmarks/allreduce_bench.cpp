@@ -193,15 +193,27 @@ std::size_t chunk_count(std::size_t n, int ranks, int c) {
   return chunk_begin(n, ranks, c + 1) - chunk_begin(n, ranks, c);
 }
 
+// The headers pipelining adds to each chunk message of the ring and SRA (host memory over MPI,
+// the spec's segment key; collectives/segment_plan.h): S - 1 of them, S segments per chunk.
+std::uint64_t extra_segment_headers(const Codec& codec, int ranks, std::size_t n) {
+  std::vector<std::size_t> counts;
+  for (int c = 0; c < ranks; ++c) counts.push_back(chunk_count(n, ranks, c));
+  return (collectives::segments_per_chunk(codec, counts, codec.spec().segment_bytes) - 1) *
+         compressors::kWireHeaderBytes;
+}
+
 // Ring (collectives/ring_allreduce.cpp) at position r of `ranks`: in the reduce-scatter it
 // sends every chunk but chunk r (P - 1 messages, each a partial sum encoded afresh), in the
 // all-gather every chunk but chunk r + 1 (its own encoded once, then the bytes it received,
-// forwarded unchanged).
+// forwarded unchanged). `pipelined`: the ring of the call itself (not the uncompressed rings
+// inside random-k, the sparse dense switch and the hierarchical node stages, which run
+// unsegmented), whose chunk messages are S segment messages each (extra_segment_headers).
 std::uint64_t ring_bytes(const Codec& codec, int ranks, int r, std::size_t n,
-                         bool allgather_half = true) {
+                         bool allgather_half = true, bool pipelined = false) {
+  const std::uint64_t extra = pipelined ? extra_segment_headers(codec, ranks, n) : 0;
   std::uint64_t bytes = 0;
   for (int c = 0; c < ranks; ++c) {
-    const std::uint64_t message = codec.max_encoded_bytes(chunk_count(n, ranks, c));
+    const std::uint64_t message = codec.max_encoded_bytes(chunk_count(n, ranks, c)) + extra;
     if (c != r) bytes += message;                                          // reduce-scatter
     if (allgather_half && c != (r + 1) % ranks) bytes += message;          // all-gather
   }
@@ -280,21 +292,17 @@ std::uint64_t flat_bytes(const Codec& codec, const std::string& algo, int ranks,
              "' (benchmarks/allreduce_bench.cpp)");
   const std::uint64_t others = static_cast<std::uint64_t>(ranks - 1);
   switch (row->path) {
-    case AlgorithmId::ring: return ring_bytes(codec, ranks, r, n);
+    case AlgorithmId::ring: return ring_bytes(codec, ranks, r, n, true, /*pipelined=*/true);
     case AlgorithmId::sra: {
       // P - 1 worker messages (every chunk but its own), then its owned chunk's message,
       // counted once for each of the P - 1 ranks the all-gather delivers it to. Pipelined
       // (host memory over MPI, the spec's segment key): each of those messages is S segment
       // messages holding the same payload, i.e. S - 1 more headers each.
-      std::vector<std::size_t> counts;
-      for (int c = 0; c < ranks; ++c) counts.push_back(chunk_count(n, ranks, c));
-      const std::uint64_t extra_headers =
-          (collectives::segments_per_chunk(codec, counts, codec.spec().segment_bytes) - 1) *
-          compressors::kWireHeaderBytes;
+      const std::uint64_t extra_headers = extra_segment_headers(codec, ranks, n);
       std::uint64_t bytes = 0;
       for (int c = 0; c < ranks; ++c)
-        if (c != r) bytes += codec.max_encoded_bytes(counts[c]) + extra_headers;
-      return bytes + others * (codec.max_encoded_bytes(counts[r]) + extra_headers);
+        if (c != r) bytes += codec.max_encoded_bytes(chunk_count(n, ranks, c)) + extra_headers;
+      return bytes + others * (codec.max_encoded_bytes(chunk_count(n, ranks, r)) + extra_headers);
     }
     // One message of the whole tensor, counted once per receiving rank.
     case AlgorithmId::sparse: return others * codec.max_encoded_bytes(n);

@@ -193,18 +193,24 @@ void MalformedHold::agree(Transport& transport, CollectiveStats& stats, std::str
   }
   if (held_) throw *held_;
   std::string who;
-  for (std::size_t r = 0; r < failed.size(); ++r)
-    if (failed[r] != 0) who += (who.empty() ? "" : ",") + std::to_string(r);
+  for (std::size_t r = 0; r < failed.size(); ++r) {
+    if (failed[r] == 0) continue;
+    if (!who.empty()) who += ',';
+    who += std::to_string(r);
+  }
   GZ_REQUIRE(who.empty(), ErrorCode::malformed_message, op, " of '", name, "' (",
              transport.describe(), "): rank(s) ", who,
              " received malformed messages (their errors say which); the result here is "
              "unspecified");
 }
 
+bool transport_pipelines(const Transport& transport) {
+  return !transport.waits_complete_whole_batches() && !transport.messages_are_expensive();
+}
+
 std::size_t pipeline_segments(const ReduceJob& job) {
   const int ranks = job.transport.size();
-  if (ranks == 1 || job.device.kind == DeviceKind::cuda ||
-      job.transport.waits_complete_whole_batches() || job.transport.messages_are_expensive())
+  if (ranks == 1 || job.device.kind == DeviceKind::cuda || !transport_pipelines(job.transport))
     return 1;
   std::vector<std::size_t> counts(static_cast<std::size_t>(ranks));
   for (int c = 0; c < ranks; ++c)

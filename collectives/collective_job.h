@@ -191,10 +191,14 @@ void ring_reduce_scatter(ReduceJob& job);                // ring_allreduce.cpp (
 void randk_allreduce(ReduceJob& job);                    // randk_allreduce.cpp
 void sra_allreduce(ReduceJob& job);                      // sra_allreduce.cpp
 void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (first half)
+// Whether the pipelined ring and SRA may run over `transport`: not when its waits complete
+// whole batches (NCCL: a receive posted ahead would hold the first wait until the end) or its
+// every message is expensive (Transport::messages_are_expensive: torch.distributed through
+// Python, where 64 KiB segments made qsgd-4 2x slower).
+bool transport_pipelines(const Transport& transport);
 // How many segments per chunk the pipelined ring and SRA cut the job's P chunks (shard_begin)
 // into (collectives/segment_plan.h): 1, run unsegmented, for one rank, device memory, a
-// transport whose waits complete whole batches (NCCL) or whose messages are expensive
-// (Transport::messages_are_expensive), segment_bytes 0 and codecs that may not be cut.
+// transport that does not pipeline, segment_bytes 0 and codecs that may not be cut.
 std::size_t pipeline_segments(const ReduceJob& job);
 // SRA with its chunks cut into segments whose encode, transfer and decode overlap
 // (sra_pipelined.cpp; allgather false: the reduce-scatter half).

@@ -44,9 +44,13 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
       chosen = &fixed;
     } else if ((chosen = state.cached_auto_choice(call.spec_text, count)) == nullptr) {
       set_operation_phase("algo=auto's calibration of the link and the codec");
-      const LinkModel link = state.model_link();
-      const AutoModel model{state.codec_for(spec), state.model_codec_cost(spec), link,
-                            state.transport().size(), state.model_hierarchy(spec.ranks_per_node)};
+      // The model's pipelined paths only where this transport runs them (its across-node
+      // groups are splits of it, alike).
+      LinkModel link = state.model_link();
+      link.pipelined = transport_pipelines(state.transport());
+      AutoModel model{state.codec_for(spec), state.model_codec_cost(spec), link,
+                      state.transport().size(), state.model_hierarchy(spec.ranks_per_node)};
+      if (model.hierarchy) model.hierarchy->across.pipelined = link.pipelined;
       set_operation_phase("the data exchange");
       chosen = &state.cache_auto_choice(call.spec_text, count,
                                         choose_allreduce(spec, count, step, &model));

@@ -62,53 +62,76 @@ void require_valid(int ranks, const LinkModel& link, const char* caller) {
              " s (need latencies >= 0, bandwidth > 0, exchange >= 0)");
 }
 
-// Ring: 2(P − 1) steps of one chunk message each; P encodes of a chunk (P − 1 partial sums, the
-// owner's result), P − 1 decode_adds and P decodes (the all-gather, own chunk included).
-// Uncompressed (`codec` unused): f32 chunk messages and P − 1 chunk adds.
-CostEstimate ring(const Codec* codec, const CodecCost& cost, double n, int p, const LinkModel& link,
-                  bool uncompressed) {
-  const double m = n / p;
-  const double steps = 2.0 * (p - 1);
-  const double bytes = steps * (uncompressed ? dense_bytes(m) : message_bytes(*codec, m));
-  const double compute = uncompressed
-                             ? (p - 1) * m * cost.add_s
-                             : n * cost.encode_s + (2.0 * p - 1.0) * m * cost.decode_add_s;
-  // At two ranks the next and the previous rank are the same: each step is a pairwise exchange.
-  const double rate = p == 2 ? link.exchange_rate() : link.bytes_per_s;
-  return finish(AlgorithmId::ring, steps * link.latency_s, bytes / rate, compute, bytes);
-}
-
 // Open MPI's all-to-all / all-gather of P − 1 blocks per rank: P − 1 message start-ups, the
 // blocks share the link; at least one collective's start-up.
 double exchange_latency(int p, const LinkModel& link) {
   return std::max((p - 1) * link.latency_s, link.collective_latency_s);
 }
-// The 8-byte size all-gathers before SRA's and the all-gather's messages.
+// The 8-byte size all-gathers before SRA's and the all-gather's messages (and the pipelined
+// algorithms' one status all-gather at the end).
 double size_exchange_latency(int p, const LinkModel& link) {
   return std::max(ceil_log2(p) * link.latency_s, link.collective_latency_s);
+}
+
+// The segments per chunk the pipelined ring and SRA cut a tensor of n elements on p ranks into
+// (pipeline_segments in collective_job.h, from the chunks' sizes ⌊n/p⌋ and ⌈n/p⌉): 1 when the
+// link's transport does not pipeline (LinkModel::pipelined).
+double pipeline_segments(const Codec& codec, double n, int p, const LinkModel& link) {
+  if (!link.pipelined || p < 2) return 1;
+  const double m = n / p;
+  const std::vector<std::size_t> chunks{static_cast<std::size_t>(std::floor(m)),
+                                        static_cast<std::size_t>(std::ceil(m))};
+  return static_cast<double>(segments_per_chunk(codec, chunks, codec.spec().segment_bytes));
+}
+
+// A pipelined path's overlap: the segments' transfers run while other segments are encoded and
+// decoded, so all but one segment's share of the smaller of the two is hidden.
+void hide_overlap(CostEstimate& estimate, double segments) {
+  if (segments <= 1) return;
+  estimate.overlap_s =
+      std::min(estimate.transfer_s, estimate.compute_s) * (segments - 1) / segments;
+  estimate.seconds -= estimate.overlap_s;
+}
+
+// Ring: 2(P − 1) steps of one chunk message each; P encodes of a chunk (P − 1 partial sums, the
+// owner's result), P − 1 decode_adds and P decodes (the all-gather, own chunk included).
+// Uncompressed (`codec` unused): f32 chunk messages and P − 1 chunk adds.
+// Pipelined (`segments` S > 1, ring_pipelined.cpp): every chunk message is S messages, S − 1
+// more headers each; one status all-gather at the end; overlap as hide_overlap says.
+CostEstimate ring(const Codec* codec, const CodecCost& cost, double n, int p, const LinkModel& link,
+                  bool uncompressed, double segments = 1) {
+  const double m = n / p;
+  const double steps = 2.0 * (p - 1);
+  const double bytes = steps * ((uncompressed ? dense_bytes(m) : message_bytes(*codec, m)) +
+                                (segments - 1) * kHeader);
+  const double compute = uncompressed
+                             ? (p - 1) * m * cost.add_s
+                             : n * cost.encode_s + (2.0 * p - 1.0) * m * cost.decode_add_s;
+  // At two ranks the next and the previous rank are the same: each step is a pairwise exchange.
+  const double rate = p == 2 ? link.exchange_rate() : link.bytes_per_s;
+  const double latency =
+      steps * link.latency_s + (segments > 1 ? size_exchange_latency(p, link) : 0.0);
+  CostEstimate estimate = finish(AlgorithmId::ring, latency, bytes / rate, compute, bytes);
+  hide_overlap(estimate, segments);
+  return estimate;
 }
 
 // SRA: encode n once, all-to-all of P − 1 chunk messages, the owner decode_adds P and encodes
 // its sum, all-gather of P − 1 messages, every rank decodes P chunks.
 // Pipelined (the spec's segment key cuts every chunk into S > 1 segments; the model is asked
-// about host tensors, which is where SRA pipelines): S − 1 more headers per message, no size
-// exchanges but one status all-gather at the end, and the segments' transfers overlap the
-// other segments' encodes and decodes: all but one segment's share of the smaller of the two
-// is hidden, overlap = min(transfer, compute) (S − 1) / S.
+// about host tensors, which is where SRA pipelines, over a link whose transport pipelines):
+// S − 1 more headers per message, no size exchanges but one status all-gather at the end, and
+// the segments' transfers overlap the other segments' encodes and decodes: all but one
+// segment's share of the smaller of the two is hidden, overlap = min(transfer, compute) (S − 1) / S.
 CostEstimate sra(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
   const double m = n / p;
-  const std::vector<std::size_t> chunks{static_cast<std::size_t>(std::floor(m)),
-                                        static_cast<std::size_t>(std::ceil(m))};
-  const double segments = static_cast<double>(segments_per_chunk(codec, chunks, codec.spec().segment_bytes));
+  const double segments = pipeline_segments(codec, n, p, link);
   const double bytes = 2.0 * (p - 1) * (message_bytes(codec, m) + (segments - 1) * kHeader);
   const double latency = 2 * exchange_latency(p, link) +
                          (segments > 1 ? 1 : 2) * size_exchange_latency(p, link);
   const double compute = (n + m) * cost.encode_s + 2.0 * n * cost.decode_add_s;
   CostEstimate estimate = finish(AlgorithmId::sra, latency, bytes / link.bytes_per_s, compute, bytes);
-  if (segments > 1) {
-    estimate.overlap_s = std::min(estimate.transfer_s, compute) * (segments - 1) / segments;
-    estimate.seconds -= estimate.overlap_s;
-  }
+  hide_overlap(estimate, segments);
   return estimate;
 }
 
@@ -240,7 +263,8 @@ CostEstimate estimate_dense_allreduce(const CodecCost& cost, std::size_t count, 
 
 CostEstimate estimate_ring(const EstimateInputs& in) {
   return ring(&in.codec, in.cost, in.n, in.ranks, in.link,
-              /*uncompressed=*/in.codec.spec().codec == CodecKind::none);
+              /*uncompressed=*/in.codec.spec().codec == CodecKind::none,
+              pipeline_segments(in.codec, in.n, in.ranks, in.link));
 }
 CostEstimate estimate_sra(const EstimateInputs& in) { return sra(in.codec, in.cost, in.n, in.ranks, in.link); }
 CostEstimate estimate_sparse(const EstimateInputs& in) {

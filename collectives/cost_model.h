@@ -8,8 +8,9 @@
 // Every algorithm is modelled on its critical path as gradzip runs it: a sequence of steps,
 // each sending one message (or, for the all-to-all and all-gather of SRA and the sparse
 // all-gather, P − 1 messages that share the link) and doing its encodes and decodes before or
-// after the transfer, without overlap. The model is what benchmarks/model/ projects to large
-// clusters and validates against the emulated-cluster measurements (docs/results.md).
+// after the transfer, without overlap, except for the pipelined ring and SRA
+// (CostEstimate::overlap_s). The model is what benchmarks/model/ projects to large clusters
+// and validates against the emulated-cluster measurements (docs/results.md).
 #pragma once
 
 #include <cstddef>
@@ -38,6 +39,12 @@ struct LinkModel {
   // this each: on the emulated cluster's 4 ranks on 2 cores it was about 5 α, because a
   // collective waits for every rank to be scheduled.
   double collective_latency_s = 0;
+  // Whether the transport runs the pipelined ring and SRA (the spec's `segment` key): not one
+  // whose waits complete whole batches (NCCL) or whose every message is expensive
+  // (torch.distributed through Python): transport_pipelines() in collectives/collective_job.h.
+  // Not measured and not saved with the model's inputs: the Communicator sets it from its
+  // transport for every choice.
+  bool pipelined = true;
 
   double exchange_rate() const noexcept {
     return exchange_bytes_per_s > 0 ? exchange_bytes_per_s : bytes_per_s;
@@ -65,8 +72,8 @@ struct CostEstimate {
   double latency_s = 0;   // α times the sequential message start-ups
   double transfer_s = 0;  // β times the bytes on the critical path
   double compute_s = 0;   // γ terms
-  // Transfer and compute that run at the same time: the pipelined SRA's (segment key), 0 for
-  // every other path.
+  // Transfer and compute that run at the same time: the pipelined ring's and SRA's (segment
+  // key), 0 for every other path.
   double overlap_s = 0;
   double bytes_sent = 0;  // bytes this rank sends (docs/algorithms.md's count)
   bool dense_switch = false;  // sparse: the dense ring would run instead

@@ -48,8 +48,8 @@
 //                        is the CPU's): CUDA tensors always compress. Refused with an explicit
 //                        algo= and for powersgd. All-reduce only (reduce-scatter and
 //                        all-gather always compress). to_string() writes it only when dense.
-//   segment=BYTES        pipelining inside one call [65536]: SRA (all-reduce and reduce-scatter,
-//                        host tensors over MPI) cuts each rank's chunk into segments whose
+//   segment=BYTES        pipelining inside one call [65536]: the ring and SRA (all-reduce and
+//                        reduce-scatter, host tensors over MPI) cut each chunk into segments whose
 //                        messages hold about BYTES bytes, so that the encode of one segment
 //                        overlaps the transfer and decode of the ones before. Cuts fall on
 //                        whole buckets and code bytes, so the result and the residuals are bit

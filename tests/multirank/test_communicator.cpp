@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/segment_plan.h"
 #include "collectives/job_encoder.h"
 #include "collectives/communicator_state.h"
 #include "collectives/transport/mpi/mpi_transport.h"
@@ -110,6 +111,7 @@ Reference reference_allreduce(MpiTransport& transport, const CompressionSpec& sp
   const EncodeContext ctx{spec.seed, step, collectives::tensor_id_of(name), 0};
   collectives::ReduceJob job{transport, *codec, reference.values, name,
                              spec.error_feedback ? &store : nullptr, ctx, reference.stats};
+  job.segment_bytes = spec.segment_bytes;  // as the Communicator's make_job sets it
   Algorithm algorithm = spec.algo;
   if (algorithm == Algorithm::auto_select && !chosen.empty() && chosen != "randk")
     algorithm = CompressionSpec::parse("none:algo=" + chosen).algo;
@@ -207,11 +209,19 @@ TEST(Communicator, NoneEqualsTheExactSumAndMpiAllreduce) {
       }
       expect_consistent_stats(stats, spec, count, small ? "mpi" : stats.algorithm);
       if (stats.algorithm == "ring") {
-        // The ring sends each of the P chunks P - 1 times in each of its two phases, every
-        // message with a 32-byte header, none codec payload = 4 bytes per element.
+        // The ring sends each of the P chunks P - 1 times in each of its two phases, as S
+        // segment messages (collectives/segment_plan.h; 1 for small chunks) of a 32-byte
+        // header each, none codec payload = 4 bytes per element.
+        std::vector<std::size_t> chunks;
+        for (int c = 0; c < ranks; ++c)
+          chunks.push_back(collectives::shard_begin(count, ranks, c + 1) -
+                           collectives::shard_begin(count, ranks, c));
+        const auto none = make_codec(spec);
+        const std::uint64_t segments =
+            ranks == 1 ? 1 : collectives::segments_per_chunk(*none, chunks, spec.segment_bytes);
         EXPECT_EQ(sum_over_ranks(stats.sent_payload_bytes), 2u * (ranks - 1) * 4u * count);
         EXPECT_EQ(sum_over_ranks(stats.sent_header_bytes),
-                  2u * static_cast<unsigned>(ranks * (ranks - 1)) * 32u);
+                  2u * static_cast<unsigned>(ranks * (ranks - 1)) * segments * 32u);
         EXPECT_EQ(stats.sent_index_bytes, 0u);
       }
     }

@@ -77,6 +77,44 @@ TEST(CostModel, PipelinedSraHidesTheSmallerOfTransferAndCompute) {
   EXPECT_DOUBLE_EQ(never_cut.overlap_s, 0);
 }
 
+TEST(CostModel, PipelinedRingHidesTheSmallerOfTransferAndCompute) {
+  // fp16:segment=1000, P = 4, n = 4000, m = 1000: e(m) = 2032 in S = 3 segments (as above), so
+  // 6 (2032 + 64) = 12,576 bytes; start-ups: 6 steps and one status all-gather of
+  // ceil(log2 4) = 2. Compute as unsegmented: 4000 encodes + 7 x 1000 decodes = 11,000.
+  // Hidden: min(12,576, 11,000) x 2/3.
+  const CostEstimate e = estimate(AlgorithmId::ring, "fp16:segment=1000", 4000, 4);
+  EXPECT_DOUBLE_EQ(e.latency_s, 6 + 2);
+  EXPECT_DOUBLE_EQ(e.transfer_s, 12576);
+  EXPECT_DOUBLE_EQ(e.bytes_sent, 12576);
+  EXPECT_DOUBLE_EQ(e.compute_s, 11000);
+  EXPECT_DOUBLE_EQ(e.overlap_s, 11000.0 * 2 / 3);
+  EXPECT_DOUBLE_EQ(e.seconds, 8 + 12576 + 11000 - 11000.0 * 2 / 3);
+  // Uncompressed: 4000 payload bytes per chunk message in ceil(4000 / 968) = 5 segments:
+  // 6 (4032 + 4 x 32) = 24,960 bytes; 3 x 1000 adds; hidden 3000 x 4/5.
+  const CostEstimate dense = estimate(AlgorithmId::ring, "none:segment=1000", 4000, 4);
+  EXPECT_DOUBLE_EQ(dense.transfer_s, 24960);
+  EXPECT_DOUBLE_EQ(dense.compute_s, 3000);
+  EXPECT_DOUBLE_EQ(dense.overlap_s, 2400);
+  EXPECT_DOUBLE_EQ(dense.seconds, 8 + 24960 + 3000 - 2400);
+  // segment=0: the unsegmented ring, nothing hidden.
+  const CostEstimate whole = estimate(AlgorithmId::ring, "fp16:segment=0", 4000, 4);
+  expect_terms(whole, 6, 6 * 2032.0, 11000);
+  EXPECT_DOUBLE_EQ(whole.overlap_s, 0);
+}
+
+// Over a transport that does not pipeline (LinkModel::pipelined false: NCCL, torch.distributed
+// through Python) the ring and SRA run unsegmented, and the model says so whatever the key.
+TEST(CostModel, ALinkThatDoesNotPipelineGetsTheUnsegmentedEstimates) {
+  LinkModel unpipelined = kUnitLink;
+  unpipelined.pipelined = false;
+  for (const AlgorithmId algorithm : {AlgorithmId::ring, AlgorithmId::sra}) {
+    const CostEstimate cut = estimate(algorithm, "fp16:segment=1000", 4000, 4, kUnitCost, unpipelined);
+    const CostEstimate whole = estimate(algorithm, "fp16:segment=0", 4000, 4);
+    EXPECT_DOUBLE_EQ(cut.overlap_s, 0);
+    expect_terms(cut, whole.latency_s, whole.transfer_s, whole.compute_s);
+  }
+}
+
 TEST(CostModel, SparseAllgatherAndItsDenseSwitch) {
   // top-k k = 10 of 1000 (f32 values, u32 indices): e(n) = 32 + 80 = 112; P = 4: 3 messages.
   expect_terms(estimate(AlgorithmId::sparse, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,

@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Pipelined SRA against the unsegmented one (gradzip-bench allreduce --json files beside this
-script): median [min-max] over the runs of time_s, time / wire and the stage times."""
-import glob, json, os, statistics
+"""Pipelined collectives (the ring and SRA, the `segment` key) against their unsegmented form:
+median [min-max] over the runs of time_s, time / wire and the stage times, from the
+gradzip-bench allreduce --json files in the directory given (round*.json: emulated cluster,
+sweep*.json: segment sizes, shm*.json: shared memory, tworanks.json), as markdown tables.
 
-here = os.path.dirname(os.path.abspath(__file__))
+    python3 benchmarks/pipelined_summary.py docs/data/pipelined-ring-2026-12-03
+"""
+import glob, json, os, statistics, sys
+
+if len(sys.argv) != 2 or not os.path.isdir(sys.argv[1]):
+    sys.exit("usage: pipelined_summary.py DIRECTORY (holding the benchmark's round*.json, ...)")
+here = sys.argv[1]
 
 
 def load(prefix):
@@ -58,19 +65,21 @@ for spec, rows in rounds.items():
 sweeps = by_spec(load("sweep"))
 if sweeps:
     print(f"\n### Segment size sweep, same cluster ({len(load('sweep'))} runs): time / wire\n")
-    print("| segment (bytes) | sign | qsgd:bits=4 |")
-    print("|---:|---:|---:|")
-    sizes = {}
+    sizes, codecs = {}, []
     for spec, rows in sweeps.items():
-        codec = "sign" if spec.startswith("sign") else "qsgd"
+        codec = strip(spec).split(",segment=")[0].split(":segment=")[0]
+        if codec not in codecs:
+            codecs.append(codec)
         size = 65536
         for part in spec.replace(":", ",").split(","):
             if part.startswith("segment="):
                 size = int(part.split("=")[1])
         sizes.setdefault(size, {})[codec] = [r["time_over_wire"] for r in rows]
+    print("| segment (bytes) | " + " | ".join(codecs) + " |")
+    print("|---:|" + "---:|" * len(codecs))
     for size in sorted(sizes):
-        cells = [spread(sizes[size][c], "{:.2f}") if c in sizes[size] else "–" for c in ("sign", "qsgd")]
-        print(f"| {size} | {cells[0]} | {cells[1]} |")
+        cells = [spread(sizes[size][c], "{:.2f}") if c in sizes[size] else "–" for c in codecs]
+        print(f"| {size} | " + " | ".join(cells) + " |")
 
 shm = by_spec(load("shm"))
 if shm:
