@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
 #include "collectives/transport/mpi/mpi_transport.h"
 #include "gradzip/communicator.h"
@@ -143,7 +144,7 @@ TEST(BatchedTransport, AllreduceAlgorithmsGiveThePlainResult) {
   const std::vector<std::string> specs = {
       "none:algo=ring",  "fp16",          "bf16:ef=on",        "qsgd:bits=4,bucket=512",
       "sign:ef=on",      "qsgd:bits=2,algo=ring", "topk:ratio=0.01",  "topk:ratio=0.01,approx=on,ef=on",
-      "topk:ratio=0.02,algo=ring", "topk:ratio=0.6", "sign:algo=sparse"};
+      "topk:ratio=0.02,algo=ring", "topk:ratio=0.6", "sign:algo=sparse", "fp16:algo=ring,segment=300"};
   Pair pair = make_pair();
   for (const std::string& spec : specs) {
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{100003}}) {
@@ -162,6 +163,11 @@ TEST(BatchedTransport, AllreduceAlgorithmsGiveThePlainResult) {
         EXPECT_EQ(got.sent_payload_bytes, want.sent_payload_bytes);
         EXPECT_EQ(got.sent_index_bytes, want.sent_index_bytes);
         EXPECT_LE(got.sent_header_bytes, want.sent_header_bytes);
+        if (spec == "fp16:algo=ring,segment=300" && count == 100003 && world_size() > 1) {
+          // Chunks of 100003 / P fp16 elements (>= 40 KB) cut into 300-byte segments: more
+          // headers over MPI.
+          EXPECT_GT(want.sent_header_bytes, got.sent_header_bytes);
+        }
         if (count > 0) {
           ASSERT_EQ(std::memcmp(plain.data(), batched.data(), count * sizeof(float)), 0);
         }
@@ -171,6 +177,11 @@ TEST(BatchedTransport, AllreduceAlgorithmsGiveThePlainResult) {
   if (world_size() > 1) {
     EXPECT_GT(pair.batched_transport->waits(), 0);
   }
+  // What the Communicator tells algo=auto's model (LinkModel::pipelined) and what the ring and
+  // SRA go by: MPI pipelines, NCCL (the batched emulation) does not.
+  MpiTransport mpi(MPI_COMM_WORLD);
+  EXPECT_TRUE(collectives::transport_pipelines(mpi));
+  EXPECT_FALSE(collectives::transport_pipelines(*pair.batched_transport));
 }
 
 // The emulation's own rule, checked against MPI's: rank 0 sends A (tag 5) then B (tag 6) to
