@@ -194,11 +194,13 @@ std::size_t chunk_count(std::size_t n, int ranks, int c) {
 }
 
 // The headers pipelining adds to each chunk message of the ring and SRA (host memory over MPI,
-// the spec's segment key; collectives/segment_plan.h): S - 1 of them, S segments per chunk.
-std::uint64_t extra_segment_headers(const Codec& codec, int ranks, std::size_t n) {
+// the spec's segment key; collectives/segment_plan.h): S - 1 of them, S segments per chunk,
+// at most `max_segments` (the ring's cap, or SRA's).
+std::uint64_t extra_segment_headers(const Codec& codec, int ranks, std::size_t n,
+                                    std::size_t max_segments) {
   std::vector<std::size_t> counts;
   for (int c = 0; c < ranks; ++c) counts.push_back(chunk_count(n, ranks, c));
-  return (collectives::segments_per_chunk(codec, counts, codec.spec().segment_bytes) - 1) *
+  return (collectives::segments_per_chunk(codec, counts, codec.spec().segment_bytes, max_segments) - 1) *
          compressors::kWireHeaderBytes;
 }
 
@@ -210,7 +212,8 @@ std::uint64_t extra_segment_headers(const Codec& codec, int ranks, std::size_t n
 // unsegmented), whose chunk messages are S segment messages each (extra_segment_headers).
 std::uint64_t ring_bytes(const Codec& codec, int ranks, int r, std::size_t n,
                          bool allgather_half = true, bool pipelined = false) {
-  const std::uint64_t extra = pipelined ? extra_segment_headers(codec, ranks, n) : 0;
+  const std::uint64_t extra =
+      pipelined ? extra_segment_headers(codec, ranks, n, collectives::kMaxRingSegmentsPerChunk) : 0;
   std::uint64_t bytes = 0;
   for (int c = 0; c < ranks; ++c) {
     const std::uint64_t message = codec.max_encoded_bytes(chunk_count(n, ranks, c)) + extra;
@@ -298,7 +301,8 @@ std::uint64_t flat_bytes(const Codec& codec, const std::string& algo, int ranks,
       // counted once for each of the P - 1 ranks the all-gather delivers it to. Pipelined
       // (host memory over MPI, the spec's segment key): each of those messages is S segment
       // messages holding the same payload, i.e. S - 1 more headers each.
-      const std::uint64_t extra_headers = extra_segment_headers(codec, ranks, n);
+      const std::uint64_t extra_headers =
+          extra_segment_headers(codec, ranks, n, collectives::kMaxSegmentsPerChunk);
       std::uint64_t bytes = 0;
       for (int c = 0; c < ranks; ++c)
         if (c != r) bytes += codec.max_encoded_bytes(chunk_count(n, ranks, c)) + extra_headers;

@@ -208,7 +208,7 @@ bool transport_pipelines(const Transport& transport) {
   return !transport.waits_complete_whole_batches() && !transport.messages_are_expensive();
 }
 
-std::size_t pipeline_segments(const ReduceJob& job) {
+std::size_t pipeline_segments(const ReduceJob& job, std::size_t max_segments) {
   const int ranks = job.transport.size();
   if (ranks == 1 || job.device.kind == DeviceKind::cuda || !transport_pipelines(job.transport))
     return 1;
@@ -216,7 +216,7 @@ std::size_t pipeline_segments(const ReduceJob& job) {
   for (int c = 0; c < ranks; ++c)
     counts[static_cast<std::size_t>(c)] =
         shard_begin(job.data.size(), ranks, c + 1) - shard_begin(job.data.size(), ranks, c);
-  return segments_per_chunk(job.codec, counts, job.segment_bytes);
+  return segments_per_chunk(job.codec, counts, job.segment_bytes, max_segments);
 }
 
 void fill_zero(std::span<float> data, Device where) {

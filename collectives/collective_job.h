@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collectives/codec_table.h"
+#include "collectives/segment_plan.h"
 #include "collectives/device_memory.h"
 #include "collectives/timeline.h"
 #include "collectives/transport/transport.h"
@@ -198,8 +199,9 @@ void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (f
 bool transport_pipelines(const Transport& transport);
 // How many segments per chunk the pipelined ring and SRA cut the job's P chunks (shard_begin)
 // into (collectives/segment_plan.h): 1, run unsegmented, for one rank, device memory, a
-// transport that does not pipeline, segment_bytes 0 and codecs that may not be cut.
-std::size_t pipeline_segments(const ReduceJob& job);
+// transport that does not pipeline, segment_bytes 0 and codecs that may not be cut; at most
+// `max_segments` (the ring's: kMaxRingSegmentsPerChunk).
+std::size_t pipeline_segments(const ReduceJob& job, std::size_t max_segments = kMaxSegmentsPerChunk);
 // SRA with its chunks cut into segments whose encode, transfer and decode overlap
 // (sra_pipelined.cpp; allgather false: the reduce-scatter half).
 void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather);

@@ -248,7 +248,7 @@ class RingAllreduce {
 }  // namespace
 
 void ring_allreduce(ReduceJob& job) {
-  if (const std::size_t segments = pipeline_segments(job); segments > 1)
+  if (const std::size_t segments = pipeline_segments(job, kMaxRingSegmentsPerChunk); segments > 1)
     return ring_pipelined(job, segments, /*allgather=*/true);
   RingAllreduce ring(job);
   ring.reduce_scatter();
@@ -256,7 +256,7 @@ void ring_allreduce(ReduceJob& job) {
 }
 
 void ring_reduce_scatter(ReduceJob& job) {
-  if (const std::size_t segments = pipeline_segments(job); segments > 1)
+  if (const std::size_t segments = pipeline_segments(job, kMaxRingSegmentsPerChunk); segments > 1)
     return ring_pipelined(job, segments, /*allgather=*/false);
   RingAllreduce ring(job);
   ring.reduce_scatter();

@@ -18,7 +18,7 @@ std::size_t granules(std::size_t count, std::size_t granularity) {
 }  // namespace
 
 std::size_t segments_per_chunk(const Codec& codec, std::span<const std::size_t> chunk_counts,
-                               std::size_t segment_bytes) {
+                               std::size_t segment_bytes, std::size_t max_segments) {
   const std::size_t granularity = segment_granularity(codec.spec());
   if (segment_bytes == 0 || granularity == 0 || chunk_counts.empty()) return 1;
   const std::size_t largest = *std::max_element(chunk_counts.begin(), chunk_counts.end());
@@ -29,7 +29,7 @@ std::size_t segments_per_chunk(const Codec& codec, std::span<const std::size_t> 
   const std::size_t per_segment =
       segment_bytes > compressors::kWireHeaderBytes ? segment_bytes - compressors::kWireHeaderBytes : 1;
   std::size_t segments = payload / per_segment + (payload % per_segment != 0);
-  segments = std::min({segments, kMaxSegmentsPerChunk, granules(smallest, granularity)});
+  segments = std::min({segments, max_segments, kMaxSegmentsPerChunk, granules(smallest, granularity)});
   return std::max<std::size_t>(segments, 1);
 }
 

@@ -23,13 +23,24 @@ namespace gradzip::collectives {
 // The most segments one chunk is cut into (bounds the requests a call posts).
 inline constexpr std::size_t kMaxSegmentsPerChunk = 1024;
 
+// The most segments the pipelined ring cuts one chunk into. The ring's default codecs (none,
+// fp16, bf16) encode and decode at memory speed, so there is little compute to hide and every
+// extra message costs: with 4 ranks on 2 cores over shared memory, fp16 at 64 MiB ran 1.35x
+// slower than unsegmented in 64 KiB segments (S = 128), 1.16x in 256 KiB, 1.01x in 1 MiB
+// (S = 8), while on the emulated 1 Gbit/s cluster 1 MiB segments still took time / wire from
+// 1.24 to 1.16 (docs/results.md, "Pipelined ring"). SRA, whose codecs compute more per byte,
+// keeps kMaxSegmentsPerChunk.
+inline constexpr std::size_t kMaxRingSegmentsPerChunk = 8;
+
 // How many segments every chunk of `chunk_counts` is cut into: the segment count S that keeps
 // each segment's message at about `segment_bytes` (codec.max_encoded_bytes of the largest
 // chunk, spread evenly), then lowered so that every chunk has at least S granules (non-empty
-// segments) and capped at kMaxSegmentsPerChunk. 1 (no pipelining) when segment_bytes is 0, the
-// codec's chunks may not be cut (granularity 0), or the largest chunk's message already fits.
+// segments) and capped at `max_segments` (at most kMaxSegmentsPerChunk). 1 (no pipelining)
+// when segment_bytes is 0, the codec's chunks may not be cut (granularity 0), or the largest
+// chunk's message already fits.
 std::size_t segments_per_chunk(const Codec& codec, std::span<const std::size_t> chunk_counts,
-                               std::size_t segment_bytes);
+                               std::size_t segment_bytes,
+                               std::size_t max_segments = kMaxSegmentsPerChunk);
 
 // The S + 1 boundaries of a chunk of `count` elements cut into `segments` segments (elements
 // from the chunk's start, first 0, last `count`): whole granules of the codec's granularity,

@@ -218,7 +218,9 @@ TEST(Communicator, NoneEqualsTheExactSumAndMpiAllreduce) {
                            collectives::shard_begin(count, ranks, c));
         const auto none = make_codec(spec);
         const std::uint64_t segments =
-            ranks == 1 ? 1 : collectives::segments_per_chunk(*none, chunks, spec.segment_bytes);
+            ranks == 1 ? 1
+                       : collectives::segments_per_chunk(*none, chunks, spec.segment_bytes,
+                                                         collectives::kMaxRingSegmentsPerChunk);
         EXPECT_EQ(sum_over_ranks(stats.sent_payload_bytes), 2u * (ranks - 1) * 4u * count);
         EXPECT_EQ(sum_over_ranks(stats.sent_header_bytes),
                   2u * static_cast<unsigned>(ranks * (ranks - 1)) * segments * 32u);

@@ -48,7 +48,7 @@ struct Call {
     return job;
   }
   std::size_t segments(std::span<float> data) {
-    return collectives::pipeline_segments(job(data, 0));
+    return collectives::pipeline_segments(job(data, 0), collectives::kMaxRingSegmentsPerChunk);
   }
   void allreduce(std::span<float> data, std::uint32_t step) {
     collectives::ReduceJob j = job(data, step);
@@ -126,7 +126,7 @@ TEST(RingPipelined, SumsExactlyWithTheUncompressedCodec) {
   for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<float>((i % 97) + 1000 * rank);
   if (ranks > 1) {
     std::vector<float> probe(n);
-    ASSERT_GT(call.segments(probe), 10u);
+    ASSERT_EQ(call.segments(probe), collectives::kMaxRingSegmentsPerChunk);
   }
   call.allreduce(data, 0);
   const float rank_sum = 1000.0f * static_cast<float>(ranks * (ranks - 1) / 2);
@@ -212,11 +212,18 @@ TEST(RingPipelined, SpecKeyDrivesTheCommunicator) {
     if (reference.empty()) reference = data;
     EXPECT_TRUE(testing::same_bits(data, reference));
     const auto codec = make_codec(spec);
-    const std::uint64_t segments = collectives::segments_per_chunk(*codec, chunks, segment_bytes);
+    const std::uint64_t segments = collectives::segments_per_chunk(
+        *codec, chunks, segment_bytes, collectives::kMaxRingSegmentsPerChunk);
     if (segment_bytes == 0) {
       EXPECT_EQ(segments, 1u);
     } else if (ranks > 1) {
-      EXPECT_GT(segments, 2u);  // chunks of 2^20 / P fp16 elements: >= 419,430 bytes
+      // Chunks of 2^20 / P fp16 elements (>= 419,430 bytes, >= 7 messages of 64 KiB; 51 of
+      // 8 KiB): the ring's cap or just under it.
+      EXPECT_GE(segments, 7u);
+      EXPECT_LE(segments, collectives::kMaxRingSegmentsPerChunk);
+      if (segment_bytes == 8192) {
+        EXPECT_EQ(segments, collectives::kMaxRingSegmentsPerChunk);
+      }
     }
     EXPECT_EQ(stats.sent_header_bytes,
               ranks == 1 ? 0 : 2 * static_cast<std::uint64_t>(ranks - 1) * segments * kHeader);

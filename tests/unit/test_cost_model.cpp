@@ -96,6 +96,11 @@ TEST(CostModel, PipelinedRingHidesTheSmallerOfTransferAndCompute) {
   EXPECT_DOUBLE_EQ(dense.compute_s, 3000);
   EXPECT_DOUBLE_EQ(dense.overlap_s, 2400);
   EXPECT_DOUBLE_EQ(dense.seconds, 8 + 24960 + 3000 - 2400);
+  // The ring cuts a chunk into at most kMaxRingSegmentsPerChunk = 8 segments: segment=100
+  // would give ceil(2000 / 68) = 30 (and does for SRA), the ring 8: 6 (2032 + 7 x 32) bytes.
+  EXPECT_DOUBLE_EQ(estimate(AlgorithmId::ring, "fp16:segment=100", 4000, 4).bytes_sent, 6 * 2256.0);
+  EXPECT_DOUBLE_EQ(estimate(AlgorithmId::sra, "fp16:segment=100", 4000, 4).bytes_sent,
+                   6 * (2032.0 + 29 * 32));
   // segment=0: the unsegmented ring, nothing hidden.
   const CostEstimate whole = estimate(AlgorithmId::ring, "fp16:segment=0", 4000, 4);
   expect_terms(whole, 6, 6 * 2032.0, 11000);

@@ -48,6 +48,12 @@ TEST(SegmentPlan, SegmentCountKeepsMessagesNearTheTarget) {
   // f32 `none`: 2^20 elements, 4 MiB of payload, 64 KiB messages: 65 segments (4 MiB / 65,504).
   const auto none = make_codec("none");
   EXPECT_EQ(segments_per_chunk(*none, std::vector<std::size_t>{std::size_t{1} << 20}, 65536), 65u);
+  // A caller's cap (the ring's) lowers the count, never raises it.
+  EXPECT_EQ(segments_per_chunk(*none, std::vector<std::size_t>{std::size_t{1} << 20}, 65536,
+                               kMaxRingSegmentsPerChunk),
+            kMaxRingSegmentsPerChunk);
+  EXPECT_EQ(segments_per_chunk(*sign, chunks, 65536, kMaxRingSegmentsPerChunk), 8u);
+  EXPECT_EQ(segments_per_chunk(*sign, chunks, 65536, 100), 9u);
   // The smallest chunk limits the count to its granules (no empty segment): 3 granules of 512.
   EXPECT_EQ(segments_per_chunk(*sign, std::vector<std::size_t>{1u << 20, 1500}, 64), 3u);
   EXPECT_EQ(segments_per_chunk(*sign, std::vector<std::size_t>{1u << 20, 0}, 64), 1u);
