@@ -50,8 +50,9 @@
 //                        all-gather always compress). to_string() writes it only when dense.
 //   segment=BYTES        pipelining inside one call [65536]: the ring and SRA (all-reduce and
 //                        reduce-scatter, host tensors over MPI) cut each chunk into segments whose
-//                        messages hold about BYTES bytes, so that the encode of one segment
-//                        overlaps the transfer and decode of the ones before. Cuts fall on
+//                        messages hold about BYTES bytes (the ring into at most 8), so that the
+//                        encode of one segment overlaps the transfer and decode of the ones
+//                        before. Cuts fall on
 //                        whole buckets and code bytes, so the result and the residuals are bit
 //                        for bit those of the unsegmented call; each extra segment adds one
 //                        32-byte header per message. The sparse all-reduce (top-k's default,
