@@ -55,7 +55,7 @@
 #include "collectives/collective_job.h"
 #include "collectives/device_memory.h"
 #include "collectives/job_encoder.h"
-#include "collectives/ring_workspace.h"
+#include "collectives/ring_common.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
@@ -64,9 +64,6 @@ namespace {
 constexpr int kReduceScatterTag = 100;
 constexpr int kAllgatherTag = 101;
 
-// c mod ranks in [0, ranks), for negative c too.
-int ring_position(int c, int ranks) { return ((c % ranks) + ranks) % ranks; }
-
 // One ring all-reduce (or reduce-scatter) call: the chunk geometry, the encoder and the
 // message buffers, set up once; reduce_scatter() and allgather() move the bytes.
 class RingAllreduce {
@@ -74,22 +71,19 @@ class RingAllreduce {
   explicit RingAllreduce(ReduceJob& job)
       : job_(job),
         transport_(job.transport),
-        rank_(job.transport.rank()),
-        ranks_(job.transport.size()),
-        right_(ring_position(rank_ + 1, ranks_)),
-        left_(ring_position(rank_ - 1, ranks_)),
+        ring_(job.transport),
         count_(job.data.size()),
         encoder_(job_encoder(job, ResidualRole::worker, job.data.size())) {
     // Message slots: the all-gather keeps one per chunk; the reduce-scatter uses the first two
     // (as large as the largest chunk's) as its send and receive buffers.
     slot_begin_.push_back(0);
-    for (int c = 0; c < ranks_; ++c) {
+    for (int c = 0; c < ring_.ranks; ++c) {
       message_capacity_.push_back(job.codec.max_encoded_bytes(chunk_count(c)));
       slot_begin_.push_back(slot_begin_.back() + message_capacity_.back());
     }
     largest_message_ = *std::max_element(message_capacity_.begin(), message_capacity_.end());
     const std::size_t workspace_bytes =
-        ranks_ == 1 ? slot_begin_.back() : std::max(slot_begin_.back(), 2 * largest_message_);
+        ring_.ranks == 1 ? slot_begin_.back() : std::max(slot_begin_.back(), 2 * largest_message_);
     if (on_device()) {
       device_workspace_.emplace(workspace_bytes, job.device.index, "ring all-reduce");
       memory_ = {device_workspace_->data(), workspace_bytes};
@@ -102,20 +96,20 @@ class RingAllreduce {
   }
 
   void reduce_scatter() {
-    if (ranks_ == 1) return;
+    if (ring_.ranks == 1) return;
     const std::span<std::byte> send = memory_.first(largest_message_);
     std::byte* const receive = memory_.data() + largest_message_;
-    for (int step = 0; step < ranks_ - 1; ++step) {
-      const int send_chunk = ring_position(rank_ - step - 1, ranks_);
-      const int receive_chunk = ring_position(rank_ - step - 2, ranks_);
+    for (int step = 0; step < ring_.ranks - 1; ++step) {
+      const int send_chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
+      const int receive_chunk = ring_position(ring_.rank - step - 2, ring_.ranks);
       const std::span<std::byte> receive_buffer(receive, message_capacity_[receive_chunk]);
       PendingRequests pending(transport_);
       const std::size_t receive_request =
-          pending.add(transport_.irecv(left_, kReduceScatterTag, receive_buffer));
+          pending.add(transport_.irecv(ring_.left, kReduceScatterTag, receive_buffer));
       const std::size_t send_bytes = encode_chunk(send_chunk, send);
       const std::span<const std::byte> message = send.first(send_bytes);
       const std::size_t send_request =
-          pending.add(transport_.isend(right_, kReduceScatterTag, message));
+          pending.add(transport_.isend(ring_.right, kReduceScatterTag, message));
       count_sent(job_, message);
       const std::size_t received = wait_receive(pending, receive_request);
       {
@@ -130,7 +124,7 @@ class RingAllreduce {
 
   void allgather() {
     // One message slot per chunk, each max_encoded_bytes(chunk) long.
-    std::vector<std::size_t> message_bytes(static_cast<std::size_t>(ranks_), 0);
+    std::vector<std::size_t> message_bytes(static_cast<std::size_t>(ring_.ranks), 0);
     const auto slot = [&](int c) { return memory_.subspan(slot_begin_[c], message_capacity_[c]); };
 
     // Receives are posted up front, unless the transport completes posted operations only in
@@ -140,26 +134,27 @@ class RingAllreduce {
     std::vector<std::size_t> receive_requests;
     const bool post_per_step = transport_.waits_complete_whole_batches();
     const auto post_receive = [&](int step) {
-      const int receive_chunk = ring_position(rank_ - step - 1, ranks_);
+      const int receive_chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
       receive_requests.push_back(
-          pending.add(transport_.irecv(left_, kAllgatherTag, slot(receive_chunk))));
+          pending.add(transport_.irecv(ring_.left, kAllgatherTag, slot(receive_chunk))));
     };
     if (!post_per_step) {
-      for (int step = 0; step < ranks_ - 1; ++step) post_receive(step);
+      for (int step = 0; step < ring_.ranks - 1; ++step) post_receive(step);
     }
 
     std::vector<int> sent_chunks;
     std::vector<std::size_t> send_requests;
     const auto forward = [&](int c) {
       const std::span<const std::byte> message = slot(c).first(message_bytes[c]);
-      send_requests.push_back(pending.add(transport_.isend(right_, kAllgatherTag, message)));
+      send_requests.push_back(pending.add(transport_.isend(ring_.right, kAllgatherTag, message)));
       sent_chunks.push_back(c);
     };
     // The owner keeps D(message): error feedback decodes it while updating the residual;
     // without it the owner decodes after its message has left.
-    message_bytes[rank_] = encode_chunk(rank_, slot(rank_), /*keep_decoded=*/true);
-    if (ranks_ > 1) forward(rank_);
-    if (!encoder_.fills_decoded()) decode_chunk(rank_, slot(rank_).first(message_bytes[rank_]));
+    message_bytes[ring_.rank] = encode_chunk(ring_.rank, slot(ring_.rank), /*keep_decoded=*/true);
+    if (ring_.ranks > 1) forward(ring_.rank);
+    if (!encoder_.fills_decoded())
+      decode_chunk(ring_.rank, slot(ring_.rank).first(message_bytes[ring_.rank]));
 
     // A bad message is still forwarded (its bytes are what the owner sent) and the ring runs
     // to the end; the first decode error is thrown once every request has completed. Nothing
@@ -167,11 +162,11 @@ class RingAllreduce {
     // wait for bytes that never come: so the sent bytes are counted (count_sent reads the
     // header) only at the end, once every message has decoded.
     std::exception_ptr first_error;
-    if (post_per_step && ranks_ > 1) post_receive(0);
-    for (int step = 0; step < ranks_ - 1; ++step) {
-      const int chunk = ring_position(rank_ - step - 1, ranks_);
+    if (post_per_step && ring_.ranks > 1) post_receive(0);
+    for (int step = 0; step < ring_.ranks - 1; ++step) {
+      const int chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
       message_bytes[chunk] = wait_receive(pending, receive_requests[step]);
-      if (step + 1 < ranks_ - 1) {
+      if (step + 1 < ring_.ranks - 1) {
         forward(chunk);
         // Per-step posting: the next step's transfer starts now and overlaps this decode.
         if (post_per_step) {
@@ -192,7 +187,7 @@ class RingAllreduce {
 
  private:
   bool on_device() const noexcept { return job_.device.kind == DeviceKind::cuda; }
-  std::size_t chunk_begin(int c) const { return shard_begin(count_, ranks_, c); }
+  std::size_t chunk_begin(int c) const { return shard_begin(count_, ring_.ranks, c); }
   std::size_t chunk_count(int c) const { return chunk_begin(c + 1) - chunk_begin(c); }
   std::span<float> chunk_data(int c) const {
     return job_.data.subspan(chunk_begin(c), chunk_count(c));
@@ -230,10 +225,7 @@ class RingAllreduce {
 
   ReduceJob& job_;
   Transport& transport_;
-  const int rank_;
-  const int ranks_;
-  const int right_;
-  const int left_;
+  const RingNeighbours ring_;
   const std::size_t count_;
   std::vector<std::size_t> message_capacity_;  // max_encoded_bytes of chunk c
   std::vector<std::size_t> slot_begin_;        // offset of chunk c's slot in the workspace

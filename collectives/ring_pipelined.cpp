@@ -20,7 +20,7 @@
 // s + 1 are posted at the start of step s, into the area step s - 1 has finished decoding), each
 // as large as the largest chunk's S segment messages. The all-gather keeps one area per chunk
 // (a forwarded segment is read by its send while it is decoded). The memory is the ring's
-// per-thread workspace (collectives/ring_workspace.h), reused from call to call.
+// per-thread workspace (collectives/ring_common.h), reused from call to call.
 //
 // Errors: a received segment that is too long, shorter than a header or refused by the decoder
 // does not end the call on the spot (the ring's other ranks would wait for this rank's sends):
@@ -42,7 +42,7 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/job_encoder.h"
-#include "collectives/ring_workspace.h"
+#include "collectives/ring_common.h"
 #include "collectives/segment_plan.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
@@ -60,7 +60,6 @@ namespace {
 constexpr int kReduceScatterTag = 150;
 constexpr int kAllgatherTag[2] = {151, 152};
 
-int ring_position(int c, int ranks) { return ((c % ranks) + ranks) % ranks; }
 std::size_t idx(int c) { return static_cast<std::size_t>(c); }
 
 class PipelinedRing {
@@ -68,32 +67,28 @@ class PipelinedRing {
   PipelinedRing(ReduceJob& job, std::size_t segments)
       : job_(job),
         transport_(job.transport),
-        rank_(job.transport.rank()),
-        ranks_(job.transport.size()),
-        right_(ring_position(rank_ + 1, ranks_)),
-        left_(ring_position(rank_ - 1, ranks_)),
+        ring_(job.transport),
         segments_(segments),
+        plan_(job.codec, job.data.size(), ring_.ranks, segments),
         encoder_(job_encoder(job, ResidualRole::worker, job.data.size())),
         pending_(job.transport) {
-    GZ_REQUIRE(ranks_ >= 2 && segments_ >= 2 && job.device.kind != DeviceKind::cuda,
+    GZ_REQUIRE(ring_.ranks >= 2 && segments_ >= 2 && job.device.kind != DeviceKind::cuda,
                ErrorCode::internal, "pipelined ring: needs host memory, 2 or more ranks and "
-               "2 or more segments (got ", ranks_, " ranks, ", segments_, " segments)");
-    const std::size_t n = job.data.size();
-    for (int c = 0; c <= ranks_; ++c) chunk_begin_.push_back(shard_begin(n, ranks_, c));
+               "2 or more segments (got ", ring_.ranks, " ranks, ", segments_, " segments)");
     std::size_t all_chunks = 0;
-    for (int c = 0; c < ranks_; ++c) {
-      segment_begin_.push_back(segment_bounds(job.codec, chunk_count(c), segments_));
+    for (int c = 0; c < ring_.ranks; ++c) {
       // Offsets of the chunk's S segment messages inside an area of its own.
       std::vector<std::size_t>& offsets = message_offset_.emplace_back(1, 0);
       for (std::size_t k = 0; k < segments_; ++k)
-        offsets.push_back(offsets.back() + job.codec.max_encoded_bytes(segment_count(k, c)));
+        offsets.push_back(offsets.back() + job.codec.max_encoded_bytes(plan_.segment_count(k, c)));
       area_bytes_ = std::max(area_bytes_, offsets.back());
       all_chunks += offsets.back();
     }
     // Reduce-scatter: 2 send and 2 receive areas; all-gather: one area per chunk (chunk c's
     // at chunk_area_begin_[c]). The phases run one after the other in the same memory.
-    for (int c = 0; c < ranks_; ++c)
-      chunk_area_begin_.push_back(c == 0 ? 0 : chunk_area_begin_.back() + message_offset_[idx(c - 1)].back());
+    for (int c = 0; c < ring_.ranks; ++c)
+      chunk_area_begin_.push_back(
+          c == 0 ? 0 : chunk_area_begin_.back() + message_offset_[idx(c - 1)].back());
     workspace_.emplace(std::max(4 * area_bytes_, all_chunks));
     memory_ = workspace_->memory();
     // Before any request is posted, so that a size mismatch throws on every rank.
@@ -101,57 +96,61 @@ class PipelinedRing {
   }
 
   void reduce_scatter() {
-    receives_.assign(idx(ranks_ - 1) * segments_, SIZE_MAX);
+    receives_.assign(idx(ring_.ranks - 1) * segments_, SIZE_MAX);
     std::vector<std::size_t> step_sends[2];
     post_reduce_scatter_receives(0);
-    for (int step = 0; step < ranks_ - 1; ++step) {
-      if (step + 1 < ranks_ - 1) post_reduce_scatter_receives(step + 1);
-      const int send_chunk = ring_position(rank_ - step - 1, ranks_);
+    for (int step = 0; step < ring_.ranks - 1; ++step) {
+      if (step + 1 < ring_.ranks - 1) post_reduce_scatter_receives(step + 1);
+      const int send_chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
       std::vector<std::size_t>& sends = step_sends[step % 2];
       for (std::size_t k = 0; k < segments_; ++k) {
-        const std::span<std::byte> out = reduce_scatter_slot(step % 2, /*send=*/true, send_chunk, k);
+        const std::span<std::byte> out =
+            reduce_scatter_slot(step % 2, /*send=*/true, send_chunk, k);
         const std::size_t bytes = encode_segment(send_chunk, k, out);
         const std::span<const std::byte> message = out.first(bytes);
-        sends.push_back(pending_.add(transport_.isend(right_, kReduceScatterTag, message)));
+        sends.push_back(pending_.add(transport_.isend(ring_.right, kReduceScatterTag, message)));
         count_sent(job_, message);
         if (k >= 1) receive_and_add(step, k - 1);
       }
       receive_and_add(step, segments_ - 1);
       // The other parity's area is the next step's: its sends (step - 1's) must be done.
-      for (const std::size_t send : step_sends[(step + 1) % 2]) pending_.timed_wait(send, job_.stats);
+      for (const std::size_t send : step_sends[(step + 1) % 2])
+        pending_.timed_wait(send, job_.stats);
       step_sends[(step + 1) % 2].clear();
     }
-    for (const std::size_t send : step_sends[(ranks_ - 2) % 2]) pending_.timed_wait(send, job_.stats);
+    for (const std::size_t send : step_sends[(ring_.ranks - 2) % 2])
+      pending_.timed_wait(send, job_.stats);
   }
 
   void allgather() {
-    receives_.assign(idx(ranks_ - 1) * segments_, SIZE_MAX);
-    message_bytes_.assign(idx(ranks_) * segments_, 0);
+    receives_.assign(idx(ring_.ranks - 1) * segments_, SIZE_MAX);
+    message_bytes_.assign(idx(ring_.ranks) * segments_, 0);
     forwarded_.clear();
     post_allgather_receives(0);
-    if (ranks_ > 2) post_allgather_receives(1);
+    if (ring_.ranks > 2) post_allgather_receives(1);
     // The own chunk, segment by segment, each sent as soon as it is written; between two
     // encodes, the segment of step 0 that came meanwhile is forwarded and decoded.
     for (std::size_t k = 0; k < segments_; ++k) {
-      const std::span<std::byte> out = chunk_slot(rank_, k);
+      const std::span<std::byte> out = chunk_slot(ring_.rank, k);
       std::size_t bytes = 0;
       {
         StageTimer timer(job_.stats, Stage::encode);
-        const std::span<float> values = segment_data(k, rank_);
+        const std::span<float> values = segment_data(k, ring_.rank);
         const ConstTensorView view(values.data(), values.size(), DType::f32, job_.device);
-        bytes = encoder_.encode(view, out, encode_context(job_, segment_first(k, rank_)), values);
+        bytes = encoder_.encode(view, out, encode_context(job_, plan_.segment_first(k, ring_.rank)),
+                                values);
         count_encoded(job_.stats, values.size(), bytes);
       }
-      message_bytes_[at(rank_, k)] = bytes;
+      message_bytes_[at(ring_.rank, k)] = bytes;
       const std::span<const std::byte> message = out.first(bytes);
-      sends_.push_back(pending_.add(transport_.isend(right_, kAllgatherTag[0], message)));
+      sends_.push_back(pending_.add(transport_.isend(ring_.right, kAllgatherTag[0], message)));
       count_sent(job_, message);
-      if (!encoder_.fills_decoded()) decode_segment(rank_, k, message);
+      if (!encoder_.fills_decoded()) decode_segment(ring_.rank, k, message);
       if (k >= 1) forward_and_decode(0, k - 1);
     }
     forward_and_decode(0, segments_ - 1);
-    for (int step = 1; step < ranks_ - 1; ++step) {
-      if (step + 1 < ranks_ - 1) post_allgather_receives(step + 1);
+    for (int step = 1; step < ring_.ranks - 1; ++step) {
+      if (step + 1 < ring_.ranks - 1) post_allgather_receives(step + 1);
       for (std::size_t k = 0; k < segments_; ++k) forward_and_decode(step, k);
     }
   }
@@ -166,15 +165,8 @@ class PipelinedRing {
   }
 
  private:
-  std::size_t chunk_count(int c) const { return chunk_begin_[idx(c) + 1] - chunk_begin_[idx(c)]; }
-  std::size_t segment_first(std::size_t k, int c) const {
-    return chunk_begin_[idx(c)] + segment_begin_[idx(c)][k];
-  }
-  std::size_t segment_count(std::size_t k, int c) const {
-    return segment_begin_[idx(c)][k + 1] - segment_begin_[idx(c)][k];
-  }
   std::span<float> segment_data(std::size_t k, int c) const {
-    return job_.data.subspan(segment_first(k, c), segment_count(k, c));
+    return plan_.segment_of(job_.data, k, c);
   }
   std::size_t at(int c, std::size_t k) const { return idx(c) * segments_ + k; }
   std::size_t capacity(int c, std::size_t k) const {
@@ -192,23 +184,24 @@ class PipelinedRing {
   }
 
   void post_reduce_scatter_receives(int step) {
-    const int chunk = ring_position(rank_ - step - 2, ranks_);
+    const int chunk = ring_position(ring_.rank - step - 2, ring_.ranks);
     for (std::size_t k = 0; k < segments_; ++k)
       receives_[idx(step) * segments_ + k] = pending_.add(transport_.irecv(
-          left_, kReduceScatterTag, reduce_scatter_slot(step % 2, /*send=*/false, chunk, k)));
+          ring_.left, kReduceScatterTag, reduce_scatter_slot(step % 2, /*send=*/false, chunk, k)));
   }
   void post_allgather_receives(int step) {
-    const int chunk = ring_position(rank_ - step - 1, ranks_);
+    const int chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
     for (std::size_t k = 0; k < segments_; ++k)
       receives_[idx(step) * segments_ + k] =
-          pending_.add(transport_.irecv(left_, kAllgatherTag[step % 2], chunk_slot(chunk, k)));
+          pending_.add(transport_.irecv(ring_.left, kAllgatherTag[step % 2], chunk_slot(chunk, k)));
   }
 
   std::size_t encode_segment(int c, std::size_t k, std::span<std::byte> out) {
     StageTimer timer(job_.stats, Stage::encode);
     const std::span<float> values = segment_data(k, c);
     const ConstTensorView view(values.data(), values.size(), DType::f32, job_.device);
-    const std::size_t bytes = encoder_.encode(view, out, encode_context(job_, segment_first(k, c)));
+    const std::size_t bytes =
+        encoder_.encode(view, out, encode_context(job_, plan_.segment_first(k, c)));
     count_encoded(job_.stats, values.size(), bytes);
     return bytes;
   }
@@ -225,13 +218,13 @@ class PipelinedRing {
   // transport refused it or it is shorter than a header.
   std::optional<std::size_t> receive(int step, std::size_t k, int chunk, const char* phase) {
     std::size_t bytes = 0;
-    if (!failures_.run([&] { bytes = pending_.wait_receive(receives_[idx(step) * segments_ + k], job_.stats); }))
-      return std::nullopt;
+    const std::size_t request = receives_[idx(step) * segments_ + k];
+    if (!failures_.run([&] { bytes = pending_.wait_receive(request, job_.stats); })) return std::nullopt;
     if (bytes < compressors::kWireHeaderBytes) {
       failures_.hold(Error(
           ErrorCode::malformed_message,
           detail::concat("ring ", phase, " of '", job_.name, "' (", transport_.describe(),
-                         "): segment ", k, " of chunk ", chunk, " from rank ", left_, " has ",
+                         "): segment ", k, " of chunk ", chunk, " from rank ", ring_.left, " has ",
                          bytes, " bytes, less than a ", compressors::kWireHeaderBytes,
                          "-byte header")));
       return std::nullopt;
@@ -240,7 +233,7 @@ class PipelinedRing {
   }
 
   void receive_and_add(int step, std::size_t k) {
-    const int chunk = ring_position(rank_ - step - 2, ranks_);
+    const int chunk = ring_position(ring_.rank - step - 2, ring_.ranks);
     const std::optional<std::size_t> bytes = receive(step, k, chunk, "reduce-scatter");
     if (!bytes) return;
     const std::span<const std::byte> message =
@@ -248,20 +241,23 @@ class PipelinedRing {
     StageTimer timer(job_.stats, Stage::decode);
     const std::span<float> values = segment_data(k, chunk);
     failures_.run([&] {
-      job_.codec.decode_add(message, TensorView{values.data(), values.size(), DType::f32, job_.device});
+      job_.codec.decode_add(message,
+                            TensorView{values.data(), values.size(), DType::f32, job_.device});
     });
   }
 
   // All-gather step `step`, segment k: receive, forward unless this is the last step (the
   // bytes as they came, empty if the receive failed), decode.
   void forward_and_decode(int step, std::size_t k) {
-    const int chunk = ring_position(rank_ - step - 1, ranks_);
+    const int chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
     const std::optional<std::size_t> bytes = receive(step, k, chunk, "all-gather");
     message_bytes_[at(chunk, k)] = bytes.value_or(0);
-    const std::span<const std::byte> message = chunk_slot(chunk, k).first(message_bytes_[at(chunk, k)]);
-    if (step + 1 < ranks_ - 1) {
+    const std::span<const std::byte> message =
+        chunk_slot(chunk, k).first(message_bytes_[at(chunk, k)]);
+    if (step + 1 < ring_.ranks - 1) {
       // The right neighbour receives it at its step + 1.
-      sends_.push_back(pending_.add(transport_.isend(right_, kAllgatherTag[(step + 1) % 2], message)));
+      sends_.push_back(
+          pending_.add(transport_.isend(ring_.right, kAllgatherTag[(step + 1) % 2], message)));
       forwarded_.emplace_back(chunk, k);
     }
     if (bytes) decode_segment(chunk, k, message);
@@ -269,13 +265,9 @@ class PipelinedRing {
 
   ReduceJob& job_;
   Transport& transport_;
-  const int rank_;
-  const int ranks_;
-  const int right_;
-  const int left_;
+  const RingNeighbours ring_;
   const std::size_t segments_;
-  std::vector<std::size_t> chunk_begin_;                  // P + 1 chunk boundaries
-  std::vector<std::vector<std::size_t>> segment_begin_;   // per chunk, S + 1, from its start
+  const SegmentedChunks plan_;
   std::vector<std::vector<std::size_t>> message_offset_;  // per chunk, S + 1 message offsets
   std::vector<std::size_t> chunk_area_begin_;             // all-gather: chunk c's area
   std::size_t area_bytes_ = 0;  // the largest chunk's S segment messages

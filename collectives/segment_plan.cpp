@@ -51,4 +51,13 @@ std::vector<std::size_t> segment_bounds(const Codec& codec, std::size_t count,
   return bounds;
 }
 
+SegmentedChunks::SegmentedChunks(const Codec& codec, std::size_t count, int ranks,
+                                 std::size_t segments)
+    : segments_(segments) {
+  GZ_REQUIRE(ranks >= 1, ErrorCode::internal, "SegmentedChunks: ", ranks, " ranks");
+  for (int c = 0; c <= ranks; ++c) chunk_begin_.push_back(shard_begin(count, ranks, c));
+  for (int c = 0; c < ranks; ++c)
+    segment_begin_.push_back(segment_bounds(codec, chunk_count(c), segments));
+}
+
 }  // namespace gradzip::collectives

@@ -49,4 +49,38 @@ std::size_t segments_per_chunk(const Codec& codec, std::span<const std::size_t> 
 std::vector<std::size_t> segment_bounds(const Codec& codec, std::size_t count,
                                         std::size_t segments);
 
+// A tensor of `count` elements split into `ranks` chunks (shard_begin, collective_job.h), each
+// cut into `segments` segments (segment_bounds): where segment k of chunk c lies. The geometry
+// the pipelined ring and SRA share; the same on every rank.
+class SegmentedChunks {
+ public:
+  SegmentedChunks(const Codec& codec, std::size_t count, int ranks, std::size_t segments);
+
+  std::size_t segments() const noexcept { return segments_; }
+  std::size_t chunk_begin(int c) const { return chunk_begin_[index(c)]; }
+  std::size_t chunk_count(int c) const {
+    return chunk_begin_[index(c) + 1] - chunk_begin_[index(c)];
+  }
+  // Segment k of chunk c: elements [segment_first, segment_first + segment_count) of the
+  // tensor, segment_offset of them from the chunk's start.
+  std::size_t segment_offset(std::size_t k, int c) const { return segment_begin_[index(c)][k]; }
+  std::size_t segment_first(std::size_t k, int c) const {
+    return chunk_begin(c) + segment_offset(k, c);
+  }
+  std::size_t segment_count(std::size_t k, int c) const {
+    return segment_begin_[index(c)][k + 1] - segment_begin_[index(c)][k];
+  }
+  // Segment k of chunk c of `tensor` (count elements).
+  std::span<float> segment_of(std::span<float> tensor, std::size_t k, int c) const {
+    return tensor.subspan(segment_first(k, c), segment_count(k, c));
+  }
+
+ private:
+  static std::size_t index(int c) { return static_cast<std::size_t>(c); }
+
+  std::size_t segments_;
+  std::vector<std::size_t> chunk_begin_;                 // ranks + 1 chunk boundaries
+  std::vector<std::vector<std::size_t>> segment_begin_;  // per chunk, S + 1, from its start
+};
+
 }  // namespace gradzip::collectives

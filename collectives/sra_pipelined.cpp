@@ -76,16 +76,12 @@ class PipelinedSra {
         ranks_(job.transport.size()),
         rank_(job.transport.rank()),
         segments_(segments),
-        chunk_begin_(idx(ranks_) + 1),
+        plan_(job.codec, job.data.size(), ranks_, segments),
         worker_encoder_(job_encoder(job, ResidualRole::worker, job.data.size())),
         server_encoder_(job_encoder(job, ResidualRole::sra_server, owned_count(job))),
         pending_(job.transport),
         memory_(job.device) {
-    const std::size_t n = job.data.size();
-    for (int c = 0; c <= ranks_; ++c) chunk_begin_[idx(c)] = shard_begin(n, ranks_, c);
-    for (int c = 0; c < ranks_; ++c)
-      segment_begin_.push_back(segment_bounds(job.codec, chunk_count(c), segments_));
-    server_encoder_.place_in_worker(chunk_begin_[idx(rank_)]);
+    server_encoder_.place_in_worker(plan_.chunk_begin(rank_));
     lay_out_slots();
   }
 
@@ -123,16 +119,9 @@ class PipelinedSra {
   }
   std::size_t at(std::size_t k, int c) const { return k * idx(ranks_) + idx(c); }
 
-  std::size_t chunk_count(int c) const { return chunk_begin_[idx(c) + 1] - chunk_begin_[idx(c)]; }
-  // Elements [first, first + count) of the tensor in segment k of chunk c.
-  std::size_t segment_first(std::size_t k, int c) const {
-    return chunk_begin_[idx(c)] + segment_begin_[idx(c)][k];
-  }
-  std::size_t segment_count(std::size_t k, int c) const {
-    return segment_begin_[idx(c)][k + 1] - segment_begin_[idx(c)][k];
-  }
+  std::size_t segment_count(std::size_t k, int c) const { return plan_.segment_count(k, c); }
   std::span<float> segment_data(std::size_t k, int c) const {
-    return job_.data.subspan(segment_first(k, c), segment_count(k, c));
+    return plan_.segment_of(job_.data, k, c);
   }
   std::span<std::byte> slot(const Slot& s) const { return memory_.span().subspan(s.offset, s.capacity); }
 
@@ -199,7 +188,7 @@ class PipelinedSra {
         const std::span<float> values = segment_data(k, c);
         const ConstTensorView input(values.data(), values.size(), DType::f32, job_.device);
         const std::size_t bytes = worker_encoder_.encode(
-            input, slot(contribution_[at(k, c)]), encode_context(job_, segment_first(k, c)));
+            input, slot(contribution_[at(k, c)]), encode_context(job_, plan_.segment_first(k, c)));
         count_encoded(job_.stats, values.size(), bytes);
         contribution_bytes_[at(k, c)] = bytes;
         message = slot(contribution_[at(k, c)]).first(bytes);
@@ -253,7 +242,7 @@ class PipelinedSra {
       const ConstTensorView input(sum.data(), sum.size(), DType::f32, job_.device);
       const std::size_t bytes = server_encoder_.encode(
           input, slot(owner_[at(k, rank_)]),
-          encode_context(job_, segment_begin_[idx(rank_)][k], /*server=*/true));
+          encode_context(job_, plan_.segment_offset(k, rank_), /*server=*/true));
       count_encoded(job_.stats, sum.size(), bytes);
       owner_bytes_[at(k, rank_)] = bytes;
       message = slot(owner_[at(k, rank_)]).first(bytes);
@@ -284,8 +273,7 @@ class PipelinedSra {
   int ranks_;
   int rank_;
   std::size_t segments_;
-  std::vector<std::size_t> chunk_begin_;                 // P + 1 chunk boundaries
-  std::vector<std::vector<std::size_t>> segment_begin_;  // per chunk, S + 1, from its start
+  SegmentedChunks plan_;
   JobEncoder worker_encoder_;
   JobEncoder server_encoder_;
   PendingRequests pending_;

@@ -1,8 +1,10 @@
 // Helpers of the multi-rank tests (run under mpirun; MPI is initialised by mpi_test_main.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <span>
@@ -110,6 +112,32 @@ class ForwardingTransport : public collectives::Transport {
  private:
   std::unique_ptr<collectives::Transport> owned_;
   collectives::Transport* inner_;
+};
+
+// Forwards to `inner`; the last rank damages the messages it sends with any of `tags` (one
+// phase of a point-to-point algorithm): a flipped magic byte, or 64 bytes more than the message
+// (longer than any receive buffer sized for it). The damaged copies live as long as the
+// transport, so make it outlive every wait on them.
+class TagDamagingTransport final : public ForwardingTransport {
+ public:
+  enum class Damage { bad_magic, too_long };
+  TagDamagingTransport(collectives::Transport& inner, std::vector<int> tags, Damage damage)
+      : ForwardingTransport(inner), tags_(std::move(tags)), damage_(damage) {}
+
+  std::string describe() const override { return "damaging " + inner().describe(); }
+  Request isend(int peer, int tag, std::span<const std::byte> data) override {
+    if (std::find(tags_.begin(), tags_.end(), tag) == tags_.end() || rank() != size() - 1)
+      return inner().isend(peer, tag, data);
+    std::vector<std::byte>& copy = copies_.emplace_back(data.begin(), data.end());
+    if (damage_ == Damage::bad_magic) copy[0] ^= std::byte{0xFF};
+    else copy.resize(copy.size() + 64, std::byte{0});
+    return inner().isend(peer, tag, copy);
+  }
+
+ private:
+  std::vector<int> tags_;
+  Damage damage_;
+  std::deque<std::vector<std::byte>> copies_;
 };
 
 }  // namespace gradzip::testing

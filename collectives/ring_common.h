@@ -1,14 +1,34 @@
-// RingWorkspace: the host message memory of the ring all-reduces (collectives/ring_allreduce.cpp
-// and its pipelined form, collectives/ring_pipelined.cpp).
+// What the two ring all-reduces (collectives/ring_allreduce.cpp and its pipelined form,
+// collectives/ring_pipelined.cpp) share: a rank's place in the ring and the per-thread host
+// message memory.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <span>
 
+#include "collectives/transport/transport.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
+
+// c mod ranks in [0, ranks), for negative c too: the ring position c steps from rank 0.
+inline int ring_position(int c, int ranks) { return ((c % ranks) + ranks) % ranks; }
+
+// A rank's place in the ring over `transport`: it sends to `right` (rank + 1) and receives
+// from `left` (rank - 1), mod the rank count.
+struct RingNeighbours {
+  explicit RingNeighbours(const Transport& transport)
+      : rank(transport.rank()),
+        ranks(transport.size()),
+        right(ring_position(rank + 1, ranks)),
+        left(ring_position(rank - 1, ranks)) {}
+
+  int rank;
+  int ranks;
+  int right;
+  int left;
+};
 
 // The message memory of a ring call, kept per thread from call to call. Memory fresh from the
 // allocator costs a page fault per 4 KiB on first touch, which for dense codecs (a `none` or
