@@ -25,8 +25,11 @@
 // to 2^(bits-1) - 1 = s, so no code of a finite bucket is out of range. A sign bit with
 // magnitude 0 ("-0") is never written by encode; it decodes to -0.0, which equals 0.
 #include <cstring>
+#include <numeric>
+#include <optional>
 
 #include "compressors/codec_checks.h"
+#include "compressors/fused_feedback.h"
 #include "compressors/registry.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu/qsgd_cpu.h"
@@ -37,7 +40,7 @@ namespace {
 using kernels::cpu::QsgdLayout;
 using kernels::cpu::qsgd_layout;
 
-class QsgdCodec final : public Codec {
+class QsgdCodec final : public Codec, public FusedFeedbackEncoder {
  public:
   using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit QsgdCodec(const CompressionSpec& spec) : spec_(spec) {
@@ -57,14 +60,22 @@ class QsgdCodec final : public Codec {
   std::size_t encode(ConstTensorView in, std::span<std::byte> out,
                      const EncodeContext& ctx) const override {
     require_host(in, "qsgd.encode");
-    const QsgdLayout layout = layout_for_encode(in.count, "qsgd.encode");
-    const std::size_t total = kWireHeaderBytes + layout.payload_bytes();
-    require_capacity(out, total, "qsgd.encode");
-    write_header(WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec_.bits), in.count,
-                            layout.payload_bytes(), spec_.bucket},
-                 out);
+    const std::size_t total = start_message(in.count, out);
     kernels::cpu::qsgd_encode_payload(in, spec_.bits, spec_.bucket, ctx,
                                       out.data() + kWireHeaderBytes);
+    return total;
+  }
+
+  // One pass over g and e, block by block (kernels/cpu/qsgd_cpu.h): the message encode(g + e)
+  // writes and the residual of the general path, bit for bit. Declines buckets whose lcm with 8
+  // exceeds the kernel's largest block.
+  std::optional<std::size_t> encode_with_feedback(const float* g, float* e, std::size_t count,
+                                                  std::span<std::byte> out,
+                                                  const EncodeContext& ctx) const override {
+    if (std::lcm(spec_.bucket, std::size_t{8}) > kernels::cpu::kQsgdMaxFusedBlock) return std::nullopt;
+    const std::size_t total = start_message(count, out);
+    kernels::cpu::qsgd_encode_payload_with_feedback(g, e, count, spec_.bits, spec_.bucket, ctx,
+                                                    out.data() + kWireHeaderBytes);
     return total;
   }
 
@@ -91,6 +102,18 @@ class QsgdCodec final : public Codec {
     int bits;
     std::size_t bucket;
   };
+
+  // Checks `out`'s capacity for a message of `count` elements, writes its header and returns
+  // the message size.
+  std::size_t start_message(std::size_t count, std::span<std::byte> out) const {
+    const QsgdLayout layout = layout_for_encode(count, "qsgd.encode");
+    const std::size_t total = kWireHeaderBytes + layout.payload_bytes();
+    require_capacity(out, total, "qsgd.encode");
+    write_header(WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec_.bits), count,
+                            layout.payload_bytes(), spec_.bucket},
+                 out);
+    return total;
+  }
 
   QsgdLayout layout_for_encode(std::size_t count, std::string_view op) const {
     const auto layout = qsgd_layout(count, spec_.bits, spec_.bucket);

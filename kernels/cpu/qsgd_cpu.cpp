@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cpu {
 namespace {
@@ -205,9 +207,18 @@ void philox_words(std::uint64_t seed, std::uint32_t step, std::uint32_t tensor_i
   qsgd_kernels(active_isa()).philox_words(seed, step, tensor_id, first_block, num_blocks, out);
 }
 
-void qsgd_encode_payload(ConstTensorView in, int bits, std::size_t bucket,
-                         const EncodeContext& ctx, std::byte* payload) {
-  const QsgdKernels& kernels = qsgd_kernels(active_isa());
+namespace {
+
+// Encodes elements [begin, end) of `in` (count = in.count elements in all) into the payload of
+// the whole tensor: the scales of the buckets that start in the range and the code bytes of the
+// range. `begin` is a multiple of 8 (the range's codes start on a byte of the stream) and the
+// range holds whole buckets but for a last partial one at `count`. With `residual`, each tile's
+// x (f32 input only) is then replaced, element by element, by finite_or_zero(x - D(message)),
+// D from the tile's codes and its buckets' scales as written: the residual update of error
+// feedback, the same bits as a decode of the message.
+void encode_range(const QsgdKernels& kernels, ConstTensorView in, std::size_t begin,
+                  std::size_t end, int bits, std::size_t bucket, const EncodeContext& ctx,
+                  std::byte* payload, float* residual) {
   const std::size_t count = in.count;
   const QsgdLayout layout = *qsgd_layout(count, bits, bucket);
   std::byte* const codes_stream = payload + layout.scale_bytes;
@@ -216,12 +227,14 @@ void qsgd_encode_payload(ConstTensorView in, int bits, std::size_t bucket,
   // Words of the tile's Philox blocks; the tile's first element may sit inside its block.
   alignas(64) std::uint32_t words[kTile + 4];
   alignas(64) std::uint8_t tile_codes[kTile];
+  alignas(64) float decoded[kTile];
 
   std::size_t current_bucket = 0;
   bool have_bucket = false;
   QsgdEncodeBucket constants{};
-  for (std::size_t tile_begin = 0; tile_begin < count; tile_begin += kTile) {
-    const std::size_t tile_n = std::min(kTile, count - tile_begin);
+  float scale = 0.0f;
+  for (std::size_t tile_begin = begin; tile_begin < end; tile_begin += kTile) {
+    const std::size_t tile_n = std::min(kTile, end - tile_begin);
     const float* x = converted;
     if (in.dtype == DType::f32) {
       x = static_cast<const float*>(in.data) + tile_begin;
@@ -246,22 +259,57 @@ void qsgd_encode_payload(ConstTensorView in, int bits, std::size_t bucket,
         const std::uint32_t abs_max =
             inside ? kernels.abs_max_bits(x + (range.begin - tile_begin), range.size)
                    : bucket_abs_max_bits(kernels, in, range.begin, range.size);
-        const float scale = qsgd_scale_from_abs_max_bits(abs_max);
+        scale = qsgd_scale_from_abs_max_bits(abs_max);
         std::memcpy(payload + range.index * sizeof(float), &scale, sizeof scale);
         constants = qsgd_encode_bucket(scale, bits);
         current_bucket = range.index;
         have_bucket = true;
       }
-      const std::size_t end = std::min(tile_n, range.begin + range.size - tile_begin);
+      const std::size_t run_end = std::min(tile_n, range.begin + range.size - tile_begin);
       if (constants.finite) {
-        kernels.quantize(x + i, words + lead + i, end - i, constants, codes + i);
+        kernels.quantize(x + i, words + lead + i, run_end - i, constants, codes + i);
       } else {
-        std::memset(codes + i, 0, end - i);
+        std::memset(codes + i, 0, run_end - i);
       }
-      i = end;
+      if (residual != nullptr) {
+        const QsgdDecodeBucket decode = qsgd_decode_bucket(scale, bits);
+        if (decode.finite) {
+          kernels.dequantize(codes + i, run_end - i, decode, bits, decoded + i);
+        } else {
+          std::fill_n(decoded + i, run_end - i, bits_float(kQsgdCanonicalNan));
+        }
+      }
+      i = run_end;
     }
     if (bits != 8) kernels.pack_codes(tile_codes, tile_n, bits, tile_stream);
+    if (residual != nullptr) {
+      float* const e = residual + tile_begin;
+      for (std::size_t k = 0; k < tile_n; ++k) e[k] = finite_or_zero(e[k] - decoded[k]);
+    }
   }
+}
+
+}  // namespace
+
+void qsgd_encode_payload(ConstTensorView in, int bits, std::size_t bucket,
+                         const EncodeContext& ctx, std::byte* payload) {
+  encode_range(qsgd_kernels(active_isa()), in, 0, in.count, bits, bucket, ctx, payload, nullptr);
+}
+
+bool qsgd_encode_payload_with_feedback(const float* g, float* e, std::size_t count, int bits,
+                                       std::size_t bucket, const EncodeContext& ctx,
+                                       std::byte* payload) {
+  const std::size_t unit = std::lcm(bucket, std::size_t{8});
+  if (unit > kQsgdMaxFusedBlock) return false;
+  const std::size_t block = std::max(unit, kQsgdFusedBlock / unit * unit);
+  const QsgdKernels& kernels = qsgd_kernels(active_isa());
+  const ConstTensorView corrected{e, count, DType::f32, Device{}};
+  for (std::size_t begin = 0; begin < count; begin += block) {
+    const std::size_t n = std::min(block, count - begin);
+    for (std::size_t i = begin; i < begin + n; ++i) e[i] = g[i] + e[i];
+    encode_range(kernels, corrected, begin, begin + n, bits, bucket, ctx, payload, e);
+  }
+  return true;
 }
 
 bool qsgd_check_payload(const std::byte* payload, std::size_t count, int bits, std::size_t bucket,

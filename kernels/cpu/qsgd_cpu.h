@@ -43,6 +43,18 @@ std::optional<QsgdLayout> qsgd_layout(std::size_t count, int bits, std::size_t b
 void qsgd_encode_payload(ConstTensorView in, int bits, std::size_t bucket,
                          const EncodeContext& ctx, std::byte* payload);
 
+// Error feedback fused into the encode (compressors/fused_feedback.h): the payload of
+// encode(g + e) and e = finite_or_zero(g + e - D(payload)), bit for bit those of the separate
+// passes, block by block (kQsgdFusedBlock elements of whole buckets, a multiple of 8, so g + e
+// stays in cache between the add, the encode and the update). Returns false, writing nothing,
+// when lcm(bucket, 8) exceeds kQsgdMaxFusedBlock. g and e are host f32 (not overlapping the
+// payload); preconditions as qsgd_encode_payload.
+inline constexpr std::size_t kQsgdFusedBlock = 4096;
+inline constexpr std::size_t kQsgdMaxFusedBlock = std::size_t{1} << 16;
+bool qsgd_encode_payload_with_feedback(const float* g, float* e, std::size_t count, int bits,
+                                       std::size_t bucket, const EncodeContext& ctx,
+                                       std::byte* payload);
+
 // The first offence qsgd_check_payload() found.
 struct QsgdPayloadProblem {
   std::size_t bucket_index = 0;

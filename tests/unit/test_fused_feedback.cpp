@@ -1,4 +1,4 @@
-// Error feedback fused into sign's and the casts' encodes (compressors/fused_feedback.h)
+// Error feedback fused into sign's, qsgd's and the casts' encodes (compressors/fused_feedback.h)
 // against the general path it replaces, on every ISA: the same message bytes as encode(g + e) and, bit for bit, the
 // same residual finite_or_zero(g + e - D(message)), for bucket sizes that cut blocks anywhere,
 // counts that end mid-bucket and mid-byte, and inputs whose bucket sums overflow (the rescue),
@@ -56,13 +56,13 @@ struct Reference {
   std::vector<std::byte> message;
   std::vector<float> residual;
 };
-Reference general_path(const Codec& codec, const Inputs& in) {
+Reference general_path(const Codec& codec, const Inputs& in, const EncodeContext& ctx) {
   const std::size_t count = in.g.size();
   std::vector<float> corrected(count);
   for (std::size_t i = 0; i < count; ++i) corrected[i] = in.g[i] + in.e[i];
   Reference ref;
   ref.message = testing::encode_message(
-      codec, ConstTensorView{corrected.data(), count, DType::f32, Device{}});
+      codec, ConstTensorView{corrected.data(), count, DType::f32, Device{}}, ctx);
   const std::vector<float> decoded = testing::decode_to_f32(codec, ref.message, count);
   ref.residual.resize(count);
   for (std::size_t i = 0; i < count; ++i)
@@ -72,7 +72,8 @@ Reference general_path(const Codec& codec, const Inputs& in) {
 
 // The fused encode of `spec` on every ISA, for each count, plain and special inputs, against
 // general_path: the same message bytes and, bit for bit, the same residual.
-void expect_fused_is_general(const std::string& spec, std::initializer_list<std::size_t> counts) {
+void expect_fused_is_general(const std::string& spec, std::initializer_list<std::size_t> counts,
+                             const EncodeContext& ctx = {}) {
   for (const Isa isa : kIsas) {
     testing::ScopedIsa forced(isa);
     const std::unique_ptr<Codec> codec = make_codec(spec);
@@ -83,10 +84,10 @@ void expect_fused_is_general(const std::string& spec, std::initializer_list<std:
         SCOPED_TRACE(::testing::Message() << kernels::cpu::isa_name(isa) << " " << spec
                                           << " count " << count << " special " << special);
         Inputs in = make_inputs(count, 100 + count + spec.size(), special);
-        const Reference ref = general_path(*codec, in);
+        const Reference ref = general_path(*codec, in, ctx);
         std::vector<std::byte> message(codec->max_encoded_bytes(count));
         const std::optional<std::size_t> bytes =
-            fused->encode_with_feedback(in.g.data(), in.e.data(), count, message, EncodeContext{});
+            fused->encode_with_feedback(in.g.data(), in.e.data(), count, message, ctx);
         ASSERT_TRUE(bytes.has_value());
         ASSERT_EQ(*bytes, ref.message.size());
         EXPECT_TRUE(std::memcmp(message.data(), ref.message.data(), *bytes) == 0)
@@ -111,17 +112,29 @@ TEST(FusedFeedback, CastsGiveTheGeneralPathsMessageAndResidualOnEveryIsa) {
   for (const char* spec : {"fp16", "bf16"}) expect_fused_is_general(spec, {0, 1, 7, 4096, 4097, 40001});
 }
 
-TEST(FusedFeedback, SignDeclinesBucketsTooLargeForABlockAndChangesNothing) {
+// qsgd draws its stochastic rounding from (seed, step, tensor id, element index): an element
+// offset that is not a multiple of 4 starts the chunk inside a Philox block.
+TEST(FusedFeedback, QsgdGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
+  for (const char* spec : {"qsgd:bits=4", "qsgd:bits=8,bucket=64", "qsgd:bits=2,bucket=7",
+                           "qsgd:bits=3,bucket=5000", "qsgd:bits=1,bucket=100"}) {
+    expect_fused_is_general(spec, {0, 1, 7, 4096, 4097, 40001}, EncodeContext{77, 3, 9, 4101});
+  }
+}
+
+TEST(FusedFeedback, SignAndQsgdDeclineBucketsTooLargeForABlockAndChangeNothing) {
   // lcm(70000, 8) = 70000 > 65536 elements: the general path runs instead.
-  const std::unique_ptr<Codec> codec = make_codec("sign:bucket=70000");
-  const auto* fused = dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec.get());
-  ASSERT_NE(fused, nullptr);
-  Inputs in = make_inputs(1000, 7, false);
-  const std::vector<float> e_before = in.e;
-  std::vector<std::byte> message(codec->max_encoded_bytes(1000), std::byte{0x5A});
-  EXPECT_FALSE(fused->encode_with_feedback(in.g.data(), in.e.data(), 1000, message, EncodeContext{}));
-  EXPECT_TRUE(same_bits(in.e, e_before));
-  for (const std::byte b : message) ASSERT_EQ(b, std::byte{0x5A});
+  for (const char* spec : {"sign:bucket=70000", "qsgd:bits=4,bucket=70000"}) {
+    SCOPED_TRACE(spec);
+    const std::unique_ptr<Codec> codec = make_codec(spec);
+    const auto* fused = dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec.get());
+    ASSERT_NE(fused, nullptr);
+    Inputs in = make_inputs(1000, 7, false);
+    const std::vector<float> e_before = in.e;
+    std::vector<std::byte> message(codec->max_encoded_bytes(1000), std::byte{0x5A});
+    EXPECT_FALSE(fused->encode_with_feedback(in.g.data(), in.e.data(), 1000, message, EncodeContext{}));
+    EXPECT_TRUE(same_bits(in.e, e_before));
+    for (const std::byte b : message) ASSERT_EQ(b, std::byte{0x5A});
+  }
 }
 
 // Through the decorator: its in-place path (no decoded output asked) takes the fused encode,
@@ -130,7 +143,8 @@ TEST(FusedFeedback, SignDeclinesBucketsTooLargeForABlockAndChangesNothing) {
 TEST(FusedFeedback, ErrorFeedbackCodecGivesTheSameBytesWithAndWithoutTheFusedPath) {
   for (const Isa isa : kIsas) {
     testing::ScopedIsa forced(isa);
-    for (const char* spec : {"sign", "sign:bucket=7", "sign:bucket=70000", "fp16", "bf16"}) {
+    for (const char* spec : {"sign", "sign:bucket=7", "sign:bucket=70000", "fp16", "bf16",
+                             "qsgd:bits=4", "qsgd:bits=3,bucket=77", "qsgd:bits=4,bucket=70000"}) {
       SCOPED_TRACE(::testing::Message() << kernels::cpu::isa_name(isa) << " " << spec);
       const std::shared_ptr<const Codec> codec = make_codec(spec);
       error_feedback::ResidualStore fused_store(1, 0, ResizePolicy::error);

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""Median [min-max] over rounds of EF/memcpy and enc/memcpy, before and after, per codec."""
-import glob, json, os, statistics
-here = os.path.dirname(os.path.abspath(__file__))
+"""Median [min-max] over rounds of EF/memcpy and enc/memcpy, before and after, per codec, from
+the before-round*.json / after-round*.json of benchmarks/fused_ef_compare.sh in DIRECTORY.
+
+    python3 benchmarks/fused_ef_summary.py docs/data/fused-ef-2026-12-03
+"""
+import glob, json, os, statistics, sys
+if len(sys.argv) != 2 or not os.path.isdir(sys.argv[1]):
+    sys.exit("usage: fused_ef_summary.py DIRECTORY")
+here = sys.argv[1]
 def rows(build):
     out = {}
     for path in sorted(glob.glob(os.path.join(here, f"{build}-round*.json"))):
