@@ -76,7 +76,7 @@ double size_exchange_latency(int p, const LinkModel& link) {
 // The segments per chunk the pipelined ring and SRA cut a tensor of n elements on p ranks into
 // (pipeline_segments in collective_job.h, from the chunks' sizes ⌊n/p⌋ and ⌈n/p⌉): 1 when the
 // link's transport does not pipeline (LinkModel::pipelined); at most `max_segments`.
-double pipeline_segments(const Codec& codec, double n, int p, const LinkModel& link,
+double modelled_segments(const Codec& codec, double n, int p, const LinkModel& link,
                          std::size_t max_segments) {
   if (!link.pipelined || p < 2) return 1;
   const double m = n / p;
@@ -127,7 +127,7 @@ CostEstimate ring(const Codec* codec, const CodecCost& cost, double n, int p, co
 // segment's share of the smaller of the two is hidden, overlap = min(transfer, compute) (S − 1) / S.
 CostEstimate sra(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
   const double m = n / p;
-  const double segments = pipeline_segments(codec, n, p, link, kMaxSegmentsPerChunk);
+  const double segments = modelled_segments(codec, n, p, link, kMaxSegmentsPerChunk);
   const double bytes = 2.0 * (p - 1) * (message_bytes(codec, m) + (segments - 1) * kHeader);
   const double latency = 2 * exchange_latency(p, link) +
                          (segments > 1 ? 1 : 2) * size_exchange_latency(p, link);
@@ -266,7 +266,7 @@ CostEstimate estimate_dense_allreduce(const CodecCost& cost, std::size_t count, 
 CostEstimate estimate_ring(const EstimateInputs& in) {
   return ring(&in.codec, in.cost, in.n, in.ranks, in.link,
               /*uncompressed=*/in.codec.spec().codec == CodecKind::none,
-              pipeline_segments(in.codec, in.n, in.ranks, in.link, kMaxRingSegmentsPerChunk));
+              modelled_segments(in.codec, in.n, in.ranks, in.link, kMaxRingSegmentsPerChunk));
 }
 CostEstimate estimate_sra(const EstimateInputs& in) { return sra(in.codec, in.cost, in.n, in.ranks, in.link); }
 CostEstimate estimate_sparse(const EstimateInputs& in) {

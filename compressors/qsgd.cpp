@@ -25,7 +25,6 @@
 // to 2^(bits-1) - 1 = s, so no code of a finite bucket is out of range. A sign bit with
 // magnitude 0 ("-0") is never written by encode; it decodes to -0.0, which equals 0.
 #include <cstring>
-#include <numeric>
 #include <optional>
 
 #include "compressors/codec_checks.h"
@@ -72,7 +71,7 @@ class QsgdCodec final : public Codec, public FusedFeedbackEncoder {
   std::optional<std::size_t> encode_with_feedback(const float* g, float* e, std::size_t count,
                                                   std::span<std::byte> out,
                                                   const EncodeContext& ctx) const override {
-    if (std::lcm(spec_.bucket, std::size_t{8}) > kernels::cpu::kQsgdMaxFusedBlock) return std::nullopt;
+    if (!kernels::cpu::qsgd_fuses_bucket(spec_.bucket)) return std::nullopt;
     const std::size_t total = start_message(count, out);
     kernels::cpu::qsgd_encode_payload_with_feedback(g, e, count, spec_.bits, spec_.bucket, ctx,
                                                     out.data() + kWireHeaderBytes);

@@ -232,7 +232,7 @@ void encode_range(const QsgdKernels& kernels, ConstTensorView in, std::size_t be
   std::size_t current_bucket = 0;
   bool have_bucket = false;
   QsgdEncodeBucket constants{};
-  float scale = 0.0f;
+  QsgdDecodeBucket decode_constants{};  // the same bucket's, for the residual
   for (std::size_t tile_begin = begin; tile_begin < end; tile_begin += kTile) {
     const std::size_t tile_n = std::min(kTile, end - tile_begin);
     const float* x = converted;
@@ -259,9 +259,10 @@ void encode_range(const QsgdKernels& kernels, ConstTensorView in, std::size_t be
         const std::uint32_t abs_max =
             inside ? kernels.abs_max_bits(x + (range.begin - tile_begin), range.size)
                    : bucket_abs_max_bits(kernels, in, range.begin, range.size);
-        scale = qsgd_scale_from_abs_max_bits(abs_max);
+        const float scale = qsgd_scale_from_abs_max_bits(abs_max);
         std::memcpy(payload + range.index * sizeof(float), &scale, sizeof scale);
         constants = qsgd_encode_bucket(scale, bits);
+        if (residual != nullptr) decode_constants = qsgd_decode_bucket(scale, bits);
         current_bucket = range.index;
         have_bucket = true;
       }
@@ -272,9 +273,8 @@ void encode_range(const QsgdKernels& kernels, ConstTensorView in, std::size_t be
         std::memset(codes + i, 0, run_end - i);
       }
       if (residual != nullptr) {
-        const QsgdDecodeBucket decode = qsgd_decode_bucket(scale, bits);
-        if (decode.finite) {
-          kernels.dequantize(codes + i, run_end - i, decode, bits, decoded + i);
+        if (decode_constants.finite) {
+          kernels.dequantize(codes + i, run_end - i, decode_constants, bits, decoded + i);
         } else {
           std::fill_n(decoded + i, run_end - i, bits_float(kQsgdCanonicalNan));
         }
@@ -296,11 +296,10 @@ void qsgd_encode_payload(ConstTensorView in, int bits, std::size_t bucket,
   encode_range(qsgd_kernels(active_isa()), in, 0, in.count, bits, bucket, ctx, payload, nullptr);
 }
 
-bool qsgd_encode_payload_with_feedback(const float* g, float* e, std::size_t count, int bits,
+void qsgd_encode_payload_with_feedback(const float* g, float* e, std::size_t count, int bits,
                                        std::size_t bucket, const EncodeContext& ctx,
                                        std::byte* payload) {
-  const std::size_t unit = std::lcm(bucket, std::size_t{8});
-  if (unit > kQsgdMaxFusedBlock) return false;
+  const std::size_t unit = std::lcm(bucket, std::size_t{8});  // <= kQsgdMaxFusedBlock
   const std::size_t block = std::max(unit, kQsgdFusedBlock / unit * unit);
   const QsgdKernels& kernels = qsgd_kernels(active_isa());
   const ConstTensorView corrected{e, count, DType::f32, Device{}};
@@ -309,7 +308,6 @@ bool qsgd_encode_payload_with_feedback(const float* g, float* e, std::size_t cou
     for (std::size_t i = begin; i < begin + n; ++i) e[i] = g[i] + e[i];
     encode_range(kernels, corrected, begin, begin + n, bits, bucket, ctx, payload, e);
   }
-  return true;
 }
 
 bool qsgd_check_payload(const std::byte* payload, std::size_t count, int bits, std::size_t bucket,

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 
 #include "gradzip/codec.h"
@@ -46,12 +47,15 @@ void qsgd_encode_payload(ConstTensorView in, int bits, std::size_t bucket,
 // Error feedback fused into the encode (compressors/fused_feedback.h): the payload of
 // encode(g + e) and e = finite_or_zero(g + e - D(payload)), bit for bit those of the separate
 // passes, block by block (kQsgdFusedBlock elements of whole buckets, a multiple of 8, so g + e
-// stays in cache between the add, the encode and the update). Returns false, writing nothing,
-// when lcm(bucket, 8) exceeds kQsgdMaxFusedBlock. g and e are host f32 (not overlapping the
-// payload); preconditions as qsgd_encode_payload.
+// stays in cache between the add, the encode and the update). g and e are host f32 (not
+// overlapping the payload); preconditions as qsgd_encode_payload, and
+// qsgd_fuses_bucket(bucket) (the caller declines otherwise, before writing anything).
 inline constexpr std::size_t kQsgdFusedBlock = 4096;
 inline constexpr std::size_t kQsgdMaxFusedBlock = std::size_t{1} << 16;
-bool qsgd_encode_payload_with_feedback(const float* g, float* e, std::size_t count, int bits,
+constexpr bool qsgd_fuses_bucket(std::size_t bucket) noexcept {
+  return bucket >= 1 && std::lcm(bucket, std::size_t{8}) <= kQsgdMaxFusedBlock;
+}
+void qsgd_encode_payload_with_feedback(const float* g, float* e, std::size_t count, int bits,
                                        std::size_t bucket, const EncodeContext& ctx,
                                        std::byte* payload);
 
