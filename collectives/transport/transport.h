@@ -99,7 +99,8 @@ class Transport {
   // True when every message costs far more than its bytes, so that cutting a message into many
   // small ones is slower however much they overlap (torch.distributed driven through Python:
   // the pipelined SRA ran qsgd-4 at 64 MiB 2x slower than one message per chunk there,
-  // docs/results.md). The pipelined SRA then sends one message per chunk. MPI, NCCL: false.
+  // docs/results.md). The ring and SRA then send one message per chunk (transport_pipelines in
+// collectives/collective_job.h, which algo=auto's model follows too). MPI, NCCL: false.
   virtual bool messages_are_expensive() const noexcept { return false; }
   // True when the spans given to isend, irecv, allgatherv, alltoallv and allreduce_f32_sum may
   // be CUDA device memory (NCCL; MPI when the library is CUDA-aware). allgather_u64 always
