@@ -1,9 +1,10 @@
 // Error feedback fused into a codec's encode: one pass over g and e, block by block, instead of
 // error_feedback_codec.cpp's three (g + e, encode, residual update). A codec implements it
-// when its message can be produced block by block (sign: buckets) and its decode of a block
-// needs only that block's part of the message; error_feedback_codec.cpp asks for it with a
-// dynamic_cast and falls back to its general path when the codec does not implement it or
-// declines.
+// when its message can be produced block by block (sign, qsgd: buckets; the casts) and its
+// decode of a block needs only that block's part of the message, or (top-k) when it can form
+// g' inside its own first pass over the data and update the residual from the message
+// sparsely; error_feedback_codec.cpp asks for it with a dynamic_cast and falls back to its
+// general path when the codec does not implement it or declines.
 #pragma once
 
 #include <cstddef>

@@ -26,9 +26,12 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "compressors/codec_checks.h"
+#include "compressors/fused_feedback.h"
 #include "compressors/registry.h"
 #include "compressors/wire_format.h"
 #include "kernels/cast_math.h"
@@ -117,7 +120,18 @@ TopkPayload validated_payload(std::span<const std::byte> in, std::size_t count,
   return payload;
 }
 
-class TopkCodec final : public Codec {
+// Selection results, kept per thread across calls (one pair per index width, shared by the
+// plain and the error-feedback encode): k entries of a large tensor are megabytes, and fresh
+// pages every step cost more than copying them into the message. Grown to hold k entries.
+template <typename IndexT>
+std::pair<std::vector<IndexT>, std::vector<float>>& selection_buffers(std::size_t k) {
+  thread_local std::pair<std::vector<IndexT>, std::vector<float>> buffers;
+  if (buffers.first.size() < k) buffers.first.resize(k);
+  if (buffers.second.size() < k) buffers.second.resize(k);
+  return buffers;
+}
+
+class TopkCodec final : public Codec, public FusedFeedbackEncoder {
  public:
   using Codec::decode_add;  // the TensorView form (host accumulators) too
   explicit TopkCodec(const CompressionSpec& spec) : spec_(spec) {}
@@ -186,28 +200,77 @@ class TopkCodec final : public Codec {
   bool additive() const noexcept override { return false; }
   bool sparse() const noexcept override { return true; }
 
+  // Error feedback with the add inside the candidate pass (kernels/cpu/topk_cpu.h
+  // topk_select_with_feedback): the message of encode(g + e), then e = g' - D(message), which
+  // changes e only at the carried entries (D is +0.0 elsewhere), plus a finite_or_zero sweep
+  // when some g' is not finite: the general path's residual, bit for bit.
+  std::optional<std::size_t> encode_with_feedback(const float* g, float* e, std::size_t count,
+                                                  std::span<std::byte> out,
+                                                  const EncodeContext& ctx) const override {
+    require_capacity(out, max_encoded_bytes(count), "topk.encode");
+    const std::size_t message_bytes = index_bytes_for(count) == sizeof(std::uint32_t)
+                                          ? encode_with_feedback_as<std::uint32_t>(g, e, count, out, ctx)
+                                          : encode_with_feedback_as<std::uint64_t>(g, e, count, out, ctx);
+    return message_bytes;
+  }
+
  private:
   std::size_t value_bytes() const { return spec_.values == DType::f16 ? 2 : 4; }
 
   template <typename IndexT>
+  std::size_t encode_with_feedback_as(const float* g, float* e, std::size_t count,
+                                      std::span<std::byte> out, const EncodeContext& ctx) const {
+    bool any_non_finite = false;
+    const std::size_t message_bytes = select_and_write<IndexT>(
+        count, out, ctx,
+        [&](auto&&... args) {
+          return kernels::cpu::topk_select_with_feedback(g, e, count, args..., any_non_finite);
+        },
+        [&](std::span<const IndexT> indices, std::span<const float> selected) {
+          // e = finite_or_zero(g' - D) at the sent entries, with g' the selected value (its
+          // bits, widened) and D the value as the message carries it: f32 values give +0.0,
+          // f16 ones the rounding error. Stores only: the residual of a large tensor is far
+          // out of cache there, and reading it (subtract_decoded) cost a miss per entry.
+          constexpr std::size_t kPrefetchAhead = 16;
+          for (std::size_t j = 0; j < indices.size(); ++j) {
+            if (j + kPrefetchAhead < indices.size())
+              __builtin_prefetch(e + indices[j + kPrefetchAhead], 1);
+            const float sent = spec_.values == DType::f16
+                                   ? kernels::f16_bits_to_f32(kernels::f32_to_f16_bits(selected[j]))
+                                   : selected[j];
+            e[indices[j]] = kernels::finite_or_zero(selected[j] - sent);
+          }
+        });
+    if (any_non_finite)
+      for (std::size_t i = 0; i < count; ++i) e[i] = kernels::finite_or_zero(e[i]);
+    return message_bytes;
+  }
+
+  template <typename IndexT>
   std::size_t encode_with(ConstTensorView in, std::span<std::byte> out,
                           const EncodeContext& ctx) const {
-    const std::size_t k = spec_.k_for(in.count);
-    // Selection results, kept per thread across calls: k entries of a large tensor are
-    // megabytes, and fresh pages every step cost more than copying them into the message.
-    thread_local std::vector<IndexT> indices;
-    thread_local std::vector<float> values;
-    if (indices.size() < k) indices.resize(k);
-    if (values.size() < k) values.resize(k);
+    return select_and_write<IndexT>(
+        in.count, out, ctx,
+        [&](auto&&... args) { return kernels::cpu::topk_select<IndexT>(in, args...); },
+        [](std::span<const IndexT>, std::span<const float>) {});
+  }
+
+  // Runs select(k, options, index_out, value_out) -> TopkResult for an n-element tensor,
+  // writes its entries as the message, then calls selected(indices, values) with the entries
+  // (values as selected, f32); returns the message size.
+  template <typename IndexT, typename Select, typename Selected>
+  std::size_t select_and_write(std::size_t n, std::span<std::byte> out, const EncodeContext& ctx,
+                               Select&& select, Selected&& selected) const {
+    const std::size_t k = spec_.k_for(n);
+    auto& [indices, values] = selection_buffers<IndexT>(k);
     const kernels::cpu::TopkOptions options{spec_.approx, ctx.seed, ctx.step, ctx.tensor_id};
-    const std::size_t entries =
-        kernels::cpu::topk_select<IndexT>(in, k, options, indices.data(), values.data()).count;
+    const std::size_t entries = select(k, options, indices.data(), values.data()).count;
 
     const std::size_t payload_bytes = entries * (sizeof(IndexT) + value_bytes());
     std::uint8_t flags = sizeof(IndexT) == 8 ? kTopkWideIndices : 0;
     if (spec_.values == DType::f16) flags |= kTopkHalfValues;
     write_header(WireHeader{WireCodec::topk, flags, static_cast<std::uint8_t>(spec_.approx ? 1 : 0),
-                            in.count, payload_bytes, entries},
+                            n, payload_bytes, entries},
                  out);
     std::byte* const index_area = out.data() + kWireHeaderBytes;
     std::byte* const value_area = index_area + entries * sizeof(IndexT);
@@ -223,6 +286,8 @@ class TopkCodec final : public Codec {
     } else if (entries > 0) {
       std::memcpy(value_area, values.data(), entries * sizeof(float));
     }
+    selected(std::span<const IndexT>(indices.data(), entries),
+             std::span<const float>(values.data(), entries));
     return kWireHeaderBytes + payload_bytes;
   }
 

@@ -62,7 +62,7 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
   if (decoded.empty() && chunk.dtype == DType::f32) {
     const auto* g = static_cast<const float*>(chunk.data);
     // A codec that fuses error feedback into its encode (compressors/fused_feedback.h: sign,
-    // qsgd, fp16, bf16) does it all in one pass over g and e, with the same message and residual.
+    // qsgd, top-k, fp16, bf16) does it in one pass over g and e, with the same message and residual.
     if (fused_ != nullptr)
       if (const std::optional<std::size_t> bytes = fused_->encode_with_feedback(g, e, count, out, ctx))
         return *bytes;

@@ -11,6 +11,7 @@
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/nonfinite_math.h"
 #include "kernels/topk_math.h"
 
 namespace gradzip::kernels::cpu {
@@ -207,37 +208,50 @@ std::unique_ptr<T[]> scratch(std::size_t count) {
   return std::make_unique_for_overwrite<T[]>(count);
 }
 
-// Keys of the sample (kernels/topk_math.h).
-std::vector<std::uint32_t> sample_keys(ConstTensorView in, const TopkOptions& options) {
-  const std::size_t n = in.count;
+// Keys of the sample (kernels/topk_math.h) of an n-element tensor with n > kTopkSampleAllCount.
+// load_run(start, run) writes the f32 values of elements [start, start + kTopkSampleRun) into
+// run; prefetch(start) hints that run is wanted soon.
+template <typename Prefetch, typename LoadRun>
+std::vector<std::uint32_t> sample_run_keys(std::size_t n, const TopkOptions& options,
+                                           Prefetch&& prefetch, LoadRun&& load_run) {
   std::vector<std::uint32_t> keys(topk_sample_count(n));
-  if (n <= kTopkSampleAllCount) {
-    for_each_f32_block(in, [&](const float* block, std::size_t first, std::size_t count) {
-      for (std::size_t i = 0; i < count; ++i) keys[first + i] = topk_key(block[i]);
-      return true;
-    });
-    return keys;
-  }
   // Each run is a cache miss somewhere in the tensor: compute the positions first and prefetch
   // a few runs ahead so that the misses overlap.
   constexpr std::uint64_t kPrefetchAhead = 16;
   std::array<std::uint64_t, kTopkSampleGroups> starts;
   for (std::uint64_t segment = 0; segment < kTopkSampleGroups; ++segment)
     starts[segment] = topk_sample_run_start(n, segment, options.seed, options.step, options.tensor_id);
-  const auto* bytes = static_cast<const char*>(in.data);
-  const std::size_t element_bytes = dtype_size(in.dtype);
   float run[kTopkSampleRun];
   for (std::uint64_t segment = 0; segment < kTopkSampleGroups; ++segment) {
-    if (segment + kPrefetchAhead < kTopkSampleGroups) {
-      const char* ahead = bytes + starts[segment + kPrefetchAhead] * element_bytes;
-      __builtin_prefetch(ahead);
-      __builtin_prefetch(ahead + kTopkSampleRun * element_bytes - 1);
-    }
-    load_as_f32(in, starts[segment], kTopkSampleRun, run);
+    if (segment + kPrefetchAhead < kTopkSampleGroups) prefetch(starts[segment + kPrefetchAhead]);
+    load_run(starts[segment], run);
     for (std::uint64_t i = 0; i < kTopkSampleRun; ++i)
       keys[segment * kTopkSampleRun + i] = topk_key(run[i]);
   }
   return keys;
+}
+
+// Keys of the sample of `in` (kernels/topk_math.h).
+std::vector<std::uint32_t> sample_keys(ConstTensorView in, const TopkOptions& options) {
+  const std::size_t n = in.count;
+  if (n <= kTopkSampleAllCount) {
+    std::vector<std::uint32_t> keys(topk_sample_count(n));
+    for_each_f32_block(in, [&](const float* block, std::size_t first, std::size_t count) {
+      for (std::size_t i = 0; i < count; ++i) keys[first + i] = topk_key(block[i]);
+      return true;
+    });
+    return keys;
+  }
+  const auto* bytes = static_cast<const char*>(in.data);
+  const std::size_t element_bytes = dtype_size(in.dtype);
+  return sample_run_keys(
+      n, options,
+      [&](std::uint64_t start) {
+        const char* ahead = bytes + start * element_bytes;
+        __builtin_prefetch(ahead);
+        __builtin_prefetch(ahead + kTopkSampleRun * element_bytes - 1);
+      },
+      [&](std::uint64_t start, float* run) { load_as_f32(in, start, kTopkSampleRun, run); });
 }
 
 // Every element, in order (k == n).
@@ -384,44 +398,34 @@ std::size_t topk_candidate_capacity(std::size_t n, std::uint64_t sample_rank) no
   return std::min<std::uint64_t>(n, 2 * sample_rank * per_sample + 4096);
 }
 
-template <typename IndexT>
-TopkResult topk_select(ConstTensorView in, std::size_t k, const TopkOptions& options,
-                       IndexT* index_out, float* value_out) {
+namespace {
+
+// Steps 1 to 5 (kernels/cpu/topk_cpu.h) for 0 < k < n on the tensor `in`. The two hooks let
+// the fused error feedback form `in` during step 2: `sample()` returns step 1's sample keys of
+// `in` as it will be; `first_pass(candidates, threshold, collect)` runs step 2, leaving `in` in
+// its final state, with collect = false when the pass is known to overflow (then only
+// candidates.count = kTopkCollectOverflow is required of it).
+template <typename IndexT, typename Sample, typename FirstPass>
+TopkResult select_in_steps(ConstTensorView in, std::size_t k, const TopkOptions& options,
+                           Emitter<IndexT>& emitter, Sample&& sample, FirstPass&& first_pass) {
   const std::size_t n = in.count;
-  GZ_REQUIRE(k <= n, ErrorCode::invalid_argument, "topk_select: k = ", k, " exceeds the ", n,
-             " elements");
-  GZ_REQUIRE(sizeof(IndexT) == 8 || n <= (std::uint64_t{1} << 32), ErrorCode::invalid_argument,
-             "topk_select: ", n, " elements need 64-bit indices");
-  GZ_REQUIRE(in.data != nullptr || n == 0, ErrorCode::invalid_argument,
-             "topk_select: null data for ", n, " elements");
   TopkResult result;
-  Emitter<IndexT> emitter{index_out, value_out};
-  if (k == 0) return result;
-  if (k == n) {
-    emit_all(in, emitter);
-    result.count = n;
-    result.path = TopkPath::all;
-    return result;
-  }
 
   // Step 1: the sampled threshold.
   const std::uint64_t rank = topk_sample_rank(k, n, options.approx);
   {
-    const std::vector<std::uint32_t> sample = sample_keys(in, options);
-    if (rank <= sample.size()) {
-      result.threshold = kth_largest_key(
-          [&](auto&& sink) { sink(sample.data(), sample.size()); }, rank).key;
+    const std::vector<std::uint32_t> keys = sample();
+    if (rank <= keys.size()) {
+      result.threshold =
+          kth_largest_key([&](auto&& sink) { sink(keys.data(), keys.size()); }, rank).key;
     }
   }
 
-  // Step 2: the candidate pass.
+  // Step 2: the candidate pass. When the threshold is 0 every element qualifies: it could only
+  // overflow.
   const std::size_t capacity = topk_candidate_capacity(n, rank);
   CandidateList<IndexT> candidates(capacity);
-  if (result.threshold == 0 && capacity < n) {
-    candidates.count = kTopkCollectOverflow;  // every element qualifies: it could only overflow
-  } else {
-    candidates.collect(in, result.threshold);
-  }
+  first_pass(candidates, result.threshold, !(result.threshold == 0 && capacity < n));
   result.candidates = candidates.count;
 
   if (!candidates.overflowed() && candidates.count >= k) {
@@ -454,9 +458,106 @@ TopkResult topk_select(ConstTensorView in, std::size_t k, const TopkOptions& opt
   return result;
 }
 
+void require_selectable(std::size_t n, std::size_t k, std::size_t index_bytes, bool has_data) {
+  GZ_REQUIRE(k <= n, ErrorCode::invalid_argument, "topk_select: k = ", k, " exceeds the ", n,
+             " elements");
+  GZ_REQUIRE(index_bytes == 8 || n <= (std::uint64_t{1} << 32), ErrorCode::invalid_argument,
+             "topk_select: ", n, " elements need 64-bit indices");
+  GZ_REQUIRE(has_data || n == 0, ErrorCode::invalid_argument, "topk_select: null data for ", n,
+             " elements");
+}
+
+// e[i] = g[i] + e[i] for i < count; true when some sum is NaN or Inf. Branch-free so that it
+// vectorises.
+bool add_into(const float* g, float* e, std::size_t count) noexcept {
+  std::uint32_t non_finite = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    e[i] = g[i] + e[i];
+    non_finite |= static_cast<std::uint32_t>(kernels::f32_bits_nonfinite(float_bits(e[i])));
+  }
+  return non_finite != 0;
+}
+
+}  // namespace
+
+template <typename IndexT>
+TopkResult topk_select(ConstTensorView in, std::size_t k, const TopkOptions& options,
+                       IndexT* index_out, float* value_out) {
+  require_selectable(in.count, k, sizeof(IndexT), in.data != nullptr);
+  Emitter<IndexT> emitter{index_out, value_out};
+  if (k == 0) return TopkResult{};
+  if (k == in.count) {
+    emit_all(in, emitter);
+    return TopkResult{in.count, TopkPath::all, 0, 0};
+  }
+  return select_in_steps(
+      in, k, options, emitter, [&] { return sample_keys(in, options); },
+      [&](CandidateList<IndexT>& candidates, std::uint32_t threshold, bool collect) {
+        if (collect) candidates.collect(in, threshold);
+        else candidates.count = kTopkCollectOverflow;
+      });
+}
+
+template <typename IndexT>
+TopkResult topk_select_with_feedback(const float* g, float* e, std::size_t n, std::size_t k,
+                                     const TopkOptions& options, IndexT* index_out,
+                                     float* value_out, bool& any_non_finite) {
+  require_selectable(n, k, sizeof(IndexT), g != nullptr && e != nullptr);
+  const ConstTensorView corrected{e, n, DType::f32, Device{}};
+  if (k == 0 || k == n || n <= kTopkSampleAllCount) {
+    // Nothing to gain from fusing (k == 0 still owes the residual its g), or the sample is the
+    // whole tensor: form g' first.
+    any_non_finite = add_into(g, e, n);
+    return topk_select<IndexT>(corrected, k, options, index_out, value_out);
+  }
+  any_non_finite = false;
+  Emitter<IndexT> emitter{index_out, value_out};
+  // Step 1 reads g + e at the sampled runs; the sum is the same f32 add as the pass's.
+  const auto sample = [&] {
+    return sample_run_keys(
+        n, options,
+        [&](std::uint64_t start) {
+          __builtin_prefetch(g + start);
+          __builtin_prefetch(g + start + kTopkSampleRun - 1);
+          __builtin_prefetch(e + start);
+          __builtin_prefetch(e + start + kTopkSampleRun - 1);
+        },
+        [&](std::uint64_t start, float* run) {
+          for (std::uint64_t i = 0; i < kTopkSampleRun; ++i) run[i] = g[start + i] + e[start + i];
+        });
+  };
+  // Step 2 block by block: the add writes a block of g' into e, and the candidate pass reads
+  // it back while it is still in L1. After an overflow the adds go on without collecting.
+  const auto first_pass = [&](CandidateList<IndexT>& candidates, std::uint32_t threshold,
+                              bool collect) {
+    constexpr std::size_t kBlock = 4096;
+    candidates.count = collect ? 0 : kTopkCollectOverflow;
+    bool non_finite = false;
+    for (std::size_t begin = 0; begin < n; begin += kBlock) {
+      const std::size_t length = std::min(kBlock, n - begin);
+      non_finite |= add_into(g + begin, e + begin, length);
+      if (candidates.overflowed()) continue;
+      const std::size_t added = collect_dispatch(
+          e + begin, length, threshold, static_cast<IndexT>(begin),
+          candidates.index.get() + candidates.count, candidates.bits.get() + candidates.count,
+          candidates.capacity - candidates.count);
+      candidates.count =
+          added == kTopkCollectOverflow ? kTopkCollectOverflow : candidates.count + added;
+    }
+    any_non_finite = non_finite;
+  };
+  return select_in_steps(corrected, k, options, emitter, sample, first_pass);
+}
+
 template TopkResult topk_select<std::uint32_t>(ConstTensorView, std::size_t, const TopkOptions&,
                                                std::uint32_t*, float*);
 template TopkResult topk_select<std::uint64_t>(ConstTensorView, std::size_t, const TopkOptions&,
                                                std::uint64_t*, float*);
+template TopkResult topk_select_with_feedback<std::uint32_t>(const float*, float*, std::size_t,
+                                                             std::size_t, const TopkOptions&,
+                                                             std::uint32_t*, float*, bool&);
+template TopkResult topk_select_with_feedback<std::uint64_t>(const float*, float*, std::size_t,
+                                                             std::size_t, const TopkOptions&,
+                                                             std::uint64_t*, float*, bool&);
 
 }  // namespace gradzip::kernels::cpu

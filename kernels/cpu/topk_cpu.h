@@ -117,6 +117,25 @@ extern template TopkResult topk_select<std::uint32_t>(ConstTensorView, std::size
 extern template TopkResult topk_select<std::uint64_t>(ConstTensorView, std::size_t,
                                                       const TopkOptions&, std::uint64_t*, float*);
 
+// Error feedback's top-k (compressors/fused_feedback.h): sets e[i] = g[i] + e[i] (one f32 add
+// per element) for i < n and selects from the new e exactly what topk_select() of it would
+// (same entries, same TopkResult), reading g and e once where topk_select() would read the
+// sum a second time: the adds run block by block inside the candidate pass (step 2), which
+// reads each block back from L1, and step 1 samples g + e at its runs. any_non_finite is set
+// when some new e[i] is NaN or Inf. g and e are host arrays of n elements that do not overlap;
+// requirements and throws as topk_select() (before e changes).
+template <typename IndexT>
+TopkResult topk_select_with_feedback(const float* g, float* e, std::size_t n, std::size_t k,
+                                     const TopkOptions& options, IndexT* index_out,
+                                     float* value_out, bool& any_non_finite);
+
+extern template TopkResult topk_select_with_feedback<std::uint32_t>(
+    const float*, float*, std::size_t, std::size_t, const TopkOptions&, std::uint32_t*, float*,
+    bool&);
+extern template TopkResult topk_select_with_feedback<std::uint64_t>(
+    const float*, float*, std::size_t, std::size_t, const TopkOptions&, std::uint64_t*, float*,
+    bool&);
+
 namespace detail {
 // The ISA-specific candidate passes (topk_cpu_avx2.cpp, topk_cpu_avx512.cpp), same contract
 // as topk_collect() with threshold <= 0x7FFFFFFF (the dispatcher handles larger ones).

@@ -1,4 +1,4 @@
-// Error feedback fused into sign's, qsgd's and the casts' encodes (compressors/fused_feedback.h)
+// Error feedback fused into sign's, qsgd's, top-k's and the casts' encodes (compressors/fused_feedback.h)
 // against the general path it replaces, on every ISA: the same message bytes as encode(g + e) and, bit for bit, the
 // same residual finite_or_zero(g + e - D(message)), for bucket sizes that cut blocks anywhere,
 // counts that end mid-bucket and mid-byte, and inputs whose bucket sums overflow (the rescue),
@@ -21,6 +21,8 @@
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/topk_cpu.h"
+#include "kernels/topk_math.h"
 #include "kernels/nonfinite_math.h"
 #include "tests/unit/test_support.h"
 
@@ -121,6 +123,112 @@ TEST(FusedFeedback, QsgdGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
   }
 }
 
+// Top-k fuses from kTopkSampleAllCount + 1 elements on (smaller tensors form g + e first):
+// counts on both sides, exact and approx, f16 values (whose residual keeps g' - f16(g')), k = 1
+// and k = n. (64-bit indices need more than 2^32 elements: not here.)
+TEST(FusedFeedback, TopkGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
+  static_assert(kernels::kTopkSampleAllCount == 65536);
+  for (const char* spec : {"topk:ratio=0.01", "topk:ratio=0.001,approx=on",
+                           "topk:ratio=0.05,values=fp16", "topk:k=1", "topk:ratio=1"}) {
+    expect_fused_is_general(spec, {0, 1, 7, 65536, 65537, 100003, 300001},
+                            EncodeContext{77, 3, 9, 0});
+  }
+}
+
+// The kernel itself, on inputs that drive each step of the selection (kernels/cpu/topk_cpu.h):
+// e must end as g + e and the result (entries, path, threshold, candidate count) must be
+// topk_select's of that sum. Which path each case takes is asserted too, so that the cases
+// keep covering steps 2 to 5 if the sampling changes.
+TEST(FusedFeedback, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath) {
+  using kernels::cpu::TopkPath;
+  struct Case {
+    const char* name;
+    std::size_t k;
+    bool approx;
+    TopkPath expected_path;
+    std::vector<float> g, e;
+  };
+  const std::size_t n = 200003;
+  std::vector<Case> cases;
+  {
+    Inputs in = make_inputs(n, 5, true);
+    cases.push_back({"gaussian with inf and NaN", 2000, false, TopkPath::candidates, in.g, in.e});
+  }
+  {
+    Inputs in = make_inputs(n, 6, false);
+    cases.push_back({"gaussian, approx", 2000, true, TopkPath::approx_accepted, in.g, in.e});
+  }
+  {
+    // Sums that are 0 except for 100 elements: the sampled threshold is 0, step 2 overflows
+    // without collecting, step 4 finds fewer than k above 0 (K = 0, the tie class).
+    std::vector<float> g(n, 0.0f), e(n, 0.0f);
+    for (std::size_t i = 0; i < 100; ++i) g[i * 1999] = 1.0f + static_cast<float>(i);
+    cases.push_back({"mostly zero", 1000, false, TopkPath::tie_class, g, e});
+  }
+  {
+    // g = -e everywhere except 50 large sums: the sum, not g or e, must be selected. The sums
+    // are 0 elsewhere: threshold 0, 50 < k above it, the rest of k from the tie class at 0.
+    std::vector<float> g = testing::gaussian(n, 8), e(n);
+    for (std::size_t i = 0; i < n; ++i) e[i] = -g[i];
+    for (std::size_t i = 0; i < 50; ++i) e[i * 3001 + 17] += 0.5f + static_cast<float>(i);
+    cases.push_back({"cancelling", 60, false, TopkPath::tie_class, g, e});
+  }
+  {
+    // A ramp: the top k are the last k elements, one contiguous run at the end.
+    std::vector<float> g(n), e(n, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i) * 1e-3f;
+    cases.push_back({"ramp", 20000, false, TopkPath::candidates, g, e});
+  }
+  {
+    // The sampled runs (kernels/topk_math.h, same key as `options` below) hold 100 (split
+    // between g and e), every other element 1: the threshold is 100, step 2 finds only the
+    // 65536 sampled elements, fewer than k, and step 5's radix select runs over the sum. With
+    // k = 100000 the candidate buffer holds all n and the top digit's bin is collected
+    // (radix_bin); with k = 70000 it holds 192560 < n: every level runs over the tensor.
+    std::vector<float> g(n, 1.0f), e(n, 0.0f);
+    for (std::uint64_t segment = 0; segment < kernels::kTopkSampleGroups; ++segment) {
+      const std::uint64_t start = kernels::topk_sample_run_start(n, segment, 11, 2, 3);
+      for (std::uint64_t i = start; i < start + kernels::kTopkSampleRun; ++i) {
+        g[i] = 60.0f;
+        e[i] = 40.0f;
+      }
+    }
+    cases.push_back({"sample above the rest", 100000, false, TopkPath::radix_bin, g, e});
+    cases.push_back({"sample above the rest, smaller k", 70000, false, TopkPath::full_radix, g, e});
+  }
+  for (const Isa isa : kIsas) {
+    testing::ScopedIsa forced(isa);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << kernels::cpu::isa_name(isa) << " " << c.name);
+      std::vector<float> sum(n);
+      for (std::size_t i = 0; i < n; ++i) sum[i] = c.g[i] + c.e[i];
+      const kernels::cpu::TopkOptions options{c.approx, 11, 2, 3};
+      std::vector<std::uint32_t> want_index(c.k), got_index(c.k);
+      std::vector<float> want_value(c.k), got_value(c.k);
+      const kernels::cpu::TopkResult want = kernels::cpu::topk_select<std::uint32_t>(
+          ConstTensorView{sum.data(), n, DType::f32, Device{}}, c.k, options, want_index.data(),
+          want_value.data());
+      std::vector<float> e = c.e;
+      bool any_non_finite = false;
+      const kernels::cpu::TopkResult got = kernels::cpu::topk_select_with_feedback<std::uint32_t>(
+          c.g.data(), e.data(), n, c.k, options, got_index.data(), got_value.data(),
+          any_non_finite);
+      EXPECT_EQ(want.path, c.expected_path);
+      EXPECT_EQ(got.path, want.path);
+      EXPECT_EQ(got.count, want.count);
+      EXPECT_EQ(got.threshold, want.threshold);
+      EXPECT_EQ(got.candidates, want.candidates);
+      EXPECT_EQ(got_index, want_index);
+      EXPECT_TRUE(same_bits(got_value, want_value));
+      EXPECT_TRUE(same_bits(e, sum)) << "e does not hold g + e";
+      const bool sum_non_finite = std::any_of(sum.begin(), sum.end(), [](float v) {
+        return kernels::f32_bits_nonfinite(kernels::float_bits(v));
+      });
+      EXPECT_EQ(any_non_finite, sum_non_finite);
+    }
+  }
+}
+
 TEST(FusedFeedback, SignAndQsgdDeclineBucketsTooLargeForABlockAndChangeNothing) {
   // lcm(70000, 8) = 70000 > 65536 elements: the general path runs instead.
   for (const char* spec : {"sign:bucket=70000", "qsgd:bits=4,bucket=70000"}) {
@@ -144,14 +252,15 @@ TEST(FusedFeedback, ErrorFeedbackCodecGivesTheSameBytesWithAndWithoutTheFusedPat
   for (const Isa isa : kIsas) {
     testing::ScopedIsa forced(isa);
     for (const char* spec : {"sign", "sign:bucket=7", "sign:bucket=70000", "fp16", "bf16",
-                             "qsgd:bits=4", "qsgd:bits=3,bucket=77", "qsgd:bits=4,bucket=70000"}) {
+                             "qsgd:bits=4", "qsgd:bits=3,bucket=77", "qsgd:bits=4,bucket=70000",
+                             "topk:ratio=0.1", "topk:ratio=0.1,values=fp16"}) {
       SCOPED_TRACE(::testing::Message() << kernels::cpu::isa_name(isa) << " " << spec);
       const std::shared_ptr<const Codec> codec = make_codec(spec);
       error_feedback::ResidualStore fused_store(1, 0, ResizePolicy::error);
       error_feedback::ResidualStore general_store(1, 0, ResizePolicy::error);
       error_feedback::ErrorFeedbackCodec fused(codec, fused_store);
       error_feedback::ErrorFeedbackCodec general(codec, general_store);
-      const std::size_t count = 10007;
+      const std::size_t count = 70001;  // above kTopkSampleAllCount: top-k fuses
       for (std::uint64_t step = 0; step < 3; ++step) {
         const std::vector<float> g = testing::gaussian(count, 40 + step);
         const ConstTensorView view{g.data(), count, DType::f32, Device{}};
