@@ -526,12 +526,24 @@ TopkResult topk_select_with_feedback(const float* g, float* e, std::size_t n, st
           for (std::uint64_t i = 0; i < kTopkSampleRun; ++i) run[i] = g[start + i] + e[start + i];
         });
   };
-  // Step 2 block by block: the add writes a block of g' into e, and the candidate pass reads
-  // it back while it is still in L1. After an overflow the adds go on without collecting.
+  // Step 2 with the adds inside: on AVX2 in the candidate pass's own registers; otherwise
+  // block by block, the add writing a block of g' into e and the candidate pass reading it
+  // back while it is still in L1. After an overflow the adds go on without collecting.
   const auto first_pass = [&](CandidateList<IndexT>& candidates, std::uint32_t threshold,
                               bool collect) {
+    if (!collect) {
+      any_non_finite = add_into(g, e, n);
+      candidates.count = kTopkCollectOverflow;
+      return;
+    }
+    if (active_isa() == Isa::avx2 && threshold <= kTopkKeyMask) {
+      candidates.count = detail::topk_add_collect_avx2(
+          g, e, n, threshold, IndexT{0}, candidates.index.get(), candidates.bits.get(),
+          candidates.capacity, any_non_finite);
+      return;
+    }
     constexpr std::size_t kBlock = 4096;
-    candidates.count = collect ? 0 : kTopkCollectOverflow;
+    candidates.count = 0;
     bool non_finite = false;
     for (std::size_t begin = 0; begin < n; begin += kBlock) {
       const std::size_t length = std::min(kBlock, n - begin);

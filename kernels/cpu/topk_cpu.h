@@ -151,6 +151,17 @@ std::size_t topk_collect_avx512(const float* values, std::size_t count, std::uin
 std::size_t topk_collect_avx512(const float* values, std::size_t count, std::uint32_t threshold,
                                 std::uint64_t first_index, std::uint64_t* index_out,
                                 std::uint32_t* bits_out, std::size_t capacity) noexcept;
+// The candidate pass of topk_select_with_feedback on AVX2: topk_collect_avx2's contract over
+// g' = g + e, setting e[i] = g'[i] for every i < count (also after an overflow, which stops
+// only the collecting) and any_non_finite to whether some g'[i] is NaN or Inf.
+std::size_t topk_add_collect_avx2(const float* g, float* e, std::size_t count,
+                                  std::uint32_t threshold, std::uint32_t first_index,
+                                  std::uint32_t* index_out, std::uint32_t* bits_out,
+                                  std::size_t capacity, bool& any_non_finite) noexcept;
+std::size_t topk_add_collect_avx2(const float* g, float* e, std::size_t count,
+                                  std::uint32_t threshold, std::uint64_t first_index,
+                                  std::uint64_t* index_out, std::uint32_t* bits_out,
+                                  std::size_t capacity, bool& any_non_finite) noexcept;
 }  // namespace detail
 
 }  // namespace gradzip::kernels::cpu

@@ -1,4 +1,5 @@
-// AVX2 candidate pass of top-k (contract: topk_collect() in kernels/cpu/topk_cpu.h).
+// AVX2 candidate pass of top-k (contract: topk_collect() in kernels/cpu/topk_cpu.h), and the
+// same pass forming g' = g + e as it reads (topk_add_collect_avx2, for the fused error feedback).
 //
 // Branch-free like the AVX-512 path: AVX2 has no compress, so each 8-lane mask indexes a table
 // of lane permutations (vpermd) that packs the qualifying lanes to the front; the whole vector
@@ -62,8 +63,55 @@ struct IndexWriter64 {
   }
 };
 
-template <typename Writer>
-std::size_t collect(const float* values, std::size_t count, std::uint32_t threshold,
+// Where the pass reads its f32 bits: the values themselves.
+struct PlainSource {
+  const float* values;
+  __m256i load(std::size_t i) const {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + i));
+  }
+  // The `left` (< 8) elements from i into tail.
+  void load_tail(std::size_t i, std::size_t left, std::uint32_t* tail) const {
+    std::memcpy(tail, values + i, left * sizeof(float));
+  }
+  // Nothing to do for the elements [i, count) that an overflow leaves unread.
+  void finish(std::size_t, std::size_t) {}
+};
+
+// The fused error feedback: e[i] = g[i] + e[i] as it reads, and whether some sum is NaN or Inf.
+struct FeedbackSource {
+  const float* g;
+  float* e;
+  __m256i non_finite = _mm256_setzero_si256();
+  bool tail_non_finite = false;
+
+  __m256i form(std::size_t i) {
+    const __m256 sum = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(e + i));
+    _mm256_storeu_ps(e + i, sum);
+    const __m256i bits = _mm256_castps_si256(sum);
+    const __m256i exponent = _mm256_set1_epi32(0x7F800000);
+    non_finite = _mm256_or_si256(
+        non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent));
+    return bits;
+  }
+  __m256i load(std::size_t i) { return form(i); }
+  void load_tail(std::size_t i, std::size_t left, std::uint32_t* tail) {
+    for (std::size_t j = 0; j < left; ++j) {
+      e[i + j] = g[i + j] + e[i + j];
+      std::memcpy(tail + j, e + i + j, sizeof(float));
+      tail_non_finite |= (tail[j] & 0x7F800000u) == 0x7F800000u;
+    }
+  }
+  // After an overflow the rest is formed without collecting.
+  void finish(std::size_t i, std::size_t count) {
+    for (; i + kLanes <= count; i += kLanes) form(i);
+    std::uint32_t tail[kLanes];
+    load_tail(i, count - i, tail);
+  }
+  bool any_non_finite() const { return tail_non_finite || !_mm256_testz_si256(non_finite, non_finite); }
+};
+
+template <typename Source, typename Writer>
+std::size_t collect(Source& source, std::size_t count, std::uint32_t threshold,
                     std::uint64_t first_index, Writer index_writer, std::uint32_t* bits_out,
                     std::size_t capacity) noexcept {
   const __m256i key_mask = _mm256_set1_epi32(static_cast<int>(kTopkKeyMask));
@@ -85,23 +133,52 @@ std::size_t collect(const float* values, std::size_t count, std::uint32_t thresh
 
   std::size_t i = 0;
   for (; i + kBlock <= count; i += kBlock) {
-    if (written > capacity) return kTopkCollectOverflow;
+    if (written > capacity) {
+      source.finish(i, count);
+      return kTopkCollectOverflow;
+    }
     for (std::size_t lane = 0; lane < kBlock; lane += kLanes) {
-      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + i + lane));
+      const __m256i bits = source.load(i + lane);
       append(bits, qualifying(bits), i + lane);
     }
   }
-  if (written > capacity) return kTopkCollectOverflow;
+  if (written > capacity) {
+    source.finish(i, count);
+    return kTopkCollectOverflow;
+  }
   // At most 63 elements left, at most 8 vectors: within the slack.
   for (; i < count; i += kLanes) {
     const std::size_t left = count - i;
-    const unsigned in_range = left >= kLanes ? 0xFFu : (1u << left) - 1u;
+    if (left >= kLanes) {
+      const __m256i bits = source.load(i);
+      append(bits, qualifying(bits), i);
+      continue;
+    }
     alignas(32) std::uint32_t tail[kLanes] = {};
-    std::memcpy(tail, values + i, (left >= kLanes ? kLanes : left) * sizeof(float));
+    source.load_tail(i, left, tail);
     const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
-    append(bits, qualifying(bits) & in_range, i);
+    append(bits, qualifying(bits) & ((1u << left) - 1u), i);
   }
   return written > capacity ? kTopkCollectOverflow : written;
+}
+
+template <typename Writer>
+std::size_t collect_values(const float* values, std::size_t count, std::uint32_t threshold,
+                           std::uint64_t first_index, Writer index_writer, std::uint32_t* bits_out,
+                           std::size_t capacity) noexcept {
+  PlainSource source{values};
+  return collect(source, count, threshold, first_index, index_writer, bits_out, capacity);
+}
+
+template <typename Writer>
+std::size_t add_collect(const float* g, float* e, std::size_t count, std::uint32_t threshold,
+                        std::uint64_t first_index, Writer index_writer, std::uint32_t* bits_out,
+                        std::size_t capacity, bool& any_non_finite) noexcept {
+  FeedbackSource source{g, e};
+  const std::size_t result =
+      collect(source, count, threshold, first_index, index_writer, bits_out, capacity);
+  any_non_finite = source.any_non_finite();
+  return result;
 }
 
 }  // namespace
@@ -109,15 +186,31 @@ std::size_t collect(const float* values, std::size_t count, std::uint32_t thresh
 std::size_t topk_collect_avx2(const float* values, std::size_t count, std::uint32_t threshold,
                               std::uint32_t first_index, std::uint32_t* index_out,
                               std::uint32_t* bits_out, std::size_t capacity) noexcept {
-  return collect(values, count, threshold, first_index, IndexWriter32{index_out}, bits_out,
-                 capacity);
+  return collect_values(values, count, threshold, first_index, IndexWriter32{index_out}, bits_out,
+                        capacity);
 }
 
 std::size_t topk_collect_avx2(const float* values, std::size_t count, std::uint32_t threshold,
                               std::uint64_t first_index, std::uint64_t* index_out,
                               std::uint32_t* bits_out, std::size_t capacity) noexcept {
-  return collect(values, count, threshold, first_index, IndexWriter64{index_out}, bits_out,
-                 capacity);
+  return collect_values(values, count, threshold, first_index, IndexWriter64{index_out}, bits_out,
+                        capacity);
+}
+
+std::size_t topk_add_collect_avx2(const float* g, float* e, std::size_t count,
+                                  std::uint32_t threshold, std::uint32_t first_index,
+                                  std::uint32_t* index_out, std::uint32_t* bits_out,
+                                  std::size_t capacity, bool& any_non_finite) noexcept {
+  return add_collect(g, e, count, threshold, first_index, IndexWriter32{index_out}, bits_out,
+                     capacity, any_non_finite);
+}
+
+std::size_t topk_add_collect_avx2(const float* g, float* e, std::size_t count,
+                                  std::uint32_t threshold, std::uint64_t first_index,
+                                  std::uint64_t* index_out, std::uint32_t* bits_out,
+                                  std::size_t capacity, bool& any_non_finite) noexcept {
+  return add_collect(g, e, count, threshold, first_index, IndexWriter64{index_out}, bits_out,
+                     capacity, any_non_finite);
 }
 
 }  // namespace gradzip::kernels::cpu::detail

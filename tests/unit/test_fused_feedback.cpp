@@ -147,6 +147,7 @@ TEST(FusedFeedback, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath) {
     bool approx;
     TopkPath expected_path;
     std::vector<float> g, e;
+    bool overflows_while_collecting = false;  // step 2 collected (threshold > 0) and overflowed
   };
   const std::size_t n = 200003;
   std::vector<Case> cases;
@@ -172,6 +173,19 @@ TEST(FusedFeedback, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath) {
     for (std::size_t i = 0; i < n; ++i) e[i] = -g[i];
     for (std::size_t i = 0; i < 50; ++i) e[i * 3001 + 17] += 0.5f + static_cast<float>(i);
     cases.push_back({"cancelling", 60, false, TopkPath::tie_class, g, e});
+  }
+  {
+    // Equal magnitudes but for 10 larger sums and a NaN in the last 3 elements: the threshold
+    // is that magnitude, so step 2 overflows while collecting and must still form the rest of
+    // g' (the NaN included); step 4 finds the 10 and takes the tie class.
+    std::vector<float> g(n), e(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      g[i] = i % 2 == 0 ? 0.75f : -0.75f;
+      e[i] = i % 2 == 0 ? 0.25f : -0.25f;
+    }
+    for (std::size_t i = 0; i < 10; ++i) g[i * 7919] = 5.0f;
+    e[n - 2] = std::numeric_limits<float>::quiet_NaN();
+    cases.push_back({"overflow while collecting", 1000, false, TopkPath::tie_class, g, e, true});
   }
   {
     // A ramp: the top k are the last k elements, one contiguous run at the end.
@@ -214,6 +228,10 @@ TEST(FusedFeedback, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath) {
           c.g.data(), e.data(), n, c.k, options, got_index.data(), got_value.data(),
           any_non_finite);
       EXPECT_EQ(want.path, c.expected_path);
+      if (c.overflows_while_collecting) {
+        EXPECT_GT(want.threshold, 0u);
+        EXPECT_EQ(want.candidates, kernels::cpu::kTopkCollectOverflow);
+      }
       EXPECT_EQ(got.path, want.path);
       EXPECT_EQ(got.count, want.count);
       EXPECT_EQ(got.threshold, want.threshold);
