@@ -208,10 +208,9 @@ class TopkCodec final : public Codec, public FusedFeedbackEncoder {
                                                   std::span<std::byte> out,
                                                   const EncodeContext& ctx) const override {
     require_capacity(out, max_encoded_bytes(count), "topk.encode");
-    const std::size_t message_bytes = index_bytes_for(count) == sizeof(std::uint32_t)
-                                          ? encode_with_feedback_as<std::uint32_t>(g, e, count, out, ctx)
-                                          : encode_with_feedback_as<std::uint64_t>(g, e, count, out, ctx);
-    return message_bytes;
+    return index_bytes_for(count) == sizeof(std::uint32_t)
+               ? encode_with_feedback_as<std::uint32_t>(g, e, count, out, ctx)
+               : encode_with_feedback_as<std::uint64_t>(g, e, count, out, ctx);
   }
 
  private:
