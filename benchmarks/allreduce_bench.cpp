@@ -209,11 +209,14 @@ std::uint64_t extra_segment_headers(const Codec& codec, int ranks, std::size_t n
 // all-gather every chunk but chunk r + 1 (its own encoded once, then the bytes it received,
 // forwarded unchanged). `pipelined`: the ring of the call itself (not the uncompressed rings
 // inside random-k, the sparse dense switch and the hierarchical node stages, which run
-// unsegmented), whose chunk messages are S segment messages each (extra_segment_headers).
+// unsegmented), whose chunk messages are S segment messages each (extra_segment_headers) from
+// kMinRanksForPipelinedRing ranks on.
 std::uint64_t ring_bytes(const Codec& codec, int ranks, int r, std::size_t n,
                          bool allgather_half = true, bool pipelined = false) {
   const std::uint64_t extra =
-      pipelined ? extra_segment_headers(codec, ranks, n, collectives::kMaxRingSegmentsPerChunk) : 0;
+      pipelined && ranks >= collectives::kMinRanksForPipelinedRing
+          ? extra_segment_headers(codec, ranks, n, collectives::kMaxRingSegmentsPerChunk)
+          : 0;
   std::uint64_t bytes = 0;
   for (int c = 0; c < ranks; ++c) {
     const std::uint64_t message = codec.max_encoded_bytes(chunk_count(n, ranks, c)) + extra;

@@ -206,7 +206,9 @@ std::size_t pipeline_segments(const ReduceJob& job, std::size_t max_segments = k
 // (sra_pipelined.cpp; allgather false: the reduce-scatter half).
 void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather);
 // The ring cut the same way (ring_pipelined.cpp); ring_allreduce and ring_reduce_scatter run
-// it when pipeline_segments(job) > 1.
+// it when ring_pipeline_segments(job) > 1: pipeline_segments(job, kMaxRingSegmentsPerChunk),
+// or 1 with fewer than kMinRanksForPipelinedRing ranks.
+std::size_t ring_pipeline_segments(const ReduceJob& job);
 void ring_pipelined(ReduceJob& job, std::size_t segments, bool allgather);
 void sparse_allreduce(ReduceJob& job);                   // sparse_allreduce.cpp
 void compressed_allgather(ReduceJob& job);               // allgather.cpp

@@ -264,9 +264,12 @@ CostEstimate estimate_dense_allreduce(const CodecCost& cost, std::size_t count, 
 }
 
 CostEstimate estimate_ring(const EstimateInputs& in) {
+  const double segments =
+      in.ranks < kMinRanksForPipelinedRing
+          ? 1
+          : modelled_segments(in.codec, in.n, in.ranks, in.link, kMaxRingSegmentsPerChunk);
   return ring(&in.codec, in.cost, in.n, in.ranks, in.link,
-              /*uncompressed=*/in.codec.spec().codec == CodecKind::none,
-              modelled_segments(in.codec, in.n, in.ranks, in.link, kMaxRingSegmentsPerChunk));
+              /*uncompressed=*/in.codec.spec().codec == CodecKind::none, segments);
 }
 CostEstimate estimate_sra(const EstimateInputs& in) { return sra(in.codec, in.cost, in.n, in.ranks, in.link); }
 CostEstimate estimate_sparse(const EstimateInputs& in) {

@@ -239,8 +239,13 @@ class RingAllreduce {
 
 }  // namespace
 
+std::size_t ring_pipeline_segments(const ReduceJob& job) {
+  if (job.transport.size() < kMinRanksForPipelinedRing) return 1;
+  return pipeline_segments(job, kMaxRingSegmentsPerChunk);
+}
+
 void ring_allreduce(ReduceJob& job) {
-  if (const std::size_t segments = pipeline_segments(job, kMaxRingSegmentsPerChunk); segments > 1)
+  if (const std::size_t segments = ring_pipeline_segments(job); segments > 1)
     return ring_pipelined(job, segments, /*allgather=*/true);
   RingAllreduce ring(job);
   ring.reduce_scatter();
@@ -248,7 +253,7 @@ void ring_allreduce(ReduceJob& job) {
 }
 
 void ring_reduce_scatter(ReduceJob& job) {
-  if (const std::size_t segments = pipeline_segments(job, kMaxRingSegmentsPerChunk); segments > 1)
+  if (const std::size_t segments = ring_pipeline_segments(job); segments > 1)
     return ring_pipelined(job, segments, /*allgather=*/false);
   RingAllreduce ring(job);
   ring.reduce_scatter();

@@ -32,6 +32,15 @@ inline constexpr std::size_t kMaxSegmentsPerChunk = 1024;
 // keeps kMaxSegmentsPerChunk.
 inline constexpr std::size_t kMaxRingSegmentsPerChunk = 8;
 
+// The fewest ranks the ring pipelines with. With 2 ranks its one neighbour is both the one it
+// sends to and the one it receives from, and on the emulated 1 Gbit/s cluster (TCP) the
+// segmented ring ran at 1.6-1.8x its wire time there against 1.10 unsegmented (none and fp16,
+// 64 MiB; at 3 ranks 1.09 segmented against 1.13): each direction's many large messages share
+// one connection with the other direction's, whose rendezvous handshakes then wait behind
+// them (the likely cause). SRA, whose compressed segments are small, gains at 2 ranks (qsgd-4:
+// 1.09 against 1.89) and is not limited.
+inline constexpr int kMinRanksForPipelinedRing = 3;
+
 // How many segments every chunk of `chunk_counts` is cut into: the segment count S that keeps
 // each segment's message at about `segment_bytes` (codec.max_encoded_bytes of the largest
 // chunk, spread evenly), then lowered so that every chunk has at least S granules (non-empty

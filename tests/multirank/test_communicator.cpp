@@ -210,17 +210,19 @@ TEST(Communicator, NoneEqualsTheExactSumAndMpiAllreduce) {
       expect_consistent_stats(stats, spec, count, small ? "mpi" : stats.algorithm);
       if (stats.algorithm == "ring") {
         // The ring sends each of the P chunks P - 1 times in each of its two phases, as S
-        // segment messages (collectives/segment_plan.h; 1 for small chunks) of a 32-byte
-        // header each, none codec payload = 4 bytes per element.
+        // segment messages (collectives/segment_plan.h; 1 for small chunks and below
+        // kMinRanksForPipelinedRing ranks) of a 32-byte header each, none codec payload = 4
+        // bytes per element.
         std::vector<std::size_t> chunks;
         for (int c = 0; c < ranks; ++c)
           chunks.push_back(collectives::shard_begin(count, ranks, c + 1) -
                            collectives::shard_begin(count, ranks, c));
         const auto none = make_codec(spec);
         const std::uint64_t segments =
-            ranks == 1 ? 1
-                       : collectives::segments_per_chunk(*none, chunks, spec.segment_bytes,
-                                                         collectives::kMaxRingSegmentsPerChunk);
+            ranks < collectives::kMinRanksForPipelinedRing
+                ? 1
+                : collectives::segments_per_chunk(*none, chunks, spec.segment_bytes,
+                                                  collectives::kMaxRingSegmentsPerChunk);
         EXPECT_EQ(sum_over_ranks(stats.sent_payload_bytes), 2u * (ranks - 1) * 4u * count);
         EXPECT_EQ(sum_over_ranks(stats.sent_header_bytes),
                   2u * static_cast<unsigned>(ranks * (ranks - 1)) * segments * 32u);

@@ -40,7 +40,9 @@ struct Pipelined {
   const char* name;  // the stats name, and the algo= value
   void (*allreduce)(collectives::ReduceJob&);
   void (*reduce_scatter)(collectives::ReduceJob&);
-  std::size_t max_segments;                    // its cap on segments per chunk
+  std::size_t (*segments)(const collectives::ReduceJob&);  // its segments per chunk for a job
+  std::size_t max_segments;  // its cap on segments per chunk
+  int min_ranks;             // the fewest ranks it pipelines with
   std::vector<int> first_phase_tags, second_phase_tags;  // its tags (the .cpp's constants)
   bool server_residual;                        // SRA's owner keeps a residual too
 };
@@ -48,9 +50,11 @@ struct Pipelined {
 const std::vector<Pipelined>& algorithms() {
   static const std::vector<Pipelined> all{
       {"ring", &collectives::ring_allreduce, &collectives::ring_reduce_scatter,
-       collectives::kMaxRingSegmentsPerChunk, {150}, {151, 152}, false},
+       &collectives::ring_pipeline_segments, collectives::kMaxRingSegmentsPerChunk,
+       collectives::kMinRanksForPipelinedRing, {150}, {151, 152}, false},
       {"sra", &collectives::sra_allreduce, &collectives::sra_reduce_scatter,
-       collectives::kMaxSegmentsPerChunk, {140}, {141}, true}};
+       [](const collectives::ReduceJob& job) { return collectives::pipeline_segments(job); },
+       collectives::kMaxSegmentsPerChunk, 2, {140}, {141}, true}};
   return all;
 }
 
@@ -70,7 +74,7 @@ struct Call {
     return job;
   }
   std::size_t segments(std::span<float> data) {
-    return collectives::pipeline_segments(job(data, 0), algo.max_segments);
+    return algo.segments(job(data, 0));
   }
   void allreduce(std::span<float> data, std::uint32_t step) {
     collectives::ReduceJob j = job(data, step);
@@ -112,9 +116,10 @@ TEST(PipelinedCollectives, EqualTheUnsegmentedAlgorithmBitForBitOverErrorFeedbac
           Call reference{algo, transport, *codec, feedback ? &reference_store : nullptr, 0};
           std::vector<float> probe(n);
           const std::size_t segments = pipelined.segments(probe);
-          // The pipeline runs from 2 ranks on (one rank exchanges nothing and is never cut);
-          // 300-byte messages cut every chunk of these counts (4096 may leave sign's whole).
-          if (ranks == 1) {
+          // SRA pipelines from 2 ranks on, the ring from 3 (one rank exchanges nothing and is
+          // never cut); 300-byte messages cut every chunk of these counts (4096 may leave
+          // sign's whole).
+          if (ranks < algo.min_ranks) {
             EXPECT_EQ(segments, 1u);
           } else if (segment_bytes == 300) {
             EXPECT_GT(segments, 2u);
@@ -157,7 +162,7 @@ TEST(PipelinedCollectives, SumExactlyWithTheUncompressedCodec) {
     Call call{algo, transport, *codec, nullptr, 1000};
     std::vector<float> data(n);
     for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<float>((i % 97) + 1000 * rank);
-    if (ranks > 1) {
+    if (ranks >= algo.min_ranks) {
       std::vector<float> probe(n);
       // Chunks of at least 50001 / 5 f32 elements (40,000 bytes) in 968-byte segments: >= 42,
       // the ring capped at 8.
@@ -264,10 +269,12 @@ TEST(PipelinedCollectives, SpecKeyDrivesTheCommunicator) {
       EXPECT_TRUE(testing::same_bits(data, reference));
       const auto codec = make_codec(spec);
       const std::uint64_t segments =
-          collectives::segments_per_chunk(*codec, chunks, segment_bytes, algo.max_segments);
+          ranks < algo.min_ranks
+              ? 1
+              : collectives::segments_per_chunk(*codec, chunks, segment_bytes, algo.max_segments);
       if (segment_bytes == 0) {
         EXPECT_EQ(segments, 1u);
-      } else if (ranks > 1 && segment_bytes == 8192) {
+      } else if (ranks >= algo.min_ranks && segment_bytes == 8192) {
         EXPECT_GT(segments, 2u);
         EXPECT_LE(segments, algo.max_segments);
       }
@@ -308,6 +315,9 @@ TEST(PipelinedCollectives, MalformedTrafficInEitherPhaseThrowsOnEveryRank) {
   const auto codec = make_codec("qsgd:bits=4,bucket=64");
   const int rank = testing::world_rank(), last = testing::world_size() - 1;
   for (const Pipelined& algo : algorithms()) {
+    // Below its fewest ranks the algorithm runs unsegmented, whose malformed-message handling
+    // its own tests cover.
+    if (testing::world_size() < algo.min_ranks) continue;
     for (const bool second_phase : {false, true}) {
       for (const auto damage :
            {TagDamagingTransport::Damage::bad_magic, TagDamagingTransport::Damage::too_long}) {

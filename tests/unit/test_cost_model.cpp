@@ -1,6 +1,7 @@
 // The α-β-γ cost model (collectives/cost_model.h): every algorithm's terms against the
 // formulas of docs/cost-model.md, worked by hand for small cases with round parameters.
 #include "collectives/cost_model.h"
+#include "collectives/segment_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -105,6 +106,14 @@ TEST(CostModel, PipelinedRingHidesTheSmallerOfTransferAndCompute) {
   const CostEstimate whole = estimate(AlgorithmId::ring, "fp16:segment=0", 4000, 4);
   expect_terms(whole, 6, 6 * 2032.0, 11000);
   EXPECT_DOUBLE_EQ(whole.overlap_s, 0);
+  // Below kMinRanksForPipelinedRing (2 ranks) the ring runs unsegmented whatever the key, and
+  // the model says so; SRA still pipelines there.
+  static_assert(collectives::kMinRanksForPipelinedRing == 3);
+  const CostEstimate two_cut = estimate(AlgorithmId::ring, "fp16:segment=100", 4000, 2);
+  const CostEstimate two_whole = estimate(AlgorithmId::ring, "fp16:segment=0", 4000, 2);
+  EXPECT_DOUBLE_EQ(two_cut.overlap_s, 0);
+  expect_terms(two_cut, two_whole.latency_s, two_whole.transfer_s, two_whole.compute_s);
+  EXPECT_GT(estimate(AlgorithmId::sra, "fp16:segment=100", 4000, 2).overlap_s, 0);
 }
 
 // Over a transport that does not pipeline (LinkModel::pipelined false: NCCL, torch.distributed
