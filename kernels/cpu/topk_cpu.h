@@ -120,8 +120,9 @@ extern template TopkResult topk_select<std::uint64_t>(ConstTensorView, std::size
 // Error feedback's top-k (compressors/fused_feedback.h): sets e[i] = g[i] + e[i] (one f32 add
 // per element) for i < n and selects from the new e exactly what topk_select() of it would
 // (same entries, same TopkResult), reading g and e once where topk_select() would read the
-// sum a second time: the adds run block by block inside the candidate pass (step 2), which
-// reads each block back from L1, and step 1 samples g + e at its runs. any_non_finite is set
+// sum a second time: the adds run inside the candidate pass (step 2; on AVX2 in its own
+// registers, otherwise block by block, each block read back from L1), and step 1 samples
+// g + e at its runs. any_non_finite is set
 // when some new e[i] is NaN or Inf. g and e are host arrays of n elements that do not overlap;
 // requirements and throws as topk_select() (before e changes).
 template <typename IndexT>
