@@ -32,6 +32,16 @@ constexpr std::array kTunables = {
             "their steps there (\"{rank}\" in PATH: the rank; else .rank<R> before the "
             "extension when there are several ranks); overrides ReducerOptions::timeline_path. "
             "Unset or empty: no timeline."},
+    Tunable{"GRADZIP_DEVICE", "",
+            "cuda or emulated: where CUDA tensors, streams and NCCL calls run. emulated runs them "
+            "on the CPU (kernels/emulated/): a test and development aid that proves the "
+            "orchestration, not the CUDA kernels. Unset: cuda, or emulated in a build configured "
+            "with GRADZIP_WITH_CUDA=EMULATED (no CUDA toolkit)."},
+    Tunable{"GRADZIP_EMULATED_DEVICES", "1",
+            "How many devices the emulated device offers (1 to 64)."},
+    Tunable{"GRADZIP_EMULATED_DELAY_US", "20",
+            "Microseconds each operation queued on an emulated stream waits before it runs, so "
+            "that work a caller forgot to wait for is still pending when it looks (0 to 1000000)."},
     Tunable{"GRADZIP_TIMELINE_STEPS", "1:1",
             "COUNT or FIRST:COUNT: the steps the timeline records (from step FIRST, default 1); "
             "overrides ReducerOptions::timeline_first_step / timeline_steps."},

@@ -1,7 +1,7 @@
 // CUDA memory for the collectives (collectives/device_memory.h).
 #include "collectives/device_memory.h"
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <cstdint>
 

@@ -11,7 +11,7 @@
 // even, except a cast message decoded into its own format, which is copied (as on the host).
 #include "compressors/device_codec.h"
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <array>
 #include <cstdint>

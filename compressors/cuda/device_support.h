@@ -4,7 +4,7 @@
 // inputs. Includes cuda_runtime.h: only sources built with CUDA include it.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <cstdint>
 #include <string>

@@ -3,7 +3,7 @@
 // residual slice kept in host memory (the residual store) and copied in and out.
 #include "error_feedback/device_feedback.h"
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <string>
 

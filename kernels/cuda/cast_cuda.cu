@@ -9,6 +9,8 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -88,23 +90,28 @@ void launch(void (*vector_kernel)(const In*, Out*, std::size_t),
 }  // namespace
 
 void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  if (emulated::active()) return emulated::f32_to_f16(d_in, d_out, count, stream);
   launch(narrow_kernel<false, true>, narrow_kernel<false, false>, "cuda.f32_to_f16", d_in, d_out,
          count, stream);
 }
 void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  if (emulated::active()) return emulated::f32_to_bf16(d_in, d_out, count, stream);
   launch(narrow_kernel<true, true>, narrow_kernel<true, false>, "cuda.f32_to_bf16", d_in, d_out,
          count, stream);
 }
 void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
+  if (emulated::active()) return emulated::f16_to_f32(d_in, d_out, count, stream);
   launch(widen_kernel<false, true>, widen_kernel<false, false>, "cuda.f16_to_f32", d_in, d_out,
          count, stream);
 }
 void bf16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
+  if (emulated::active()) return emulated::bf16_to_f32(d_in, d_out, count, stream);
   launch(widen_kernel<true, true>, widen_kernel<true, false>, "cuda.bf16_to_f32", d_in, d_out,
          count, stream);
 }
 
 int device_count(const char** reason) noexcept {
+  if (emulated::active()) return emulated::device_count(reason);
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {

@@ -29,7 +29,7 @@
 // return, so this holds for everything they release).
 #pragma once
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -8,6 +8,8 @@
 #include "gradzip/error.h"
 #include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 #include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cuda {
@@ -102,16 +104,21 @@ void launch_cast_fused(const float* g, float* e, std::uint16_t* half_out, std::s
 
 void ef_compensate(const float* d_grad, const float* d_residual, float* d_out, std::size_t count,
                    void* stream) {
+  if (emulated::active()) return emulated::ef_compensate(d_grad, d_residual, d_out, count, stream);
   launch_combine<false>("cuda.ef_compensate", d_grad, d_residual, d_out, count, stream);
 }
 
 void ef_update(const float* d_compensated, const float* d_decoded, float* d_residual,
                std::size_t count, void* stream) {
+  if (emulated::active())
+    return emulated::ef_update(d_compensated, d_decoded, d_residual, count, stream);
   launch_combine<true>("cuda.ef_update", d_compensated, d_decoded, d_residual, count, stream);
 }
 
 void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half_out, bool bf16,
                    std::size_t count, void* stream) {
+  if (emulated::active())
+    return emulated::ef_cast_fused(d_grad, d_residual, d_half_out, bf16, count, stream);
   if (count == 0) return;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (bf16) launch_cast_fused<true>(d_grad, d_residual, d_half_out, count, cuda_stream);

@@ -9,6 +9,8 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/nonfinite_cuda.h"
 #include "kernels/cuda/runtime_support.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 #include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cuda {
@@ -133,11 +135,14 @@ DeviceNonfiniteCount count_on_device(const void* d_data, std::size_t count, DTyp
 
 DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
                                      void* stream) {
+  if (emulated::active()) return emulated::count_nonfinite(d_data, count, dtype, stream);
   return count_on_device(d_data, count, dtype, false, 0, stream);
 }
 
 DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count, DType dtype,
                                                 std::uint32_t above_bits, void* stream) {
+  if (emulated::active())
+    return emulated::count_nonfinite_and_beyond(d_data, count, dtype, above_bits, stream);
   return count_on_device(d_data, count, dtype, true, above_bits, stream);
 }
 

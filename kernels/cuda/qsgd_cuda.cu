@@ -43,6 +43,8 @@
 #include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/qsgd_cuda.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 #include "kernels/qsgd_fast_layout.h"
 #include "kernels/qsgd_math.h"
 #include "kernels/run_fast_layout.h"
@@ -647,6 +649,9 @@ std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) 
 void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
                  const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
                  std::size_t* workspace_bytes, void* stream, KernelVariant variant) {
+  if (emulated::active())
+    return emulated::qsgd_encode(d_in, count, bits, bucket, params, d_payload, d_workspace,
+                                 workspace_bytes, stream, variant);
   constexpr const char* kOp = "cuda.qsgd_encode";
   check_shape(kOp, count, bits, bucket);
   if (answered_workspace_query(d_workspace, workspace_bytes)) return;
@@ -681,6 +686,9 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
 
 void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
                  float* d_out, bool accumulate, int* d_status, void* stream, KernelVariant variant) {
+  if (emulated::active())
+    return emulated::qsgd_decode(d_payload, count, bits, bucket, d_out, accumulate, d_status,
+                                 stream, variant);
   constexpr const char* kOp = "cuda.qsgd_decode";
   check_shape(kOp, count, bits, bucket);
   GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,

@@ -9,6 +9,8 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/randk_cuda.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -89,6 +91,8 @@ void launch_scatter(const char* op, const std::byte* d_values, std::size_t k, bo
 
 void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::size_t k,
                   bool half_values, std::byte* d_values_out, void* stream) {
+  if (emulated::active())
+    return emulated::randk_gather(d_in, n, key, k, half_values, d_values_out, stream);
   check_sizes("cuda.randk_gather", n, k);
   if (k == 0) return;
   const Strata s = strata_for(key, n, k);
@@ -107,6 +111,8 @@ void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::si
 
 void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_values,
                        const RandkKey& key, std::size_t n, float* d_acc, void* stream) {
+  if (emulated::active())
+    return emulated::randk_scatter_add(d_values, k, half_values, key, n, d_acc, stream);
   check_sizes("cuda.randk_scatter_add", n, k);
   if (k == 0) return;
   launch_scatter<true>("cuda.randk_scatter_add", d_values, k, half_values, key, n, d_acc,
@@ -115,6 +121,8 @@ void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_value
 
 void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
                    const RandkKey& key, std::size_t n, float* d_out, void* stream) {
+  if (emulated::active())
+    return emulated::randk_scatter(d_values, k, half_values, key, n, d_out, stream);
   check_sizes("cuda.randk_scatter", n, k);
   if (n == 0) return;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);

@@ -4,7 +4,7 @@
 // (compressors/cuda/, collectives/cuda/), never a public header.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <string_view>
 

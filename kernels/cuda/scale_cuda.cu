@@ -1,6 +1,8 @@
 #include "kernels/cuda/scale_cuda.h"
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -16,6 +18,7 @@ __global__ void divide_kernel(float* data, std::size_t count, float divisor) {
 }  // namespace
 
 void divide_f32(float* d_data, std::size_t count, float divisor, void* stream) {
+  if (emulated::active()) return emulated::divide_f32(d_data, count, divisor, stream);
   if (count == 0) return;
   GZ_REQUIRE(d_data != nullptr, ErrorCode::invalid_argument, "cuda.divide_f32: null data for ",
              count, " elements");

@@ -38,6 +38,8 @@
 #include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sign_cuda.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 #include "kernels/run_fast_layout.h"
 #include "kernels/sign_fast_layout.h"
 #include "kernels/sign_math.h"
@@ -361,6 +363,9 @@ std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
                  KernelVariant variant) {
+  if (emulated::active())
+    return emulated::sign_encode(d_in, count, bucket, d_payload, d_workspace, workspace_bytes,
+                                 stream, variant);
   constexpr const char* kOp = "cuda.sign_encode";
   sign_payload_bytes(count, bucket);  // validates bucket and the size
   if (answered_workspace_query(d_workspace, workspace_bytes)) return;
@@ -397,6 +402,9 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
 
 void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
                  bool accumulate, int* d_status, void* stream, KernelVariant variant) {
+  if (emulated::active())
+    return emulated::sign_decode(d_payload, count, bucket, d_out, accumulate, d_status, stream,
+                                 variant);
   constexpr const char* kOp = "cuda.sign_decode";
   sign_payload_bytes(count, bucket);  // validates bucket and the size
   GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,

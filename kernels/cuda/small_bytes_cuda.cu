@@ -5,6 +5,8 @@
 #include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/small_bytes_cuda.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -20,6 +22,7 @@ __global__ void write_small_bytes_kernel(unsigned char* out, SmallBytes value, u
 }  // namespace
 
 void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream) {
+  if (emulated::active()) return emulated::write_small_bytes(d_out, host, count, stream);
   constexpr const char* kOp = "cuda.write_small_bytes";
   if (count == 0) return;
   GZ_REQUIRE(count <= kSmallBytesMax, ErrorCode::invalid_argument, kOp, ": ", count,

@@ -11,6 +11,8 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sparse_cuda.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -118,6 +120,9 @@ void check_payload(const char* op, std::size_t r, const std::byte* d_payload, st
 void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,
                        std::size_t payload_count, bool wide_indices, bool half_values,
                        std::size_t n, float* d_acc, int* d_status, void* stream) {
+  if (emulated::active())
+    return emulated::sparse_decode_add(d_payloads, entries, payload_count, wide_indices,
+                                       half_values, n, d_acc, d_status, stream);
   constexpr const char* op = "cuda.sparse_decode_add";
   GZ_REQUIRE(payload_count == 0 || (d_payloads != nullptr && entries != nullptr),
              ErrorCode::invalid_argument, op, ": ", payload_count,
@@ -143,6 +148,9 @@ void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* 
 
 void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
                    bool half_values, std::size_t n, float* d_out, int* d_status, void* stream) {
+  if (emulated::active())
+    return emulated::sparse_decode(d_payload, entries, wide_indices, half_values, n, d_out,
+                                   d_status, stream);
   constexpr const char* op = "cuda.sparse_decode";
   check_payload(op, 0, d_payload, entries, wide_indices, n);
   GZ_REQUIRE(n == 0 || d_out != nullptr, ErrorCode::invalid_argument, op, ": d_out is null");

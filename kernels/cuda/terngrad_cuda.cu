@@ -1,6 +1,8 @@
 #include "kernels/cuda/terngrad_cuda.h"
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 #include "kernels/terngrad_math.h"
 
 namespace gradzip::kernels::cuda {
@@ -48,6 +50,8 @@ __global__ void codes_from_trits_kernel(const std::uint8_t* trits, std::uint64_t
 
 void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,
                                void* stream) {
+  if (emulated::active())
+    return emulated::terngrad_trits_from_codes(d_codes, count, d_trits, stream);
   if (count == 0) return;
   GZ_REQUIRE(d_codes != nullptr && d_trits != nullptr, ErrorCode::invalid_argument,
              "cuda.terngrad_trits_from_codes: null codes or trits for ", count, " elements");
@@ -62,6 +66,9 @@ void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std:
 
 void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std::byte* d_codes,
                                int* d_status, std::byte* d_poison_scale, void* stream) {
+  if (emulated::active())
+    return emulated::terngrad_codes_from_trits(d_trits, count, d_codes, d_status, d_poison_scale,
+                                               stream);
   if (count == 0) return;
   GZ_REQUIRE(d_trits != nullptr && d_codes != nullptr && d_status != nullptr &&
                  d_poison_scale != nullptr,

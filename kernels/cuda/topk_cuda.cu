@@ -35,6 +35,8 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/topk_cuda.h"
 #include "kernels/cuda/topk_plan.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/kernel_twins.h"
 #include "kernels/topk_math.h"
 
 namespace gradzip::kernels::cuda {
@@ -801,6 +803,7 @@ void run_all(const float* d_in, std::uint64_t n, const PayloadOut& out,
 }  // namespace
 
 std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options) {
+  if (emulated::active()) return emulated::topk_workspace_bytes(n, k, options);
   return plan_for(n, k, options).workspace_bytes;
 }
 
@@ -808,6 +811,9 @@ void topk_select(const float* d_in, std::uint64_t n, std::uint64_t k,
                  const TopkCudaOptions& options, std::byte* d_payload,
                  std::uint64_t* d_entries_out, void* d_workspace, std::size_t* workspace_bytes,
                  void* stream) {
+  if (emulated::active())
+    return emulated::topk_select(d_in, n, k, options, d_payload, d_entries_out, d_workspace,
+                                 workspace_bytes, stream);
   GZ_REQUIRE(workspace_bytes != nullptr, ErrorCode::invalid_argument,
              "cuda.topk_select: workspace_bytes is null");
   const TopkPlan plan = plan_for(n, k, options);

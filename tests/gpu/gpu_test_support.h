@@ -4,7 +4,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -25,6 +25,7 @@
 #include "compressors/wire_format.h"
 #include "gradzip/codec.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "kernels/emulated/emulated_device.h"
 #include "kernels/host_device.h"
 
 namespace gradzip::gpu_test {
@@ -45,6 +46,20 @@ class DeviceTest : public ::testing::Test {
     if (kernels::cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
   }
 };
+
+// True when the CUDA calls run on the emulated device (kernels/emulated/emulated_device.h):
+// GRADZIP_DEVICE=emulated, or a build without the CUDA toolkit.
+inline bool on_emulated_device() { return kernels::emulated::active(); }
+
+// Skips a case whose point is a CUDA kernel's own arithmetic at a scale the emulated device
+// cannot serve in a test's time or memory (there each kernel is its CPU twin, so the case would
+// compare the CPU codec with itself). `why` says what the case needs.
+#define GZ_SKIP_ON_EMULATED_DEVICE(why)                                                         \
+  do {                                                                                          \
+    if (::gradzip::gpu_test::on_emulated_device())                                              \
+      GTEST_SKIP() << "on the emulated device: " << (why)                                       \
+                   << " (a kernel-arithmetic case; it runs on a GPU)";                          \
+  } while (false)
 
 // DeviceTest with a stream of its own.
 class StreamTest : public DeviceTest {

@@ -1,7 +1,7 @@
 // The CUDA casts give the bits of the CPU reference for every f16/bf16 pattern and for a sweep
 // of f32 patterns. Skips, saying why, when no device is present.
 #include <gtest/gtest.h>
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <cstring>
 #include <vector>

@@ -4,7 +4,7 @@
 // the splits, the bootstrap over a host transport) and the argument checks. Multi-rank
 // behaviour needs a multi-GPU machine.
 #include <gtest/gtest.h>
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <algorithm>
 #include <cstddef>

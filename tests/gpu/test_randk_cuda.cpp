@@ -5,7 +5,7 @@
 // checked against the CPU here without a device; the device tests skip, saying why, when no
 // device is present.
 #include <gtest/gtest.h>
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <cmath>
 #include <cstring>

@@ -5,7 +5,7 @@
 // anywhere in the batch sets *d_status and leaves the output untouched. Host-side refusals are
 // checked without a device; the device tests skip, saying why, when no device is present.
 #include <gtest/gtest.h>
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
 #include <cmath>
 #include <cstring>

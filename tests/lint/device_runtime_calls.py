@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Fails when the library allocates device memory or waits for the device anywhere but
-kernels/cuda/device_runtime.cu.
+kernels/cuda/device_runtime.cpp, or when host code calls a CUDA runtime function that
+kernels/device_api.h does not route (so it would bypass the emulated device).
 
 cudaMalloc and cudaFree synchronise the whole device: with NCCL kernels of several
 communicators on one device (the Reducer's lanes), a device-wide synchronisation while one
@@ -21,8 +22,17 @@ import sys
 
 LIBRARY_FOLDERS = ["collectives", "compressors", "error_feedback", "kernels", "pipeline", "python"]
 SUFFIXES = {".cpp", ".cu", ".cuh", ".h", ".hpp"}
-# The one file allowed to make these calls.
-ALLOWED = {"kernels/cuda/device_runtime.cu"}
+# The files allowed to make these calls: the one place that allocates and waits, and the
+# emulated device's runtime (which defines the entry points) and its stand-in CUDA header.
+ALLOWED = {"kernels/cuda/device_runtime.cpp", "kernels/emulated/emulated_runtime.cpp",
+           "kernels/emulated/include/cuda_runtime.h"}
+# Host code (not .cu, which nvcc compiles without the renaming) in these folders calls the CUDA
+# runtime only through kernels/device_api.h's list.
+ROUTED_FOLDERS = LIBRARY_FOLDERS + ["tests", "benchmarks", "examples"]
+ROUTED_SUFFIXES = {".cpp", ".h", ".hpp"}
+NOT_ROUTED = {"kernels/emulated/emulated_runtime.cpp", "kernels/emulated/include/cuda_runtime.h",
+              "kernels/device_api.h"}
+RUNTIME_CALL = re.compile(r"\b(cuda[A-Z][A-Za-z0-9_]*)\s*\(")
 FORBIDDEN = re.compile(
     r"\bcuda(Malloc|MallocAsync|MallocFromPoolAsync|MallocManaged|MallocHost|MallocPitch|"
     r"Malloc3D|MallocArray|HostAlloc|Free|FreeAsync|FreeHost|FreeArray|DeviceSynchronize|"
@@ -66,6 +76,25 @@ def offences(path_name, text):
     return found
 
 
+def routed_functions(root):
+    """The names in device_api.h's GRADZIP_CUDA_RUNTIME_FUNCTIONS list."""
+    text = (root / "kernels" / "device_api.h").read_text(encoding="utf-8")
+    block = text.split("#define GRADZIP_CUDA_RUNTIME_FUNCTIONS(X)", 1)[1].split("\n\n", 1)[0]
+    return set(re.findall(r"X\((cuda[A-Za-z0-9_]+)\)", block))
+
+
+def unrouted_calls(path_name, text, routed):
+    code = strip_comments_and_strings(text)
+    found = []
+    for number, line in enumerate(code.splitlines(), 1):
+        for match in RUNTIME_CALL.finditer(line):
+            if match.group(1) not in routed:
+                found.append(f"{path_name}:{number}: {match.group(1)} is not in "
+                             f"kernels/device_api.h's list (add it there, to the emulator and "
+                             f"to kernels/emulated/include/cuda_runtime.h)")
+    return found
+
+
 def self_test():
     planted = 'void f() {\n  // cudaFree(p) in a comment is fine\n  auto s = "cudaMalloc(";\n  cudaFree (p);\n}\n'
     clean = 'void g() { device_release(p, n, d, s); /* cudaDeviceSynchronize() */ }\n'
@@ -75,7 +104,10 @@ def self_test():
     got_sync = offences("sync.cu", sync)
     ok = (len(got_planted) == 1 and "planted.cpp:4: cudaFree" in got_planted[0]
           and got_clean == [] and len(got_sync) == 1 and "cudaStreamSynchronize" in got_sync[0])
-    print("self-test:", "ok" if ok else "FAILED", got_planted, got_clean, got_sync)
+    routed = {"cudaMemcpyAsync"}
+    got_unrouted = unrouted_calls("u.cpp", "cudaMemcpyAsync(a);\ncudaMemcpy2D(b);\n", routed)
+    ok = ok and len(got_unrouted) == 1 and "u.cpp:2: cudaMemcpy2D" in got_unrouted[0]
+    print("self-test:", "ok" if ok else "FAILED", got_planted, got_clean, got_sync, got_unrouted)
     return 0 if ok else 1
 
 
@@ -96,13 +128,25 @@ def main(argv):
             if name in ALLOWED:
                 continue
             found += offences(name, path.read_text(encoding="utf-8", errors="replace"))
+    routed = routed_functions(root)
+    if len(routed) < 10:
+        print(f"only {len(routed)} names read from kernels/device_api.h's list: parser broken?")
+        return 1
+    for folder in ROUTED_FOLDERS:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in ROUTED_SUFFIXES or not path.is_file():
+                continue
+            name = path.relative_to(root).as_posix()
+            if name in NOT_ROUTED:
+                continue
+            found += unrouted_calls(name, path.read_text(encoding="utf-8", errors="replace"), routed)
     if scanned == 0:
         print(f"no sources found under {root}: wrong root?")
         return 1
     for line in found:
         print(line)
     print(f"{scanned} files scanned, {len(found)} device allocations or waits outside "
-          f"{', '.join(sorted(ALLOWED))}")
+          f"{', '.join(sorted(ALLOWED))}, or runtime calls not routed through kernels/device_api.h")
     return 1 if found else 0
 
 

@@ -10,7 +10,9 @@
 #include <memory>
 #include <mutex>
 
+#include "collectives/transport/nccl/nccl_emulated.h"
 #include "gradzip/error.h"
+#include "kernels/emulated/emulated_device.h"
 
 #ifndef GRADZIP_NCCL_CONFIGURED_PATH
 #define GRADZIP_NCCL_CONFIGURED_PATH ""
@@ -159,7 +161,10 @@ const NcclApi& nccl_api() {
   static std::unique_ptr<const NcclApi> loaded;
   const std::lock_guard lock(mutex);
   if (!loaded) {
-    loaded = std::make_unique<const NcclApi>(load_nccl_library(default_nccl_search()));
+    // On the emulated device no libnccl.so.2 is opened: its NCCL would need a real GPU.
+    loaded = std::make_unique<const NcclApi>(kernels::emulated::active()
+                                                 ? emulated_nccl_api()
+                                                 : load_nccl_library(default_nccl_search()));
     ready.store(loaded.get(), std::memory_order_release);
   }
   return *loaded;

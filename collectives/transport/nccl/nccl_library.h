@@ -17,6 +17,10 @@
 // Every NCCL function gradzip calls comes from that one library; NCCL 2.18 or newer is needed
 // (ncclCommSplit). When none loads, gradzip::Error (unsupported) names each place tried and why.
 // Only CUDA tensors over NCCL need it: the CPU paths never load NCCL.
+// On the emulated CUDA device (kernels/emulated/emulated_device.h: GRADZIP_DEVICE=emulated, or a
+// build without the CUDA toolkit) nccl_api() loads nothing: it returns gradzip's emulated NCCL
+// (nccl_emulated.h; path "emulated NCCL (gradzip)", found_by "GRADZIP_DEVICE=emulated").
+// load_nccl_library still searches as below when called.
 #pragma once
 
 #include <nccl.h>
@@ -70,9 +74,9 @@ NcclSearch default_nccl_search();
 // version below 2.18). A library found stays loaded for the life of the process.
 NcclApi load_nccl_library(const NcclSearch& search);
 
-// The process's NCCL: loaded at the first call (thread-safe) with default_nccl_search(); later
-// calls return the same. A failed load is retried at the next call (its error thrown again if
-// it fails again).
+// The process's NCCL: loaded at the first call (thread-safe) with default_nccl_search(), or the
+// emulated NCCL when kernels::emulated::active(); later calls return the same. A failed load
+// is retried at the next call (its error thrown again if it fails again).
 const NcclApi& nccl_api();
 
 // Adds step-3 paths (kept in order, duplicates ignored). Has no effect on a library already

@@ -52,7 +52,7 @@
 //   communicators) may be used from different threads at once.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 #include <nccl.h>
 
 #include <cstddef>

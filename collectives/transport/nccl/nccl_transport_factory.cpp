@@ -1,7 +1,7 @@
 // The NCCL transport's entry points (collectives/transport/nccl_transport_factory.h).
 #include "collectives/transport/nccl_transport_factory.h"
 
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 #include <nccl.h>
 
 #include <cstdint>

@@ -1,0 +1,740 @@
+// The CPU twins of the CUDA kernel launch wrappers (kernels/emulated/kernel_twins.h). Each
+// twin performs the host-side checks of its .cu function (same conditions, codes and texts, in
+// the same order), then queues its device work as one operation on the stream. The operation
+// captures everything by value (the host arrays a CUDA launch takes as kernel arguments are
+// copied at call time), checks every device range it reads or writes, and computes with the
+// CPU codec's loops (kernels/cpu/) and the shared element math.
+#include "kernels/emulated/kernel_twins.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gradzip/codec.h"
+#include "gradzip/error.h"
+#include "gradzip/tensor_view.h"
+#include "kernels/cast_math.h"
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/nonfinite_cpu.h"
+#include "kernels/cpu/qsgd_cpu.h"
+#include "kernels/cpu/randk_cpu.h"
+#include "kernels/cpu/sign_cpu.h"
+#include "kernels/cpu/topk_cpu.h"
+#include "kernels/cuda/device_runtime.h"
+#include "kernels/cuda/topk_plan.h"
+#include "kernels/ef_math.h"
+#include "kernels/emulated/emulated_device.h"
+#include "kernels/nonfinite_math.h"
+#include "kernels/qsgd_math.h"
+#include "kernels/terngrad_math.h"
+
+namespace gradzip::kernels::emulated {
+namespace {
+
+using cuda::KernelVariant;
+
+// ---- helpers -------------------------------------------------------------------------------
+
+ConstTensorView f32_view(const float* data, std::size_t count) {
+  return ConstTensorView{data, count, DType::f32, Device{}};
+}
+TensorView f32_view(float* data, std::size_t count) {
+  return TensorView{data, count, DType::f32, Device{}};
+}
+
+std::uint32_t load_u32(const std::byte* at) {
+  std::uint32_t word;
+  std::memcpy(&word, at, sizeof word);
+  return word;
+}
+std::uint64_t load_u64(const std::byte* at) {
+  std::uint64_t word;
+  std::memcpy(&word, at, sizeof word);
+  return word;
+}
+std::uint16_t load_u16(const std::byte* at) {
+  std::uint16_t word;
+  std::memcpy(&word, at, sizeof word);
+  return word;
+}
+
+void store_status(int* d_status, int value) { *d_status = value; }
+
+// launch.cuh's answered_workspace_query: a null workspace with a size pointer is a query.
+bool answered_workspace_query(void* d_workspace, std::size_t* workspace_bytes) {
+  if (d_workspace != nullptr || workspace_bytes == nullptr) return false;
+  *workspace_bytes = 0;
+  return true;
+}
+
+// launch.cuh's require_encode_buffers.
+bool require_encode_buffers(const char* op, const float* d_in, const std::byte* d_payload,
+                            std::size_t count) {
+  if (count == 0) return false;
+  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument, op,
+             ": null input or payload for ", count, " elements");
+  return true;
+}
+
+// launch.cuh's reset_decode_status, host half: the null check (the reset itself is the first
+// step of the twin's queued operation).
+void require_status(const char* op, const int* d_status) {
+  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, op, ": null status");
+}
+
+// ---- casts and element-wise kernels ---------------------------------------------------------
+
+template <typename In, typename Out>
+void queue_cast(const char* op, void (*convert)(const In*, Out*, std::size_t) noexcept,
+                const In* d_in, Out* d_out, std::size_t count, void* stream) {
+  if (count == 0) return;
+  enqueue(stream, op, [op, convert, d_in, d_out, count] {
+    require_device_range(d_in, count * sizeof(In), op);
+    require_device_range(d_out, count * sizeof(Out), op);
+    convert(d_in, d_out, count);
+  });
+}
+
+// Sub = false: out = a + b; Sub = true: out = finite_or_zero(a - b) (ef_cuda.cu's combine).
+template <bool Sub>
+void queue_combine(const char* op, const float* a, const float* b, float* out, std::size_t count,
+                   void* stream) {
+  if (count == 0) return;
+  enqueue(stream, op, [op, a, b, out, count] {
+    require_device_range(a, count * sizeof(float), op);
+    require_device_range(b, count * sizeof(float), op);
+    require_device_range(out, count * sizeof(float), op);
+    for (std::size_t i = 0; i < count; ++i) {
+      // Element i of a and b is read before out[i] is written (out may be a or b).
+      const float x = a[i];
+      const float y = b[i];
+      if constexpr (Sub) {
+        out[i] = finite_or_zero(x - y);
+      } else {
+        out[i] = x + y;
+      }
+    }
+  });
+}
+
+// ---- non-finite count ----------------------------------------------------------------------
+
+cuda::DeviceNonfiniteCount count_elements(const void* d_data, std::size_t count, DType dtype,
+                                          bool count_beyond, std::uint32_t above) {
+  cuda::DeviceNonfiniteCount result;
+  if (!count_beyond) {
+    const cpu::NonfiniteCount found =
+        cpu::count_nonfinite(ConstTensorView{d_data, count, dtype, Device{}}, 0, count);
+    result.count = found.count;
+    result.first = found.count == 0 ? 0 : found.first;
+    return result;
+  }
+  bool any = false;
+  const auto visit = [&](std::size_t i, bool nonfinite, bool beyond) {
+    if (nonfinite) {
+      if (!any) result.first = i;
+      any = true;
+      ++result.count;
+    }
+    result.beyond += beyond ? 1 : 0;
+  };
+  if (dtype == DType::f32) {
+    const auto* bits = static_cast<const std::uint32_t*>(d_data);
+    for (std::size_t i = 0; i < count; ++i)
+      visit(i, f32_bits_nonfinite(bits[i]), f32_bits_beyond(bits[i], above));
+  } else {
+    const auto* bits = static_cast<const std::uint16_t*>(d_data);
+    const auto above16 = static_cast<std::uint16_t>(above);
+    if (dtype == DType::bf16) {
+      for (std::size_t i = 0; i < count; ++i)
+        visit(i, bf16_bits_nonfinite(bits[i]), bf16_bits_beyond(bits[i], above16));
+    } else {
+      for (std::size_t i = 0; i < count; ++i)
+        visit(i, f16_bits_nonfinite(bits[i]), f16_bits_beyond(bits[i], above16));
+    }
+  }
+  return result;
+}
+
+// nonfinite_cuda.cu's count_on_device: one queued operation, then one (counted) host wait for
+// its result, which follows every earlier operation of the stream as the .cu's
+// cudaStreamSynchronize does.
+cuda::DeviceNonfiniteCount count_on_device(const void* d_data, std::size_t count, DType dtype,
+                                           bool count_beyond, std::uint32_t above, void* stream) {
+  if (count == 0) return {};
+  const char* const op = count_beyond ? "cuda.count_nonfinite_and_beyond" : "cuda.count_nonfinite";
+  GZ_REQUIRE(d_data != nullptr, ErrorCode::invalid_argument, op, ": null data for ", count,
+             " elements");
+  // Shared by the operation's copies: if the emulator drops the operation unrun, the last copy
+  // destroys the promise and the wait below ends with broken_promise.
+  auto promise = std::make_shared<std::promise<cuda::DeviceNonfiniteCount>>();
+  std::future<cuda::DeviceNonfiniteCount> result = promise->get_future();
+  enqueue(stream, op, [promise, op, d_data, count, dtype, count_beyond, above] {
+    try {
+      require_device_range(d_data, count * dtype_size(dtype), op);
+      promise->set_value(count_elements(d_data, count, dtype, count_beyond, above));
+    } catch (...) {
+      promise->set_exception(std::current_exception());
+      throw;  // a launch failure for the emulator too (its sticky error)
+    }
+  });
+  result.wait();
+  cuda::count_polled_wait(op);
+  try {
+    return result.get();
+  } catch (const std::future_error&) {
+    GZ_THROW(ErrorCode::unsupported, op, ": reading the count failed: the operation did not run");
+  } catch (const std::exception& failure) {
+    GZ_THROW(ErrorCode::unsupported, op, ": reading the count failed: ", failure.what());
+  }
+}
+
+// ---- qsgd ----------------------------------------------------------------------------------
+
+void check_qsgd_shape(const char* op, std::size_t count, int bits, std::size_t bucket) {
+  GZ_REQUIRE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits, ErrorCode::invalid_argument, op,
+             ": bits=", bits, " is outside 1..8");
+  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument, op, ": bucket=0 (expected >= 1)");
+  GZ_REQUIRE(count <= cuda::kQsgdCudaMaxCount, ErrorCode::invalid_argument, op, ": ", count,
+             " elements exceed the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
+}
+
+std::size_t qsgd_buckets(std::size_t count, std::size_t bucket) {
+  return count / bucket + (count % bucket != 0 ? 1 : 0);
+}
+
+// What qsgd_cuda.cu's validation leaves in *d_status: the largest offence code (a bad scale
+// anywhere outranks a non-zero code of a non-finite bucket).
+int qsgd_status(const std::byte* payload, std::size_t count, int bits, std::size_t bucket) {
+  const std::size_t buckets = qsgd_buckets(count, bucket);
+  for (std::size_t b = 0; b < buckets; ++b) {
+    if (!qsgd_scale_is_valid(bits_float(load_u32(payload + b * sizeof(float)))))
+      return cuda::kQsgdStatusBadScale;
+  }
+  cpu::QsgdPayloadProblem problem;
+  if (cpu::qsgd_check_payload(payload, count, bits, bucket, problem)) return cuda::kQsgdStatusOk;
+  return problem.nonzero_code ? cuda::kQsgdStatusNonzeroCode : cuda::kQsgdStatusBadScale;
+}
+
+// ---- sign ----------------------------------------------------------------------------------
+
+std::size_t sign_buckets(std::size_t count, std::size_t bucket) {
+  return count == 0 ? 0 : (count - 1) / bucket + 1;
+}
+std::size_t sign_bit_bytes(std::size_t count) { return count / 8 + (count % 8 != 0 ? 1 : 0); }
+
+// ---- sparse --------------------------------------------------------------------------------
+
+constexpr std::uint64_t kMaxNarrowCount = std::uint64_t{1} << 32;
+
+void check_sparse_payload(const char* op, std::size_t r, const std::byte* d_payload,
+                          std::uint64_t m, bool wide, std::uint64_t n) {
+  GZ_REQUIRE(wide || n <= kMaxNarrowCount, ErrorCode::malformed_message, op,
+             ": 32-bit indices cannot address ", n, " elements");
+  GZ_REQUIRE(m <= n, ErrorCode::malformed_message, op, ": payload ", r, " has ", m,
+             " entries for ", n, " elements");
+  GZ_REQUIRE(m == 0 || d_payload != nullptr, ErrorCode::invalid_argument, op, ": payload ", r,
+             " of ", m, " entries is null");
+}
+
+std::uint64_t sparse_index(const std::byte* payload, bool wide, std::uint64_t j) {
+  return wide ? load_u64(payload + j * 8) : load_u32(payload + j * 4);
+}
+
+float sparse_value(const std::byte* payload, std::uint64_t m, bool wide, bool half,
+                   std::uint64_t j) {
+  const std::byte* values = payload + m * (wide ? 8 : 4);
+  return half ? f16_bits_to_f32(load_u16(values + j * 2)) : bits_float(load_u32(values + j * 4));
+}
+
+// sparse_cuda.cu's validate_kernel over one payload: the kSparse* bits it ORs into the status.
+int sparse_validate(const std::byte* payload, std::uint64_t m, bool wide, std::uint64_t n) {
+  int bad = 0;
+  std::uint64_t previous = 0;
+  for (std::uint64_t j = 0; j < m; ++j) {
+    const std::uint64_t index = sparse_index(payload, wide, j);
+    if (index >= n) bad |= cuda::kSparseIndexOutOfRange;
+    if (j > 0 && index <= previous) bad |= cuda::kSparseIndexNotIncreasing;
+    previous = index;
+  }
+  return bad;
+}
+
+// ---- topk ----------------------------------------------------------------------------------
+
+// topk_cuda.cu's plan_for, without CUB: the reference variant's scan storage is planned at 0
+// bytes (one alignment unit), the twin scanning nothing.
+cuda::TopkPlan twin_topk_plan(std::uint64_t n, std::uint64_t k,
+                              const cuda::TopkCudaOptions& options) {
+  GZ_REQUIRE(k <= n, ErrorCode::invalid_argument, "cuda.topk_select: k = ", k, " exceeds the ",
+             n, " elements");
+  return cuda::make_topk_plan(n, k, options.approx, options.half_values, options.variant, 0);
+}
+
+// The CPU codec's selection (compressors/topk.cpp select_and_write) written as the payload:
+// m indices, then m values (f32 bits, or f16 bits rounded to nearest even). Returns m.
+template <typename IndexT>
+std::uint64_t topk_write_payload(const float* d_in, std::uint64_t n, std::uint64_t k,
+                                 const cuda::TopkCudaOptions& options, std::byte* d_payload) {
+  std::vector<IndexT> indices(static_cast<std::size_t>(k));
+  std::vector<float> values(static_cast<std::size_t>(k));
+  const cpu::TopkOptions cpu_options{options.approx, options.seed, options.step, options.tensor_id};
+  const std::size_t m = cpu::topk_select<IndexT>(f32_view(d_in, static_cast<std::size_t>(n)),
+                                                 static_cast<std::size_t>(k), cpu_options,
+                                                 indices.data(), values.data())
+                            .count;
+  require_device_range(d_payload, cuda::topk_payload_bytes(n, m, options.half_values),
+                       "cuda.topk_select payload");
+  std::byte* const value_area = d_payload + m * sizeof(IndexT);
+  if (m > 0) std::memcpy(d_payload, indices.data(), m * sizeof(IndexT));
+  for (std::size_t j = 0; j < m; ++j) {
+    if (options.half_values) {
+      const std::uint16_t bits = f32_to_f16_bits(values[j]);
+      std::memcpy(value_area + j * sizeof bits, &bits, sizeof bits);
+    } else {
+      std::memcpy(value_area + j * sizeof(float), &values[j], sizeof(float));
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+// ---- kernels/cuda/cast_cuda.h ----------------------------------------------------------------
+
+void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  queue_cast<float, std::uint16_t>("cuda.f32_to_f16", cpu::f32_to_f16, d_in, d_out, count, stream);
+}
+void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  queue_cast<float, std::uint16_t>("cuda.f32_to_bf16", cpu::f32_to_bf16, d_in, d_out, count,
+                                   stream);
+}
+void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
+  queue_cast<std::uint16_t, float>("cuda.f16_to_f32", cpu::f16_to_f32, d_in, d_out, count, stream);
+}
+void bf16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
+  queue_cast<std::uint16_t, float>("cuda.bf16_to_f32", cpu::bf16_to_f32, d_in, d_out, count,
+                                   stream);
+}
+
+int device_count(const char** reason) noexcept {
+  const int count = emulated::device_count();
+  if (reason != nullptr)
+    *reason = count > 0 ? nullptr : "no emulated CUDA device (GRADZIP_EMULATED_DEVICES is 0)";
+  return count > 0 ? count : 0;
+}
+
+// ---- kernels/cuda/ef_cuda.h ------------------------------------------------------------------
+
+void ef_compensate(const float* d_grad, const float* d_residual, float* d_out, std::size_t count,
+                   void* stream) {
+  queue_combine<false>("cuda.ef_compensate", d_grad, d_residual, d_out, count, stream);
+}
+
+void ef_update(const float* d_compensated, const float* d_decoded, float* d_residual,
+               std::size_t count, void* stream) {
+  queue_combine<true>("cuda.ef_update", d_compensated, d_decoded, d_residual, count, stream);
+}
+
+void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half_out, bool bf16,
+                   std::size_t count, void* stream) {
+  if (count == 0) return;
+  const char* const op = bf16 ? "cuda.ef_cast_fused(bf16)" : "cuda.ef_cast_fused(fp16)";
+  enqueue(stream, op, [op, d_grad, d_residual, d_half_out, bf16, count] {
+    require_device_range(d_grad, count * sizeof(float), op);
+    require_device_range(d_residual, count * sizeof(float), op);
+    require_device_range(d_half_out, count * sizeof(std::uint16_t), op);
+    for (std::size_t i = 0; i < count; ++i) {
+      float residual = d_residual[i];
+      d_half_out[i] = ef_cast_element(d_grad[i], residual, bf16);
+      d_residual[i] = residual;
+    }
+  });
+}
+
+// ---- kernels/cuda/nonfinite_cuda.h -----------------------------------------------------------
+
+cuda::DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
+                                           void* stream) {
+  return count_on_device(d_data, count, dtype, false, 0, stream);
+}
+
+cuda::DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count,
+                                                      DType dtype, std::uint32_t above_bits,
+                                                      void* stream) {
+  return count_on_device(d_data, count, dtype, true, above_bits, stream);
+}
+
+// ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
+
+std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
+  check_qsgd_shape("cuda.qsgd_payload_bytes", count, bits, bucket);
+  return qsgd_buckets(count, bucket) * sizeof(float) +
+         (count * static_cast<std::size_t>(bits) + 7) / 8;
+}
+
+void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
+                 const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
+                 std::size_t* workspace_bytes, void* stream, KernelVariant /*variant*/) {
+  constexpr const char* kOp = "cuda.qsgd_encode";
+  check_qsgd_shape(kOp, count, bits, bucket);
+  if (answered_workspace_query(d_workspace, workspace_bytes)) return;
+  if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
+  const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
+  const EncodeContext ctx{params.seed, params.step, params.tensor_id, params.element_offset};
+  enqueue(stream, kOp, [d_in, count, bits, bucket, ctx, d_payload, payload_bytes] {
+    require_device_range(d_in, count * sizeof(float), "cuda.qsgd_encode input");
+    require_device_range(d_payload, payload_bytes, "cuda.qsgd_encode payload");
+    cpu::qsgd_encode_payload(f32_view(d_in, count), bits, bucket, ctx, d_payload);
+  });
+}
+
+void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
+                 float* d_out, bool accumulate, int* d_status, void* stream,
+                 KernelVariant /*variant*/) {
+  constexpr const char* kOp = "cuda.qsgd_decode";
+  check_qsgd_shape(kOp, count, bits, bucket);
+  GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
+             kOp, ": null payload or output for ", count, " elements");
+  require_status(kOp, d_status);
+  const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
+  enqueue(stream, kOp,
+          [d_payload, count, bits, bucket, d_out, accumulate, d_status, payload_bytes] {
+    require_device_range(d_status, sizeof(int), "cuda.qsgd_decode status");
+    store_status(d_status, cuda::kQsgdStatusOk);
+    if (count == 0) return;
+    require_device_range(d_payload, payload_bytes, "cuda.qsgd_decode payload");
+    require_device_range(d_out, count * sizeof(float), "cuda.qsgd_decode output");
+    const int status = qsgd_status(d_payload, count, bits, bucket);
+    store_status(d_status, status);
+    if (status != cuda::kQsgdStatusOk) return;
+    if (accumulate) cpu::qsgd_decode_add_payload(d_payload, count, bits, bucket, d_out);
+    else cpu::qsgd_decode_payload(d_payload, count, bits, bucket, f32_view(d_out, count));
+  });
+}
+
+// ---- kernels/cuda/randk_cuda.h ---------------------------------------------------------------
+
+namespace {
+void check_randk_sizes(const char* op, std::size_t n, std::size_t k) {
+  GZ_REQUIRE(k <= n && (n == 0 || k >= 1), ErrorCode::invalid_argument, op, ": k = ", k,
+             " for a chunk of ", n, " elements (expected 1 <= k <= n, or k = 0 for n = 0)");
+}
+DType randk_value_dtype(bool half_values) { return half_values ? DType::f16 : DType::f32; }
+}  // namespace
+
+void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::size_t k,
+                  bool half_values, std::byte* d_values_out, void* stream) {
+  constexpr const char* kOp = "cuda.randk_gather";
+  check_randk_sizes(kOp, n, k);
+  if (k == 0) return;
+  enqueue(stream, kOp, [d_in, n, key, k, half_values, d_values_out] {
+    require_device_range(d_in, n * sizeof(float), "cuda.randk_gather input");
+    require_device_range(d_values_out, cuda::randk_values_bytes(k, half_values),
+                         "cuda.randk_gather values");
+    cpu::randk_gather(f32_view(d_in, n), k, key, randk_value_dtype(half_values), d_values_out);
+  });
+}
+
+void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_values,
+                       const RandkKey& key, std::size_t n, float* d_acc, void* stream) {
+  constexpr const char* kOp = "cuda.randk_scatter_add";
+  check_randk_sizes(kOp, n, k);
+  if (k == 0) return;
+  enqueue(stream, kOp, [d_values, k, half_values, key, n, d_acc] {
+    require_device_range(d_values, cuda::randk_values_bytes(k, half_values),
+                         "cuda.randk_scatter_add values");
+    require_device_range(d_acc, n * sizeof(float), "cuda.randk_scatter_add accumulator");
+    cpu::randk_scatter_add(d_values, randk_value_dtype(half_values), k, key, d_acc, n);
+  });
+}
+
+void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
+                   const RandkKey& key, std::size_t n, float* d_out, void* stream) {
+  constexpr const char* kOp = "cuda.randk_scatter";
+  check_randk_sizes(kOp, n, k);
+  if (n == 0) return;
+  enqueue(stream, kOp, [d_values, k, half_values, key, n, d_out] {
+    require_device_range(d_values, cuda::randk_values_bytes(k, half_values),
+                         "cuda.randk_scatter values");
+    require_device_range(d_out, n * sizeof(float), "cuda.randk_scatter output");
+    cpu::randk_scatter(d_values, randk_value_dtype(half_values), k, key, f32_view(d_out, n));
+  });
+}
+
+// ---- kernels/cuda/scale_cuda.h ---------------------------------------------------------------
+
+void divide_f32(float* d_data, std::size_t count, float divisor, void* stream) {
+  if (count == 0) return;
+  GZ_REQUIRE(d_data != nullptr, ErrorCode::invalid_argument, "cuda.divide_f32: null data for ",
+             count, " elements");
+  enqueue(stream, "cuda.divide_f32", [d_data, count, divisor] {
+    require_device_range(d_data, count * sizeof(float), "cuda.divide_f32 data");
+    for (std::size_t i = 0; i < count; ++i) d_data[i] = d_data[i] / divisor;
+  });
+}
+
+// ---- kernels/cuda/sign_cuda.h ----------------------------------------------------------------
+
+std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
+  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument,
+             "cuda.sign_payload_bytes: bucket=0 (expected >= 1)");
+  const std::size_t buckets = sign_buckets(count, bucket);
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  GZ_REQUIRE(buckets <= (kMax - sign_bit_bytes(count)) / sizeof(float), ErrorCode::invalid_argument,
+             "cuda.sign_payload_bytes: the payload of ", count, " elements in buckets of ", bucket,
+             " does not fit a size_t");
+  return buckets * sizeof(float) + sign_bit_bytes(count);
+}
+
+void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
+                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
+                 KernelVariant /*variant*/) {
+  constexpr const char* kOp = "cuda.sign_encode";
+  const std::size_t payload_bytes = sign_payload_bytes(count, bucket);  // validates bucket, size
+  if (answered_workspace_query(d_workspace, workspace_bytes)) return;
+  if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
+  enqueue(stream, kOp, [d_in, count, bucket, d_payload, payload_bytes] {
+    require_device_range(d_in, count * sizeof(float), "cuda.sign_encode input");
+    require_device_range(d_payload, payload_bytes, "cuda.sign_encode payload");
+    // compressors/sign.cpp's encode of an f32 tensor.
+    auto* const bits =
+        reinterpret_cast<std::uint8_t*>(d_payload + sign_buckets(count, bucket) * sizeof(float));
+    cpu::SignEncoder encoder(bucket, d_payload, bits);
+    encoder.add(d_in, count);
+    encoder.finish();
+    if (!encoder.any_scale_overflowed()) return;
+    cpu::sign_rescue_overflowed_scales(
+        count, bucket, d_payload, [d_in](std::size_t begin, std::size_t) { return d_in + begin; });
+  });
+}
+
+void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
+                 bool accumulate, int* d_status, void* stream, KernelVariant /*variant*/) {
+  constexpr const char* kOp = "cuda.sign_decode";
+  const std::size_t payload_bytes = sign_payload_bytes(count, bucket);  // validates bucket, size
+  GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
+             kOp, ": null payload or output for ", count, " elements");
+  require_status(kOp, d_status);
+  enqueue(stream, kOp, [d_payload, count, bucket, d_out, accumulate, d_status, payload_bytes] {
+    require_device_range(d_status, sizeof(int), "cuda.sign_decode status");
+    store_status(d_status, cuda::kSignStatusOk);
+    if (count == 0) return;
+    require_device_range(d_payload, payload_bytes, "cuda.sign_decode payload");
+    require_device_range(d_out, count * sizeof(float), "cuda.sign_decode output");
+    const auto* bits = reinterpret_cast<const std::uint8_t*>(
+        d_payload + sign_buckets(count, bucket) * sizeof(float));
+    if (count % 8 != 0 && (bits[count / 8] >> (count % 8)) != 0) {
+      store_status(d_status, cuda::kSignStatusUnusedBits);
+      return;
+    }
+    const cpu::SignPayload payload{d_payload, bits, count, bucket};
+    if (accumulate) cpu::sign_decode_add(payload, d_out);
+    else cpu::sign_decode(payload, 0, count, d_out);
+  });
+}
+
+// ---- kernels/cuda/small_bytes_cuda.h ---------------------------------------------------------
+
+void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream) {
+  constexpr const char* kOp = "cuda.write_small_bytes";
+  if (count == 0) return;
+  GZ_REQUIRE(count <= cuda::kSmallBytesMax, ErrorCode::invalid_argument, kOp, ": ", count,
+             " bytes (at most ", cuda::kSmallBytesMax, ")");
+  GZ_REQUIRE(d_out != nullptr && host != nullptr, ErrorCode::invalid_argument, kOp,
+             ": null pointer for ", count, " bytes");
+  // The bytes as of the call (a kernel argument on the GPU): the caller may reuse `host` at once.
+  std::array<std::byte, cuda::kSmallBytesMax> bytes{};
+  std::memcpy(bytes.data(), host, count);
+  enqueue(stream, kOp, [d_out, bytes, count] {
+    require_device_range(d_out, count, "cuda.write_small_bytes target");
+    std::memcpy(d_out, bytes.data(), count);
+  });
+}
+
+// ---- kernels/cuda/sparse_cuda.h --------------------------------------------------------------
+
+void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,
+                       std::size_t payload_count, bool wide_indices, bool half_values,
+                       std::size_t n, float* d_acc, int* d_status, void* stream) {
+  constexpr const char* op = "cuda.sparse_decode_add";
+  GZ_REQUIRE(payload_count == 0 || (d_payloads != nullptr && entries != nullptr),
+             ErrorCode::invalid_argument, op, ": ", payload_count,
+             " payloads but a null pointer or entry array");
+  bool any_entries = false;
+  for (std::size_t r = 0; r < payload_count; ++r) {
+    check_sparse_payload(op, r, d_payloads[r], entries[r], wide_indices, n);
+    any_entries = any_entries || entries[r] > 0;
+  }
+  GZ_REQUIRE(!any_entries || d_acc != nullptr, ErrorCode::invalid_argument, op,
+             ": d_acc is null");
+  require_status(op, d_status);
+  // The host arrays, as of the call (the GPU launches take them as kernel arguments).
+  std::vector<std::pair<const std::byte*, std::uint64_t>> payloads;
+  payloads.reserve(payload_count);
+  for (std::size_t r = 0; r < payload_count; ++r)
+    if (entries[r] > 0) payloads.emplace_back(d_payloads[r], entries[r]);
+  enqueue(stream, op, [payloads = std::move(payloads), wide_indices, half_values, n, d_acc,
+                       d_status] {
+    require_device_range(d_status, sizeof(int), "cuda.sparse_decode_add status");
+    store_status(d_status, 0);
+    int status = 0;
+    for (const auto& [payload, m] : payloads) {
+      require_device_range(payload, cuda::sparse_payload_bytes(m, wide_indices, half_values),
+                           "cuda.sparse_decode_add payload");
+      status |= sparse_validate(payload, m, wide_indices, n);
+    }
+    store_status(d_status, status);
+    if (status != 0 || payloads.empty()) return;
+    require_device_range(d_acc, n * sizeof(float), "cuda.sparse_decode_add accumulator");
+    for (const auto& [payload, m] : payloads) {
+      for (std::uint64_t j = 0; j < m; ++j) {
+        d_acc[sparse_index(payload, wide_indices, j)] +=
+            sparse_value(payload, m, wide_indices, half_values, j);
+      }
+    }
+  });
+}
+
+void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                   bool half_values, std::size_t n, float* d_out, int* d_status, void* stream) {
+  constexpr const char* op = "cuda.sparse_decode";
+  check_sparse_payload(op, 0, d_payload, entries, wide_indices, n);
+  GZ_REQUIRE(n == 0 || d_out != nullptr, ErrorCode::invalid_argument, op, ": d_out is null");
+  require_status(op, d_status);
+  enqueue(stream, op, [d_payload, entries, wide_indices, half_values, n, d_out, d_status] {
+    require_device_range(d_status, sizeof(int), "cuda.sparse_decode status");
+    store_status(d_status, 0);
+    int status = 0;
+    if (entries > 0) {
+      require_device_range(d_payload,
+                           cuda::sparse_payload_bytes(entries, wide_indices, half_values),
+                           "cuda.sparse_decode payload");
+      status = sparse_validate(d_payload, entries, wide_indices, n);
+    }
+    store_status(d_status, status);
+    if (n == 0 || status != 0) return;
+    require_device_range(d_out, n * sizeof(float), "cuda.sparse_decode output");
+    std::fill_n(d_out, n, 0.0f);
+    for (std::uint64_t j = 0; j < entries; ++j) {
+      d_out[sparse_index(d_payload, wide_indices, j)] =
+          sparse_value(d_payload, entries, wide_indices, half_values, j);
+    }
+  });
+}
+
+// ---- kernels/cuda/terngrad_cuda.h ------------------------------------------------------------
+
+void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,
+                               void* stream) {
+  if (count == 0) return;
+  GZ_REQUIRE(d_codes != nullptr && d_trits != nullptr, ErrorCode::invalid_argument,
+             "cuda.terngrad_trits_from_codes: null codes or trits for ", count, " elements");
+  const std::uint64_t trit_bytes = terngrad_trit_bytes(count);
+  const std::uint64_t code_bytes = (std::uint64_t{count} * 2 + 7) / 8;
+  enqueue(stream, "cuda.terngrad_trits_from_codes", [d_codes, d_trits, trit_bytes, code_bytes] {
+    require_device_range(d_codes, code_bytes, "cuda.terngrad_trits_from_codes codes");
+    require_device_range(d_trits, trit_bytes, "cuda.terngrad_trits_from_codes trits");
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(d_codes);
+    auto* trits = reinterpret_cast<std::uint8_t*>(d_trits);
+    for (std::uint64_t j = 0; j < trit_bytes; ++j)
+      trits[j] = static_cast<std::uint8_t>(
+          terngrad_pack_codes(terngrad_read_codes10(codes, code_bytes, 10 * j)));
+  });
+}
+
+void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std::byte* d_codes,
+                               int* d_status, std::byte* d_poison_scale, void* stream) {
+  if (count == 0) return;
+  GZ_REQUIRE(d_trits != nullptr && d_codes != nullptr && d_status != nullptr &&
+                 d_poison_scale != nullptr,
+             ErrorCode::invalid_argument, "cuda.terngrad_codes_from_trits: null pointer for ",
+             count, " elements");
+  const std::uint64_t trit_bytes = terngrad_trit_bytes(count);
+  const std::uint64_t code_bytes = (std::uint64_t{count} * 2 + 7) / 8;
+  enqueue(stream, "cuda.terngrad_codes_from_trits",
+          [d_trits, count, d_codes, d_status, d_poison_scale, trit_bytes, code_bytes] {
+    require_device_range(d_trits, trit_bytes, "cuda.terngrad_codes_from_trits trits");
+    require_device_range(d_codes, code_bytes, "cuda.terngrad_codes_from_trits codes");
+    require_device_range(d_status, sizeof(int), "cuda.terngrad_codes_from_trits status");
+    require_device_range(d_poison_scale, sizeof(float), "cuda.terngrad_codes_from_trits scale");
+    const auto* trits = reinterpret_cast<const std::uint8_t*>(d_trits);
+    auto* codes = reinterpret_cast<std::uint8_t*>(d_codes);
+    for (std::uint64_t t = 0; t < trit_bytes; ++t) {
+      if (trits[t] > terngrad_byte_limit(count, t)) {
+        store_status(d_status, cuda::kTerngradStatusBadTrit);
+        const std::uint32_t minus_one = 0xBF800000u;  // -1.0f: no scale encode writes
+        std::memcpy(d_poison_scale, &minus_one, sizeof minus_one);
+        break;
+      }
+    }
+    // Every code byte from the trits, as the kernel computes it (also from a bad trit byte).
+    for (std::uint64_t t = 0; t < code_bytes; ++t) {
+      std::uint32_t byte = 0;
+      for (std::uint64_t i = 0; i < 4; ++i) {
+        const std::uint64_t e = 4 * t + i;
+        if (e >= count) break;
+        std::uint32_t trit = trits[e / kTerngradTritsPerByte];
+        for (std::uint64_t d = 0; d < e % kTerngradTritsPerByte; ++d) trit /= 3u;
+        byte |= terngrad_code_of_trit(trit % 3u) << (2 * i);
+      }
+      codes[t] = static_cast<std::uint8_t>(byte);
+    }
+  });
+}
+
+// ---- kernels/cuda/topk_cuda.h ----------------------------------------------------------------
+
+std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k,
+                                 const cuda::TopkCudaOptions& options) {
+  return twin_topk_plan(n, k, options).workspace_bytes;
+}
+
+void topk_select(const float* d_in, std::uint64_t n, std::uint64_t k,
+                 const cuda::TopkCudaOptions& options, std::byte* d_payload,
+                 std::uint64_t* d_entries_out, void* d_workspace, std::size_t* workspace_bytes,
+                 void* stream) {
+  GZ_REQUIRE(workspace_bytes != nullptr, ErrorCode::invalid_argument,
+             "cuda.topk_select: workspace_bytes is null");
+  const cuda::TopkPlan plan = twin_topk_plan(n, k, options);
+  if (d_workspace == nullptr) {
+    *workspace_bytes = plan.workspace_bytes;
+    return;
+  }
+  GZ_REQUIRE(*workspace_bytes >= plan.workspace_bytes, ErrorCode::invalid_argument,
+             "cuda.topk_select: workspace of ", *workspace_bytes, " bytes, n = ", n, ", k = ", k,
+             " needs ", plan.workspace_bytes);
+  GZ_REQUIRE(reinterpret_cast<std::uintptr_t>(d_workspace) % cuda::kTopkWorkspaceAlign == 0,
+             ErrorCode::invalid_argument, "cuda.topk_select: workspace not ",
+             cuda::kTopkWorkspaceAlign, "-byte aligned");
+  GZ_REQUIRE(k == 0 || (d_in != nullptr && d_payload != nullptr), ErrorCode::invalid_argument,
+             "cuda.topk_select: null input or payload for n = ", n, ", k = ", k);
+  if (plan.kind == cuda::TopkPlanKind::empty && d_entries_out == nullptr) return;  // no launch
+  // The GPU uses the workspace on the select path only (state, histograms, candidates).
+  const std::size_t workspace_used =
+      plan.kind == cuda::TopkPlanKind::select ? plan.workspace_bytes : 0;
+  enqueue(stream, "cuda.topk_select",
+          [d_in, n, k, options, d_payload, d_entries_out, d_workspace, workspace_used] {
+    if (d_entries_out != nullptr)
+      require_device_range(d_entries_out, sizeof(std::uint64_t), "cuda.topk_select entry count");
+    require_device_range(d_workspace, workspace_used, "cuda.topk_select workspace");
+    std::uint64_t m = 0;
+    if (k > 0) {
+      require_device_range(d_in, static_cast<std::size_t>(n) * sizeof(float),
+                           "cuda.topk_select input");
+      m = cuda::topk_index_bytes(n) == sizeof(std::uint32_t)
+              ? topk_write_payload<std::uint32_t>(d_in, n, k, options, d_payload)
+              : topk_write_payload<std::uint64_t>(d_in, n, k, options, d_payload);
+    }
+    if (d_entries_out != nullptr) *d_entries_out = m;
+  });
+}
+
+}  // namespace gradzip::kernels::emulated

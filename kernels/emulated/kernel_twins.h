@@ -1,0 +1,125 @@
+// The CPU twins of the CUDA kernel launch wrappers of kernels/cuda/*.h, for the emulated device
+// (kernels/emulated/emulated_device.h). Not a public header.
+//
+// Each function here has the signature and the contract of the kernels::cuda:: function of the
+// same name (its header is the contract): the same host-side refusals (the same gradzip::Error
+// codes, thrown before anything is queued), the same two-phase workspace queries, the same
+// bytes and status words written, asynchronous on the given stream. The device work of a call
+// is ONE operation queued with emulated::enqueue() on `stream`; inside it every device pointer
+// the CUDA kernels would read or write is checked with emulated::require_device_range() (a host
+// pointer there is a launch failure, as a GPU faults on it), then the bytes are computed by the
+// CPU codec's loops (kernels/cpu/) and the shared element math (kernels/*_math.h), so they are
+// the CPU codec's bytes, which is what the CUDA kernels are specified to write. KernelVariant
+// arguments are accepted and ignored: both variants write the same bytes.
+//
+// Differences from the CUDA functions, where a twin cannot be the same:
+//  - count_nonfinite / count_nonfinite_and_beyond wait for their queued operation (a future),
+//    not with cudaStreamSynchronize; the wait is counted as one host wait at the .cu's site
+//    ("cuda.count_nonfinite", "cuda.count_nonfinite_and_beyond") through count_polled_wait
+//    (kernels/cuda/device_runtime.h), where the .cu counts it through synchronize_stream. A
+//    failed operation (e.g. a host pointer) throws gradzip::Error(unsupported) from the wait.
+//  - topk_workspace_bytes: the reference variant's plan reserves CUB's scan storage, which only
+//    a CUDA device can size; the twin plans with 0 scan bytes (one alignment unit), so the
+//    reference variant's answer differs from a GPU's. The fast variant's (the default) is the
+//    same. topk_select checks the workspace against the twin's own answer.
+//  - device_count returns emulated::device_count() and sets *reason to nullptr when it is > 0.
+//
+// Included by the .cu files, so it stays C++17 (nvcc is given -std=c++17).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gradzip/dtype.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/ef_cuda.h"
+#include "kernels/cuda/kernel_variant.h"
+#include "kernels/cuda/nonfinite_cuda.h"
+#include "kernels/cuda/qsgd_cuda.h"
+#include "kernels/cuda/randk_cuda.h"
+#include "kernels/cuda/scale_cuda.h"
+#include "kernels/cuda/sign_cuda.h"
+#include "kernels/cuda/small_bytes_cuda.h"
+#include "kernels/cuda/sparse_cuda.h"
+#include "kernels/cuda/terngrad_cuda.h"
+#include "kernels/cuda/topk_cuda.h"
+
+namespace gradzip::kernels::emulated {
+
+// ---- kernels/cuda/cast_cuda.h ----------------------------------------------------------------
+void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
+void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
+void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream);
+void bf16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream);
+int device_count(const char** reason) noexcept;
+
+// ---- kernels/cuda/ef_cuda.h ------------------------------------------------------------------
+void ef_compensate(const float* d_grad, const float* d_residual, float* d_out, std::size_t count,
+                   void* stream);
+void ef_update(const float* d_compensated, const float* d_decoded, float* d_residual,
+               std::size_t count, void* stream);
+void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half_out, bool bf16,
+                   std::size_t count, void* stream);
+
+// ---- kernels/cuda/nonfinite_cuda.h -----------------------------------------------------------
+cuda::DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
+                                           void* stream);
+cuda::DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count,
+                                                      DType dtype, std::uint32_t above_bits,
+                                                      void* stream);
+
+// ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
+std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);
+void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
+                 const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
+                 std::size_t* workspace_bytes, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
+                 float* d_out, bool accumulate, int* d_status, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+
+// ---- kernels/cuda/randk_cuda.h ---------------------------------------------------------------
+void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::size_t k,
+                  bool half_values, std::byte* d_values_out, void* stream);
+void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_values,
+                       const RandkKey& key, std::size_t n, float* d_acc, void* stream);
+void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
+                   const RandkKey& key, std::size_t n, float* d_out, void* stream);
+
+// ---- kernels/cuda/scale_cuda.h ---------------------------------------------------------------
+void divide_f32(float* d_data, std::size_t count, float divisor, void* stream);
+
+// ---- kernels/cuda/sign_cuda.h ----------------------------------------------------------------
+std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
+void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
+                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
+                 bool accumulate, int* d_status, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+
+// ---- kernels/cuda/small_bytes_cuda.h ---------------------------------------------------------
+void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream);
+
+// ---- kernels/cuda/sparse_cuda.h --------------------------------------------------------------
+void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,
+                       std::size_t payload_count, bool wide_indices, bool half_values,
+                       std::size_t n, float* d_acc, int* d_status, void* stream);
+void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                   bool half_values, std::size_t n, float* d_out, int* d_status, void* stream);
+
+// ---- kernels/cuda/terngrad_cuda.h ------------------------------------------------------------
+void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,
+                               void* stream);
+void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std::byte* d_codes,
+                               int* d_status, std::byte* d_poison_scale, void* stream);
+
+// ---- kernels/cuda/topk_cuda.h ----------------------------------------------------------------
+std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k,
+                                 const cuda::TopkCudaOptions& options);
+void topk_select(const float* d_in, std::uint64_t n, std::uint64_t k,
+                 const cuda::TopkCudaOptions& options, std::byte* d_payload,
+                 std::uint64_t* d_entries_out, void* d_workspace, std::size_t* workspace_bytes,
+                 void* stream);
+
+}  // namespace gradzip::kernels::emulated

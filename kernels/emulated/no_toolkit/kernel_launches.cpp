@@ -1,0 +1,151 @@
+// The launch wrappers of kernels/cuda/*.h in a build without the CUDA toolkit
+// (GRADZIP_WITH_CUDA=EMULATED), where no .cu file is compiled: each forwards to its CPU twin
+// (kernels/emulated/kernel_twins.h), which is what the .cu wrapper does when the emulated device
+// is active, and that is always the case here. The host-only helpers (qsgd_payload_bytes,
+// sign_payload_bytes, topk_workspace_bytes) give the twins' answers, the .cu ones' arithmetic.
+#include "kernels/emulated/kernel_twins.h"
+
+namespace gradzip::kernels::cuda {
+
+// ---- kernels/cuda/cast_cuda.h ----------------------------------------------------------------
+
+void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  emulated::f32_to_f16(d_in, d_out, count, stream);
+}
+void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  emulated::f32_to_bf16(d_in, d_out, count, stream);
+}
+void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
+  emulated::f16_to_f32(d_in, d_out, count, stream);
+}
+void bf16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
+  emulated::bf16_to_f32(d_in, d_out, count, stream);
+}
+int device_count(const char** reason) noexcept { return emulated::device_count(reason); }
+
+// ---- kernels/cuda/ef_cuda.h ------------------------------------------------------------------
+
+void ef_compensate(const float* d_grad, const float* d_residual, float* d_out, std::size_t count,
+                   void* stream) {
+  emulated::ef_compensate(d_grad, d_residual, d_out, count, stream);
+}
+void ef_update(const float* d_compensated, const float* d_decoded, float* d_residual,
+               std::size_t count, void* stream) {
+  emulated::ef_update(d_compensated, d_decoded, d_residual, count, stream);
+}
+void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half_out, bool bf16,
+                   std::size_t count, void* stream) {
+  emulated::ef_cast_fused(d_grad, d_residual, d_half_out, bf16, count, stream);
+}
+
+// ---- kernels/cuda/nonfinite_cuda.h -----------------------------------------------------------
+
+DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
+                                     void* stream) {
+  return emulated::count_nonfinite(d_data, count, dtype, stream);
+}
+DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count, DType dtype,
+                                                std::uint32_t above_bits, void* stream) {
+  return emulated::count_nonfinite_and_beyond(d_data, count, dtype, above_bits, stream);
+}
+
+// ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
+
+std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
+  return emulated::qsgd_payload_bytes(count, bits, bucket);
+}
+void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
+                 const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
+                 std::size_t* workspace_bytes, void* stream, KernelVariant variant) {
+  emulated::qsgd_encode(d_in, count, bits, bucket, params, d_payload, d_workspace,
+                        workspace_bytes, stream, variant);
+}
+void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
+                 float* d_out, bool accumulate, int* d_status, void* stream,
+                 KernelVariant variant) {
+  emulated::qsgd_decode(d_payload, count, bits, bucket, d_out, accumulate, d_status, stream,
+                        variant);
+}
+
+// ---- kernels/cuda/randk_cuda.h ---------------------------------------------------------------
+
+void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::size_t k,
+                  bool half_values, std::byte* d_values_out, void* stream) {
+  emulated::randk_gather(d_in, n, key, k, half_values, d_values_out, stream);
+}
+void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_values,
+                       const RandkKey& key, std::size_t n, float* d_acc, void* stream) {
+  emulated::randk_scatter_add(d_values, k, half_values, key, n, d_acc, stream);
+}
+void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
+                   const RandkKey& key, std::size_t n, float* d_out, void* stream) {
+  emulated::randk_scatter(d_values, k, half_values, key, n, d_out, stream);
+}
+
+// ---- kernels/cuda/scale_cuda.h ---------------------------------------------------------------
+
+void divide_f32(float* d_data, std::size_t count, float divisor, void* stream) {
+  emulated::divide_f32(d_data, count, divisor, stream);
+}
+
+// ---- kernels/cuda/sign_cuda.h ----------------------------------------------------------------
+
+std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
+  return emulated::sign_payload_bytes(count, bucket);
+}
+void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
+                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
+                 KernelVariant variant) {
+  emulated::sign_encode(d_in, count, bucket, d_payload, d_workspace, workspace_bytes, stream,
+                        variant);
+}
+void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
+                 bool accumulate, int* d_status, void* stream, KernelVariant variant) {
+  emulated::sign_decode(d_payload, count, bucket, d_out, accumulate, d_status, stream, variant);
+}
+
+// ---- kernels/cuda/small_bytes_cuda.h ---------------------------------------------------------
+
+void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream) {
+  emulated::write_small_bytes(d_out, host, count, stream);
+}
+
+// ---- kernels/cuda/sparse_cuda.h --------------------------------------------------------------
+
+void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,
+                       std::size_t payload_count, bool wide_indices, bool half_values,
+                       std::size_t n, float* d_acc, int* d_status, void* stream) {
+  emulated::sparse_decode_add(d_payloads, entries, payload_count, wide_indices, half_values, n,
+                              d_acc, d_status, stream);
+}
+void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                   bool half_values, std::size_t n, float* d_out, int* d_status, void* stream) {
+  emulated::sparse_decode(d_payload, entries, wide_indices, half_values, n, d_out, d_status,
+                          stream);
+}
+
+// ---- kernels/cuda/terngrad_cuda.h ------------------------------------------------------------
+
+void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,
+                               void* stream) {
+  emulated::terngrad_trits_from_codes(d_codes, count, d_trits, stream);
+}
+void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std::byte* d_codes,
+                               int* d_status, std::byte* d_poison_scale, void* stream) {
+  emulated::terngrad_codes_from_trits(d_trits, count, d_codes, d_status, d_poison_scale, stream);
+}
+
+// ---- kernels/cuda/topk_cuda.h ----------------------------------------------------------------
+
+std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options) {
+  return emulated::topk_workspace_bytes(n, k, options);
+}
+void topk_select(const float* d_in, std::uint64_t n, std::uint64_t k,
+                 const TopkCudaOptions& options, std::byte* d_payload,
+                 std::uint64_t* d_entries_out, void* d_workspace, std::size_t* workspace_bytes,
+                 void* stream) {
+  emulated::topk_select(d_in, n, k, options, d_payload, d_entries_out, d_workspace,
+                        workspace_bytes, stream);
+}
+
+}  // namespace gradzip::kernels::cuda
