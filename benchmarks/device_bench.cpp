@@ -14,7 +14,9 @@
 //     and host waits (kernels/cuda/device_runtime.h's counters) are divided by K. Targets: 0
 //     allocations per steady-state call; at most 1 host wait for the fixed-size codecs. The
 //     figures are printed against the targets; missing them is reported, not an error.
-#include <cuda_runtime.h>
+// Both rewrite their --json file whole (written beside it, then renamed over it) after every
+// step / row, with "complete": false until the end, so a hang or a kill keeps what was measured.
+#include "kernels/device_api.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -63,9 +65,14 @@ std::string wait_sites_per_call(const std::vector<std::pair<std::string, std::ui
   return out.empty() ? "none" : out;
 }
 
-// Writes `body` to `path` unless no --json was given.
+// Writes `body` to `path` unless no --json was given: beside it, then renamed over it, so that
+// a reader (or a kill) never meets a half-written file.
 void write_json_if_asked(const char* command, const std::string& path, const std::string& body) {
-  if (!path.empty()) write_json_file(command, path, body);
+  if (path.empty()) return;
+  const std::string part = path + ".part";
+  write_json_file(command, part, body);
+  GZ_REQUIRE(std::rename(part.c_str(), path.c_str()) == 0, ErrorCode::io_error, command,
+             ": cannot rename '", part, "' to '", path, "'");
 }
 
 bool no_device(const char* command, const std::string& json_path) {
@@ -86,7 +93,13 @@ int run_preflight(int argc, char** argv) {
   if (no_device("preflight", json_path)) return 0;
   std::string json = "{\"benchmark\": \"preflight\"";
   std::string step = "device properties";
+  // What is known so far, before each step: a step that hangs leaves the file naming it.
+  const auto progress = [&] {
+    write_json_if_asked("preflight", json_path,
+                        json + detail::concat(", \"running\": ", json_string(step), ", \"complete\": false}\n"));
+  };
   try {
+    progress();
     check(cudaSetDevice(0), "cudaSetDevice(0)");
     cudaDeviceProp props{};
     check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
@@ -108,6 +121,7 @@ int run_preflight(int argc, char** argv) {
                            ", \"runtime\": ", runtime, ", \"memory_pools\": ", pools ? "true" : "false");
 
     step = "an allocation through gradzip's device runtime";
+    progress();
     const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
     { const collectives::DeviceAllocation block(1 << 20, 0, "preflight"); }
     { const collectives::DeviceAllocation again(1 << 20, 0, "preflight"); }
@@ -120,6 +134,7 @@ int run_preflight(int argc, char** argv) {
 
     step = "a one-rank NCCL communicator";
     json += detail::concat(", \"nccl_built\": ", collectives::nccl_transport_built() ? "true" : "false");
+    progress();
     if (collectives::nccl_transport_built()) {
       collectives::SelfTransport bootstrap;
       std::unique_ptr<collectives::Transport> nccl = collectives::make_nccl_transport(bootstrap, 0);
@@ -141,10 +156,11 @@ int run_preflight(int argc, char** argv) {
   } catch (const std::exception& error) {
     std::printf("gradzip-bench preflight: FAILED at %s: %s\n", step.c_str(), error.what());
     write_json_if_asked("preflight", json_path,
-                        json + detail::concat(", \"failed\": ", json_string(step + ": " + error.what()), "}\n"));
+                        json + detail::concat(", \"failed\": ", json_string(step + ": " + error.what()),
+                                              ", \"complete\": true}\n"));
     return 1;
   }
-  write_json_if_asked("preflight", json_path, json + "}\n");
+  write_json_if_asked("preflight", json_path, json + ", \"complete\": true}\n");
   std::printf("gradzip-bench preflight: OK\n");
   return 0;
 }
@@ -181,6 +197,7 @@ int run_calls(int argc, char** argv) {
                                     ", \"rows\": [");
   int status = 0;
   bool first = true;
+  write_json_if_asked("calls", json_path, json + "], \"complete\": false}\n");
   for (const Row& row : rows) {
     try {
       CommunicatorOptions options;
@@ -220,9 +237,10 @@ int run_calls(int argc, char** argv) {
       status = 1;
     }
     first = false;
+    write_json_if_asked("calls", json_path, json + "], \"complete\": false}\n");  // every row at once
   }
   cudaFree(tensor);
-  write_json_if_asked("calls", json_path, json + "]}\n");
+  write_json_if_asked("calls", json_path, json + "], \"complete\": true}\n");
   return status;
 }
 

@@ -1,29 +1,45 @@
 // gradzip-bench kernels: the CUDA kernels on --size f32 elements of N(0, 1) data (default 2^28,
-// 1 GiB). For each kernel of the table below:
+// 1 GiB; never less than the L2 floor below). For each kernel of the table below:
 //   time_s            median over --repeat timed launches, each timed with CUDA events on one
 //                     stream, after one untimed warm-up launch
 //   bytes             the minimum bytes the kernel must move: its input read once plus its output
 //                     written once (what an ideal kernel touches in device memory; for gathers
 //                     and scatters, the elements they touch, 4 bytes each)
 //   gbps              bytes / time_s / 1e9
-//   copy_bytes        the bytes of the kernel's input
+//   copy_bytes        the bytes of the copy baseline: the kernel's input for encoders, casts to
+//                     16 bits, error feedback and top-k; the f32 output it writes (n * 4 bytes)
+//                     for decoders (qsgd / sign decode, casts to f32, sparse decode-add, random-k
+//                     scatter-add), not their smaller payload; and never less than 4x the
+//                     device's L2 cache (cudaDevAttrL2CacheSize, read at run time), so that the
+//                     copy runs at device-memory speed instead of partly in L2
 //   copy_time_s       median time of a device-to-device cudaMemcpyAsync of copy_bytes, measured
 //                     the same way in the same run, just before the kernel
 //   copy_gbps         2 * copy_bytes / copy_time_s / 1e9 (a copy reads and writes its bytes: the
 //                     same count as `bytes`, so the two rates compare directly)
 //   fraction_of_copy  gbps / copy_gbps
-// The JSON also holds input_copy_gbps: the same measure for a copy of the whole f32 input, the
-// device's copy rate at a size well beyond L2 (a kernel whose input is small, a gather or a
-// decoder of a small payload, is compared with a copy that may sit partly in L2).
+// The L2 floor: --size is raised, when smaller, to the smallest power of two whose f32 bytes are
+// at least 4x the L2 cache (said so on stdout; "size_requested" in the JSON); --size auto asks
+// for exactly that size, at least 2^24 (a short run: gpu-check.sh --quick).
+// The JSON also holds input_copy_gbps: the same measure for a copy of the whole f32 input, and
+// "nccl": the NCCL library gradzip's loader takes in this process (nccl_api(): path, the search
+// step that found it, version), or why none.
+// The --json file is rewritten (whole, as valid JSON: written beside it and renamed over it)
+// before the first kernel and after every kernel, with "complete": false until the last one is
+// done, so a run that hangs or is killed keeps every row already measured.
 // After its timed runs, a kernel with a cheap result check (a decoder's status, top-k's entry
 // count) is checked; a kernel that fails to launch or fails its check is listed under "failed"
 // and makes the exit status 1. Correctness itself is the gpu tests' job (tests/gpu).
 // Without a CUDA device it prints why and exits 0 (with --json, it writes {"skipped": reason}).
 //
+// --nccl-library prints the NCCL library gradzip's loader takes here (path, how it was found,
+// version) and exits: 0 when one loads, 1 when none does (the error names every place tried),
+// 3 in a build without NCCL. It needs no device.
+//
 // Adding a kernel: one entry in make_table(): a name, and a setup function that receives the
 // shared device inputs (and an arena for any buffers or workspace of its own) and returns the
-// bytes it moves, its input bytes, the launch to time and optionally a check.
-#include <cuda_runtime.h>
+// bytes it moves, the bytes of its copy baseline (its input; a decoder's f32 output), the launch
+// to time and optionally a check.
+#include "kernels/device_api.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -32,6 +48,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -49,6 +66,17 @@
 #include "kernels/cuda/topk_cuda.h"
 #include "kernels/cuda/topk_plan.h"
 
+// The NCCL loader's own answer (nccl_api()) needs NCCL's header, which the build puts on this
+// file's include path when it comes with the CUDA toolkit (gpu-check.sh adds it otherwise), and
+// the toolkit's CUDA runtime header (CUDART_VERSION; the toolkit-free build's stand-in has none
+// and never loads NCCL).
+#if defined(GRADZIP_HAVE_NCCL) && defined(CUDART_VERSION) && __has_include(<nccl.h>)
+#define GRADZIP_BENCH_NCCL_API 1
+#include "collectives/transport/nccl/nccl_library.h"
+#else
+#define GRADZIP_BENCH_NCCL_API 0
+#endif
+
 namespace gradzip::bench {
 namespace {
 
@@ -61,24 +89,32 @@ namespace {
 
 struct Options {
   std::size_t size = std::size_t{1} << 28;
+  bool size_auto = false;  // --size auto: the L2 floor itself
   int repeat = 20;
   std::vector<std::string> kernels;  // empty: all
   std::string json_path;
   bool list = false;
+  bool nccl_library = false;
   bool help = false;
 };
 
 void print_help() {
   std::printf(
-      "usage: gradzip-bench kernels [--size N] [--repeat R] [--kernel NAME]... [--list] "
-      "[--json FILE]\n"
-      "  --size N       f32 elements of N(0,1) data (default 268435456 = 2^28)\n"
+      "usage: gradzip-bench kernels [--size N|auto] [--repeat R] [--kernel NAME]... [--list] "
+      "[--json FILE] [--nccl-library]\n"
+      "  --size N       f32 elements of N(0,1) data (default 268435456 = 2^28); raised to the\n"
+      "                 L2 floor when smaller: the smallest power of two of at least 4x the\n"
+      "                 device's L2 cache in f32 bytes; 'auto': that floor (at least 2^24)\n"
       "  --repeat R     timed launches per kernel, the median is reported (default 20)\n"
       "  --kernel NAME  measure only this kernel; repeat for several (default: all; --list)\n"
       "  --list         print the kernel names and exit\n"
-      "  --json FILE    also write the results as one JSON object to FILE\n"
-      "Each kernel is reported next to a device-to-device copy of its input measured in the\n"
-      "same run. Without a CUDA device, prints why and exits 0.\n");
+      "  --json FILE    also write the results as one JSON object to FILE, rewritten after\n"
+      "                 every kernel (\"complete\": false until the last)\n"
+      "  --nccl-library print the NCCL library gradzip's loader takes here (path, how found,\n"
+      "                 version) and exit: 0 loaded, 1 none loads, 3 no NCCL in this build\n"
+      "Each kernel is reported next to a device-to-device copy measured in the same run: of\n"
+      "its input, or for decoders of the f32 output they write; at least 4x the L2 cache.\n"
+      "Without a CUDA device, prints why and exits 0.\n");
 }
 
 Options parse_options(int argc, char** argv) {
@@ -90,8 +126,12 @@ Options parse_options(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--size") {
-      options.size = parse_count("kernels", value(), arg);
-      GZ_REQUIRE(options.size >= 1, ErrorCode::invalid_argument, "kernels: --size must be >= 1");
+      const std::string text = value();
+      options.size_auto = text == "auto";
+      if (!options.size_auto) {
+        options.size = parse_count("kernels", text.c_str(), arg);
+        GZ_REQUIRE(options.size >= 1, ErrorCode::invalid_argument, "kernels: --size must be >= 1");
+      }
     } else if (arg == "--repeat") {
       options.repeat = static_cast<int>(parse_count("kernels", value(), arg));
       GZ_REQUIRE(options.repeat >= 1, ErrorCode::invalid_argument, "kernels: --repeat must be >= 1");
@@ -101,6 +141,8 @@ Options parse_options(int argc, char** argv) {
       options.json_path = value();
     } else if (arg == "--list") {
       options.list = true;
+    } else if (arg == "--nccl-library") {
+      options.nccl_library = true;
     } else if (arg == "--help" || arg == "-h") {
       options.help = true;
     } else {
@@ -146,8 +188,10 @@ struct Inputs {
 using Launch = std::function<void(cudaStream_t)>;
 
 struct Prepared {
-  std::size_t bytes = 0;        // minimum bytes moved: input read + output written
-  std::size_t input_bytes = 0;  // the copy baseline copies this many bytes
+  std::size_t bytes = 0;       // minimum bytes moved: input read + output written
+  // The bytes the copy baseline copies (raised to the L2 floor when smaller): the kernel's
+  // input, or for a decoder the f32 output it writes (n * 4), not its payload.
+  std::size_t copy_bytes = 0;
   Launch launch;
   // Optional, after the timed runs: throws gradzip::Error when the result is not what a
   // working kernel leaves (a decoder's status, top-k's entry count).
@@ -186,7 +230,8 @@ std::size_t one_percent(std::size_t n) { return (n + 99) / 100; }
 Entry cast_entry(const char* name, bool narrow, bool bf16) {
   return {name, [narrow, bf16](const Inputs& in, Arena&) {
             namespace k = kernels::cuda;
-            Prepared p{in.n * (kF32 + kU16), in.n * (narrow ? kF32 : kU16), nullptr, nullptr};
+            // Narrowing: a copy of the f32 input; widening (a decoder): of the f32 output.
+            Prepared p{in.n * (kF32 + kU16), in.n * kF32, nullptr, nullptr};
             if (narrow && !bf16) p.launch = [&in](cudaStream_t s) { k::f32_to_f16(in.x, in.out_u16, in.n, s); };
             if (narrow && bf16) p.launch = [&in](cudaStream_t s) { k::f32_to_bf16(in.x, in.out_u16, in.n, s); };
             if (!narrow && !bf16) p.launch = [&in](cudaStream_t s) { k::f16_to_f32(in.x_f16, in.out_f32, in.n, s); };
@@ -215,7 +260,8 @@ Entry qsgd_entry(int bits, bool encode, KernelVariant variant = KernelVariant::f
                               }, nullptr};
             }
             int* status = arena.alloc<int>(1);
-            return Prepared{payload_bytes + in.n * kF32, payload_bytes,
+            // A decoder: against a copy of the f32 output it writes, not of its payload.
+            return Prepared{payload_bytes + in.n * kF32, in.n * kF32,
                             [&in, bits, payload, status, variant](cudaStream_t s) {
                               k::qsgd_decode(payload, in.n, bits, kBucket, in.out_f32, false, status, s,
                                              variant);
@@ -238,7 +284,8 @@ Entry sign_entry(bool encode, KernelVariant variant = KernelVariant::fast) {
                               }, nullptr};
             }
             int* status = arena.alloc<int>(1);
-            return Prepared{payload_bytes + in.n * kF32, payload_bytes,
+            // A decoder: against a copy of the f32 output it writes, not of its payload.
+            return Prepared{payload_bytes + in.n * kF32, in.n * kF32,
                             [&in, payload, status, variant](cudaStream_t s) {
                               k::sign_decode(payload, in.n, kBucket, in.out_f32, false, status, s, variant);
                             },
@@ -315,7 +362,8 @@ Entry randk_entry(bool gather) {
                                 k::randk_gather(in.x, in.n, kRandkKey, kept, false, values, s);
                               }, nullptr};
             }
-            return Prepared{3 * kept * kF32, kept * kF32, [&in, kept, values](cudaStream_t s) {
+            // A decoder: against a copy of the f32 output it adds into.
+            return Prepared{3 * kept * kF32, in.n * kF32, [&in, kept, values](cudaStream_t s) {
                               k::randk_scatter_add(values, kept, false, kRandkKey, in.n, in.out_f32, s);
                             }, nullptr};
           }};
@@ -349,7 +397,8 @@ Entry sparse_entry() {
               payloads->push_back(payload);
             }
             int* status = arena.alloc<int>(1);
-            return Prepared{kSparseRanks * (payload_bytes + 2 * m * kF32), kSparseRanks * payload_bytes,
+            // A decoder: against a copy of the f32 output it adds into.
+            return Prepared{kSparseRanks * (payload_bytes + 2 * m * kF32), in.n * kF32,
                             [&in, payloads, entries, wide, status](cudaStream_t s) {
                               k::sparse_decode_add(payloads->data(), entries->data(), payloads->size(),
                                                    wide, false, in.n, in.out_f32, status, s);
@@ -450,18 +499,105 @@ struct Row {
   }
 };
 
-void write_json(const std::string& path, const std::string& body) {
-  write_json_file("kernels", path, body);
+// ---- the NCCL library gradzip's loader takes in this process ---------------------------------
+
+struct NcclInfo {
+  bool loaded = false;
+  std::string path;
+  std::string found_by;
+  int version = 0;    // ncclGetVersion's code, 22809 for 2.28.9
+  std::string error;  // why none, when !loaded
+  int exit_code = 0;  // of --nccl-library: 0 loaded, 1 none loads, 3 none in this build
+};
+
+NcclInfo nccl_library_info() {
+  NcclInfo info;
+#if GRADZIP_BENCH_NCCL_API
+  try {
+    const collectives::NcclApi& api = collectives::nccl_api();
+    info.loaded = true;
+    info.path = api.path;
+    info.found_by = api.found_by;
+    info.version = api.version;
+  } catch (const std::exception& error) {
+    info.error = error.what();
+    info.exit_code = 1;
+  }
+#elif defined(GRADZIP_HAVE_NCCL) && !defined(CUDART_VERSION)
+  info.error = "a build without the CUDA toolkit: the emulated device never loads NCCL";
+  info.exit_code = 3;
+#elif defined(GRADZIP_HAVE_NCCL)
+  info.error = "gradzip-bench was compiled without NCCL's header (nccl.h) on its include path, so "
+               "it cannot ask gradzip's NCCL loader (build with that folder in CPLUS_INCLUDE_PATH, "
+               "as scripts/gpu-check.sh does)";
+  info.exit_code = 3;
+#else
+  info.error = "this gradzip was built without NCCL (GRADZIP_HAVE_NCCL off: no nccl.h / libnccl "
+               "found at configure time)";
+  info.exit_code = 3;
+#endif
+  return info;
 }
 
-std::string rows_json(const cudaDeviceProp& device, const Options& options, double input_copy_gbps,
-                      const std::vector<Row>& rows,
-                      const std::vector<std::pair<std::string, std::string>>& failed) {
-  std::string text = "{\"benchmark\": \"kernels\", \"device\": " + json_string(device.name) +
-                     ", \"sm_count\": " + std::to_string(device.multiProcessorCount) +
-                     ", \"size\": " + std::to_string(options.size) +
-                     ", \"repeat\": " + std::to_string(options.repeat) +
-                     ", \"input_copy_gbps\": " + json_number(input_copy_gbps) + ",\n \"kernels\": [\n";
+// NCCL's version code as text: 22809 -> "2.28.9" (the encoding of NCCL 2.9 and later).
+std::string nccl_version_text(int code) {
+  return std::to_string(code / 10000) + "." + std::to_string(code % 10000 / 100) + "." +
+         std::to_string(code % 100);
+}
+
+std::string nccl_json(const NcclInfo& info) {
+  if (!info.loaded) return "{\"loaded\": false, \"error\": " + json_string(info.error) + "}";
+  return "{\"loaded\": true, \"path\": " + json_string(info.path) + ", \"found_by\": " +
+         json_string(info.found_by) + ", \"version\": " + std::to_string(info.version) +
+         ", \"version_text\": " + json_string(nccl_version_text(info.version)) + "}";
+}
+
+void print_nccl(const NcclInfo& info) {
+  if (info.loaded) {
+    std::printf("NCCL library (gradzip's loader): %s (found by: %s), version %s (%d)\n",
+                info.path.c_str(), info.found_by.c_str(), nccl_version_text(info.version).c_str(),
+                info.version);
+  } else {
+    std::printf("NCCL library (gradzip's loader): none: %s\n", info.error.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// ---- JSON, rewritten whole after every kernel --------------------------------------------------
+
+// Writes `body` next to `path` and renames it over `path`: a reader (or a kill) never meets a
+// half-written file.
+void write_json(const std::string& path, const std::string& body) {
+  const std::string part = path + ".part";
+  write_json_file("kernels", part, body);
+  GZ_REQUIRE(std::rename(part.c_str(), path.c_str()) == 0, ErrorCode::io_error,
+             "kernels: cannot rename '", part, "' to '", path, "'");
+}
+
+// What the JSON holds besides the rows.
+struct RunInfo {
+  std::string device;
+  int sms = 0;
+  std::size_t size = 0;
+  std::size_t size_requested = 0;  // 0 with --size auto
+  std::size_t l2_bytes = 0;
+  std::size_t copy_floor_bytes = 0;  // 4 * l2_bytes: no copy baseline is smaller
+  int repeat = 0;
+  std::optional<double> input_copy_gbps;  // not yet measured: null
+  std::string nccl;                       // nccl_json()
+};
+
+std::string rows_json(const RunInfo& run, const std::vector<Row>& rows,
+                      const std::vector<std::pair<std::string, std::string>>& failed, bool complete) {
+  std::string text = "{\"benchmark\": \"kernels\", \"complete\": " + std::string(complete ? "true" : "false") +
+                     ", \"device\": " + json_string(run.device) + ", \"sm_count\": " + std::to_string(run.sms) +
+                     ", \"size\": " + std::to_string(run.size) +
+                     ", \"size_requested\": " + (run.size_requested ? std::to_string(run.size_requested) : "\"auto\"") +
+                     ", \"l2_bytes\": " + std::to_string(run.l2_bytes) +
+                     ", \"copy_floor_bytes\": " + std::to_string(run.copy_floor_bytes) +
+                     ", \"repeat\": " + std::to_string(run.repeat) + ", \"input_copy_gbps\": " +
+                     (run.input_copy_gbps ? json_number(*run.input_copy_gbps) : "null") +
+                     ",\n \"nccl\": " + run.nccl + ",\n \"kernels\": [\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     text += "  {\"name\": " + json_string(r.name) + ", \"time_s\": " + json_number(r.time_s) +
@@ -480,6 +616,13 @@ std::string rows_json(const cudaDeviceProp& device, const Options& options, doub
   return text + "]}\n";
 }
 
+// The smallest power of two of f32 elements whose bytes are at least `floor_bytes`.
+std::size_t floor_elements(std::size_t floor_bytes) {
+  std::size_t n = 1;
+  while (n * sizeof(float) < floor_bytes) n *= 2;
+  return n;
+}
+
 }  // namespace
 
 int run_kernels(int argc, char** argv) {
@@ -493,6 +636,11 @@ int run_kernels(int argc, char** argv) {
   if (options.help) {
     print_help();
     return 0;
+  }
+  if (options.nccl_library) {  // needs no device
+    const NcclInfo info = nccl_library_info();
+    print_nccl(info);
+    return info.exit_code;
   }
   const std::vector<Entry> table = make_table();
   if (options.list) {
@@ -514,23 +662,57 @@ int run_kernels(int argc, char** argv) {
     }
   }
 
+  // Before measuring: which NCCL this process would use (the kernels do not use it).
+  const NcclInfo nccl = nccl_library_info();
+  print_nccl(nccl);
+
   const char* reason = nullptr;
   if (kernels::cuda::device_count(&reason) == 0) {
     std::printf("gradzip-bench kernels: no CUDA device (%s); nothing measured\n",
                 reason != nullptr ? reason : "unknown reason");
     if (!options.json_path.empty()) {
       write_json(options.json_path,
-                 std::string("{\"benchmark\": \"kernels\", \"skipped\": ") +
+                 std::string("{\"benchmark\": \"kernels\", \"complete\": true, \"skipped\": ") +
                      json_string(std::string("no CUDA device: ") +
                                  (reason != nullptr ? reason : "unknown reason")) +
-                     ", \"kernels\": []}\n");
+                     ", \"nccl\": " + nccl_json(nccl) + ", \"kernels\": []}\n");
     }
     return 0;
   }
 
   cudaDeviceProp device{};
   GZ_CUDA_CHECK(cudaGetDeviceProperties(&device, 0));
-  const std::size_t n = options.size;
+  int l2_bytes = 0;
+  GZ_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+  RunInfo run;
+  run.device = device.name;
+  run.sms = device.multiProcessorCount;
+  run.l2_bytes = static_cast<std::size_t>(std::max(l2_bytes, 0));
+  run.copy_floor_bytes = 4 * run.l2_bytes;
+  run.repeat = options.repeat;
+  run.nccl = nccl_json(nccl);
+  // The L2 floor: the f32 input, and so every decoder's f32 output, at least 4x the L2 cache.
+  const std::size_t floor_n = floor_elements(run.copy_floor_bytes);
+  if (options.size_auto) {
+    run.size = std::max(floor_n, std::size_t{1} << 24);
+  } else {
+    run.size_requested = options.size;
+    run.size = options.size;
+    if (options.size < floor_n) {
+      run.size = floor_n;
+      std::printf("gradzip-bench kernels: --size %zu raised to %zu: the f32 data (and every "
+                  "decoder's output) must be at least 4x the L2 cache\n",
+                  options.size, run.size);
+    }
+  }
+  const std::size_t n = run.size;
+  std::vector<Row> rows;
+  std::vector<std::pair<std::string, std::string>> failed;  // name, error
+  const auto save = [&](bool complete) {
+    if (!options.json_path.empty()) write_json(options.json_path, rows_json(run, rows, failed, complete));
+  };
+  save(false);  // the device and the sizes, before anything is measured
+
   Arena arena;
   Inputs inputs;
   inputs.n = n;
@@ -555,49 +737,48 @@ int run_kernels(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   GZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  // The copy of the whole f32 input, once: the device's copy rate at this size, for reference
-  // (each kernel's own baseline below copies that kernel's input bytes, which can be small
-  // enough to sit partly in L2).
-  double input_copy_gbps = 0;
+  // The copy of the whole f32 input, once: the device's copy rate at this size, for reference.
   {
     float* copy = arena.alloc<float>(n);
     const double seconds = median_seconds(stream, options.repeat, [&](cudaStream_t s) {
       GZ_CUDA_CHECK(cudaMemcpyAsync(copy, inputs.x, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
     });
-    input_copy_gbps = gbps(2.0 * static_cast<double>(n * sizeof(float)), seconds);
+    run.input_copy_gbps = gbps(2.0 * static_cast<double>(n * sizeof(float)), seconds);
   }
-  std::printf("gradzip-bench kernels: %s (%d SMs), %zu f32 elements (%s) of N(0,1), median of %d "
-              "runs\n",
-              device.name, device.multiProcessorCount, n,
+  save(false);
+  std::printf("gradzip-bench kernels: %s (%d SMs, %s L2), %zu f32 elements (%s) of N(0,1), median "
+              "of %d runs\n",
+              device.name, device.multiProcessorCount,
+              human_bytes(static_cast<double>(run.l2_bytes)).c_str(), n,
               human_bytes(static_cast<double>(n) * sizeof(float)).c_str(), options.repeat);
   std::printf("device-to-device copy of the f32 input: %.1f GB/s (read + written)\n",
-              input_copy_gbps);
+              *run.input_copy_gbps);
   std::printf("bytes = minimum bytes moved (read + written); copy = device-to-device "
-              "cudaMemcpyAsync of the kernel's input, same run, counted read + written\n\n");
+              "cudaMemcpyAsync, same run, counted read + written, of the kernel's input or, for "
+              "decoders, of the f32 output they write; never under %s (4x L2)\n\n",
+              human_bytes(static_cast<double>(run.copy_floor_bytes)).c_str());
   std::printf("%-28s %11s %11s %10s %10s %9s\n", "kernel", "time ms", "bytes", "GB/s", "copy GB/s",
               "of copy");
 
-  // Copy baseline buffers, grown to the largest input a kernel declares.
+  // Copy baseline buffers, grown to the largest copy a kernel needs.
   std::byte* copy_src = nullptr;
   std::byte* copy_dst = nullptr;
   std::size_t copy_capacity = 0;
-  std::vector<Row> rows;
-  std::vector<std::pair<std::string, std::string>> failed;  // name, error
   for (const Entry* entry : selected) {
     try {
       const Prepared prepared = entry->setup(inputs, arena);
       GZ_CUDA_CHECK(cudaDeviceSynchronize());  // setup may have launched on the default stream
-      if (prepared.input_bytes > copy_capacity) {
-        copy_capacity = prepared.input_bytes;
+      Row row;
+      row.name = entry->name;
+      row.bytes = prepared.bytes;
+      row.copy_bytes = std::max(prepared.copy_bytes, run.copy_floor_bytes);
+      if (row.copy_bytes > copy_capacity) {
+        copy_capacity = row.copy_bytes;
         copy_src = arena.alloc<std::byte>(copy_capacity);
         copy_dst = arena.alloc<std::byte>(copy_capacity);
         GZ_CUDA_CHECK(cudaMemset(copy_src, 0x3c, copy_capacity));
         GZ_CUDA_CHECK(cudaMemset(copy_dst, 0, copy_capacity));
       }
-      Row row;
-      row.name = entry->name;
-      row.bytes = prepared.bytes;
-      row.copy_bytes = prepared.input_bytes;
       row.copy_time_s = median_seconds(stream, options.repeat, [&](cudaStream_t s) {
         GZ_CUDA_CHECK(cudaMemcpyAsync(copy_dst, copy_src, row.copy_bytes, cudaMemcpyDeviceToDevice, s));
       });
@@ -611,12 +792,14 @@ int run_kernels(int argc, char** argv) {
       rows.push_back(row);
     } catch (const std::exception& error) {
       std::printf("%-28s failed: %s\n", entry->name.c_str(), error.what());
+      std::fflush(stdout);
       failed.emplace_back(entry->name, error.what());
     }
+    save(false);  // every row as soon as it is measured
   }
   cudaStreamDestroy(stream);
 
-  if (!options.json_path.empty()) write_json(options.json_path, rows_json(device, options, input_copy_gbps, rows, failed));
+  save(true);
   return failed.empty() ? 0 : 1;
 }
 

@@ -140,6 +140,7 @@ struct DeviceRuntimeCounts {
   std::uint64_t cache_hits = 0;
   std::uint64_t frees = 0;
   std::uint64_t synchronizations = 0;
+  std::uint64_t host_device_bytes = 0;  // copied between host and device memory, either way
 };
 DeviceRuntimeCounts device_runtime_counts() noexcept;
 // Host waits by the site that waited (the operation's name, "nccl transport" for the NCCL

@@ -45,7 +45,7 @@ JobEncoder job_encoder(const ReduceJob& job, ResidualRole role, std::size_t resi
 }
 
 void JobEncoder::register_residual() const {
-  if (residuals_ != nullptr) residuals_->residual(key_, residual_count_);
+  if (residuals_ != nullptr) residuals_->register_tensor(key_, residual_count_);
 }
 
 void JobEncoder::place_in_worker(std::size_t offset) const {

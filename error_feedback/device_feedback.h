@@ -12,15 +12,16 @@
 namespace gradzip::error_feedback {
 
 // Error feedback on a CUDA chunk (ErrorFeedbackCodec::encode_chunk for device tensors): with
-// the residual slice `residual` in host memory (the residual store, so checkpoints keep
-// working), on the device:
+// the residual slice `d_residual` (chunk.count floats in the memory of the chunk's device:
+// ResidualStore::device_residual), on the device:
 //   c = chunk + residual;  message = codec.encode(c) into `out`;  d = D(message);
-//   residual = c - d (copied back to the host);  decoded = d when `decoded` is not empty
-//   (device memory of the chunk's device, chunk.count floats).
+//   residual = c - d;  decoded = d when `decoded` is not empty (device memory of the chunk's
+//   device, chunk.count floats).
 // The same element operations as the host decorator, so the same message bytes and residual
-// bits. Returns the message size. The residual is written only once everything succeeded.
+// bits. Returns the message size. The residual is written only once the encode and decode
+// succeeded; nothing crosses between host and device but the codec's own header traffic.
 std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
-                                   std::span<float> residual, std::span<std::byte> out,
+                                   float* d_residual, std::span<std::byte> out,
                                    const EncodeContext& ctx, std::span<float> decoded);
 
 }  // namespace gradzip::error_feedback

@@ -52,12 +52,14 @@ std::size_t ErrorFeedbackCodec::encode_chunk(std::string_view tensor_name,
              "ef.encode (rank ", store_->rank(), "): decoded output of ", decoded.size(),
              " elements for a chunk of ", count);
 
+  if (chunk.device.kind == DeviceKind::cuda) {
+    // The same arithmetic on the device, on the residual in the chunk's device memory.
+    float* const d_residual =
+        store_->device_residual(tensor_name, tensor_count, chunk.device.index) + ctx.element_offset;
+    return device_feedback_encode(*codec_, chunk, d_residual, out, ctx, decoded);
+  }
   const std::span<float> residual =
       store_->residual(tensor_name, tensor_count).subspan(ctx.element_offset, count);
-  if (chunk.device.kind == DeviceKind::cuda) {
-    // The same arithmetic on the device; the residual stays in the store (host memory).
-    return device_feedback_encode(*codec_, chunk, residual, out, ctx, decoded);
-  }
   float* const e = residual.data();
   if (decoded.empty() && chunk.dtype == DType::f32) {
     const auto* g = static_cast<const float*>(chunk.data);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "error_feedback/checkpoint_file.h"
+#include "error_feedback/device_residual.h"
 #include "gradzip/error.h"
 
 namespace gradzip::error_feedback {
@@ -46,13 +47,13 @@ ResidualStore::ResidualStore(std::uint32_t world_size, std::uint32_t rank, Resiz
              " (need world size >= 1 and rank < world size)");
 }
 
-std::span<float> ResidualStore::residual(std::string_view name, std::size_t count) {
+ResidualStore::Tensor& ResidualStore::registered(std::string_view name, std::size_t count) {
   GZ_REQUIRE(!name.empty(), ErrorCode::invalid_argument,
              "ResidualStore::residual: empty tensor name (", count, " elements)");
   auto found = residuals_.find(name);
   if (found == residuals_.end()) {
-    found = residuals_.emplace(std::string(name), Tensor{std::vector<float>(count, 0.0f), clock_}).first;
-    return found->second.values;
+    found = residuals_.emplace(std::string(name), Tensor{std::vector<float>(count, 0.0f), clock_, nullptr, true}).first;
+    return found->second;
   }
   found->second.last_use = clock_;
   if (found->second.values.size() != count) {
@@ -64,8 +65,46 @@ std::span<float> ResidualStore::residual(std::string_view name, std::size_t coun
     // Build the new buffer first: if the allocation throws, the old one is kept.
     std::vector<float> fresh(count, 0.0f);
     found->second.values = std::move(fresh);
+    found->second.device.reset();
+    found->second.zeros = true;
   }
-  return found->second.values;
+  return found->second;
+}
+
+void ResidualStore::bring_home(Tensor& tensor) {
+  if (!tensor.device) return;
+  tensor.device->download(tensor.values);
+  tensor.device.reset();
+}
+
+void ResidualStore::refresh_mirror(const Tensor& tensor) {
+  if (tensor.device) tensor.device->download(tensor.values);
+}
+
+std::span<float> ResidualStore::residual(std::string_view name, std::size_t count) {
+  Tensor& tensor = registered(name, count);
+  bring_home(tensor);
+  tensor.zeros = false;  // the caller may write through the span
+  return tensor.values;
+}
+
+void ResidualStore::register_tensor(std::string_view name, std::size_t count) {
+  registered(name, count);
+}
+
+float* ResidualStore::device_residual(std::string_view name, std::size_t count, int device) {
+  Tensor& tensor = registered(name, count);
+  if (tensor.device && tensor.device->device() == device) return tensor.device->data();
+  bring_home(tensor);  // from another device, if it was on one
+  auto moved = std::make_shared<DeviceResidual>(count, device);  // zeros
+  if (!tensor.zeros) moved->upload(tensor.values);
+  tensor.device = std::move(moved);
+  return tensor.device->data();
+}
+
+bool ResidualStore::on_device(std::string_view name) const {
+  const auto found = residuals_.find(name);
+  return found != residuals_.end() && found->second.device != nullptr;
 }
 
 std::span<const float> ResidualStore::residual(std::string_view name) const {
@@ -73,6 +112,7 @@ std::span<const float> ResidualStore::residual(std::string_view name) const {
   GZ_REQUIRE(found != residuals_.end(), ErrorCode::invalid_argument,
              "ResidualStore::residual: tensor '", name, "' has no residual (rank ", rank_, ", ",
              residuals_.size(), " tensors registered)");
+  refresh_mirror(found->second);
   return found->second.values;
 }
 
@@ -141,6 +181,9 @@ std::size_t ResidualStore::fold_into(std::string_view root, std::size_t count) {
     residual(root, count);
     target = residuals_.find(root);
   }
+  bring_home(target->second);
+  target->second.zeros = false;
+  for (const auto& [name, offset] : to_fold) bring_home(residuals_.find(name)->second);
   std::vector<float>& into = target->second.values;
   for (const auto& [name, offset] : to_fold) {
     const std::vector<float>& values = residuals_.find(name)->second.values;
@@ -179,7 +222,10 @@ void ResidualStore::save(const std::filesystem::path& path,
                          const CheckpointOwnerState& owner_state) const {
   std::vector<CheckpointTensorView> tensors;
   tensors.reserve(residuals_.size());
-  for (const auto& [name, tensor] : residuals_) tensors.push_back({0, name, tensor.values});
+  for (const auto& [name, tensor] : residuals_) {
+    refresh_mirror(tensor);
+    tensors.push_back({0, name, tensor.values});
+  }
   write_checkpoint_file(path, world_size_, rank_, tensors, owner_state);
 }
 
@@ -211,14 +257,16 @@ void ResidualStore::adopt_tensors(CheckpointContents& contents) {
   contents.tensors.clear();
   if (residuals_.empty()) {
     for (auto& [key, values] : loaded)
-      residuals_.emplace_hint(residuals_.end(), key.name, Tensor{std::move(values), clock_});
+      residuals_.emplace_hint(residuals_.end(), key.name, Tensor{std::move(values), clock_, nullptr, false});
     return;
   }
   // Same names and counts (require_loadable): copy into the existing buffers so that spans
-  // stay valid.
+  // stay valid (and into the device memory of a residual that lives there).
   auto source = loaded.begin();
   for (auto& entry : residuals_) {
     std::copy(source->second.begin(), source->second.end(), entry.second.values.begin());
+    entry.second.zeros = false;
+    if (entry.second.device) entry.second.device->upload(entry.second.values);
     ++source;
   }
 }

@@ -17,6 +17,14 @@
 //
 // Checkpoints: save() and load() write and read the file of error_feedback/checkpoint_file.h
 // (its format is documented there) with this store's residuals as lane 0 and the owner's state.
+//
+// Where a residual lives: in host memory, or in the memory of one CUDA device once an encode of
+// a CUDA tensor asked for it there (device_residual), so that error feedback on the device never
+// copies it between host and device. The host memory behind a device residual is a mirror:
+// residual(name) (read) and save() refresh it from the device; residual(name, count) (a host
+// span to write through) and fold_into bring the values back to host memory for good (the next
+// device_residual moves them out again). Each move is a synchronous copy; a steady state of
+// device-only or host-only calls makes none.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +32,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +42,8 @@
 #include "gradzip/compression_spec.h"
 
 namespace gradzip::error_feedback {
+
+class DeviceResidual;  // error_feedback/device_residual.h
 
 class ResidualStore {
  public:
@@ -56,8 +67,23 @@ class ResidualStore {
   std::span<float> residual(std::string_view name, std::size_t count);
 
   // Read-only view of a registered tensor's residual; ErrorCode::invalid_argument naming the
-  // tensor when it is not registered.
+  // tensor when it is not registered. A residual on a device is copied into its host mirror
+  // first (and stays on the device); the view is valid until the next call on the store.
   std::span<const float> residual(std::string_view name) const;
+
+  // Registers tensor `name` with `count` elements as residual(name, count) does (creation,
+  // resize policy, use stamp) without moving its values: what an encoder does before any
+  // request is posted (collectives/job_encoder.h, register_residual).
+  void register_tensor(std::string_view name, std::size_t count);
+
+  // The residual of tensor `name`, `count` elements, in the memory of CUDA device `device`
+  // (registered as above; values in host memory or on another device are moved there once).
+  // The pointer stays valid until the tensor is moved back to host memory (residual(name,
+  // count), fold_into), resized, released or cleared. Device work on it is ordered on the
+  // calling thread's work stream.
+  float* device_residual(std::string_view name, std::size_t count, int device);
+  // True when `name`'s residual lives in device memory now (tests and `gradzip-bench calls`).
+  bool on_device(std::string_view name) const;
 
   bool contains(std::string_view name) const;
   // Registered tensor names in byte-wise ascending order (the checkpoint's order).
@@ -130,10 +156,20 @@ class ResidualStore {
   // std::less<> lets lookups take a string_view without building a std::string.
   // A tensor's residual and the use clock of its last residual(name, count) call.
   struct Tensor {
-    std::vector<float> values;
+    // The residual (host-resident), or the mirror of `device`'s values (refreshed by readers).
+    mutable std::vector<float> values;
     std::uint64_t last_use = 0;
+    std::shared_ptr<DeviceResidual> device;  // set while the residual lives on a device
+    bool zeros = false;  // `values` are known to be all zero (nothing written through a span)
   };
   using Tensors = std::map<std::string, Tensor, std::less<>>;
+
+  // The registered tensor, created or resized as residual(name, count) documents.
+  Tensor& registered(std::string_view name, std::size_t count);
+  // Moves a device residual back into `values` for good.
+  static void bring_home(Tensor& tensor);
+  // Copies a device residual into its mirror (it stays on the device).
+  static void refresh_mirror(const Tensor& tensor);
 
   std::uint32_t world_size_;
   std::uint32_t rank_;

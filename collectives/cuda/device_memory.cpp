@@ -203,7 +203,7 @@ std::vector<std::pair<std::string, std::uint64_t>> wait_sites_between(
 DeviceRuntimeCounts device_runtime_counts() noexcept {
   const kernels::cuda::DeviceRuntimeCounters counters = kernels::cuda::device_runtime_counters();
   return DeviceRuntimeCounts{counters.allocations, counters.cache_hits, counters.frees,
-                             counters.synchronizations};
+                             counters.synchronizations, counters.host_device_bytes};
 }
 
 }  // namespace gradzip::collectives

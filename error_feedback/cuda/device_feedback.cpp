@@ -1,6 +1,6 @@
 // Error feedback on CUDA tensors: error_feedback/device_feedback.h. The same element
-// operations as the host decorator (kernels/ef_math.h through kernels/cuda/ef_cuda.h), with the
-// residual slice kept in host memory (the residual store) and copied in and out.
+// operations as the host decorator (kernels/ef_math.h through kernels/cuda/ef_cuda.h), on the
+// residual slice in device memory (ResidualStore::device_residual): no copy to or from the host.
 #include "error_feedback/device_feedback.h"
 
 #include "kernels/device_api.h"
@@ -16,25 +16,23 @@ namespace gradzip::error_feedback {
 using namespace compressors::device;  // compressors/cuda/device_support.h
 
 std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
-                                   std::span<float> residual, std::span<std::byte> out,
+                                   float* d_residual, std::span<std::byte> out,
                                    const EncodeContext& ctx, std::span<float> decoded) {
   const std::string op = "ef.encode (" + std::string(codec_kind_name(codec.spec().codec)) + ")";
   const std::size_t count = chunk.count;
-  GZ_REQUIRE(residual.size() == count, ErrorCode::internal, op, ": a residual slice of ",
-             residual.size(), " elements for a chunk of ", count);
+  GZ_REQUIRE(d_residual != nullptr || count == 0, ErrorCode::internal, op,
+             ": no residual for a chunk of ", count, " elements");
   GZ_REQUIRE(chunk.data != nullptr || count == 0, ErrorCode::invalid_argument, op,
              ": null data pointer for ", count, " elements");
   const DeviceScope scope(chunk.device.index, op);
   if (count > 0) cuda::require_device_pointer(chunk.data, chunk.device.index, op, "the input tensor");
   if (!decoded.empty()) cuda::require_device_pointer(decoded.data(), chunk.device.index, op, "the decoded output");
 
-  // e, c = g + e and (unless the caller takes it) D(message), each `count` floats.
-  const std::size_t floats = checked_product(count, decoded.empty() ? 3 : 2, op);
+  // c = g + e and (unless the caller takes it) D(message), each `count` floats.
+  const std::size_t floats = checked_product(count, decoded.empty() ? 2 : 1, op);
   DeviceScratch work(checked_product(floats, sizeof(float), op), op);
-  float* const d_residual = work.as<float>();
-  float* const d_compensated = d_residual + count;
+  float* const d_compensated = work.as<float>();
   float* const d_decoded = decoded.empty() ? d_compensated + count : decoded.data();
-  copy_to_device(d_residual, residual.data(), count * sizeof(float), op);
   const F32Input gradient(chunk, op);
   cuda::ef_compensate(gradient.data(), d_residual, d_compensated, count, work_stream());
 
@@ -42,12 +40,8 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   const std::size_t bytes =
       codec.encode(ConstTensorView(d_compensated, count, DType::f32, device), out, ctx);
   codec.decode(out.first(bytes), TensorView{d_decoded, count, DType::f32, device});
+  // The residual changes only here, after the encode and the decode succeeded.
   cuda::ef_update(d_compensated, d_decoded, d_residual, count, work_stream());
-  if (count > 0) {
-    check_runtime(cudaMemcpyAsync(residual.data(), d_residual, count * sizeof(float),
-                               cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(work_stream())),
-               op, "copying the residual back");
-  }
   synchronize(op);
   return bytes;
 }

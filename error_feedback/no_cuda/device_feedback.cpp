@@ -6,7 +6,7 @@
 namespace gradzip::error_feedback {
 
 std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
-                                   std::span<float> /*residual*/, std::span<std::byte> /*out*/,
+                                   float* /*d_residual*/, std::span<std::byte> /*out*/,
                                    const EncodeContext& /*ctx*/, std::span<float> /*decoded*/) {
   GZ_THROW(ErrorCode::unsupported, "ef.encode with ", codec_kind_name(codec.spec().codec),
            ": the tensor is on CUDA device ", chunk.device.index,

@@ -22,6 +22,7 @@ std::atomic<std::uint64_t> g_allocations{0};
 std::atomic<std::uint64_t> g_cache_hits{0};
 std::atomic<std::uint64_t> g_frees{0};
 std::atomic<std::uint64_t> g_synchronizations{0};
+std::atomic<std::uint64_t> g_host_device_bytes{0};
 
 std::atomic<bool> g_count_sites{false};
 std::mutex g_sites_mutex;
@@ -144,7 +145,8 @@ DeviceRuntimeCounters device_runtime_counters() noexcept {
   return DeviceRuntimeCounters{g_allocations.load(std::memory_order_relaxed),
                                g_cache_hits.load(std::memory_order_relaxed),
                                g_frees.load(std::memory_order_relaxed),
-                               g_synchronizations.load(std::memory_order_relaxed)};
+                               g_synchronizations.load(std::memory_order_relaxed),
+                               g_host_device_bytes.load(std::memory_order_relaxed)};
 }
 
 std::size_t device_size_class(std::size_t bytes) noexcept {
@@ -203,6 +205,10 @@ void synchronize_event(cudaEvent_t event, std::string_view op, std::string_view 
 }
 
 void count_polled_wait(std::string_view site) noexcept { count_wait(site); }
+
+void count_host_device_bytes(std::size_t bytes) noexcept {
+  g_host_device_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
 
 void set_wait_site_counting(bool on) noexcept { g_count_sites.store(on, std::memory_order_relaxed); }
 

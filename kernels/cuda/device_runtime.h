@@ -46,6 +46,9 @@ struct DeviceRuntimeCounters {
   std::uint64_t cache_hits = 0;      // allocations served from a thread's cache
   std::uint64_t frees = 0;           // blocks given back to CUDA (cache full, thread exit)
   std::uint64_t synchronizations = 0;  // host waits for a stream or an event (synchronize_*)
+  // Bytes copied between host and device memory (either way) by cudaMemcpy / cudaMemcpyAsync,
+  // counted at the runtime entry points of kernels/device_api.h.
+  std::uint64_t host_device_bytes = 0;
 };
 DeviceRuntimeCounters device_runtime_counters() noexcept;
 
@@ -81,6 +84,9 @@ void synchronize_event(cudaEvent_t event, std::string_view op, std::string_view 
 // transport waits, so that the counters cover every way the host waits for the device.
 // `site` names the waiter (e.g. "nccl transport").
 void count_polled_wait(std::string_view site) noexcept;
+// Counts `bytes` copied between host and device memory (kernels/emulated/emulated_runtime.cpp's
+// cudaMemcpy entry points call it, for the real CUDA runtime and the emulated device alike).
+void count_host_device_bytes(std::size_t bytes) noexcept;
 
 // Waits by site: off by default, so that a wait costs one atomic increment. While on, each
 // wait is also counted under its site (the `op` of synchronize_*, the `site` of

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "gradzip/error.h"
+#include "kernels/cuda/device_runtime.h"
 #include "kernels/emulated/emulated_device.h"
 #include "kernels/emulated/entry_points.h"
 #include "kernels/tunables.h"
@@ -69,19 +70,28 @@ int configured_device_count() {
   return static_cast<int>(*count);
 }
 
+// The delay before each queued operation, read from GRADZIP_EMULATED_DELAY_US when the first
+// stream is made (on the caller's thread), never by a stream's thread: those may still run an
+// operation (a block freed by a thread's cache at exit) after the table of tunables is gone.
+std::atomic<long> g_operation_delay_us{-1};
+
+void read_operation_delay() {
+  if (g_operation_delay_us.load(std::memory_order_acquire) >= 0) return;
+  long us = 20;
+  const auto parsed = parse_unsigned_integer(tunable_value("GRADZIP_EMULATED_DELAY_US"));
+  if (parsed && *parsed <= 1000000) {
+    us = static_cast<long>(*parsed);
+  } else {
+    std::fprintf(stderr,
+                 "gradzip: GRADZIP_EMULATED_DELAY_US=%s is not a count of microseconds up to "
+                 "1000000; using 20\n",
+                 tunable_value("GRADZIP_EMULATED_DELAY_US").c_str());
+  }
+  g_operation_delay_us.store(us, std::memory_order_release);
+}
+
 std::chrono::microseconds operation_delay() {
-  static const std::chrono::microseconds delay = [] {
-    const auto us = parse_unsigned_integer(tunable_value("GRADZIP_EMULATED_DELAY_US"));
-    if (!us || *us > 1000000) {
-      std::fprintf(stderr,
-                   "gradzip: GRADZIP_EMULATED_DELAY_US=%s is not a count of microseconds up to "
-                   "1000000; using 20\n",
-                   tunable_value("GRADZIP_EMULATED_DELAY_US").c_str());
-      return std::chrono::microseconds(20);
-    }
-    return std::chrono::microseconds(static_cast<long>(*us));
-  }();
-  return delay;
+  return std::chrono::microseconds(std::max(0L, g_operation_delay_us.load(std::memory_order_acquire)));
 }
 
 // ---- errors --------------------------------------------------------------------------------
@@ -140,6 +150,8 @@ class Stream {
  public:
   Stream(int device, bool blocking, bool legacy)
       : device_(device), blocking_(blocking), legacy_(legacy), tail_(finished_completion()) {
+    read_operation_delay();
+    (void)device_count();  // read now too, for the same reason
     worker_ = std::thread([this] { run(); });
   }
   ~Stream() {
@@ -435,6 +447,32 @@ const char* error_name(cudaError_t error) {
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
     default: return "cudaErrorUnknown";
   }
+}
+
+// Counts a copy's bytes when exactly one side is host memory (the copies between host and
+// device that `gradzip-bench calls` reports per call). cudaMemcpyDefault asks where each
+// pointer is (the emulator's table, or CUDA).
+bool host_side(const void* pointer) {
+#if GRADZIP_CUDA_TOOLKIT
+  if (!active()) {
+    cudaPointerAttributes attributes{};
+    if (::cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+      ::cudaGetLastError();
+      return true;
+    }
+    return attributes.type == cudaMemoryTypeUnregistered || attributes.type == cudaMemoryTypeHost;
+  }
+#endif
+  std::uintptr_t start = 0;
+  Allocation allocation;
+  return !find_allocation(pointer, &start, &allocation) || allocation.kind == MemoryKind::pinned;
+}
+
+void count_copy(const void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return;
+  bool crosses = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost;
+  if (kind == cudaMemcpyDefault) crosses = host_side(dst) != host_side(src);
+  if (crosses) cuda::count_host_device_bytes(bytes);
 }
 
 // Fake pool handles: one per created pool; allocation ignores them.
@@ -743,6 +781,7 @@ cudaError_t gz_cudaPointerGetAttributes(cudaPointerAttributes* attributes, const
 
 cudaError_t gz_cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                                cudaStream_t stream) {
+  emu::count_copy(dst, src, count, kind);
   GRADZIP_REAL_UNLESS_EMULATED(cudaMemcpyAsync(dst, src, count, kind, stream));
   GRADZIP_RETURN_IF_STICKY();
   emu::Stream* target = emu::stream_of(stream);
@@ -757,6 +796,7 @@ cudaError_t gz_cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMem
 }
 
 cudaError_t gz_cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  emu::count_copy(dst, src, count, kind);
   GRADZIP_REAL_UNLESS_EMULATED(cudaMemcpy(dst, src, count, kind));
   GRADZIP_RETURN_IF_STICKY();
   if (const cudaError_t error = emu::check_copy(dst, src, count, kind); error != cudaSuccess)

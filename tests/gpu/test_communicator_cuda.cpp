@@ -3,13 +3,17 @@
 // host copy of it, f16 / bf16 included, staged through host memory or over NCCL (a one-rank
 // NCCL communicator bootstrapped over the SelfTransport), and says which. Host memory passed as
 // a CUDA tensor is refused before any copy.
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "collectives/communicator_internal.h"
 #include "collectives/communicator_state.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/nccl_transport_factory.h"
@@ -19,6 +23,7 @@
 #include "collectives/transport/nccl/nccl_library.h"
 #endif
 #include "gradzip/communicator.h"
+#include "error_feedback/residual_store.h"
 #include "gradzip/error.h"
 
 namespace gradzip {
@@ -300,6 +305,62 @@ TEST_F(CommunicatorCudaTest, SteadyStateCallsOverNcclAllocateNothing) {
     for (const auto& [site, grown] : collectives::wait_sites_between(sites_before, collectives::device_wait_sites()))
       std::printf(" %s %.1f;", site.c_str(), static_cast<double>(grown) / kCalls);
     std::printf("\n");
+  }
+}
+
+// Error feedback over NCCL keeps each residual in device memory: after the first call, a call
+// copies between host and device only the few bytes of message headers and validation words,
+// never the residual (8 bytes per element in each direction when it lived on the host), and
+// the residual the device side holds is, bit for bit, the host side's, through a checkpoint too.
+TEST_F(CommunicatorCudaTest, ErrorFeedbackResidualsStayInDeviceMemory) {
+  if (!collectives::nccl_transport_built()) {
+    std::printf("this build has no NCCL: CUDA tensors are staged, their residuals live on the host\n");
+    return;
+  }
+  const std::size_t count = (std::size_t{1} << 17) + 9;
+  for (const char* spec : {"sign:ef=on", "topk:ratio=0.01,ef=on", "qsgd:bits=4,ef=on", "fp16:ef=on"}) {
+    SCOPED_TRACE(spec);
+    Communicator host_side = self_communicator();
+    Communicator device_side = self_communicator(CudaPath::nccl);
+    for (int call = 0; call < 2; ++call) {
+      const std::vector<float> input = gpu_test::gaussian(count, 40 + call);
+      expect_device_result_is_host_result(host_side, device_side, input, spec, ReduceOp::sum, "over NCCL");
+    }
+    ASSERT_TRUE(collectives::residuals_of(device_side).on_device("g"));
+    const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
+    constexpr int kCalls = 3;
+    for (int call = 0; call < kCalls; ++call) {
+      const std::vector<float> input = gpu_test::gaussian(count, 50 + call);
+      expect_device_result_is_host_result(host_side, device_side, input, spec, ReduceOp::sum, "over NCCL");
+    }
+    const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
+    // The test's own uploads and downloads (DeviceArray, download) are 8 bytes per element.
+    const std::uint64_t test_bytes = kCalls * count * 2 * sizeof(float);
+    const std::uint64_t library_bytes = after.host_device_bytes - before.host_device_bytes - test_bytes;
+    std::printf("%s: %.1f bytes per call between host and device besides the test's own\n", spec,
+                static_cast<double>(library_bytes) / kCalls);
+    EXPECT_LT(library_bytes, kCalls * 1024u) << "the residual crossed between host and device";
+
+    const std::span<const float> want = collectives::residuals_of(host_side).residual("g");
+    const std::span<const float> got = collectives::residuals_of(device_side).residual("g");
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size_bytes()), 0)
+        << "the device residual differs from the host residual";
+    EXPECT_TRUE(collectives::residuals_of(device_side).on_device("g")) << "reading it moved it";
+
+    // Through a checkpoint: saved from the device, loaded into fresh communicators, one more call.
+    const std::string stem = (std::filesystem::temp_directory_path() /
+                              ("gradzip-ef-device-" + std::to_string(::getpid()))).string();
+    device_side.save_residuals(stem + ".device");
+    host_side.save_residuals(stem + ".host");
+    Communicator host_again = self_communicator();
+    Communicator device_again = self_communicator(CudaPath::nccl);
+    host_again.load_residuals(stem + ".host");
+    device_again.load_residuals(stem + ".device");
+    std::filesystem::remove(stem + ".device");
+    std::filesystem::remove(stem + ".host");
+    expect_device_result_is_host_result(host_again, device_again, gpu_test::gaussian(count, 60), spec,
+                                        ReduceOp::sum, "over NCCL");
   }
 }
 

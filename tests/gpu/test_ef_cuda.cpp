@@ -4,10 +4,13 @@
 // the CPU top-k codec. The fused element function is checked against the CPU codec here without
 // a device; the device tests skip, saying why, when no device is present.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include "kernels/device_api.h"
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <utility>
 #include <memory>
 #include <span>
 #include <string>
@@ -214,6 +217,56 @@ TEST_F(CudaEf, CompensateAndUpdateAroundTopkMatchTheCpu) {
       previous_residual = residual;
     }
   }
+}
+
+// The residual store's device residuals (ResidualStore::device_residual): values move to the
+// device once and stay there across encodes, a read refreshes the host mirror without moving
+// them, a host span brings them back for good, and fold_into, save and load see the device
+// values. Values are checked exactly against what was written through the device pointer.
+TEST_F(CudaEf, ResidualStoreMovesResidualsToTheDeviceAndBack) {
+  ResidualStore store(1, 0, ResizePolicy::error);
+  const std::size_t n = 1001;
+  std::span<float> host = store.residual("w", n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i) - 500.0f;
+  float* d = store.device_residual("w", n, 0);
+  ASSERT_TRUE(store.on_device("w"));
+  EXPECT_EQ(store.device_residual("w", n, 0), d) << "a second request moved it again";
+  EXPECT_EQ(from_device<float>(d, n), std::vector<float>(host.begin(), host.end()))
+      << "the host values were not uploaded";
+
+  // Written on the device (as an encode's ef_update does), read back through the mirror.
+  std::vector<float> written(n);
+  for (std::size_t i = 0; i < n; ++i) written[i] = 0.5f * static_cast<float>(i);
+  to_device(d, written);
+  const std::span<const float> mirror = std::as_const(store).residual("w");
+  EXPECT_EQ(std::vector<float>(mirror.begin(), mirror.end()), written);
+  EXPECT_TRUE(store.on_device("w")) << "a read moved the residual";
+
+  // A fresh tensor's zeros need no upload; its device memory reads as zeros.
+  float* fresh = store.device_residual("z", 7, 0);
+  EXPECT_EQ(from_device<float>(fresh, 7), std::vector<float>(7, 0.0f));
+
+  // fold_into sees device values: "w/part" placed at offset 10 of "w".
+  store.register_tensor("w/part", 3);
+  to_device(store.device_residual("w/part", 3, 0), std::vector<float>{1.0f, 2.0f, 4.0f});
+  store.set_placement("w/part", "w", 10);
+  EXPECT_EQ(store.fold_into("w", n), 1u);
+  EXPECT_FALSE(store.on_device("w")) << "fold_into works on host memory";
+  const std::span<float> folded = store.residual("w", n);
+  EXPECT_EQ(folded[9], written[9]);
+  EXPECT_EQ(folded[10], written[10] + 1.0f);
+  EXPECT_EQ(folded[12], written[12] + 4.0f);
+
+  // save() writes device values; load() into a store whose residual is on the device uploads.
+  d = store.device_residual("w", n, 0);
+  to_device(d, written);
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("gradzip-store-" + std::to_string(::getpid()));
+  store.save(file);
+  to_device(d, std::vector<float>(n, 9.0f));  // changed after the save
+  store.load(file);
+  std::filesystem::remove(file);
+  EXPECT_EQ(from_device<float>(store.device_residual("w", n, 0), n), written);
 }
 
 }  // namespace

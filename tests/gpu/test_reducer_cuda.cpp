@@ -6,8 +6,9 @@
 // exactly the bytes a host Reducer with the same options leaves in host copies of the same
 // gradients, over NCCL and staged, for dense, compressed, error-feedback and PowerSGD groups,
 // f16 tensors included, for several steps.
-#include <cuda_runtime.h>
+#include "kernels/device_api.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -82,8 +83,13 @@ TEST_F(ReducerCudaTest, DeviceTensorsEndWithTheHostReducersBytes) {
       Reducer host_reducer(host_comm, options);
       Reducer device_reducer(device_comm, options);
 
+      // The host tensors' buffers are registered with host_reducer.add below and must stay the
+      // same objects for its whole life: each step's values are written INTO them (std::copy),
+      // never assigned over them (a move assignment would free the registered buffer).
       std::vector<std::vector<std::byte>> host_tensors;
       std::vector<std::unique_ptr<gpu_test::DeviceBytes>> device_tensors;
+      host_tensors.reserve(kModel.size());
+      device_tensors.reserve(kModel.size());
       for (const TensorSpec& tensor : kModel) {
         const std::size_t bytes = tensor.count * dtype_size(tensor.dtype);
         host_tensors.emplace_back(bytes);
@@ -107,7 +113,8 @@ TEST_F(ReducerCudaTest, DeviceTensorsEndWithTheHostReducersBytes) {
         // producer stream and marked ready at once (the copies run 50 ms later).
         producer.hold(kProducerDelayMs);
         for (std::size_t t = kModel.size(); t-- > 0;) {
-          host_tensors[t] = gradient_bytes(kModel[t], t, step);
+          const std::vector<std::byte> gradient = gradient_bytes(kModel[t], t, step);
+          std::copy(gradient.begin(), gradient.end(), host_tensors[t].begin());  // in place
           host_reducer.mark_ready(kModel[t].name);
           producer.copy(device_tensors[t]->get(), staged[t]->get(), host_tensors[t].size());
           device_reducer.mark_ready(kModel[t].name);
