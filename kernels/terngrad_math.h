@@ -57,6 +57,23 @@ GZ_HOST_DEVICE GZ_INLINE std::uint32_t terngrad_unpack_codes(std::uint32_t byte)
   return codes10;
 }
 
+// Code byte t of the qsgd 2-bit payload (codes of elements 4t .. 4t + 3, LSB first; elements at
+// or past `count` give 0 bits) read from the trit bytes `trits` (5 trits per byte, element 5j + d
+// is digit d of byte j). A byte above 242 gives its digits all the same, which callers that
+// validate (the decoders) never let reach an output.
+GZ_HOST_DEVICE GZ_INLINE std::uint8_t terngrad_code_byte(const std::uint8_t* trits,
+                                                         std::uint64_t count, std::uint64_t t) {
+  std::uint32_t byte = 0;
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    const std::uint64_t e = 4 * t + i;
+    if (e >= count) break;
+    std::uint32_t trit = trits[e / kTerngradTritsPerByte];
+    for (std::uint64_t d = 0; d < e % kTerngradTritsPerByte; ++d) trit /= 3u;
+    byte |= terngrad_code_of_trit(trit % 3u) << (2 * i);
+  }
+  return static_cast<std::uint8_t>(byte);
+}
+
 // The largest valid value of the trit byte holding elements 5j .. 5j + 4 of a message of
 // `count` elements: 242 for a full byte, 3^r - 1 for a last byte holding r < 5 elements.
 GZ_HOST_DEVICE GZ_INLINE std::uint32_t terngrad_byte_limit(std::uint64_t count, std::uint64_t j) {

@@ -32,17 +32,7 @@ __global__ void codes_from_trits_kernel(const std::uint8_t* trits, std::uint64_t
       const std::uint32_t minus_one = 0xBF800000u;  // -1.0f: no scale encode writes
       for (int b = 0; b < 4; ++b) poison_scale[b] = static_cast<std::uint8_t>(minus_one >> (8 * b));
     }
-    if (t < code_bytes) {
-      std::uint32_t byte = 0;
-      for (std::uint64_t i = 0; i < 4; ++i) {
-        const std::uint64_t e = 4 * t + i;
-        if (e >= count) break;
-        std::uint32_t trit = trits[e / kTerngradTritsPerByte];
-        for (std::uint64_t d = 0; d < e % kTerngradTritsPerByte; ++d) trit /= 3u;
-        byte |= terngrad_code_of_trit(trit % 3u) << (2 * i);
-      }
-      codes[t] = static_cast<std::uint8_t>(byte);
-    }
+    if (t < code_bytes) codes[t] = terngrad_code_byte(trits, count, t);
   }
 }
 

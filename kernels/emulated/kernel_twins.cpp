@@ -676,17 +676,7 @@ void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std:
       }
     }
     // Every code byte from the trits, as the kernel computes it (also from a bad trit byte).
-    for (std::uint64_t t = 0; t < code_bytes; ++t) {
-      std::uint32_t byte = 0;
-      for (std::uint64_t i = 0; i < 4; ++i) {
-        const std::uint64_t e = 4 * t + i;
-        if (e >= count) break;
-        std::uint32_t trit = trits[e / kTerngradTritsPerByte];
-        for (std::uint64_t d = 0; d < e % kTerngradTritsPerByte; ++d) trit /= 3u;
-        byte |= terngrad_code_of_trit(trit % 3u) << (2 * i);
-      }
-      codes[t] = static_cast<std::uint8_t>(byte);
-    }
+    for (std::uint64_t t = 0; t < code_bytes; ++t) codes[t] = terngrad_code_byte(trits, count, t);
   });
 }
 
