@@ -16,8 +16,7 @@ const std::array<AlgorithmRow, 7> kRows{{
     {A::ring, "ring", Algorithm::ring, &ring_allreduce, &estimate_ring, {}},
     {A::sra, "sra", Algorithm::sra, &sra_allreduce, &estimate_sra, {}},
     {A::sparse, "sparse", Algorithm::sparse, &sparse_allreduce, &estimate_sparse, {}},
-    {A::randk, "randk", std::nullopt, &randk_allreduce, &estimate_randk,
-     "random-k's shared-index path runs on host memory"},
+    {A::randk, "randk", std::nullopt, &randk_allreduce, &estimate_randk, {}},
     // Halving/doubling parses the concatenated messages it forwards by their headers, and the
     // tree is meant for small tensors: both run on host memory.
     {A::rhd, "rhd", Algorithm::rhd, &halving_doubling_allreduce, &estimate_rhd,

@@ -5,7 +5,9 @@
 //      its residual has the tensor's n elements and the shard reads and updates its slice;
 //      ctx element_offset = the shard's first element).
 //   2. The message sizes are exchanged (transport.allgather_u64); each is checked against
-//      max_encoded_bytes of its shard before any buffer is sized from it.
+//      max_encoded_bytes of its shard before any buffer is sized from it. A stream-ordered
+//      device call whose codec's sizes are fixed (job.sizes_known) exchanges none: every size
+//      is its shard's max_encoded_bytes.
 //   3. The messages are exchanged with one allgatherv, in rank order.
 //   4. Every rank decodes every shard's message, its own included, into job.data: all ranks
 //      decode the same bytes with the same decoder, so they end byte-identical, and the owner
@@ -14,7 +16,7 @@
 //
 // Stats: the message is counted as sent P - 1 times (every other rank receives it, whatever
 // schedule MPI_Allgatherv uses) and the other ranks' messages as received; the 8-byte size of
-// each message, exchanged before it, counts as header bytes both ways.
+// each message, when exchanged before it, counts as header bytes both ways.
 #include <cstdint>
 #include <memory>
 #include <numeric>
@@ -49,6 +51,7 @@ void compressed_allgather(ReduceJob& job) {
     const EncodeContext ctx = encode_context(job, shard_begin(count, ranks, rank));
     message_bytes =
         job_encoder(job, ResidualRole::worker, count).encode(shard, message_memory.span(), ctx);
+    require_known_size(job, mine.size(), message_bytes);
     count_encoded(job.stats, mine.size(), message_bytes);
   }
   const std::span<const std::byte> message(message_memory.data(), message_bytes);
@@ -65,7 +68,10 @@ void compressed_allgather(ReduceJob& job) {
 
   // 2. Message sizes, checked before they size anything.
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks));
-  {
+  if (job.sizes_known) {
+    // Every shard's message has its max_encoded_bytes: no exchange (and none to count).
+    for (int s = 0; s < ranks; ++s) sizes[s] = job.codec.max_encoded_bytes(shard_data(s).size());
+  } else {
     StageTimer timer(job.stats, Stage::communicate);
     const std::uint64_t my_size = message_bytes;
     job.transport.allgather_u64(std::span<const std::uint64_t>(&my_size, 1), sizes);
@@ -91,8 +97,9 @@ void compressed_allgather(ReduceJob& job) {
     StageTimer timer(job.stats, Stage::communicate);
     job.transport.allgatherv(message, all, block_bytes);
   }
-  const std::uint64_t size_bytes = sizeof(std::uint64_t) * static_cast<std::uint64_t>(ranks - 1);
-  for (int copy = 0; copy < ranks - 1; ++copy) count_sent(job, message);
+  const std::uint64_t size_bytes =
+      job.sizes_known ? 0 : sizeof(std::uint64_t) * static_cast<std::uint64_t>(ranks - 1);
+  for (int copy = 0; copy < ranks - 1; ++copy) count_sent(job, message, mine.size());
   job.stats.sent_header_bytes += size_bytes;
   job.stats.received_bytes += all.size() - message_bytes + size_bytes;
 

@@ -51,12 +51,18 @@ CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::siz
   if (tensor.device.kind == DeviceKind::cuda && route.kind != CudaRoute::Kind::staged) {
     const bool nccl = route.kind == CudaRoute::Kind::nccl;
     if (nccl) memory.transport = &state.nccl_transport(tensor.device.index);
-    // The transport may read the tensor from a stream of its own: the work that produced it
-    // (earlier work of blocking streams, as the contract says) must be done first. Counting
-    // the non-finite input already waited for it, with nothing queued since; then one wait
-    // is enough.
-    if (!call.device_work_finished)
+    if (nccl && memory.transport->orders_with_streams()) {
+      // Stream-ordered: the transport's stream follows the work stream (the legacy default
+      // stream, so earlier work of blocking streams too, as the contract says), no wait.
+      memory.ordered = std::make_unique<OrderedDeviceCall>(*memory.transport, tensor.device.index,
+                                                           "a collective on a CUDA tensor");
+    } else if (!call.device_work_finished) {
+      // The transport may read the tensor from a stream of its own: the work that produced it
+      // (earlier work of blocking streams, as the contract says) must be done first. Counting
+      // the non-finite input already waited for it, with nothing queued since; then one wait
+      // is enough.
       finish_queued_work(tensor.device.index, "a collective on a CUDA tensor");
+    }
     memory.device = tensor.device;
     stats.note += detail::concat(stats.note.empty() ? "" : "; ",
                                  nccl ? "over NCCL" : "over CUDA-aware MPI");
@@ -93,11 +99,13 @@ CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::siz
 
 void close_call_memory(const CallMemory& memory, const TensorView& tensor, std::size_t begin,
                        std::size_t end) {
-  if (end <= begin) return;
   if (memory.device.kind == DeviceKind::cuda) {
-    if (tensor.dtype != DType::f32) narrow_on_device(memory.data.data(), begin, end, tensor);
+    if (end > begin && tensor.dtype != DType::f32)
+      narrow_on_device(memory.data.data(), begin, end, tensor);
+    if (memory.ordered) memory.ordered->complete("a collective on a CUDA tensor");
     return;
   }
+  if (end <= begin) return;
   if (memory.host.dtype != DType::f32)
     kernels::cpu::store_from_f32(memory.data.data() + begin, end - begin, memory.host, begin);
   if (tensor.device.kind == DeviceKind::cuda) {
@@ -130,6 +138,8 @@ ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const 
   ReduceJob job{*memory.transport, state.codec_for(spec), memory.data, std::move(residual_key),
                 residuals, ctx, stats, memory.device};
   job.segment_bytes = spec.segment_bytes;
+  job.stream_ordered = memory.ordered != nullptr;
+  job.sizes_known = job.stream_ordered && !message_size_varies(spec);
   return job;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,6 +13,7 @@
 #include "collectives/call.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
+#include "collectives/device_memory.h"
 #include "gradzip/compression_spec.h"
 #include "gradzip/tensor_view.h"
 
@@ -26,6 +28,9 @@ struct CallMemory {
   Device device{};          // cuda: data is device memory (NCCL or CUDA-aware MPI)
   std::span<float> data;    // the f32 values the algorithm works on
   TensorView host;          // host paths: the host-side tensor (the user's, or the staging copy)
+  // Over NCCL: the call runs stream-ordered (collectives/device_memory.h) and close_call_memory
+  // completes it (its one host wait and its device checks).
+  std::unique_ptr<OrderedDeviceCall> ordered;
 };
 
 // How a CUDA tensor's call travels.
@@ -58,7 +63,8 @@ CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::siz
 
 // Elements [begin, end) of the f32 result into the tensor: rounded to nearest even for f16 /
 // bf16 (nothing to do for f32, which the algorithm wrote in place), and copied back to the
-// device for a staged CUDA tensor.
+// device for a staged CUDA tensor. A stream-ordered call is completed here (every rank calls
+// this at the same point): it throws for a failed device check, on every rank.
 void close_call_memory(const CallMemory& memory, const TensorView& tensor, std::size_t begin,
                        std::size_t end);
 

@@ -66,6 +66,29 @@ void count_sent(const ReduceJob& job, std::span<const std::byte> message) {
   job.stats.sent_payload_bytes += message.size() - compressors::kWireHeaderBytes;
 }
 
+void count_sent(const ReduceJob& job, std::span<const std::byte> message, std::size_t elements) {
+  const CompressionSpec& spec = job.codec.spec();
+  if (!job.sizes_known || !job.codec.sparse() || spec.codec != CodecKind::topk || spec.approx)
+    return count_sent(job, message);
+  // Exact top-k: k_for(elements) entries, 32- or 64-bit indices by the element count.
+  const std::uint64_t index_bytes =
+      spec.k_for(elements) * (elements > compressors::kTopkMaxNarrowCount ? 8 : 4);
+  GZ_REQUIRE(message.size() >= compressors::kWireHeaderBytes + index_bytes, ErrorCode::internal,
+             "count_sent: a top-k message of ", message.size(), " bytes for ", elements,
+             " elements");
+  job.stats.sent_header_bytes += compressors::kWireHeaderBytes;
+  job.stats.sent_index_bytes += index_bytes;
+  job.stats.sent_payload_bytes += message.size() - compressors::kWireHeaderBytes - index_bytes;
+}
+
+void require_known_size(const ReduceJob& job, std::size_t elements, std::size_t bytes) {
+  if (!job.sizes_known) return;
+  const std::size_t expected = job.codec.max_encoded_bytes(elements);
+  GZ_REQUIRE(bytes == expected, ErrorCode::internal, job.codec.name(), ": a message of ", bytes,
+             " bytes for ", elements, " elements, where every rank assumed max_encoded_bytes = ",
+             expected);
+}
+
 void MessageBuffer::resize(std::size_t bytes) {
   if (bytes > capacity_) {
     if (device_.kind == DeviceKind::cuda) {
@@ -208,10 +231,15 @@ bool transport_pipelines(const Transport& transport) {
   return !transport.waits_complete_whole_batches() && !transport.messages_are_expensive();
 }
 
-std::size_t pipeline_segments(const ReduceJob& job, std::size_t max_segments) {
+std::size_t pipeline_segments(const ReduceJob& job, std::size_t max_segments,
+                              bool stream_ordered_device) {
   const int ranks = job.transport.size();
-  if (ranks == 1 || job.device.kind == DeviceKind::cuda || !transport_pipelines(job.transport))
+  if (ranks == 1) return 1;
+  if (job.device.kind == DeviceKind::cuda) {
+    if (!stream_ordered_device || !job.stream_ordered || !job.sizes_known) return 1;
+  } else if (!transport_pipelines(job.transport)) {
     return 1;
+  }
   std::vector<std::size_t> counts(static_cast<std::size_t>(ranks));
   for (int c = 0; c < ranks; ++c)
     counts[static_cast<std::size_t>(c)] =

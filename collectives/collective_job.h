@@ -49,6 +49,15 @@ struct ReduceJob {
   // The pipelined algorithms' target message size in bytes (the spec's `segment` key,
   // collectives/segment_plan.h); 0: no pipelining.
   std::size_t segment_bytes = 0;
+  // A stream-ordered device call (collectives/device_memory.h: OrderedDeviceCall) with a codec
+  // whose message for n elements always has max_encoded_bytes(n) bytes (message_size_varies
+  // is false): every rank knows every message's size, so the algorithms exchange no sizes
+  // (which would wait on the host) and count sent bytes without reading headers back.
+  bool sizes_known = false;
+  // The call runs stream-ordered on the device (OrderedDeviceCall): its device checks are
+  // agreed on by every rank at its completion, so the algorithms run no host-side agreement of
+  // their own (MalformedHold::agree), and the ring may pipeline over NCCL (ring_pipelined.cpp).
+  bool stream_ordered = false;
 };
 
 // Rank r's shard of `count` elements split over `ranks`: [shard_begin(r), shard_begin(r + 1)),
@@ -69,6 +78,12 @@ void count_sent(CollectiveStats& stats, std::span<const std::byte> message, Devi
 // not sparse (Codec::sparse(): no index bytes, so the split is header + the rest) is counted
 // from its size alone, with no copy from the device and no synchronisation.
 void count_sent(const ReduceJob& job, std::span<const std::byte> message);
+// The same for a message of `elements` elements: with job.sizes_known, a sparse codec's device
+// message is split by its spec (exact top-k: k_for(elements) indices) without reading it.
+void count_sent(const ReduceJob& job, std::span<const std::byte> message, std::size_t elements);
+// With job.sizes_known: throws internal unless an encode of `elements` elements wrote
+// max_encoded_bytes(elements) bytes (what every rank assumed of it).
+void require_known_size(const ReduceJob& job, std::size_t elements, std::size_t bytes);
 // Adds the input bytes (as f32) a set of messages encoded, for compression_ratio.
 void count_encoded(CollectiveStats& stats, std::size_t input_elements, std::size_t message_bytes);
 
@@ -146,6 +161,11 @@ class MalformedHold {
   // failure throws it; the others throw malformed_message naming those ranks (`op` of `name`).
   void agree(Transport& transport, CollectiveStats& stats, std::string_view op,
              std::string_view name) const;
+  // Throws the held failure, if any (a stream-ordered call, whose completion makes the ranks
+  // agree, or one rank).
+  void rethrow() const {
+    if (held_) throw *held_;
+  }
 
  private:
   std::optional<Error> held_;
@@ -198,10 +218,13 @@ void sra_reduce_scatter(ReduceJob& job);                 // sra_allreduce.cpp (f
 // Python, where 64 KiB segments made qsgd-4 2x slower).
 bool transport_pipelines(const Transport& transport);
 // How many segments per chunk the pipelined ring and SRA cut the job's P chunks (shard_begin)
-// into (collectives/segment_plan.h): 1, run unsegmented, for one rank, device memory, a
-// transport that does not pipeline, segment_bytes 0 and codecs that may not be cut; at most
-// `max_segments` (the ring's: kMaxRingSegmentsPerChunk).
-std::size_t pipeline_segments(const ReduceJob& job, std::size_t max_segments = kMaxSegmentsPerChunk);
+// into (collectives/segment_plan.h): 1, run unsegmented, for one rank, a host transport that does
+// not pipeline, segment_bytes 0 and codecs that may not be cut; device memory too, unless
+// `stream_ordered_device` (the ring and SRA, which pipeline a stream-ordered call over NCCL
+// with fixed-size messages, job.sizes_known); at most `max_segments` (the ring's:
+// kMaxRingSegmentsPerChunk).
+std::size_t pipeline_segments(const ReduceJob& job, std::size_t max_segments = kMaxSegmentsPerChunk,
+                              bool stream_ordered_device = false);
 // SRA with its chunks cut into segments whose encode, transfer and decode overlap
 // (sra_pipelined.cpp; allgather false: the reduce-scatter half).
 void sra_pipelined(ReduceJob& job, std::size_t segments, bool allgather);

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -129,6 +130,40 @@ class DeviceAllocation {
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
   int device_ = 0;
+};
+
+class Transport;
+
+// One collective call on device memory over a transport that orders its work with CUDA streams
+// (NCCL), run stream-ordered (kernels/cuda/stream_ordered_call.h): while it is open on this
+// thread, the device codecs, device error feedback and the copies and conversions above only
+// queue their work on the thread's work stream, received messages are checked on the device
+// into status words, and the transport orders its operations with the work stream instead of
+// waiting (Transport::begin_stream_order). Nothing waits on the host until complete().
+class OrderedDeviceCall {
+ public:
+  // Opens the call on this thread and begins the transport's stream order with the thread's
+  // work stream. Throws unsupported when the transport cannot order with streams.
+  OrderedDeviceCall(Transport& transport, int device, std::string_view op);
+  // Ends the transport's stream order; a call closed without complete() (an exception) makes
+  // the next one opened on this thread wait for the work stream first.
+  ~OrderedDeviceCall();
+  OrderedDeviceCall(const OrderedDeviceCall&) = delete;
+  OrderedDeviceCall& operator=(const OrderedDeviceCall&) = delete;
+
+  // The call's one host wait, made by every rank at the same point of the call: on more than
+  // one rank, first an all-reduce (queued, through the transport) of one flag per rank saying
+  // whether any of its device checks failed; then the wait for the work stream
+  // (Transport::wait_for_stream: deadline, transport errors). Throws for this rank's first
+  // failed check (naming it, ErrorCode::malformed_message for a received message), or, when
+  // only other ranks' checks failed, malformed_message naming those ranks: every rank throws.
+  void complete(std::string_view op);
+
+ private:
+  struct State;
+  Transport& transport_;
+  int device_ = 0;
+  std::unique_ptr<State> state_;
 };
 
 // What the device runtime layer (kernels/cuda/device_runtime.h) has counted in this process:

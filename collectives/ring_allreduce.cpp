@@ -110,7 +110,7 @@ class RingAllreduce {
       const std::span<const std::byte> message = send.first(send_bytes);
       const std::size_t send_request =
           pending.add(transport_.isend(ring_.right, kReduceScatterTag, message));
-      count_sent(job_, message);
+      count_sent(job_, message, chunk_count(send_chunk));
       const std::size_t received = wait_receive(pending, receive_request);
       {
         StageTimer timer(job_.stats, Stage::decode);
@@ -182,7 +182,7 @@ class RingAllreduce {
     }
     for (std::size_t request : send_requests) timed_wait(pending, request);
     if (first_error) std::rethrow_exception(first_error);
-    for (int c : sent_chunks) count_sent(job_, slot(c).first(message_bytes[c]));
+    for (int c : sent_chunks) count_sent(job_, slot(c).first(message_bytes[c]), chunk_count(c));
   }
 
  private:
@@ -241,7 +241,7 @@ class RingAllreduce {
 
 std::size_t ring_pipeline_segments(const ReduceJob& job) {
   if (job.transport.size() < kMinRanksForPipelinedRing) return 1;
-  return pipeline_segments(job, kMaxRingSegmentsPerChunk);
+  return pipeline_segments(job, kMaxRingSegmentsPerChunk, /*stream_ordered_device=*/true);
 }
 
 void ring_allreduce(ReduceJob& job) {

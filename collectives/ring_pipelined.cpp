@@ -33,7 +33,19 @@
 // transport's deadline.
 //
 // Host memory over transports whose posted operations start when posted and whose messages are
-// cheap (pipeline_segments in collective_job.h); elsewhere the unsegmented ring runs.
+// cheap, and device memory in a stream-ordered call over NCCL with fixed-size messages
+// (pipeline_segments in collective_job.h); elsewhere the unsegmented ring runs.
+//
+// Over NCCL (Transport::waits_complete_whole_batches: posted operations start together at the
+// next wait, as one group on the transport's stream) a receive posted ahead would sit in a group
+// that cannot complete before the peer's later groups, which wait for it: so each segment's
+// receive is posted with the send that pairs with it, and the pair starts at once
+// (start_posted), one group per segment. Every rank posts the same sequence, so group j of a
+// rank holds the send that group j of its right neighbour receives. In a stream-ordered call
+// (collectives/device_memory.h) nothing waits on the host: segment k + 1's encode is queued on
+// the work stream while segment k's group runs on the transport's stream, and segment k - 1's
+// decode waits (on the device) for that segment's group only; malformed segments are found by
+// the device checks and agreed on at the call's completion.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -41,6 +53,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/device_memory.h"
 #include "collectives/job_encoder.h"
 #include "collectives/ring_common.h"
 #include "collectives/segment_plan.h"
@@ -72,9 +85,11 @@ class PipelinedRing {
         plan_(job.codec, job.data.size(), ring_.ranks, segments),
         encoder_(job_encoder(job, ResidualRole::worker, job.data.size())),
         pending_(job.transport) {
-    GZ_REQUIRE(ring_.ranks >= 2 && segments_ >= 2 && job.device.kind != DeviceKind::cuda,
-               ErrorCode::internal, "pipelined ring: needs host memory, 2 or more ranks and "
-               "2 or more segments (got ", ring_.ranks, " ranks, ", segments_, " segments)");
+    GZ_REQUIRE(ring_.ranks >= 2 && segments_ >= 2 &&
+                   (job.device.kind != DeviceKind::cuda || job.stream_ordered),
+               ErrorCode::internal, "pipelined ring: needs host memory or a stream-ordered "
+               "device call, 2 or more ranks and 2 or more segments (got ", ring_.ranks,
+               " ranks, ", segments_, " segments)");
     std::size_t all_chunks = 0;
     for (int c = 0; c < ring_.ranks; ++c) {
       // Offsets of the chunk's S segment messages inside an area of its own.
@@ -89,8 +104,14 @@ class PipelinedRing {
     for (int c = 0; c < ring_.ranks; ++c)
       chunk_area_begin_.push_back(
           c == 0 ? 0 : chunk_area_begin_.back() + message_offset_[idx(c - 1)].back());
-    workspace_.emplace(std::max(4 * area_bytes_, all_chunks));
-    memory_ = workspace_->memory();
+    const std::size_t workspace_bytes = std::max(4 * area_bytes_, all_chunks);
+    if (job.device.kind == DeviceKind::cuda) {
+      device_workspace_.emplace(workspace_bytes, job.device.index, "pipelined ring");
+      memory_ = {device_workspace_->data(), workspace_bytes};
+    } else {
+      workspace_.emplace(workspace_bytes);
+      memory_ = workspace_->memory();
+    }
     // Before any request is posted, so that a size mismatch throws on every rank.
     encoder_.register_residual();
   }
@@ -98,9 +119,9 @@ class PipelinedRing {
   void reduce_scatter() {
     receives_.assign(idx(ring_.ranks - 1) * segments_, SIZE_MAX);
     std::vector<std::size_t> step_sends[2];
-    post_reduce_scatter_receives(0);
+    if (!per_segment_groups_) post_reduce_scatter_receives(0);
     for (int step = 0; step < ring_.ranks - 1; ++step) {
-      if (step + 1 < ring_.ranks - 1) post_reduce_scatter_receives(step + 1);
+      if (!per_segment_groups_ && step + 1 < ring_.ranks - 1) post_reduce_scatter_receives(step + 1);
       const int send_chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
       std::vector<std::size_t>& sends = step_sends[step % 2];
       for (std::size_t k = 0; k < segments_; ++k) {
@@ -108,7 +129,9 @@ class PipelinedRing {
             reduce_scatter_slot(step % 2, /*send=*/true, send_chunk, k);
         const std::size_t bytes = encode_segment(send_chunk, k, out);
         const std::span<const std::byte> message = out.first(bytes);
+        if (per_segment_groups_) post_reduce_scatter_receive(step, k);
         sends.push_back(pending_.add(transport_.isend(ring_.right, kReduceScatterTag, message)));
+        if (per_segment_groups_) transport_.start_posted();
         count_sent(job_, message);
         if (k >= 1) receive_and_add(step, k - 1);
       }
@@ -126,8 +149,10 @@ class PipelinedRing {
     receives_.assign(idx(ring_.ranks - 1) * segments_, SIZE_MAX);
     message_bytes_.assign(idx(ring_.ranks) * segments_, 0);
     forwarded_.clear();
-    post_allgather_receives(0);
-    if (ring_.ranks > 2) post_allgather_receives(1);
+    if (!per_segment_groups_) {
+      post_allgather_receives(0);
+      if (ring_.ranks > 2) post_allgather_receives(1);
+    }
     // The own chunk, segment by segment, each sent as soon as it is written; between two
     // encodes, the segment of step 0 that came meanwhile is forwarded and decoded.
     for (std::size_t k = 0; k < segments_; ++k) {
@@ -143,23 +168,27 @@ class PipelinedRing {
       }
       message_bytes_[at(ring_.rank, k)] = bytes;
       const std::span<const std::byte> message = out.first(bytes);
+      if (per_segment_groups_) post_allgather_receive(0, k);
       sends_.push_back(pending_.add(transport_.isend(ring_.right, kAllgatherTag[0], message)));
+      if (per_segment_groups_) transport_.start_posted();
       count_sent(job_, message);
       if (!encoder_.fills_decoded()) decode_segment(ring_.rank, k, message);
       if (k >= 1) forward_and_decode(0, k - 1);
     }
     forward_and_decode(0, segments_ - 1);
     for (int step = 1; step < ring_.ranks - 1; ++step) {
-      if (step + 1 < ring_.ranks - 1) post_allgather_receives(step + 1);
+      if (!per_segment_groups_ && step + 1 < ring_.ranks - 1) post_allgather_receives(step + 1);
       for (std::size_t k = 0; k < segments_; ++k) forward_and_decode(step, k);
     }
   }
 
-  // Completes the sends and makes every rank throw together if any held a malformed message;
-  // then counts the forwarded messages (count_sent reads their headers).
+  // Completes the sends and makes every rank throw together if any held a malformed message
+  // (in a stream-ordered call the call's completion does that); then counts the forwarded
+  // messages (count_sent reads their headers, or their sizes where job.sizes_known).
   void finish(const char* op) {
     for (const std::size_t send : sends_) pending_.timed_wait(send, job_.stats);
-    failures_.agree(transport_, job_.stats, op, job_.name);
+    if (job_.stream_ordered) failures_.rethrow();
+    else failures_.agree(transport_, job_.stats, op, job_.name);
     for (const auto& [chunk, k] : forwarded_)
       count_sent(job_, chunk_slot(chunk, k).first(message_bytes_[at(chunk, k)]));
   }
@@ -183,17 +212,21 @@ class PipelinedRing {
     return memory_.subspan(chunk_area_begin_[idx(c)] + message_offset_[idx(c)][k], capacity(c, k));
   }
 
-  void post_reduce_scatter_receives(int step) {
+  void post_reduce_scatter_receive(int step, std::size_t k) {
     const int chunk = ring_position(ring_.rank - step - 2, ring_.ranks);
-    for (std::size_t k = 0; k < segments_; ++k)
-      receives_[idx(step) * segments_ + k] = pending_.add(transport_.irecv(
-          ring_.left, kReduceScatterTag, reduce_scatter_slot(step % 2, /*send=*/false, chunk, k)));
+    receives_[idx(step) * segments_ + k] = pending_.add(transport_.irecv(
+        ring_.left, kReduceScatterTag, reduce_scatter_slot(step % 2, /*send=*/false, chunk, k)));
+  }
+  void post_reduce_scatter_receives(int step) {
+    for (std::size_t k = 0; k < segments_; ++k) post_reduce_scatter_receive(step, k);
+  }
+  void post_allgather_receive(int step, std::size_t k) {
+    const int chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
+    receives_[idx(step) * segments_ + k] =
+        pending_.add(transport_.irecv(ring_.left, kAllgatherTag[step % 2], chunk_slot(chunk, k)));
   }
   void post_allgather_receives(int step) {
-    const int chunk = ring_position(ring_.rank - step - 1, ring_.ranks);
-    for (std::size_t k = 0; k < segments_; ++k)
-      receives_[idx(step) * segments_ + k] =
-          pending_.add(transport_.irecv(ring_.left, kAllgatherTag[step % 2], chunk_slot(chunk, k)));
+    for (std::size_t k = 0; k < segments_; ++k) post_allgather_receive(step, k);
   }
 
   std::size_t encode_segment(int c, std::size_t k, std::span<std::byte> out) {
@@ -255,9 +288,12 @@ class PipelinedRing {
     const std::span<const std::byte> message =
         chunk_slot(chunk, k).first(message_bytes_[at(chunk, k)]);
     if (step + 1 < ring_.ranks - 1) {
-      // The right neighbour receives it at its step + 1.
+      // The right neighbour receives it at its step + 1; over NCCL this rank's receive of step
+      // + 1's segment k pairs with it (the left neighbour forwards it at the same point).
+      if (per_segment_groups_) post_allgather_receive(step + 1, k);
       sends_.push_back(
           pending_.add(transport_.isend(ring_.right, kAllgatherTag[(step + 1) % 2], message)));
+      if (per_segment_groups_) transport_.start_posted();
       forwarded_.emplace_back(chunk, k);
     }
     if (bytes) decode_segment(chunk, k, message);
@@ -272,7 +308,11 @@ class PipelinedRing {
   std::vector<std::size_t> chunk_area_begin_;             // all-gather: chunk c's area
   std::size_t area_bytes_ = 0;  // the largest chunk's S segment messages
   JobEncoder encoder_;
+  // Over NCCL: one group per segment, each receive posted with the send it pairs with.
+  const bool per_segment_groups_ = job_.transport.waits_complete_whole_batches();
+  // The message memory: the per-thread host cache, or a device allocation for device jobs.
   std::optional<RingWorkspace> workspace_;
+  std::optional<DeviceAllocation> device_workspace_;
   std::span<std::byte> memory_;
   PendingRequests pending_;
   // The posted receives of the current phase, [step * S + k].

@@ -8,6 +8,8 @@
 //      on (ErrorFeedbackCodec::encode_chunk, key job.name, count n, ctx = encode_context(job, 0)).
 //   2. exchange: the message sizes (allgather_u64), then the messages (allgatherv): every rank
 //      holds m_0 .. m_{P-1}, byte for byte the same everywhere.
+//      (No size exchange in a stream-ordered device call with exact top-k, job.sizes_known:
+//      every message then has max_encoded_bytes(n).)
 //   3. decode: data = 0, then data += D(m_r) for r = 0, 1, ..., P-1 in that order (decode_add).
 //      The same bytes summed in the same order give the same bits on every rank; the result is
 //      sum_r D(m_r), this rank's own message included exactly as the others see it.
@@ -233,7 +235,11 @@ void sparse_allreduce(ReduceJob& job) {
   if (pipelines_allgather(job)) return gather_and_decode_as_messages_arrive(job, my_message, capacity);
 
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks));
-  {
+  if (job.sizes_known) {
+    // Every message has max_encoded_bytes(n): no exchange.
+    require_known_size(job, count, mine_bytes);
+    sizes.assign(sizes.size(), capacity);
+  } else {
     StageTimer timer(job.stats, Stage::communicate);
     const std::uint64_t my_size = mine_bytes;
     transport.allgather_u64(std::span<const std::uint64_t>(&my_size, 1), sizes);
@@ -259,7 +265,7 @@ void sparse_allreduce(ReduceJob& job) {
     StageTimer timer(job.stats, Stage::communicate);
     transport.allgatherv(my_message, all.span(), message_bytes);
   }
-  for (int r = 0; r < ranks - 1; ++r) count_sent(job, my_message);
+  for (int r = 0; r < ranks - 1; ++r) count_sent(job, my_message, count);
   job.stats.received_bytes += total - mine_bytes;
 
   StageTimer timer(job.stats, Stage::decode);

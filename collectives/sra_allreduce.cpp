@@ -35,6 +35,8 @@
 // |C(chunk)| each in step 1 and its server message to each of the P - 1 other ranks in step 2,
 // i.e. about 2 (P - 1) / P |C(n)| plus 2 (P - 1) headers. The size exchanges (P + 1 u64 per rank)
 // are metadata and are not counted as messages.
+// A stream-ordered device call whose codec's message sizes are fixed (job.sizes_known) skips
+// both size exchanges: every message has its chunk's max_encoded_bytes, known to every rank.
 //
 // Validation: every rank checks the whole all-gathered size table (each announced message must
 // be between a bare header and codec.max_encoded_bytes(chunk count)) before any buffer is sized
@@ -130,6 +132,7 @@ class SraRound {
       const std::span<std::byte> out = c == rank_ ? own_message_.span() : send_.span().subspan(offset);
       const EncodeContext ctx = encode_context(job_, chunk_begin_[idx(c)]);
       const std::size_t bytes = worker_encoder_->encode(input_chunk(c), out, ctx);
+      require_known_size(job_, chunk_count(c), bytes);
       count_encoded(job_.stats, chunk_count(c), bytes);
       if (c == rank_) {
         own_message_.resize(bytes);
@@ -161,7 +164,11 @@ class SraRound {
   void exchange_contributions() {
     if (ranks_ == 1) return;  // the only message is this rank's own, decoded from send_
     std::vector<std::uint64_t> sizes(idx(ranks_) * idx(ranks_));  // sizes[s * P + c]
-    {
+    if (job_.sizes_known) {
+      // Every message has its chunk's max_encoded_bytes: no exchange.
+      for (int s = 0; s < ranks_; ++s)
+        for (int c = 0; c < ranks_; ++c) sizes[idx(s) * idx(ranks_) + idx(c)] = chunk_capacity_[idx(c)];
+    } else {
       StageTimer timer(job_.stats, Stage::communicate);
       std::vector<std::uint64_t> mine(send_sizes_.begin(), send_sizes_.end());
       mine[idx(rank_)] = own_message_.size();
@@ -209,6 +216,7 @@ class SraRound {
     owned_message_.resize(chunk_capacity_[idx(rank_)]);
     const EncodeContext ctx = encode_context(job_, 0, /*server=*/true);
     owned_bytes_ = server_encoder_->encode(sum, owned_message_.span(), ctx);
+    require_known_size(job_, sum.count, owned_bytes_);
     count_encoded(job_.stats, sum.count, owned_bytes_);
   }
 
@@ -220,7 +228,9 @@ class SraRound {
       return;
     }
     std::vector<std::uint64_t> sizes(idx(ranks_));
-    {
+    if (job_.sizes_known) {
+      for (int c = 0; c < ranks_; ++c) sizes[idx(c)] = chunk_capacity_[idx(c)];
+    } else {
       StageTimer timer(job_.stats, Stage::communicate);
       const std::uint64_t announced = owned_bytes_;
       job_.transport.allgather_u64(std::span<const std::uint64_t>(&announced, 1), sizes);
@@ -275,7 +285,9 @@ class SraRound {
 }  // namespace
 
 void sra_allreduce(ReduceJob& job) {
-  if (const std::size_t segments = pipeline_segments(job); segments > 1)
+  if (const std::size_t segments =
+          pipeline_segments(job, kMaxSegmentsPerChunk, /*stream_ordered_device=*/true);
+      segments > 1)
     return sra_pipelined(job, segments, /*allgather=*/true);
   SraRound round(job, "sra_allreduce");
   const std::span<const float> owned_sum = round.scatter_reduce();
@@ -283,7 +295,9 @@ void sra_allreduce(ReduceJob& job) {
 }
 
 void sra_reduce_scatter(ReduceJob& job) {
-  if (const std::size_t segments = pipeline_segments(job); segments > 1)
+  if (const std::size_t segments =
+          pipeline_segments(job, kMaxSegmentsPerChunk, /*stream_ordered_device=*/true);
+      segments > 1)
     return sra_pipelined(job, segments, /*allgather=*/false);
   SraRound round(job, "sra_reduce_scatter");
   round.scatter_reduce();  // leaves the sum in this rank's shard of job.data

@@ -37,8 +37,21 @@
 // (PendingRequests), within the transport's deadline.
 //
 // Host memory over transports whose posted operations start when posted and whose messages are
-// cheap (MPI); the device path, transports that complete whole batches (NCCL) and those whose
-// every message is expensive (torch.distributed through Python) run the unsegmented SRA.
+// cheap (MPI), and device memory in a stream-ordered call over NCCL with fixed-size messages;
+// elsewhere (host memory over NCCL-like transports, those whose every message is expensive:
+// torch.distributed through Python) the unsegmented SRA runs.
+//
+// Over NCCL (Transport::waits_complete_whole_batches: posted operations start together at the
+// next wait, as one group) a receive posted a segment ahead would sit in a group that cannot
+// complete before the peers' later groups, which wait for it. There each exchange is one group
+// of its own, its receives posted with its sends and started at once (start_posted): segment k's
+// contributions (every rank's P - 1 sends to the owners, its P - 1 receives), then segment
+// k - 1's owner messages. Every rank launches the same sequence of groups (C0, C1, O0, C2, O1,
+// ..., O(S-1)), so a rank's sends to a peer and that peer's receives from it pair up in order.
+// In a stream-ordered call nothing waits on the host: segment k + 1's encodes are queued on the
+// work stream while segment k's group runs on the transport's stream; a decode waits (on the
+// device) for its own segment's group; malformed messages are found by the device checks and
+// agreed on at the call's completion.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -93,9 +106,9 @@ class PipelinedSra {
     if (allgather_) server_encoder_.register_residual();
     receive_contribution_.assign(segments_ * idx(ranks_), SIZE_MAX);
     receive_owner_.assign(segments_ * idx(ranks_), SIZE_MAX);
-    post_receives(0);
+    if (!per_exchange_groups_) post_receives(0);
     for (std::size_t k = 0; k < segments_; ++k) {
-      if (k + 1 < segments_) post_receives(k + 1);
+      if (!per_exchange_groups_ && k + 1 < segments_) post_receives(k + 1);
       encode_contributions(k);
       if (k >= 1) reduce_segment(k - 1);
       if (allgather_ && k >= 2) decode_owner_messages(k - 2);
@@ -106,7 +119,9 @@ class PipelinedSra {
       decode_owner_messages(segments_ - 1);
     }
     for (const std::size_t send : sends_) pending_.timed_wait(send, job_.stats);
-    failures_.agree(job_.transport, job_.stats, op_, job_.name);
+    // A stream-ordered call's completion makes the ranks agree on its device checks.
+    if (job_.stream_ordered) failures_.rethrow();
+    else failures_.agree(job_.transport, job_.stats, op_, job_.name);
   }
 
  private:
@@ -159,12 +174,17 @@ class PipelinedSra {
   // segment k + 1 or later) while at most two segments' receives are outstanding: MPI matches
   // an arriving message against the posted receives one by one.
   void post_receives(std::size_t k) {
+    post_contribution_receives(k);
+    if (allgather_) post_owner_receives(k);
+  }
+  void post_contribution_receives(std::size_t k) {
     for (int i = 1; i < ranks_; ++i) {
       const int s = (rank_ + ranks_ - i) % ranks_;
       receive_contribution_[at(k, s)] =
           pending_.add(job_.transport.irecv(s, kContributionTag, slot(received_[at(k, s)])));
     }
-    if (!allgather_) return;
+  }
+  void post_owner_receives(std::size_t k) {
     for (int i = 1; i < ranks_; ++i) {
       const int o = (rank_ + ranks_ - i) % ranks_;
       receive_owner_[at(k, o)] =
@@ -180,6 +200,7 @@ class PipelinedSra {
   // Segment k of every chunk through the worker encoder; the other ranks' chunks first, each
   // sent as soon as it is encoded, the own chunk's last (it stays here for the sum).
   void encode_contributions(std::size_t k) {
+    if (per_exchange_groups_) post_contribution_receives(k);
     for (int i = 1; i <= ranks_; ++i) {
       const int c = (rank_ + i) % ranks_;
       std::span<const std::byte> message;
@@ -195,6 +216,7 @@ class PipelinedSra {
       }
       if (c != rank_) send(c, kContributionTag, message);
     }
+    if (per_exchange_groups_) job_.transport.start_posted();  // segment k's contributions
   }
 
   // Completes a receive; returns the message, or nothing (failure held) when the transport or
@@ -247,7 +269,9 @@ class PipelinedSra {
       owner_bytes_[at(k, rank_)] = bytes;
       message = slot(owner_[at(k, rank_)]).first(bytes);
     }
+    if (per_exchange_groups_) post_owner_receives(k);
     for (int i = 1; i < ranks_; ++i) send((rank_ + i) % ranks_, kOwnerTag, message);
+    if (per_exchange_groups_) job_.transport.start_posted();  // segment k's owner messages
   }
 
   // Every owner's message of segment k decoded into its chunk's segment of job.data.
@@ -276,6 +300,8 @@ class PipelinedSra {
   SegmentedChunks plan_;
   JobEncoder worker_encoder_;
   JobEncoder server_encoder_;
+  // Over NCCL: one group per exchange, its receives posted with its sends.
+  const bool per_exchange_groups_ = job_.transport.waits_complete_whole_batches();
   PendingRequests pending_;
   MessageBuffer memory_;
   // Slots and message sizes, indexed at(k, c): this rank's contribution to chunk c, the

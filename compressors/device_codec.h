@@ -32,6 +32,15 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
 void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView out,
                    bool accumulate);
 
+// The decode (out = D(in)) of a message this rank encoded with `ctx` (error feedback decodes the
+// message it just wrote; random-k's shared-index all-reduce its own message after summing the
+// values): device_decode, except for random-k in a stream-ordered call
+// (kernels/cuda/stream_ordered_call.h), whose header and key are not read back but compared on
+// the device with the ones the spec and ctx give for out.count elements (a mismatch fails the
+// call's checks) while the values are scattered.
+void device_decode_own(const Codec& codec, std::span<const std::byte> in, TensorView out,
+                         const EncodeContext& ctx);
+
 // Throws unless `view` can be worked on as a CUDA tensor here: ErrorCode::unsupported without
 // CUDA (build or device), invalid_argument when its memory is not device memory of its device.
 // What callers check before they change any state for a CUDA tensor.

@@ -4,7 +4,9 @@
 #include "kernels/device_api.h"
 
 #include <cstdint>
+#include <optional>
 
+#include "collectives/transport/transport.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/nonfinite_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
@@ -12,6 +14,8 @@
 #include "kernels/cuda/nonfinite_cuda.h"
 #include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/scale_cuda.h"
+#include "kernels/cuda/small_bytes_cuda.h"
+#include "kernels/cuda/stream_ordered_call.h"
 
 namespace gradzip::collectives {
 namespace {
@@ -26,6 +30,13 @@ cudaStream_t work_stream() noexcept {
 
 void synchronize(std::string_view op, const char* what) {
   kernels::cuda::synchronize_stream(work_stream(), op, what);
+}
+
+// The end of device-only work (copies and conversions on the device): done when the function
+// returns, except in a stream-ordered call (kernels/cuda/stream_ordered_call.h), whose
+// completion waits for it.
+void finish(std::string_view op, const char* what) {
+  if (!kernels::cuda::stream_ordered()) synchronize(op, what);
 }
 
 // For destructors: runs `release` with `device` current and restores the caller's device,
@@ -44,7 +55,9 @@ void copy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, in
                 kind == cudaMemcpyDeviceToHost   ? "a copy to host memory"
                 : kind == cudaMemcpyHostToDevice ? "a copy to the device"
                                                  : "a device-to-device copy");
-  synchronize(op, "the copy");
+  // A copy between host and device always completes here (the host reads or reuses its side).
+  if (kind == cudaMemcpyDeviceToDevice) finish(op, "the copy");
+  else synchronize(op, "the copy");
 }
 
 }  // namespace
@@ -70,7 +83,7 @@ void zero_on_device(void* device_data, std::size_t bytes, int device) {
   if (bytes == 0) return;
   const CurrentDevice current(device, "zero_on_device");
   check_runtime(cudaMemsetAsync(device_data, 0, bytes, work_stream()), "zero_on_device", "cudaMemsetAsync");
-  synchronize("zero_on_device", "the memset");
+  finish("zero_on_device", "the memset");
 }
 
 void copy_on_device(void* to, const void* from, std::size_t bytes, int device) {
@@ -94,7 +107,7 @@ void widen_on_device(const TensorView& tensor, std::size_t begin, std::size_t en
   const auto* half = static_cast<const std::uint16_t*>(tensor.data) + begin;
   if (tensor.dtype == DType::f16) kernels::cuda::f16_to_f32(half, d_f32 + begin, count, work_stream());
   else kernels::cuda::bf16_to_f32(half, d_f32 + begin, count, work_stream());
-  synchronize("widen_on_device", "the conversion");
+  finish("widen_on_device", "the conversion");
 }
 
 void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor) {
@@ -109,7 +122,7 @@ void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, co
   auto* half = static_cast<std::uint16_t*>(tensor.data) + begin;
   if (tensor.dtype == DType::f16) kernels::cuda::f32_to_f16(d_f32 + begin, half, count, work_stream());
   else kernels::cuda::f32_to_bf16(d_f32 + begin, half, count, work_stream());
-  synchronize("narrow_on_device", "the conversion");
+  finish("narrow_on_device", "the conversion");
 }
 
 NonfiniteOnDevice count_nonfinite_on_device(const TensorView& tensor, std::size_t begin,
@@ -130,7 +143,7 @@ void divide_on_device(float* d_data, std::size_t count, float divisor, int devic
   if (count == 0) return;
   const CurrentDevice current(device, "divide_on_device");
   kernels::cuda::divide_f32(d_data, count, divisor, work_stream());
-  synchronize("divide_on_device", "the division");
+  finish("divide_on_device", "the division");
 }
 
 DeviceStream::DeviceStream(int device, std::string_view op) : device_(device) {
@@ -186,6 +199,42 @@ DeviceAllocation::DeviceAllocation(std::size_t bytes, int device, std::string_vi
 
 DeviceAllocation::~DeviceAllocation() {
   kernels::cuda::device_release(data_, bytes_, device_, work_stream());
+}
+
+struct OrderedDeviceCall::State {
+  explicit State(std::string_view op) : call(op) {}
+  kernels::cuda::StreamOrderedCall call;
+};
+
+OrderedDeviceCall::OrderedDeviceCall(Transport& transport, int device, std::string_view op)
+    : transport_(transport), device_(device) {
+  GZ_REQUIRE(transport.orders_with_streams(), ErrorCode::unsupported, op, " (",
+             transport.describe(), "): the transport does not order its work with CUDA streams");
+  const CurrentDevice current(device, op);
+  state_ = std::make_unique<State>(op);
+  transport.begin_stream_order(kernels::cuda::thread_work_stream());
+}
+
+OrderedDeviceCall::~OrderedDeviceCall() { transport_.end_stream_order(); }
+
+void OrderedDeviceCall::complete(std::string_view op) {
+  const CurrentDevice current(device_, op);
+  kernels::cuda::StreamOrderedCall& call = state_->call;
+  const std::size_t ranks = static_cast<std::size_t>(transport_.size());
+  std::optional<DeviceAllocation> flags;
+  if (ranks > 1) {
+    // One flag per rank, 1.0 where a check failed; the sum tells every rank which failed.
+    flags.emplace(ranks * sizeof(float), device_, op);
+    auto* const d_flags = reinterpret_cast<float*>(flags->data());
+    check_runtime(cudaMemsetAsync(d_flags, 0, ranks * sizeof(float), work_stream()), op,
+                  "cudaMemsetAsync (the check flags)");
+    kernels::cuda::flag_nonzero_words(call.words(), call.words_used(),
+                                      d_flags + transport_.rank(), work_stream());
+    transport_.allreduce_f32_sum({d_flags, ranks});
+    kernels::cuda::words_from_flags(d_flags, ranks, call.rank_words(ranks), work_stream());
+  }
+  transport_.wait_for_stream(op);
+  call.complete_and_check(transport_.rank());
 }
 
 void set_wait_site_counting(bool on) noexcept { kernels::cuda::set_wait_site_counting(on); }

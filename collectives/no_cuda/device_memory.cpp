@@ -51,6 +51,14 @@ void DeviceEvent::synchronize(std::string_view op) const { refuse(op, device_); 
 DeviceAllocation::DeviceAllocation(std::size_t, int device, std::string_view op) { refuse(op, device); }
 DeviceAllocation::~DeviceAllocation() = default;
 
+struct OrderedDeviceCall::State {};
+OrderedDeviceCall::OrderedDeviceCall(Transport& transport, int device, std::string_view op)
+    : transport_(transport), device_(device) {
+  refuse(op, device);
+}
+OrderedDeviceCall::~OrderedDeviceCall() = default;
+void OrderedDeviceCall::complete(std::string_view op) { refuse(op, device_); }
+
 DeviceRuntimeCounts device_runtime_counts() noexcept { return {}; }
 void set_wait_site_counting(bool) noexcept {}
 std::vector<std::pair<std::string, std::uint64_t>> device_wait_sites() { return {}; }

@@ -73,6 +73,16 @@ bool timed_out_anywhere() noexcept { return timed_out.load(); }
 
 void Transport::abort_job() noexcept { std::abort(); }
 
+void Transport::begin_stream_order(void* /*work_stream*/) {
+  GZ_THROW(ErrorCode::unsupported, "begin_stream_order (", describe(),
+           "): this transport does not order its work with CUDA streams");
+}
+
+void Transport::wait_for_stream(std::string_view op) {
+  GZ_THROW(ErrorCode::unsupported, op, " (", describe(),
+           "): this transport does not order its work with CUDA streams");
+}
+
 void write_timeout_report(const std::string& report) noexcept {
   const char* data = report.data();
   std::size_t left = report.size();

@@ -22,6 +22,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "collectives/transport/deadline.h"
 
@@ -121,6 +122,22 @@ class Transport {
   // lane's operation while another lane's kernel waits for a peer can deadlock the device.
   // A no-op where nothing is lazy (MPI).
   virtual void connect_eagerly() {}
+
+  // Stream order, for transports that move device memory on a stream of their own (NCCL).
+  // Between begin_stream_order(work_stream) and end_stream_order(), the transport orders every
+  // operation after the work queued so far on `work_stream` (a cudaStream_t; nullptr: the
+  // legacy default stream) and that stream's later work after the operation, instead of
+  // waiting on the host: wait(request) returns the request's posted byte count at once, and
+  // allgatherv, alltoallv, allreduce_f32_sum and barrier return with their work queued
+  // (allgather_u64, whose spans are host memory, still completes before it returns). Buffers
+  // must then stay valid until the work stream has passed the operation. wait_for_stream is the
+  // one host wait: it returns when everything queued on the work stream so far has completed,
+  // within the deadline policy and watching for the transport's errors like any wait. Where
+  // orders_with_streams() is false, begin_stream_order and wait_for_stream throw unsupported.
+  virtual bool orders_with_streams() const noexcept { return false; }
+  virtual void begin_stream_order(void* work_stream);
+  virtual void end_stream_order() noexcept {}
+  virtual void wait_for_stream(std::string_view op);
 };
 
 }  // namespace gradzip::collectives

@@ -5,7 +5,11 @@
 //
 // Every call runs on the legacy default stream of the tensor's device (or on the calling
 // thread's work stream when a Reducer lane set one) and synchronises before it returns (the
-// contract in gradzip/codec.h). Scratch comes from the thread's block cache of
+// contract in gradzip/codec.h), except inside a stream-ordered call of the collectives
+// (kernels/cuda/stream_ordered_call.h): there a call only queues its work, and a decode checks
+// the received header on the device against the one its spec and size give (the codecs whose
+// messages have a fixed size: fixed_header below) and leaves its payload checks in the call's
+// status words. Nothing is read back and nothing waits. Scratch comes from the thread's block cache of
 // kernels/cuda/device_runtime.h (no allocation once it is warm). Inputs in f16 / bf16 are widened into f32 scratch first (the host codecs load them
 // as f32 too); f16 / bf16 decode outputs are decoded into f32 scratch and rounded to nearest
 // even, except a cast message decoded into its own format, which is copied (as on the host).
@@ -144,6 +148,10 @@ WireHeader encode_terngrad(const CompressionSpec& spec, const float* d_in, std::
   return WireHeader{WireCodec::terngrad, 0, 0, n, payload, spec.bucket};
 }
 
+std::string describe_topk_entries(int /*status*/) {
+  return "the device selected another number of entries than k (exact top-k selects k)";
+}
+
 WireHeader encode_topk(const CompressionSpec& spec, const float* d_in, std::size_t n,
                        const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
   const std::size_t k = spec.k_for(n);
@@ -159,12 +167,23 @@ WireHeader encode_topk(const CompressionSpec& spec, const float* d_in, std::size
   cuda::topk_select(d_in, n, k, options, d_payload, d_entries,
                     scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, work_stream());
   std::uint64_t entries = 0;
-  check_runtime(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
-                                static_cast<cudaStream_t>(work_stream())),
-                op, "reading the entry count");
-  synchronize(op);
-  GZ_REQUIRE(entries <= k, ErrorCode::internal, op, ": the device selected ", entries,
-             " entries for k = ", k);
+  if (!spec.approx && cuda::stream_ordered()) {
+    // Exact top-k selects k entries: the header says k, and the device checks that it did
+    // (at the call's completion) instead of the host reading the count back.
+    entries = k;
+    StatusWords<1> selected(op, {describe_topk_entries});
+    std::array<std::byte, sizeof entries> expected{};
+    std::memcpy(expected.data(), &entries, sizeof entries);
+    cuda::compare_small_bytes(reinterpret_cast<const std::byte*>(d_entries), expected.data(),
+                              expected.size(), 1, selected.word(0), work_stream());
+  } else {
+    check_runtime(cudaMemcpyAsync(&entries, d_entries, sizeof entries, cudaMemcpyDeviceToHost,
+                                  static_cast<cudaStream_t>(work_stream())),
+                  op, "reading the entry count");
+    synchronize(op);
+    GZ_REQUIRE(entries <= k, ErrorCode::internal, op, ": the device selected ", entries,
+               " entries for k = ", k);
+  }
   std::uint8_t flags = wide ? kTopkWideIndices : 0;
   if (half) flags |= kTopkHalfValues;
   const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
@@ -194,25 +213,15 @@ struct DecodeTarget {
   bool accumulate = false;
 };
 
-// Reads the device status word after the work and throws when the payload check failed.
-void check_status(const int* d_status, const std::string& op, const char* (*describe)(int)) {
-  int status = 0;
-  check_runtime(cudaMemcpyAsync(&status, d_status, sizeof status, cudaMemcpyDeviceToHost,
-                             static_cast<cudaStream_t>(work_stream())),
-             op, "reading the validation status");
-  synchronize(op);
-  GZ_REQUIRE(status == 0, ErrorCode::malformed_message, op, ": ", describe(status));
-}
-
-const char* describe_qsgd_status(int status) {
+std::string describe_qsgd_status(int status) {
   return status == cuda::kQsgdStatusNonzeroCode
              ? "a bucket with a non-finite scale holds a non-zero code (expected every code of such a bucket to be 0)"
              : "a bucket scale is not one encode writes (expected +0 .. +Inf or the quiet NaN 0x7fc00000)";
 }
-const char* describe_sign_status(int /*status*/) {
+std::string describe_sign_status(int /*status*/) {
   return "an unused bit above the last element of the sign bits is set";
 }
-const char* describe_sparse_status(int status) {
+std::string describe_sparse_status(int status) {
   return (status & cuda::kSparseIndexOutOfRange) != 0
              ? "an index is outside the message's element count"
              : "the indices are not strictly increasing";
@@ -233,7 +242,7 @@ std::size_t expected_cast_payload(const WireHeader& header, std::size_t element_
 // Each codec's device decoder: checks the codec-specific header fields the host decoder
 // checks, then decodes the payload into `target`. `prefix` holds the first bytes of the message
 // (the header and, for randk, its key). Returns with the work stream synchronised (each ends
-// with its one wait).
+// with its one wait), or in a stream-ordered call with the work queued.
 using DeviceDecoder = void (*)(const WireHeader& header, std::span<const std::byte> prefix,
                                const std::byte* d_payload, const DecodeTarget& target,
                                const std::string& op);
@@ -244,7 +253,7 @@ void decode_none(const WireHeader& header, std::span<const std::byte> /*prefix*/
   expected_cast_payload(header, sizeof(float), op);
   if (!target.accumulate) {
     copy_on_device(target.data, d_payload, n * sizeof(float), op);
-    return synchronize(op);
+    return finish(op);
   }
   DeviceScratch staging(aligned(d_payload, 4) ? 0 : n * sizeof(float), op);
   const float* values = reinterpret_cast<const float*>(d_payload);
@@ -253,7 +262,7 @@ void decode_none(const WireHeader& header, std::span<const std::byte> /*prefix*/
     values = staging.as<float>();
   }
   cuda::ef_compensate(target.data, values, target.data, n, work_stream());  // acc + value
-  return synchronize(op);
+  return finish(op);
 }
 
 void decode_half(const WireHeader& header, const std::byte* d_payload, const DecodeTarget& target,
@@ -262,12 +271,12 @@ void decode_half(const WireHeader& header, const std::byte* d_payload, const Dec
   expected_cast_payload(header, 2, op);
   if (!target.accumulate) {
     widen_half_payload(d_payload, n, bf16, target.data, op);
-    return synchronize(op);
+    return finish(op);
   }
   DeviceScratch widened(n * sizeof(float), op);
   widen_half_payload(d_payload, n, bf16, widened.as<float>(), op);
   cuda::ef_compensate(target.data, widened.as<float>(), target.data, n, work_stream());
-  return synchronize(op);
+  return finish(op);
 }
 void decode_fp16(const WireHeader& header, std::span<const std::byte> /*prefix*/,
                  const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
@@ -295,10 +304,11 @@ void decode_qsgd(const WireHeader& header, std::span<const std::byte> /*prefix*/
   GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
              header.payload_bytes, " bytes for ", n, " elements, bits=", bits, ", bucket=",
              bucket, " (expected ", expected, ")");
-  DeviceScratch status(sizeof(int), op);
-  cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate,
-                    status.as<int>(), work_stream());
-  return check_status(status.as<int>(), op, describe_qsgd_status);
+  const StatusWords<1> status(op, {describe_qsgd_status});
+  cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate, status.word(0),
+                    work_stream());
+  status.check();
+  finish(op);
 }
 
 void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/,
@@ -314,10 +324,11 @@ void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/
   GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
              header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket,
              " (expected ", expected, ")");
-  DeviceScratch status(sizeof(int), op);
-  cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.as<int>(),
+  const StatusWords<1> status(op, {describe_sign_status});
+  cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.word(0),
                     work_stream());
-  return check_status(status.as<int>(), op, describe_sign_status);
+  status.check();
+  finish(op);
 }
 
 void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/,
@@ -340,17 +351,18 @@ void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/
                  header.payload_bytes / entry_bytes == entry_count_of(header),
              ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes,
              " bytes, expected ", entry_count_of(header), " entries of ", entry_bytes, " bytes");
-  DeviceScratch status(sizeof(int), op);
+  const StatusWords<1> status(op, {describe_sparse_status});
   if (target.accumulate) {
     const std::byte* payloads[1] = {d_payload};
     const std::uint64_t entries[1] = {entry_count_of(header)};
-    cuda::sparse_decode_add(payloads, entries, 1, wide, half, n, target.data, status.as<int>(),
+    cuda::sparse_decode_add(payloads, entries, 1, wide, half, n, target.data, status.word(0),
                             work_stream());
   } else {
     cuda::sparse_decode(d_payload, entry_count_of(header), wide, half, n, target.data,
-                        status.as<int>(), work_stream());
+                        status.word(0), work_stream());
   }
-  return check_status(status.as<int>(), op, describe_sparse_status);
+  status.check();
+  finish(op);
 }
 
 void decode_randk(const WireHeader& header, std::span<const std::byte> prefix,
@@ -372,7 +384,18 @@ void decode_randk(const WireHeader& header, std::span<const std::byte> prefix,
   const std::byte* values = d_payload + kernels::kRandkKeyBytes;
   if (target.accumulate) cuda::randk_scatter_add(values, k, half, key, n, target.data, work_stream());
   else cuda::randk_scatter(values, k, half, key, n, target.data, work_stream());
-  return synchronize(op);
+  return finish(op);
+}
+
+std::string describe_trit_status(int /*status*/) {
+  return "a trit byte is not one encode writes (expected five trits below 243, the digits after "
+         "the last element 0)";
+}
+std::string describe_terngrad_scale_status(int status) {
+  return status == cuda::kQsgdStatusNonzeroCode
+             ? "a bucket with a non-finite scale holds a non-zero trit (expected every trit of "
+               "such a bucket to be 0)"
+             : describe_qsgd_status(status);
 }
 
 // The trit bytes become a qsgd 2-bit payload in scratch, which qsgd_decode checks and decodes.
@@ -396,28 +419,15 @@ void decode_terngrad(const WireHeader& header, std::span<const std::byte> /*pref
              expected, ")");
   const int bits = kernels::kTerngradCodeBits;
   DeviceScratch qsgd(cuda::qsgd_payload_bytes(n, bits, bucket), op);
-  DeviceScratch status(2 * sizeof(int), op);  // [0]: the trit check, [1]: qsgd_decode's
-  check_runtime(cudaMemsetAsync(status.as<int>(), 0, 2 * sizeof(int),
-                                static_cast<cudaStream_t>(work_stream())),
-                op, "clearing the validation status");
+  // [0]: the trit check, [1]: qsgd_decode's.
+  const StatusWords<2> status(op, {describe_trit_status, describe_terngrad_scale_status});
   if (scale_bytes > 0) copy_on_device(qsgd.as<std::byte>(), d_payload, scale_bytes, op);
   cuda::terngrad_codes_from_trits(d_payload + scale_bytes, n, qsgd.as<std::byte>() + scale_bytes,
-                                  status.as<int>(), qsgd.as<std::byte>(), work_stream());
+                                  status.word(0), qsgd.as<std::byte>(), work_stream());
   cuda::qsgd_decode(qsgd.as<std::byte>(), n, bits, bucket, target.data, target.accumulate,
-                    status.as<int>() + 1, work_stream());
-  int statuses[2] = {0, 0};
-  check_runtime(cudaMemcpyAsync(statuses, status.as<int>(), sizeof statuses, cudaMemcpyDeviceToHost,
-                                static_cast<cudaStream_t>(work_stream())),
-                op, "reading the validation status");
-  synchronize(op);
-  GZ_REQUIRE(statuses[0] == 0, ErrorCode::malformed_message, op,
-             ": a trit byte is not one encode writes (expected five trits below 243, the digits "
-             "after the last element 0)");
-  GZ_REQUIRE(statuses[1] == 0, ErrorCode::malformed_message, op, ": ",
-             statuses[1] == cuda::kQsgdStatusNonzeroCode
-                 ? "a bucket with a non-finite scale holds a non-zero trit (expected every trit of "
-                   "such a bucket to be 0)"
-                 : describe_qsgd_status(statuses[1]));
+                    status.word(1), work_stream());
+  status.check();
+  finish(op);
 }
 
 // The CUDA routing: one row per element codec, found by its codec byte (the codec's row in
@@ -462,6 +472,57 @@ const DeviceCodecRow& device_row(const CompressionSpec& spec, const std::string&
   return *row;
 }
 
+// The header of every message `spec` writes for n elements, when it follows from them alone
+// (the codecs whose message size is fixed): what a stream-ordered decode compares the received
+// header with on the device. nullopt for random-k (its key travels in the message) and
+// approximate top-k (its entry count varies).
+std::optional<WireHeader> fixed_header(const CompressionSpec& spec, WireCodec wire, std::size_t n) {
+  switch (wire) {
+    case WireCodec::none:
+      return WireHeader{WireCodec::none, 0, 0, n, n * sizeof(float), 0};
+    case WireCodec::fp16:
+    case WireCodec::bf16:
+      return WireHeader{wire, 0, 0, n, n * 2, 0};
+    case WireCodec::qsgd:
+      return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n,
+                        cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket), spec.bucket};
+    case WireCodec::sign:
+      return WireHeader{WireCodec::sign, 0, 1, n, cuda::sign_payload_bytes(n, spec.bucket),
+                        spec.bucket};
+    case WireCodec::terngrad:
+      if (!kernels::terngrad_layout_fits(n, spec.bucket)) return std::nullopt;
+      return WireHeader{WireCodec::terngrad, 0, 0, n,
+                        kernels::terngrad_layout(n, spec.bucket).payload_bytes(), spec.bucket};
+    case WireCodec::topk: {
+      if (spec.approx) return std::nullopt;
+      const std::size_t k = spec.k_for(n);
+      const bool wide = n > kTopkMaxNarrowCount;
+      const bool half = spec.values == DType::f16;
+      std::uint8_t flags = wide ? kTopkWideIndices : 0;
+      if (half) flags |= kTopkHalfValues;
+      return WireHeader{WireCodec::topk, flags, 0, n, k * ((wide ? 8 : 4) + (half ? 2 : 4)), k};
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+std::array<std::byte, kWireHeaderBytes> header_bytes_of(const WireHeader& header) {
+  std::array<std::byte, kWireHeaderBytes> bytes{};
+  write_header(header, bytes);
+  return bytes;
+}
+
+std::string describe_randk_prefix_mismatch(int /*status*/) {
+  return "the message header or key is not the one the call's spec and random stream give "
+         "(its parameters, element count, k or key differ)";
+}
+
+std::string describe_header_mismatch(int /*status*/) {
+  return "the message header is not the one the call's spec writes for this chunk (its codec, "
+         "parameters, element count or payload size differ)";
+}
+
 }  // namespace
 
 bool device_codecs_built() noexcept { return true; }
@@ -485,11 +546,15 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
   const F32Input values(in, op);
   const WireHeader header =
       row.encode(spec, values.data(), in.count, ctx, out.data() + kWireHeaderBytes, op);
-  std::array<std::byte, kWireHeaderBytes> header_bytes{};
-  write_header(header, header_bytes);
+  const std::array<std::byte, kWireHeaderBytes> header_bytes = header_bytes_of(header);
+  // The header a stream-ordered decode expects is this one (fixed_header and the encoders agree).
+  if (const std::optional<WireHeader> fixed = fixed_header(spec, row.wire, in.count)) {
+    GZ_REQUIRE(header_bytes_of(*fixed) == header_bytes, ErrorCode::internal, op,
+               ": the encoder's header differs from fixed_header's for ", in.count, " elements");
+  }
   // As a kernel argument, not a copy from pageable memory (which would wait for the stream).
   cuda::write_small_bytes(out.data(), header_bytes.data(), header_bytes.size(), work_stream());
-  synchronize(op);
+  finish(op);
   return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
 }
 
@@ -512,27 +577,44 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "the output tensor");
 
   const DeviceCodecRow& row = device_row(spec, op);
-  // The header (and randk's key) on the host, checked like the host decoders check it.
   std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
-  const std::size_t prefix_bytes = std::min(in.size(), prefix.size());
-  if (prefix_bytes > 0) {
-    check_runtime(cudaMemcpyAsync(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost,
-                               static_cast<cudaStream_t>(work_stream())),
-               op, "reading the message header");
-    synchronize(op);
+  WireHeader header;
+  const std::optional<WireHeader> fixed =
+      cuda::stream_ordered() ? fixed_header(spec, row.wire, out.count) : std::nullopt;
+  if (fixed) {
+    // Stream-ordered: the header this spec writes for out.count elements, compared with the
+    // received one on the device (the size, the host knows).
+    const std::uint64_t expected_bytes = kWireHeaderBytes + fixed->payload_bytes;
+    GZ_REQUIRE(in.size() == expected_bytes, ErrorCode::malformed_message, op, ": message of ",
+               in.size(), " bytes for ", out.count, " elements (expected ", expected_bytes, ")");
+    header = *fixed;
+    write_header(header, std::span<std::byte>(prefix).first(kWireHeaderBytes));
+    const StatusWords<1> header_check(op, {describe_header_mismatch});
+    cuda::compare_small_bytes(in.data(), prefix.data(), kWireHeaderBytes, 1, header_check.word(0),
+                              work_stream());
+    header_check.check();
+  } else {
+    // The header (and randk's key) on the host, checked like the host decoders check it.
+    const std::size_t prefix_bytes = std::min(in.size(), prefix.size());
+    if (prefix_bytes > 0) {
+      check_runtime(cudaMemcpyAsync(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost,
+                                    static_cast<cudaStream_t>(work_stream())),
+                    op, "reading the message header");
+      synchronize(op);
+    }
+    header = check_header_for(
+        read_header_copy(std::span<const std::byte>(prefix).first(prefix_bytes), in.size(), op),
+        row.wire, out.count, op);
   }
-  const WireHeader header = check_header_for(
-      read_header_copy(std::span<const std::byte>(prefix).first(prefix_bytes), in.size(), op),
-      row.wire, out.count, op);
   const std::byte* d_payload = in.data() + kWireHeaderBytes;
 
   // A cast message decoded into its own format is its payload (as on the host).
   if (!accumulate && row.copied_payload_dtype == out.dtype) {
     expected_cast_payload(header, 2, op);
     copy_on_device(out.data, d_payload, out.count * 2, op);
-    return synchronize(op);
+    return finish(op);
   }
-  if (out.dtype == DType::f32) {  // row.decode returns with the stream synchronised
+  if (out.dtype == DType::f32) {  // row.decode returns with the stream synchronised (or queued)
     return row.decode(header, prefix, d_payload,
                       DecodeTarget{static_cast<float*>(out.data), out.count, accumulate}, op);
   }
@@ -542,7 +624,40 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   auto* const half = static_cast<std::uint16_t*>(out.data);
   if (out.dtype == DType::f16) cuda::f32_to_f16(decoded.as<float>(), half, out.count, work_stream());
   else cuda::f32_to_bf16(decoded.as<float>(), half, out.count, work_stream());
-  synchronize(op);
+  finish(op);
+}
+
+void device_decode_own(const Codec& codec, std::span<const std::byte> in, TensorView out,
+                         const EncodeContext& ctx) {
+  const CompressionSpec& spec = codec.spec();
+  if (!cuda::stream_ordered() || spec.codec != CodecKind::randk || out.dtype != DType::f32)
+    return device_decode(codec, in, out, false);
+  const std::string op = "randk.decode";
+  GZ_REQUIRE(out.data != nullptr || out.count == 0, ErrorCode::invalid_argument, op,
+             ": null output pointer for ", out.count, " elements");
+  const DeviceScope scope(out.device.index, op);
+  if (!in.empty()) cuda::require_device_pointer(in.data(), out.device.index, op, "the message");
+  if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "the output tensor");
+  const std::size_t n = out.count;
+  const std::size_t k = spec.k_for(n);
+  const bool half = spec.values == DType::f16;
+  const WireHeader header{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
+                          kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
+  const std::uint64_t expected_bytes = kWireHeaderBytes + header.payload_bytes;
+  GZ_REQUIRE(in.size() == expected_bytes, ErrorCode::malformed_message, op, ": message of ",
+             in.size(), " bytes for ", n, " elements (expected ", expected_bytes, ")");
+  // The header and key this spec and ctx give, compared on the device with the message's.
+  const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
+  std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
+  write_header(header, std::span<std::byte>(prefix).first(kWireHeaderBytes));
+  kernels::randk_write_key(key, prefix.data() + kWireHeaderBytes);
+  const StatusWords<1> prefix_check(op, {describe_randk_prefix_mismatch});
+  cuda::compare_small_bytes(in.data(), prefix.data(), prefix.size(), 1, prefix_check.word(0),
+                            work_stream());
+  prefix_check.check();
+  cuda::randk_scatter(in.data() + prefix.size(), k, half, key, n, static_cast<float*>(out.data),
+                      work_stream());
+  finish(op);
 }
 
 void require_device_tensor(ConstTensorView view, std::string_view op) {

@@ -6,6 +6,8 @@
 
 #include "kernels/device_api.h"
 
+#include <array>
+#include <memory>
 #include <cstdint>
 #include <string>
 
@@ -14,6 +16,7 @@
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/runtime_support.h"
+#include "kernels/cuda/stream_ordered_call.h"
 
 namespace gradzip::compressors::device {
 
@@ -28,8 +31,9 @@ using DeviceScope = cuda::CurrentDevice;
 
 // Scratch from the thread's block cache (kernels/cuda/device_runtime.h), given back when the
 // scope ends. Work still queued on the work stream may use it then: the cache hands a block out
-// again only on this thread, whose later work on that stream is ordered after it, and every
-// call here synchronises the stream before it returns.
+// again only on this thread, whose later work on that stream is ordered after it (in a
+// stream-ordered call, the NCCL transport's stream too is ordered after the work stream before
+// each of its operations: collectives/transport/nccl/nccl_transport.h).
 class DeviceScratch {
  public:
   DeviceScratch(std::size_t bytes, const std::string& op) : bytes_(bytes) {
@@ -60,6 +64,59 @@ inline void synchronize(const std::string& op) {
   cuda::synchronize_stream(static_cast<cudaStream_t>(work_stream()), op,
                            "the device work (cudaStreamSynchronize)");
 }
+
+// The end of a device codec call: its work is done when it returns (synchronised), except in a
+// stream-ordered call (kernels/cuda/stream_ordered_call.h), where it stays queued on the work
+// stream and the call's completion waits for it.
+inline void finish(const std::string& op) {
+  if (!cuda::stream_ordered()) synchronize(op);
+}
+
+// Device status words of a decode's payload checks (each written by a kernel, 0 = passed). In a
+// stream-ordered call, words of the call, checked at its completion; otherwise scratch that
+// check() reads back (one copy, one wait) and throws for. Words start at 0 either way.
+template <std::size_t N>
+class StatusWords {
+ public:
+  using Describe = cuda::StreamOrderedCall::Describe;
+  StatusWords(const std::string& op, const std::array<Describe, N>& describe)
+      : op_(op), describe_(describe) {
+    if (cuda::StreamOrderedCall* call = cuda::StreamOrderedCall::current()) {
+      for (std::size_t i = 0; i < N; ++i) {
+        words_[i] = call->status_word(op, describe[i]);
+        ordered_ = ordered_ && words_[i] != nullptr;
+      }
+      ordered_ = ordered_ && N > 0;
+      if (ordered_) return;
+    }
+    ordered_ = false;
+    scratch_ = std::make_unique<DeviceScratch>(N * sizeof(int), op);
+    for (std::size_t i = 0; i < N; ++i) words_[i] = scratch_->as<int>() + i;
+    check_runtime(cudaMemsetAsync(scratch_->as<int>(), 0, N * sizeof(int),
+                                  static_cast<cudaStream_t>(work_stream())),
+                  op, "clearing the validation status");
+  }
+  int* word(std::size_t i) const noexcept { return words_[i]; }
+  // Throws ErrorCode::malformed_message for the first non-zero word (synchronous calls only;
+  // a stream-ordered call checks at its completion).
+  void check() const {
+    if (ordered_) return;
+    std::array<int, N> status{};
+    check_runtime(cudaMemcpyAsync(status.data(), scratch_->as<int>(), N * sizeof(int),
+                                  cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(work_stream())),
+                  op_, "reading the validation status");
+    synchronize(op_);
+    for (std::size_t i = 0; i < N; ++i)
+      GZ_REQUIRE(status[i] == 0, ErrorCode::malformed_message, op_, ": ", describe_[i](status[i]));
+  }
+
+ private:
+  std::string op_;
+  std::array<Describe, N> describe_;
+  std::array<int*, N> words_{};
+  std::unique_ptr<DeviceScratch> scratch_;
+  bool ordered_ = true;
+};
 
 inline void copy_to_device(void* d_out, const void* host, std::size_t bytes, const std::string& op) {
   if (bytes == 0) return;

@@ -22,6 +22,11 @@ void device_decode(const Codec& codec, std::span<const std::byte> /*in*/, Tensor
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
 }
 
+void device_decode_own(const Codec& codec, std::span<const std::byte> in, TensorView out,
+                         const EncodeContext& /*ctx*/) {
+  device_decode(codec, in, out, false);
+}
+
 void require_device_tensor(ConstTensorView view, std::string_view op) {
   GZ_THROW(ErrorCode::unsupported, op, ": the tensor is on CUDA device ", view.device.index,
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "compressors/cuda/device_support.h"
+#include "compressors/device_codec.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/ef_cuda.h"
 
@@ -39,10 +40,11 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   const Device device = chunk.device;
   const std::size_t bytes =
       codec.encode(ConstTensorView(d_compensated, count, DType::f32, device), out, ctx);
-  codec.decode(out.first(bytes), TensorView{d_decoded, count, DType::f32, device});
+  compressors::device_decode_own(codec, out.first(bytes), TensorView{d_decoded, count, DType::f32, device},
+                                 ctx);
   // The residual changes only here, after the encode and the decode succeeded.
   cuda::ef_update(d_compensated, d_decoded, d_residual, count, work_stream());
-  synchronize(op);
+  finish(op);
   return bytes;
 }
 

@@ -194,6 +194,16 @@ void device_release(void* block, std::size_t bytes, int device, cudaStream_t str
   free_to_cuda(block, device, stream);
 }
 
+void* pinned_allocate(std::size_t bytes, std::string_view op) {
+  void* block = nullptr;
+  check_runtime(cudaMallocHost(&block, bytes), op, "allocating pinned host memory (cudaMallocHost)");
+  return block;
+}
+
+void pinned_release(void* block) noexcept {
+  if (block != nullptr) cudaFreeHost(block);
+}
+
 void synchronize_stream(cudaStream_t stream, std::string_view op, std::string_view what) {
   count_wait(op);
   check_runtime(cudaStreamSynchronize(stream), op, what);

@@ -75,6 +75,15 @@ void* device_allocate(std::size_t bytes, int device, cudaStream_t stream, std::s
 // Never throws.
 void device_release(void* block, std::size_t bytes, int device, cudaStream_t stream) noexcept;
 
+// Pinned host memory (cudaMallocHost) of `bytes` bytes: with unified addressing every device's
+// kernels may write it directly. For long-lived blocks (the status words of
+// kernels/cuda/stream_ordered_call.h, one per thread); cudaMallocHost may synchronise the
+// device, so never inside a steady-state call. Not counted as a device allocation. Throws
+// gradzip::Error(unsupported) naming `op` when CUDA refuses.
+void* pinned_allocate(std::size_t bytes, std::string_view op);
+// Gives a block from pinned_allocate back (cudaFreeHost). Null is ignored; never throws.
+void pinned_release(void* block) noexcept;
+
 // cudaStreamSynchronize(stream), counted; throws gradzip::Error(unsupported) naming `op` and
 // `what` with CUDA's text when it fails.
 void synchronize_stream(cudaStream_t stream, std::string_view op, std::string_view what);

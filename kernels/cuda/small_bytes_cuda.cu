@@ -1,5 +1,5 @@
-// write_small_bytes (kernels/cuda/small_bytes_cuda.h): one thread per byte, the bytes passed by
-// value in the kernel's parameter space.
+// write_small_bytes and compare_small_bytes (kernels/cuda/small_bytes_cuda.h): one thread per
+// byte, the bytes passed by value in the kernel's parameter space; flag_nonzero_words: one block.
 #include <cuda_runtime.h>
 
 #include "gradzip/error.h"
@@ -19,6 +19,26 @@ __global__ void write_small_bytes_kernel(unsigned char* out, SmallBytes value, u
   if (threadIdx.x < count) out[threadIdx.x] = value.bytes[threadIdx.x];
 }
 
+__global__ void compare_small_bytes_kernel(const unsigned char* bytes, SmallBytes expected,
+                                           unsigned count, int mismatch, int* status) {
+  const bool differs = threadIdx.x < count && bytes[threadIdx.x] != expected.bytes[threadIdx.x];
+  const int any = __syncthreads_or(differs ? 1 : 0);
+  if (threadIdx.x == 0) *status = any != 0 ? mismatch : 0;
+}
+
+constexpr unsigned kFlagThreads = 256;
+
+__global__ void flag_nonzero_words_kernel(const int* words, std::size_t count, float* flag) {
+  int nonzero = 0;
+  for (std::size_t i = threadIdx.x; i < count; i += kFlagThreads) nonzero |= words[i] != 0 ? 1 : 0;
+  const int any = __syncthreads_or(nonzero);
+  if (threadIdx.x == 0) *flag = any != 0 ? 1.0f : 0.0f;
+}
+
+__global__ void words_from_flags_kernel(const float* flags, std::size_t count, int* words) {
+  for (std::size_t i = threadIdx.x; i < count; i += kFlagThreads) words[i] = flags[i] != 0.0f ? 1 : 0;
+}
+
 }  // namespace
 
 void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream) {
@@ -35,6 +55,47 @@ void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t coun
                              static_cast<cudaStream_t>(stream)>>>(
       reinterpret_cast<unsigned char*>(d_out), value, static_cast<unsigned>(count));
   detail::check_launch(kOp, count, "bytes");
+}
+
+void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, std::size_t count,
+                         int mismatch, int* d_status, void* stream) {
+  if (emulated::active())
+    return emulated::compare_small_bytes(d_bytes, expected, count, mismatch, d_status, stream);
+  constexpr const char* kOp = "cuda.compare_small_bytes";
+  GZ_REQUIRE(count <= kSmallBytesMax, ErrorCode::invalid_argument, kOp, ": ", count,
+             " bytes (at most ", kSmallBytesMax, ")");
+  GZ_REQUIRE(d_status != nullptr && mismatch != 0 &&
+                 (count == 0 || (d_bytes != nullptr && expected != nullptr)),
+             ErrorCode::invalid_argument, kOp, ": null pointer or zero mismatch code for ", count,
+             " bytes");
+  SmallBytes value{};
+  for (std::size_t i = 0; i < count; ++i) value.bytes[i] = static_cast<unsigned char>(expected[i]);
+  compare_small_bytes_kernel<<<1, static_cast<unsigned>(kSmallBytesMax), 0,
+                               static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const unsigned char*>(d_bytes), value, static_cast<unsigned>(count),
+      mismatch, d_status);
+  detail::check_launch(kOp, count, "bytes");
+}
+
+void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream) {
+  if (emulated::active()) return emulated::flag_nonzero_words(d_words, count, d_flag, stream);
+  constexpr const char* kOp = "cuda.flag_nonzero_words";
+  GZ_REQUIRE(d_flag != nullptr && (count == 0 || d_words != nullptr), ErrorCode::invalid_argument,
+             kOp, ": null pointer for ", count, " words");
+  flag_nonzero_words_kernel<<<1, kFlagThreads, 0, static_cast<cudaStream_t>(stream)>>>(d_words, count,
+                                                                                      d_flag);
+  detail::check_launch(kOp, count, "words");
+}
+
+void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream) {
+  if (emulated::active()) return emulated::words_from_flags(d_flags, count, d_words, stream);
+  constexpr const char* kOp = "cuda.words_from_flags";
+  if (count == 0) return;
+  GZ_REQUIRE(d_flags != nullptr && d_words != nullptr, ErrorCode::invalid_argument, kOp,
+             ": null pointer for ", count, " flags");
+  words_from_flags_kernel<<<1, kFlagThreads, 0, static_cast<cudaStream_t>(stream)>>>(d_flags, count,
+                                                                                    d_words);
+  detail::check_launch(kOp, count, "flags");
 }
 
 }  // namespace gradzip::kernels::cuda

@@ -1,8 +1,10 @@
-// Writing a few host bytes (a message header, random-k's key) into device memory without a copy
-// from pageable host memory: cudaMemcpyAsync from pageable memory waits for the stream before it
-// starts (an uncounted host wait, kernels/cuda/device_runtime.h). Here the bytes travel as a
-// kernel argument, so the write is ordered on the stream like any kernel and the host does not
-// wait. Host-callable; no CUDA headers needed by includers (stream: a cudaStream_t as void*).
+// A few host bytes (a message header, random-k's key) written into, or compared with, device
+// memory without a copy from or to pageable host memory: cudaMemcpyAsync with pageable memory
+// waits for the stream (a host wait, kernels/cuda/device_runtime.h). Here the bytes travel as a
+// kernel argument, so the work is ordered on the stream like any kernel and the host does not
+// wait; a comparison leaves its answer in a device status word that the caller reads when it
+// waits anyway (kernels/cuda/stream_ordered_call.h). Host-callable; no CUDA headers needed by
+// includers (stream: a cudaStream_t as void*).
 #pragma once
 
 #include <cstddef>
@@ -16,5 +18,21 @@ inline constexpr std::size_t kSmallBytesMax = 64;
 // count == 0 launches nothing. Throws gradzip::Error(invalid_argument) when count exceeds
 // kSmallBytesMax or a pointer is null, gradzip::Error(unsupported) when the launch fails.
 void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream);
+
+// *d_status = 0 when d_bytes[0, count) equals expected[0, count) (host bytes, taken as of the
+// call), else `mismatch` (non-zero); asynchronously on `stream`. count == 0 stores 0. Throws
+// like write_small_bytes (and invalid_argument when mismatch is 0 or d_status is null).
+void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, std::size_t count,
+                         int mismatch, int* d_status, void* stream);
+
+// *d_flag = 1.0f when any of d_words[0, count) is non-zero, else 0.0f; asynchronously on
+// `stream` (what a rank contributes to an all-reduce that tells every rank whether any check
+// failed anywhere). Throws invalid_argument for a null pointer, unsupported when the launch fails.
+void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream);
+
+// d_words[i] = (d_flags[i] != 0) for i in [0, count), asynchronously on `stream`: the
+// all-reduced flags of every rank, back into status words (which may be pinned host memory).
+// count == 0 launches nothing. Throws like flag_nonzero_words.
+void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream);
 
 }  // namespace gradzip::kernels::cuda

@@ -51,6 +51,10 @@ void enqueue(void* stream, const char* what, std::function<void()> work);
 // inside one emulated device allocation (or bytes == 0). Twins call it on their device
 // arguments, as a GPU would fault on a host pointer.
 void require_device_range(const void* pointer, std::size_t bytes, const char* what);
+// The same for memory a kernel may write although it is host memory: device memory, or pinned
+// host memory (cudaMallocHost), which CUDA maps into the device's address space. Status words
+// of a stream-ordered call live there (kernels/cuda/stream_ordered_call.h).
+void require_device_accessible_range(const void* pointer, std::size_t bytes, const char* what);
 
 // The number of emulated devices (GRADZIP_EMULATED_DEVICES, default 1) and the calling thread's
 // current device.

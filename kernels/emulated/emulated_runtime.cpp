@@ -524,6 +524,14 @@ void require_device_range(const void* pointer, std::size_t bytes, const char* wh
              "past the end of a block)");
 }
 
+void require_device_accessible_range(const void* pointer, std::size_t bytes, const char* what) {
+  GZ_REQUIRE(bytes == 0 || inside(pointer, bytes, MemoryKind::device) ||
+                 inside(pointer, bytes, MemoryKind::pinned),
+             ErrorCode::invalid_argument, what, ": ", bytes, " bytes at ", pointer,
+             " are neither inside one emulated device allocation nor inside one pinned host "
+             "allocation");
+}
+
 }  // namespace gradzip::kernels::emulated
 
 // ---- the entry points ----------------------------------------------------------------------

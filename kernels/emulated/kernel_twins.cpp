@@ -407,7 +407,7 @@ void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::s
   const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
   enqueue(stream, kOp,
           [d_payload, count, bits, bucket, d_out, accumulate, d_status, payload_bytes] {
-    require_device_range(d_status, sizeof(int), "cuda.qsgd_decode status");
+    require_device_accessible_range(d_status, sizeof(int), "cuda.qsgd_decode status");
     store_status(d_status, cuda::kQsgdStatusOk);
     if (count == 0) return;
     require_device_range(d_payload, payload_bytes, "cuda.qsgd_decode payload");
@@ -524,7 +524,7 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
              kOp, ": null payload or output for ", count, " elements");
   require_status(kOp, d_status);
   enqueue(stream, kOp, [d_payload, count, bucket, d_out, accumulate, d_status, payload_bytes] {
-    require_device_range(d_status, sizeof(int), "cuda.sign_decode status");
+    require_device_accessible_range(d_status, sizeof(int), "cuda.sign_decode status");
     store_status(d_status, cuda::kSignStatusOk);
     if (count == 0) return;
     require_device_range(d_payload, payload_bytes, "cuda.sign_decode payload");
@@ -559,6 +559,47 @@ void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t coun
   });
 }
 
+void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, std::size_t count,
+                         int mismatch, int* d_status, void* stream) {
+  constexpr const char* kOp = "cuda.compare_small_bytes";
+  GZ_REQUIRE(count <= cuda::kSmallBytesMax, ErrorCode::invalid_argument, kOp, ": ", count,
+             " bytes (at most ", cuda::kSmallBytesMax, ")");
+  GZ_REQUIRE(d_status != nullptr && mismatch != 0 &&
+                 (count == 0 || (d_bytes != nullptr && expected != nullptr)),
+             ErrorCode::invalid_argument, kOp, ": null pointer or zero mismatch code for ", count,
+             " bytes");
+  std::array<std::byte, cuda::kSmallBytesMax> bytes{};
+  if (count > 0) std::memcpy(bytes.data(), expected, count);
+  enqueue(stream, kOp, [d_bytes, bytes, count, mismatch, d_status] {
+    require_device_accessible_range(d_status, sizeof(int), "cuda.compare_small_bytes status");
+    if (count > 0) require_device_range(d_bytes, count, "cuda.compare_small_bytes bytes");
+    store_status(d_status, count > 0 && std::memcmp(d_bytes, bytes.data(), count) != 0 ? mismatch : 0);
+  });
+}
+
+void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream) {
+  constexpr const char* kOp = "cuda.flag_nonzero_words";
+  GZ_REQUIRE(d_flag != nullptr && (count == 0 || d_words != nullptr), ErrorCode::invalid_argument,
+             kOp, ": null pointer for ", count, " words");
+  enqueue(stream, kOp, [d_words, count, d_flag] {
+    require_device_range(d_flag, sizeof(float), "cuda.flag_nonzero_words flag");
+    if (count > 0) require_device_accessible_range(d_words, count * sizeof(int), "cuda.flag_nonzero_words words");
+    *d_flag = std::any_of(d_words, d_words + count, [](int word) { return word != 0; }) ? 1.0f : 0.0f;
+  });
+}
+
+void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream) {
+  constexpr const char* kOp = "cuda.words_from_flags";
+  if (count == 0) return;
+  GZ_REQUIRE(d_flags != nullptr && d_words != nullptr, ErrorCode::invalid_argument, kOp,
+             ": null pointer for ", count, " flags");
+  enqueue(stream, kOp, [d_flags, count, d_words] {
+    require_device_range(d_flags, count * sizeof(float), "cuda.words_from_flags flags");
+    require_device_accessible_range(d_words, count * sizeof(int), "cuda.words_from_flags words");
+    for (std::size_t i = 0; i < count; ++i) d_words[i] = d_flags[i] != 0.0f ? 1 : 0;
+  });
+}
+
 // ---- kernels/cuda/sparse_cuda.h --------------------------------------------------------------
 
 void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,
@@ -583,7 +624,7 @@ void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* 
     if (entries[r] > 0) payloads.emplace_back(d_payloads[r], entries[r]);
   enqueue(stream, op, [payloads = std::move(payloads), wide_indices, half_values, n, d_acc,
                        d_status] {
-    require_device_range(d_status, sizeof(int), "cuda.sparse_decode_add status");
+    require_device_accessible_range(d_status, sizeof(int), "cuda.sparse_decode_add status");
     store_status(d_status, 0);
     int status = 0;
     for (const auto& [payload, m] : payloads) {
@@ -610,7 +651,7 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
   GZ_REQUIRE(n == 0 || d_out != nullptr, ErrorCode::invalid_argument, op, ": d_out is null");
   require_status(op, d_status);
   enqueue(stream, op, [d_payload, entries, wide_indices, half_values, n, d_out, d_status] {
-    require_device_range(d_status, sizeof(int), "cuda.sparse_decode status");
+    require_device_accessible_range(d_status, sizeof(int), "cuda.sparse_decode status");
     store_status(d_status, 0);
     int status = 0;
     if (entries > 0) {
@@ -663,7 +704,7 @@ void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std:
           [d_trits, count, d_codes, d_status, d_poison_scale, trit_bytes, code_bytes] {
     require_device_range(d_trits, trit_bytes, "cuda.terngrad_codes_from_trits trits");
     require_device_range(d_codes, code_bytes, "cuda.terngrad_codes_from_trits codes");
-    require_device_range(d_status, sizeof(int), "cuda.terngrad_codes_from_trits status");
+    require_device_accessible_range(d_status, sizeof(int), "cuda.terngrad_codes_from_trits status");
     require_device_range(d_poison_scale, sizeof(float), "cuda.terngrad_codes_from_trits scale");
     const auto* trits = reinterpret_cast<const std::uint8_t*>(d_trits);
     auto* codes = reinterpret_cast<std::uint8_t*>(d_codes);

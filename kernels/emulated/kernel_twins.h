@@ -100,6 +100,10 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
 
 // ---- kernels/cuda/small_bytes_cuda.h ---------------------------------------------------------
 void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream);
+void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, std::size_t count,
+                         int mismatch, int* d_status, void* stream);
+void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream);
+void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream);
 
 // ---- kernels/cuda/sparse_cuda.h --------------------------------------------------------------
 void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* entries,

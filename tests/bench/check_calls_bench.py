@@ -6,10 +6,15 @@
 Runs `calls` with GRADZIP_DEVICE unset: without a CUDA device it must run itself again on the
 emulated device and say so ("device": "emulated"; on a machine with a GPU, "cuda"). Then checks
 the JSON:
-  - complete, one row per spec the command lists, none failed, every row over NCCL but
-    random-k's (its shared-index path is staged through host memory, and says so);
+  - complete, one row per spec the command lists, none failed, every row over NCCL;
   - every row: allocations_per_call == 0 (device memory comes from the per-thread cache after
     warm-up), and host_waits_per_call / host_device_bytes_per_call are numbers >= 0;
+  - every row over NCCL runs stream-ordered: exactly one completion wait per call
+    (completion_waits_per_call == 1), and for the fixed-size codecs nothing else waits but the
+    count of non-finite input that the nonfinite= policy reads before the call (sites
+    "cuda.count_nonfinite*", at most one per call) and nothing is copied between host and
+    device (host_device_bytes_per_call == 0: headers are checked on the device, status words
+    are read from pinned memory);
   - error feedback keeps its residual in device memory: each ef=on row copies fewer bytes
     between host and device per call than a quarter of the tensor's f32 bytes (a residual
     copied in and out is 8 bytes per element, 2x the tensor; what remains are message headers
@@ -23,6 +28,14 @@ import subprocess
 import sys
 
 SIZE = 1 << 16
+COMPLETION_SITE = "stream-ordered call: completion"
+
+
+def sites(text):
+    """The site names of a wait_sites string ("site a 2.00, site b 1.00", or "none")."""
+    if text == "none":
+        return []
+    return [part.rsplit(" ", 1)[0] for part in text.split(", ")]
 
 
 def main(bench, work_dir):
@@ -50,8 +63,7 @@ def main(bench, work_dir):
         if "failed" in row:
             failures.append(f"{spec}: failed: {row['failed']}")
             continue
-        staged_by_design = spec.startswith("randk") and "random-k's shared-index path" in row["note"]
-        if "over NCCL" not in row["note"] and not staged_by_design:
+        if "over NCCL" not in row["note"]:
             failures.append(f"{spec}: not over NCCL ({row['note']})")
         if row["allocations_per_call"] != 0:
             failures.append(f"{spec}: {row['allocations_per_call']} allocations per steady-state call")
@@ -62,6 +74,16 @@ def main(bench, work_dir):
                 row["host_device_bytes_per_call"]) == (0, 0, 0)
         if row["fixed_size"] and row["target_met"] != zero:
             failures.append(f"{spec}: target_met {row['target_met']} for {zero and '0/0/0' or 'non-zero counts'}")
+        if "over NCCL" in row["note"]:
+            if row.get("completion_waits_per_call") != 1:
+                failures.append(f"{spec}: {row.get('completion_waits_per_call')!r} completion waits per call (expected 1)")
+            if row["fixed_size"]:
+                if row["host_device_bytes_per_call"] != 0:
+                    failures.append(f"{spec}: {row['host_device_bytes_per_call']} bytes between host and device per call")
+                other = [site for site in sites(row["wait_sites"])
+                         if not site.startswith("cuda.count_nonfinite") and site != COMPLETION_SITE]
+                if other or row["host_waits_per_call"] > 1:
+                    failures.append(f"{spec}: waits inside the call: {row['wait_sites']}")
         if "ef=on" in spec:
             copied = row["host_device_bytes_per_call"]
             if copied >= SIZE:  # a quarter of the tensor's 4 * SIZE bytes

@@ -172,7 +172,6 @@ TEST_F(CommunicatorCudaTest, CallsNcclCannotServeAreStagedAndSaySo) {
   const std::vector<float> input = gpu_test::gaussian(count, 6);
   const std::vector<std::pair<std::string, std::string>> cases = {
       // min_bytes=0: at the default (64 KiB) these 40000 bytes would go uncompressed over NCCL.
-      {"randk:ratio=0.05,min_bytes=0", "random-k's shared-index path runs on host memory"},
       {"fp16:algo=hier,min_bytes=0", "the hierarchical all-reduce runs on host memory"},
       {"topk:ratio=0.01,approx=on,algo=ring,min_bytes=0", "approximate topk messages vary in size"},
   };
@@ -226,7 +225,9 @@ TEST_F(CommunicatorCudaTest, ACommunicatorFromAnNcclCommReducesItsDevicesTensors
     Communicator host_side = self_communicator();
     const std::size_t count = 70001;
     const std::vector<float> input = gpu_test::gaussian(count, 17);
-    for (const char* spec : {"qsgd:bits=4", "topk:ratio=0.01,ef=on", "none"}) {
+    // Random-k's shared-index path runs on device memory too: no host transport needed.
+    for (const char* spec : {"qsgd:bits=4", "topk:ratio=0.01,ef=on", "none", "randk:ratio=0.01",
+                             "randk:ratio=0.02,values=fp16,ef=on"}) {
       SCOPED_TRACE(spec);
       expect_device_result_is_host_result(host_side, device_side, input, spec, ReduceOp::average,
                                           "over NCCL");
@@ -242,8 +243,8 @@ TEST_F(CommunicatorCudaTest, ACommunicatorFromAnNcclCommReducesItsDevicesTensors
     DeviceArray<float> d_small(std::vector<float>(64, 1.0f));
     try {
       device_side.allreduce(TensorView{d_small.get(), 64, DType::f32, Device{DeviceKind::cuda, 0}}, "r",
-                            "randk:ratio=0.5,min_bytes=0");
-      ADD_FAILURE() << "random-k's host path was accepted without a host transport";
+                            "fp16:algo=hier,min_bytes=0");
+      ADD_FAILURE() << "the hierarchical all-reduce's host path was accepted without a host transport";
     } catch (const Error& error) {
       EXPECT_EQ(error.code(), ErrorCode::unsupported) << error.what();
     }
@@ -285,8 +286,8 @@ TEST_F(CommunicatorCudaTest, SteadyStateCallsOverNcclAllocateNothing) {
   collectives::set_wait_site_counting(true);  // printed below
   const std::size_t count = (std::size_t{1} << 18) + 3;
   const std::vector<float> input = gpu_test::gaussian(count, 9);
-  // (random-k is not here: its shared-index path is always staged through host memory.)
-  for (const char* spec : {"none", "fp16", "qsgd:bits=4", "sign:ef=on", "topk:ratio=0.01,ef=on"}) {
+  for (const char* spec : {"none", "fp16", "qsgd:bits=4", "sign:ef=on", "topk:ratio=0.01,ef=on",
+                           "randk:ratio=0.01,ef=on"}) {
     SCOPED_TRACE(spec);
     Communicator host_side = self_communicator();
     Communicator device_side = self_communicator(CudaPath::nccl);

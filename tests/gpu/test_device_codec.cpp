@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <string>
@@ -18,6 +19,8 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cuda/device_runtime.h"
+#include "kernels/cuda/stream_ordered_call.h"
 
 namespace gradzip {
 namespace {
@@ -224,6 +227,84 @@ TEST_F(DeviceCodecTest, MalformedMessagesAreRefusedAndTheOutputIsUntouched) {
       EXPECT_EQ(error.code(), ErrorCode::malformed_message) << error.what();
     }
     EXPECT_EQ(d_out.download(), before);
+  }
+}
+
+// Inside a stream-ordered call (kernels/cuda/stream_ordered_call.h, what the collectives open
+// over NCCL), encode and decode only queue their work: no host wait, nothing read back. A
+// received header is compared on the device with the one the spec writes for the element
+// count, payload checks land in the call's status words, and the call's completion throws
+// naming the failed check. A clean message decodes to the host decoder's bits.
+TEST_F(DeviceCodecTest, InAStreamOrderedCallChecksWaitForTheCompletion) {
+  const std::size_t count = 4096;
+  struct Case {
+    const char* spec;
+    std::optional<std::size_t> offset;  // byte to corrupt; nullopt: a clean message
+    std::byte value;
+    const char* expected_text;  // in the completion's error
+  };
+  const std::vector<Case> cases = {
+      {"fp16", std::nullopt, std::byte{0}, nullptr},
+      {"fp16", 0, std::byte{0x00}, "message header is not the one"},
+      {"qsgd:bits=4,bucket=512", std::nullopt, std::byte{0}, nullptr},
+      {"qsgd:bits=4,bucket=512", 7, std::byte{9}, "message header is not the one"},
+      {"qsgd:bits=4,bucket=512", 32 + 3, std::byte{0xFF}, "bucket scale"},
+      {"sign", 6, std::byte{1}, "message header is not the one"},
+      {"topk:ratio=0.01", std::nullopt, std::byte{0}, nullptr},
+      {"topk:ratio=0.01", 32 + 4 * 3 + 3, std::byte{0xFF}, "index is outside"},
+      {"terngrad", std::nullopt, std::byte{0}, nullptr},
+      {"terngrad", 32 + 32, std::byte{243}, "trit byte"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + (c.offset ? ", byte " + std::to_string(*c.offset) : ", clean"));
+    const auto codec = make_codec(c.spec);
+    const std::vector<float> values = gpu_test::gaussian(count, 4);
+    std::vector<std::byte> message = host_message(*codec, values, context_for(count));
+    if (c.offset) message[*c.offset] = c.value;
+    std::vector<float> host_out(count, 0.25f);
+    if (!c.offset) codec->decode_add(message, host_view(host_out.data(), count));
+
+    DeviceArray<std::byte> d_message(message);
+    DeviceArray<float> d_out(std::vector<float>(count, 0.25f));
+    DeviceArray<std::byte> d_encoded(codec->max_encoded_bytes(count));
+    DeviceArray<float> d_values(values);
+    {
+      // Warm-up: a scratch size's first block is allocated and waited for once (the thread's
+      // cache serves it afterwards), as in a training loop's first step.
+      DeviceArray<float> d_scratch_out(count);
+      kernels::cuda::StreamOrderedCall warm("warm-up");
+      codec->encode(ConstTensorView(d_values.get(), count, DType::f32, cuda0()),
+                    std::span<std::byte>(d_encoded.get(), codec->max_encoded_bytes(count)),
+                    context_for(count));
+      codec->decode_add(std::span<const std::byte>(d_encoded.get(), message.size()),
+                        TensorView{d_scratch_out.get(), count, DType::f32, cuda0()});
+      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      warm.complete_and_check(0);
+    }
+    kernels::cuda::StreamOrderedCall call("test");
+    const kernels::cuda::DeviceRuntimeCounters before = kernels::cuda::device_runtime_counters();
+    const std::size_t encoded = codec->encode(
+        ConstTensorView(d_values.get(), count, DType::f32, cuda0()),
+        std::span<std::byte>(d_encoded.get(), codec->max_encoded_bytes(count)), context_for(count));
+    codec->decode_add(std::span<const std::byte>(d_message.get(), message.size()),
+                      TensorView{d_out.get(), count, DType::f32, cuda0()});
+    const kernels::cuda::DeviceRuntimeCounters after = kernels::cuda::device_runtime_counters();
+    EXPECT_EQ(after.synchronizations, before.synchronizations) << "a host wait inside the call";
+    EXPECT_EQ(after.host_device_bytes, before.host_device_bytes) << "a copy to or from the host";
+    EXPECT_EQ(encoded, message.size());
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);  // the caller's completion wait
+    if (!c.offset) {
+      EXPECT_NO_THROW(call.complete_and_check(0));
+      EXPECT_EQ(d_out.download(), host_out);
+      continue;
+    }
+    try {
+      call.complete_and_check(0);
+      ADD_FAILURE() << "the malformed message passed the call's checks";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::malformed_message) << error.what();
+      EXPECT_NE(std::string(error.what()).find(c.expected_text), std::string::npos) << error.what();
+    }
   }
 }
 

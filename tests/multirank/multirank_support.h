@@ -105,6 +105,16 @@ class ForwardingTransport : public collectives::Transport {
   std::unique_ptr<collectives::Transport> split_by_node() override {
     return inner_->split_by_node();
   }
+  bool waits_complete_whole_batches() const noexcept override {
+    return inner_->waits_complete_whole_batches();
+  }
+  bool moves_device_memory() const noexcept override { return inner_->moves_device_memory(); }
+  int device_only() const noexcept override { return inner_->device_only(); }
+  void start_posted() override { inner_->start_posted(); }
+  bool orders_with_streams() const noexcept override { return inner_->orders_with_streams(); }
+  void begin_stream_order(void* work_stream) override { inner_->begin_stream_order(work_stream); }
+  void end_stream_order() noexcept override { inner_->end_stream_order(); }
+  void wait_for_stream(std::string_view op) override { inner_->wait_for_stream(op); }
 
  protected:
   collectives::Transport& inner() const { return *inner_; }

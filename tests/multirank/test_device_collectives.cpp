@@ -11,11 +11,18 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "collectives/collective_job.h"
+#include "collectives/device_memory.h"
+#include "collectives/transport/mpi/mpi_transport.h"
+#include "collectives/transport/nccl_transport_factory.h"
+#include "gradzip/codec.h"
 #include "gradzip/communicator.h"
+#include "gradzip/error.h"
 #include "gradzip/reducer.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "tests/multirank/multirank_support.h"
@@ -95,8 +102,11 @@ Communicator device_communicator() {
 }
 
 // One spec's all-reduce on a host tensor and on a device copy, three calls: equal bytes, and
-// equal on every rank.
-void expect_device_equals_host(const std::string& spec, std::size_t count, const char* expect_in_note) {
+// equal on every rank; the same payload and index bytes sent (segmented or not, a message's
+// payload is the same), and with `same_messages` the same header bytes too (both sides cut
+// the chunks into the same segments: the ring, which pipelines over NCCL as over MPI).
+void expect_device_equals_host(const std::string& spec, std::size_t count, const char* expect_in_note,
+                               bool same_messages = false) {
   SCOPED_TRACE(spec + ", " + std::to_string(count) + " elements");
   Communicator host_side = Communicator::world();
   Communicator device_side = device_communicator();
@@ -105,9 +115,13 @@ void expect_device_equals_host(const std::string& spec, std::size_t count, const
     SCOPED_TRACE("call " + std::to_string(call));
     const std::vector<float> input = gaussian_contribution(count, rank, 700 + call);
     std::vector<float> host = input;
-    host_side.allreduce(host_view(host.data(), count), "g", spec, ReduceOp::average);
+    const CollectiveStats host_stats =
+        host_side.allreduce(host_view(host.data(), count), "g", spec, ReduceOp::average);
     DeviceFloats device(input);
     const CollectiveStats stats = device_side.allreduce(device.view(), "g", spec, ReduceOp::average);
+    EXPECT_EQ(stats.sent_payload_bytes, host_stats.sent_payload_bytes);
+    EXPECT_EQ(stats.sent_index_bytes, host_stats.sent_index_bytes);
+    if (same_messages) EXPECT_EQ(stats.sent_header_bytes, host_stats.sent_header_bytes);
     if (expect_in_note != nullptr) {
       EXPECT_NE(stats.note.find(expect_in_note), std::string::npos) << stats.note;
     }
@@ -127,7 +141,7 @@ TEST(DeviceCollectives, RingOverNcclEqualsTheHostRing) {
   for (const char* codec : kCodecs) {
     const std::string spec = std::string(codec) + (std::strchr(codec, ':') ? "," : ":") + "algo=ring,min_bytes=0";
     for (std::size_t count : {std::size_t{8192}, std::size_t{50021}, std::size_t{1} << 20})
-      expect_device_equals_host(spec, count, "over NCCL");
+      expect_device_equals_host(spec, count, "over NCCL", /*same_messages=*/true);
   }
 }
 
@@ -135,8 +149,13 @@ TEST(DeviceCollectives, SraOverNcclEqualsTheHostSra) {
   SKIP_WITHOUT_DEVICE();
   for (const char* codec : kCodecs) {
     const std::string spec = std::string(codec) + (std::strchr(codec, ':') ? "," : ":") + "algo=sra,min_bytes=0";
-    expect_device_equals_host(spec, 50021, "over NCCL");
+    expect_device_equals_host(spec, 50021, "over NCCL", /*same_messages=*/true);
   }
+  // Large enough that both sides cut the chunks into 64 KiB segments (the pipelined SRA: over
+  // NCCL one group per exchange): the same messages, bytes and bits.
+  for (const char* spec : {"qsgd:bits=4,algo=sra,min_bytes=0", "sign:ef=on,algo=sra,min_bytes=0",
+                           "terngrad:algo=sra,min_bytes=0", "fp16:algo=sra,min_bytes=0"})
+    expect_device_equals_host(spec, std::size_t{1} << 20, "over NCCL", /*same_messages=*/true);
 }
 
 TEST(DeviceCollectives, SparseAllreduceOverNcclEqualsTheHostOne) {
@@ -145,6 +164,16 @@ TEST(DeviceCollectives, SparseAllreduceOverNcclEqualsTheHostOne) {
                            "topk:ratio=0.02,values=fp16,algo=sparse,min_bytes=0",
                            "topk:ratio=0.01,ef=off,algo=sparse,min_bytes=0"}) {
     expect_device_equals_host(spec, 70001, "over NCCL");
+  }
+}
+
+// Random-k's shared-index path on device memory: the k values summed by the ring over NCCL in the
+// message itself (f32), or through f32 scratch (values=fp16).
+TEST(DeviceCollectives, RandkSharedIndexPathOverNcclEqualsTheHostOne) {
+  SKIP_WITHOUT_DEVICE();
+  for (const char* spec : {"randk:ratio=0.01,min_bytes=0", "randk:ratio=0.05,values=fp16,min_bytes=0",
+                           "randk:ratio=0.02,ef=on,min_bytes=0"}) {
+    expect_device_equals_host(spec, 70001, "over NCCL", /*same_messages=*/true);
   }
 }
 
@@ -276,6 +305,118 @@ TEST(DeviceCollectives, ReducerLanesOverNcclEqualTheHostReducer) {
       device_reducer.step();
     }
   }
+}
+
+// ---- malformed messages in a stream-ordered call ----------------------------------------
+
+// Over the NCCL transport, rank `victim` has the first byte (the wire magic) of one received
+// message overwritten on the device, in stream order after it arrived and before it is decoded:
+// the first point-to-point receive, or the first other rank's block of an alltoallv or
+// allgatherv.
+class DeviceCorruptingTransport final : public testing::ForwardingTransport {
+ public:
+  DeviceCorruptingTransport(collectives::Transport& inner, int victim)
+      : ForwardingTransport(inner), victim_(victim) {}
+
+  Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
+    const Request request = inner().irecv(peer, tag, buffer);
+    receives_[request.id] = buffer;
+    return request;
+  }
+  std::size_t wait(Request request) override {
+    const auto receive = receives_.find(request.id);
+    std::span<std::byte> buffer;
+    if (receive != receives_.end()) {
+      buffer = receive->second;
+      receives_.erase(receive);
+    }
+    const std::size_t bytes = inner().wait(request);
+    if (!buffer.empty()) corrupt(buffer.data());
+    return bytes;
+  }
+  void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
+                 std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override {
+    inner().alltoallv(send, send_counts, recv, recv_counts);
+    std::size_t offset = 0;
+    for (std::size_t r = 0; r < recv_counts.size(); offset += recv_counts[r++]) {
+      if (recv_counts[r] > 0) return corrupt(recv.data() + offset);
+    }
+  }
+  void allgatherv(std::span<const std::byte> mine, std::span<std::byte> all,
+                  std::span<const std::size_t> counts) override {
+    inner().allgatherv(mine, all, counts);
+    std::size_t offset = 0;
+    for (std::size_t r = 0; r < counts.size(); offset += counts[r++]) {
+      if (static_cast<int>(r) != rank() && counts[r] > 0) return corrupt(all.data() + offset);
+    }
+  }
+
+ private:
+  void corrupt(std::byte* d_message) {
+    if (rank() != victim_ || corrupted_) return;
+    corrupted_ = true;
+    // On the work stream (the legacy default stream), which the transport's wait or collective
+    // has just ordered after the transfer.
+    ASSERT_EQ(cudaMemsetAsync(d_message, 0, 1, nullptr), cudaSuccess);
+  }
+  int victim_;
+  bool corrupted_ = false;
+  std::map<std::size_t, std::span<std::byte>> receives_;
+};
+
+// In a stream-ordered call nothing is read back while the call runs: a malformed message fails a
+// device check, and the call's completion throws on every rank, the receiving rank naming the
+// check and the others naming that rank. The communicator stays usable.
+TEST(DeviceCollectives, AMalformedMessageInAStreamOrderedCallThrowsOnEveryRank) {
+  SKIP_WITHOUT_DEVICE();
+  const int ranks = testing::world_size(), rank = testing::world_rank();
+  if (ranks == 1) GTEST_SKIP() << "a single rank receives nothing";
+  collectives::MpiTransport bootstrap(MPI_COMM_WORLD);
+  const std::unique_ptr<collectives::Transport> nccl = collectives::make_nccl_transport(bootstrap, 0);
+  using Algorithm = void (*)(collectives::ReduceJob&);
+  struct Case {
+    const char* spec;
+    Algorithm run;
+  };
+  const Case cases[] = {{"fp16", collectives::ring_allreduce},
+                        {"qsgd:bits=4", collectives::sra_allreduce},
+                        {"topk:ratio=0.05", collectives::sparse_allreduce},
+                        {"sign", collectives::compressed_allgather}};
+  const std::size_t count = 20011;
+  for (const Case& c : cases) {
+    for (int victim : {0, ranks - 1}) {
+      SCOPED_TRACE(std::string(c.spec) + ", corrupted on rank " + std::to_string(victim));
+      const auto codec = make_codec(c.spec);
+      DeviceCorruptingTransport corrupting(*nccl, victim);
+      DeviceFloats data(gaussian_contribution(count, rank, 60));
+      CollectiveStats stats;
+      collectives::ReduceJob job{corrupting, *codec,
+                                 {static_cast<float*>(data.view().data), count},
+                                 "grad", nullptr, EncodeContext{}, stats,
+                                 Device{DeviceKind::cuda, 0}};
+      job.sizes_known = true;
+      try {
+        collectives::OrderedDeviceCall call(corrupting, 0, "a test call");
+        c.run(job);
+        call.complete("a test call");
+        ADD_FAILURE() << "the corrupted message was accepted";
+      } catch (const Error& error) {
+        EXPECT_EQ(error.code(), ErrorCode::malformed_message) << error.what();
+        const std::string text = error.what();
+        if (rank == victim) {
+          EXPECT_NE(text.find("message header is not the one"), std::string::npos) << text;
+        } else {
+          EXPECT_NE(text.find("rank " + std::to_string(victim)), std::string::npos) << text;
+        }
+      }
+    }
+  }
+  // The transport is still in step on every rank: an uncompressed all-reduce is exact.
+  Communicator device_side = device_communicator();
+  std::vector<float> ones(4099, 1.0f);
+  DeviceFloats device(ones);
+  device_side.allreduce(device.view(), "after", "none:min_bytes=0,algo=ring");
+  for (float value : device.download()) ASSERT_EQ(value, static_cast<float>(ranks));
 }
 
 }  // namespace

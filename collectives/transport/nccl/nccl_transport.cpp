@@ -54,6 +54,8 @@ NcclTransport::NcclTransport(ncclComm_t comm, bool owns_comm)
                "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming), "NcclTransport",
                "cudaEventCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming), "NcclTransport",
+               "cudaEventCreateWithFlags");
     ensure_scratch(kInitialScratchBytes, "NcclTransport");
   } catch (...) {
     // The destructor does not run for a constructor that throws.
@@ -88,6 +90,8 @@ void NcclTransport::release_cuda_resources() noexcept {
   spare_events_.clear();
   if (sync_event_ != nullptr) cudaEventDestroy(sync_event_);
   sync_event_ = nullptr;
+  if (order_event_ != nullptr) cudaEventDestroy(order_event_);
+  order_event_ = nullptr;
   kernels::cuda::device_release(scratch_, scratch_bytes_, device_, stream_);
   scratch_ = nullptr;
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -189,7 +193,7 @@ cudaEvent_t NcclTransport::take_event(std::string_view op) {
   return event;
 }
 
-void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
+void NcclTransport::wait_for(cudaEvent_t event, std::string_view op, std::string_view site) {
   // Under idle waits: a few immediate polls (work already finishing completes in
   // microseconds), then sleeps doubling from 2 us to 100 us, as in the MPI transport.
   constexpr int kSpinPolls = 64;
@@ -201,7 +205,7 @@ void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
   for (int polls = 0;; ++polls) {
     const cudaError_t status = cudaEventQuery(event);
     if (status == cudaSuccess) {
-      kernels::cuda::count_polled_wait("nccl transport");
+      kernels::cuda::count_polled_wait(site);
       return;
     }
     if (status != cudaErrorNotReady) check_cuda(status, op, "cudaEventQuery");
@@ -225,6 +229,56 @@ void NcclTransport::wait_for(cudaEvent_t event, std::string_view op) {
 void NcclTransport::synchronize(std::string_view op) {
   check_cuda(cudaEventRecord(sync_event_, stream_), op, "cudaEventRecord");
   wait_for(sync_event_, op);
+}
+
+// ---- stream order -----------------------------------------------------------------------------
+
+void NcclTransport::begin_stream_order(void* work_stream) {
+  require_usable("begin_stream_order");
+  GZ_REQUIRE(!stream_ordered_, ErrorCode::internal, "begin_stream_order (", describe(),
+             "): a stream-ordered call is already running on this transport");
+  work_stream_ = static_cast<cudaStream_t>(work_stream);
+  stream_ordered_ = true;
+}
+
+void NcclTransport::end_stream_order() noexcept {
+  stream_ordered_ = false;
+  work_stream_ = nullptr;
+}
+
+void NcclTransport::follow_work_stream(std::string_view op) {
+  if (!stream_ordered_) return;
+  check_cuda(cudaEventRecord(order_event_, work_stream_), op, "cudaEventRecord (the work stream)");
+  check_cuda(cudaStreamWaitEvent(stream_, order_event_, 0), op, "cudaStreamWaitEvent");
+}
+
+void NcclTransport::join_work_stream(std::string_view op) {
+  check_cuda(cudaEventRecord(order_event_, stream_), op, "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(work_stream_, order_event_, 0), op,
+             "cudaStreamWaitEvent (the work stream)");
+}
+
+void NcclTransport::complete_collective(std::string_view op) {
+  if (stream_ordered_) join_work_stream(op);
+  else synchronize(op);
+}
+
+void NcclTransport::check_async_error(std::string_view op) {
+  ncclResult_t async_error = ncclSuccess;
+  check_nccl(nccl_api().ncclCommGetAsyncError(comm_, &async_error), op, "ncclCommGetAsyncError");
+  if (async_error != ncclSuccess && async_error != ncclInProgress)
+    check_nccl(async_error, op, "an NCCL operation (asynchronous error)");
+}
+
+void NcclTransport::wait_for_stream(std::string_view op) {
+  require_usable(op);
+  GZ_REQUIRE(stream_ordered_, ErrorCode::internal, op, " (", describe(),
+             "): wait_for_stream outside a stream-ordered call");
+  const CurrentCudaDevice scope(device_);
+  check_cuda(scope.status(), op, "cudaSetDevice");
+  flush(op);  // nothing may stay unlaunched: the work stream may wait on it
+  check_cuda(cudaEventRecord(sync_event_, work_stream_), op, "cudaEventRecord (the work stream)");
+  wait_for(sync_event_, op, "stream-ordered call: completion");
 }
 
 void NcclTransport::ensure_scratch(std::size_t bytes, std::string_view op) {
@@ -280,6 +334,7 @@ void NcclTransport::flush(std::string_view op) {
   Batch& batch = batches_[id];
   batch.event = take_event(op);
   batch.outstanding = unlaunched_.size();
+  follow_work_stream(op);  // the sends read what the work stream wrote
   check_nccl(nccl_api().ncclGroupStart(), op, "ncclGroupStart");
   GroupErrors errors;
   for (const std::size_t slot : unlaunched_) {
@@ -365,7 +420,15 @@ std::size_t NcclTransport::wait(Request request) {
   const auto found = batches_.find(pending.batch);
   GZ_REQUIRE(found != batches_.end(), ErrorCode::internal, op, " (", describe(),
              "): the request's batch ", pending.batch, " is unknown");
-  wait_for(found->second.event, op);
+  if (stream_ordered_) {
+    // The work stream's later work (the decode of a receive, the next encode into a sent
+    // buffer) waits for the batch; the host does not.
+    check_cuda(cudaStreamWaitEvent(work_stream_, found->second.event, 0), op,
+               "cudaStreamWaitEvent (the work stream)");
+    check_async_error(op);
+  } else {
+    wait_for(found->second.event, op);
+  }
   pending.active = false;
   if (--found->second.outstanding == 0) {
     spare_events_.push_back(found->second.event);
@@ -392,6 +455,7 @@ void NcclTransport::allgatherv(std::span<const std::byte> mine, std::span<std::b
   check_cuda(scope.status(), "allgatherv", "cudaSetDevice");
   flush("allgatherv");
   if (layout.padded_block == 0) return;  // every block is empty, on every rank alike
+  follow_work_stream("allgatherv");
   ensure_scratch(layout.padded_total, "allgatherv");
   std::byte* const scratch = static_cast<std::byte*>(scratch_);
   std::byte* const my_slot = scratch + static_cast<std::size_t>(rank_) * layout.padded_block;
@@ -407,7 +471,7 @@ void NcclTransport::allgatherv(std::span<const std::byte> mine, std::span<std::b
                                cudaMemcpyDeviceToDevice, stream_),
                "allgatherv", "cudaMemcpyAsync (stripping the padding)");
   }
-  synchronize("allgatherv");
+  complete_collective("allgatherv");
 }
 
 void NcclTransport::alltoallv(std::span<const std::byte> send,
@@ -429,6 +493,7 @@ void NcclTransport::alltoallv(std::span<const std::byte> send,
   check_cuda(scope.status(), "alltoallv", "cudaSetDevice");
   flush("alltoallv");
   if (send_total == 0 && recv_total == 0) return;
+  follow_work_stream("alltoallv");
   check_nccl(nccl_api().ncclGroupStart(), "alltoallv", "ncclGroupStart");
   GroupErrors errors;
   std::size_t send_offset = 0;
@@ -449,7 +514,7 @@ void NcclTransport::alltoallv(std::span<const std::byte> send,
     recv_offset += recv_counts[peer];
   }
   end_group("alltoallv", errors.result, errors.call);
-  synchronize("alltoallv");
+  complete_collective("alltoallv");
 }
 
 void NcclTransport::allgather_u64(std::span<const std::uint64_t> mine,
@@ -462,6 +527,7 @@ void NcclTransport::allgather_u64(std::span<const std::uint64_t> mine,
   check_cuda(scope.status(), "allgather_u64", "cudaSetDevice");
   flush("allgather_u64");
   if (mine.empty()) return;
+  follow_work_stream("allgather_u64");  // its scratch may be a block the work stream released
   const std::size_t block_bytes = mine.size_bytes();
   ensure_scratch(block_bytes * static_cast<std::size_t>(size_), "allgather_u64");
   std::byte* const scratch = static_cast<std::byte*>(scratch_);
@@ -487,10 +553,11 @@ void NcclTransport::allreduce_f32_sum(std::span<float> data) {
   check_cuda(scope.status(), "allreduce_f32_sum", "cudaSetDevice");
   flush("allreduce_f32_sum");
   if (data.empty()) return;
+  follow_work_stream("allreduce_f32_sum");
   check_nccl(nccl_api().ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
              "allreduce_f32_sum", "ncclAllReduce");
-  synchronize("allreduce_f32_sum");
+  complete_collective("allreduce_f32_sum");
 }
 
 void NcclTransport::barrier() {
@@ -498,11 +565,12 @@ void NcclTransport::barrier() {
   const CurrentCudaDevice scope(device_);
   check_cuda(scope.status(), "barrier", "cudaSetDevice");
   flush("barrier");
+  follow_work_stream("barrier");
   ensure_scratch(sizeof(int), "barrier");
   check_cuda(cudaMemsetAsync(scratch_, 0, sizeof(int), stream_), "barrier", "cudaMemsetAsync");
   check_nccl(nccl_api().ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier",
              "ncclAllReduce");
-  synchronize("barrier");
+  complete_collective("barrier");
 }
 
 // ---- splits -----------------------------------------------------------------------------------

@@ -48,6 +48,16 @@
 // - split(color, key): ncclCommSplit (color must be >= 0). split_by_node: ranks whose
 //   gethostname() hashes (FNV-1a 64) agree, ordered by old rank. Splits own their
 //   communicators and run on the same device.
+// - Stream order (Transport::begin_stream_order): the operations of a stream-ordered call go
+//   on the transport's stream after a cudaStreamWaitEvent on an event recorded on the caller's
+//   work stream, and the work stream waits (cudaStreamWaitEvent) on the event that ends them:
+//   for point-to-point requests, at wait(request) (the batch's event; the host does not wait,
+//   and NCCL's asynchronous error is read without blocking); for the collectives, before they
+//   return. Nothing in between waits on the host, so the encode, transfer and decode of a call
+//   are queued back to back and the call's one wait is wait_for_stream (counted at site
+//   "stream-ordered call: completion"). The scratch buffer is used on the transport's stream
+//   only after such a wait for the work stream, so blocks that the work stream released to the
+//   thread's cache are safe to reuse there.
 // - Threads: one thread per transport object at a time; different objects (splits, other
 //   communicators) may be used from different threads at once.
 #pragma once
@@ -116,6 +126,10 @@ class NcclTransport final : public Transport {
   // so that NCCL's point-to-point and collective connections exist before concurrent use; the
   // scratch buffer is reserved by the constructor.
   void connect_eagerly() override;
+  bool orders_with_streams() const noexcept override { return true; }
+  void begin_stream_order(void* work_stream) override;
+  void end_stream_order() noexcept override;
+  void wait_for_stream(std::string_view op) override;
 
   int device() const noexcept { return device_; }
   ncclComm_t comm() const noexcept { return comm_; }
@@ -145,8 +159,17 @@ class NcclTransport final : public Transport {
   void flush(std::string_view op);
   // Closes a group whose first failed call (if any) was `first_call` with `first_error`.
   void end_group(std::string_view op, ncclResult_t first_error, const char* first_call);
-  // Polls `event` until it completes, watching for NCCL errors.
-  void wait_for(cudaEvent_t event, std::string_view op);
+  // Polls `event` until it completes, watching for NCCL errors; counts one wait at `site`.
+  void wait_for(cudaEvent_t event, std::string_view op,
+                std::string_view site = "nccl transport");
+  // Stream order: the transport's stream waits for the work queued on the work stream so far
+  // (follow_work_stream), and the work stream for the transport's (join_work_stream).
+  void follow_work_stream(std::string_view op);
+  void join_work_stream(std::string_view op);
+  // The end of a collective: joined to the work stream in stream order, else waited for.
+  void complete_collective(std::string_view op);
+  // Throws (as check_nccl) when NCCL reports an asynchronous error; never blocks.
+  void check_async_error(std::string_view op);
   // Records an event after everything on the stream and waits for it.
   void synchronize(std::string_view op);
   // Scratch of at least `bytes`; grows to max(bytes, 2 x the current size).
@@ -174,6 +197,10 @@ class NcclTransport final : public Transport {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t sync_event_ = nullptr;
+  // Stream order: on while a stream-ordered call runs; order_event_ carries each dependency.
+  bool stream_ordered_ = false;
+  cudaStream_t work_stream_ = nullptr;
+  cudaEvent_t order_event_ = nullptr;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   bool idle_waits_ = false;

@@ -109,6 +109,16 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
 void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream) {
   emulated::write_small_bytes(d_out, host, count, stream);
 }
+void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, std::size_t count,
+                         int mismatch, int* d_status, void* stream) {
+  emulated::compare_small_bytes(d_bytes, expected, count, mismatch, d_status, stream);
+}
+void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream) {
+  emulated::flag_nonzero_words(d_words, count, d_flag, stream);
+}
+void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream) {
+  emulated::words_from_flags(d_flags, count, d_words, stream);
+}
 
 // ---- kernels/cuda/sparse_cuda.h --------------------------------------------------------------
 
