@@ -695,14 +695,16 @@ calls = load(sys.argv[3])
 if calls and calls.get("rows"):
     print()
     print(f"per steady-state all-reduce call of {calls['size']} elements (gradzip-bench calls):")
-    print(f"{'spec':<34} {'allocs':>7} {'waits':>7} {'h<->d B':>9}  target")
+    print(f"{'spec':<34} {'allocs':>7} {'waits':>7} {'complete':>8} {'h<->d B':>9}  target")
     for r in calls["rows"]:
         if "failed" in r:
             print(f"{r['spec']:<34} FAILED: {r['failed']}")
             continue
         target = "0/0/0" if r["fixed_size"] else "(none)"
         print(f"{r['spec']:<34} {r['allocations_per_call']:7.2f} {r['host_waits_per_call']:7.2f} "
+              f"{r.get('completion_waits_per_call', 0):8.2f} "
               f"{r['host_device_bytes_per_call']:9.1f}  {target}: {'met' if r['target_met'] else 'NOT met'}")
+        print(f"{'':<34} waits by site: {r.get('wait_sites', '?')}")
 PY
     echo
   fi
