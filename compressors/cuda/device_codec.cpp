@@ -307,8 +307,7 @@ void decode_qsgd(const WireHeader& header, std::span<const std::byte> /*prefix*/
   const StatusWords<1> status(op, {describe_qsgd_status});
   cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate, status.word(0),
                     work_stream());
-  status.check();
-  finish(op);
+  status.check();  // synchronous calls: the one wait; stream-ordered: nothing
 }
 
 void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/,
@@ -327,8 +326,7 @@ void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/
   const StatusWords<1> status(op, {describe_sign_status});
   cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.word(0),
                     work_stream());
-  status.check();
-  finish(op);
+  status.check();  // synchronous calls: the one wait; stream-ordered: nothing
 }
 
 void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/,
@@ -361,8 +359,7 @@ void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/
     cuda::sparse_decode(d_payload, entry_count_of(header), wide, half, n, target.data,
                         status.word(0), work_stream());
   }
-  status.check();
-  finish(op);
+  status.check();  // synchronous calls: the one wait; stream-ordered: nothing
 }
 
 void decode_randk(const WireHeader& header, std::span<const std::byte> prefix,
@@ -426,8 +423,7 @@ void decode_terngrad(const WireHeader& header, std::span<const std::byte> /*pref
                                   status.word(0), qsgd.as<std::byte>(), work_stream());
   cuda::qsgd_decode(qsgd.as<std::byte>(), n, bits, bucket, target.data, target.accumulate,
                     status.word(1), work_stream());
-  status.check();
-  finish(op);
+  status.check();  // synchronous calls: the one wait; stream-ordered: nothing
 }
 
 // The CUDA routing: one row per element codec, found by its codec byte (the codec's row in

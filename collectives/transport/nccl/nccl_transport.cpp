@@ -283,7 +283,10 @@ void NcclTransport::wait_for_stream(std::string_view op) {
 
 void NcclTransport::ensure_scratch(std::size_t bytes, std::string_view op) {
   if (bytes <= scratch_bytes_) return;
-  // Only the collectives use the scratch, and they complete before returning: it is idle here.
+  // Only the collectives use the scratch. They complete before returning, or in stream order
+  // the work stream has been made to wait for them: the old block goes to the thread's cache,
+  // whose later users on the work stream are ordered after that use, and a release to CUDA is
+  // ordered on this transport's stream.
   const std::size_t grown = std::max(bytes, 2 * scratch_bytes_);
   kernels::cuda::device_release(scratch_, scratch_bytes_, device_, stream_);
   scratch_ = nullptr;
