@@ -4,8 +4,11 @@
 // implements these in collectives/cuda/device_memory.cpp; a build without it links
 // collectives/no_cuda/device_memory.cpp, whose functions throw ErrorCode::unsupported.
 //
-// Every copy is synchronous (on the legacy default stream of `device`, so it follows all
-// earlier work of blocking streams on that device) and restores the caller's current device.
+// Every copy runs on the thread's work stream (the legacy default stream of `device` unless a
+// Reducer lane set its own, so it follows all earlier work of blocking streams on that device)
+// and restores the caller's current device. Copies between host and device memory are
+// synchronous; copies, conversions and fills on the device are too, except inside an
+// OrderedDeviceCall (below), where they stay queued until its completion.
 #pragma once
 
 #include <cstddef>

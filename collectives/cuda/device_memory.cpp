@@ -189,7 +189,8 @@ void DeviceEvent::synchronize(std::string_view op) const {
 // From kernels/cuda/device_runtime.h: a block of the thread's cache, or a new stream-ordered
 // one (complete when the constructor returns, so any stream may use it). The destructor gives
 // it back to the destroying thread's cache; whoever used it on another stream (the NCCL
-// transport) has finished by then, since every call synchronises before it returns.
+// transport) has finished by then (a synchronous call), or the work stream has been made to wait
+// for that use (a stream-ordered call), so the cache's next user on this thread comes after it.
 DeviceAllocation::DeviceAllocation(std::size_t bytes, int device, std::string_view op)
     : bytes_(bytes), device_(device) {
   const CurrentDevice current(device, op);

@@ -24,9 +24,11 @@
 // sizes are rounded up to at most 25% more, 512 bytes at least), and the next allocation of that
 // class on that thread takes one back without calling CUDA. Idle cached bytes per thread are
 // bounded (kMaxIdleCachedBytes); beyond it a released block is freed. The cache is emptied when
-// the thread ends. Contract for reuse: the releasing caller has
-// finished every use of the block on every stream (gradzip's calls synchronise before they
-// return, so this holds for everything they release).
+// the thread ends. Contract for reuse: every use of the block on any stream is ordered before
+// the releasing thread's later work on its work stream (gradzip's synchronous calls have
+// finished every use when they return; in a stream-ordered call, kernels/cuda/
+// stream_ordered_call.h, the work stream has been made to wait for the NCCL stream's uses, and
+// the NCCL stream waits for the work stream before each of its operations).
 #pragma once
 
 #include "kernels/device_api.h"

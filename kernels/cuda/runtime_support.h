@@ -15,7 +15,8 @@ namespace gradzip::kernels::cuda {
 // The stream this thread's synchronous device work (the device codecs, the collectives' copies
 // and conversions) runs on: nullptr, the legacy default stream, unless a caller (a Reducer lane,
 // through collectives::ThreadStreamScope) set its own. That work synchronises its stream before
-// returning either way.
+// returning, except inside a stream-ordered call (kernels/cuda/stream_ordered_call.h), where
+// it stays queued until the call's completion.
 inline void*& thread_work_stream() noexcept {
   thread_local void* stream = nullptr;
   return stream;
