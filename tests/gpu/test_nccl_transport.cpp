@@ -7,6 +7,7 @@
 #include "kernels/device_api.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -16,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "collectives/transport/deadline.h"
 #include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
 #include "gpu_test_support.h"
+#include "kernels/cuda/device_runtime.h"
 
 #if defined(GRADZIP_HAVE_NCCL)
 #include "collectives/transport/nccl/nccl_library.h"
@@ -376,6 +379,51 @@ TEST_F(NcclTransportTest, BootstrapOverAHostTransport) {
   int current = -1;
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, 0);
+}
+
+// Stream order (Transport::begin_stream_order): wait() returns the posted size without waiting
+// on the host, and the work stream's later work waits on the device for the transfer (a copy
+// queued on the legacy stream right after the wait reads the received bytes); the one host
+// wait is wait_for_stream.
+TEST_F(NcclTransportTest, StreamOrderedWaitsReturnAtOnceAndTheCompletionWaits) {
+  constexpr std::size_t kBytes = 4099;
+  const std::vector<std::byte> message = pattern(kBytes, 77);
+  const auto source = on_device(message);
+  const auto target = filled(kBytes, 0);
+  const auto copy = filled(kBytes, 0);
+  transport().begin_stream_order(nullptr);  // the legacy default stream
+  const kernels::cuda::DeviceRuntimeCounters before = kernels::cuda::device_runtime_counters();
+  const Transport::Request receive = transport().irecv(0, 1, writable_bytes_at(*target, kBytes));
+  const Transport::Request send = transport().isend(0, 1, bytes_at(*source, kBytes));
+  EXPECT_EQ(transport().wait(receive), kBytes);
+  EXPECT_EQ(transport().wait(send), kBytes);
+  ASSERT_EQ(cudaMemcpyAsync(copy->get(), target->get(), kBytes, cudaMemcpyDeviceToDevice, nullptr),
+            cudaSuccess);
+  const kernels::cuda::DeviceRuntimeCounters queued = kernels::cuda::device_runtime_counters();
+  EXPECT_EQ(queued.synchronizations, before.synchronizations) << "a wait blocked the host";
+  transport().wait_for_stream("the test's completion");
+  EXPECT_EQ(kernels::cuda::device_runtime_counters().synchronizations, queued.synchronizations + 1);
+  transport().end_stream_order();
+  EXPECT_EQ(download(*copy, kBytes), message);
+}
+
+// A transfer that never completes (a receive nobody sends to) does not hang a stream-ordered
+// call: its wait returns at once and the completion times out within the deadline, throwing
+// ErrorCode::timeout; the transport then refuses further calls.
+TEST_F(NcclTransportTest, StreamOrderedCompletionTimesOutInsteadOfHanging) {
+  LoopbackHost host;
+  std::unique_ptr<Transport> owned = make_nccl_transport(host, 0);  // aborted on the timeout
+  owned->set_deadline_policy(DeadlinePolicy{1.0, TimeoutAction::throw_error});
+  const auto target = filled(64, 0);
+  owned->begin_stream_order(nullptr);
+  const Transport::Request receive = owned->irecv(0, 1, writable_bytes_at(*target, 64));
+  EXPECT_EQ(owned->wait(receive), 64u);
+  const auto start = std::chrono::steady_clock::now();
+  expect_error([&] { owned->wait_for_stream("the test's completion"); }, ErrorCode::timeout,
+               {"the test's completion"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  owned->end_stream_order();
+  EXPECT_THROW(owned->barrier(), Error);
 }
 
 TEST_F(NcclTransportTest, BootstrapOnAMissingDeviceThrows) {
