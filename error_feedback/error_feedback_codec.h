@@ -5,7 +5,7 @@
 //   e  = g' - D(message) (the wrapped codec's decode of the bytes just written)
 //
 // Residuals never hold non-finite values: an element of e that comes out NaN or Inf is stored
-// as 0 (issue 8; the CUDA path does the same). The Communicator keeps non-finite inputs away
+// as 0 (the CUDA path does the same). The Communicator keeps non-finite inputs away
 // from error feedback altogether (the nonfinite= policy of compression_spec.h); the guard
 // covers finite inputs whose encode overflows.
 //

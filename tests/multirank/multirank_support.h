@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -122,6 +123,36 @@ class ForwardingTransport : public collectives::Transport {
  private:
   std::unique_ptr<collectives::Transport> owned_;
   collectives::Transport* inner_;
+};
+
+// Forwards to `inner` and calls received(buffer, bytes) once each point-to-point receive has
+// completed (its wait returned), in the order this rank completes them: tests that damage
+// received messages override it.
+class ReceiveWatchingTransport : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
+    const Request request = inner().irecv(peer, tag, buffer);
+    receive_buffers_[request.id] = buffer;
+    return request;
+  }
+  std::size_t wait(Request request) override {
+    const auto receive = receive_buffers_.find(request.id);
+    std::span<std::byte> buffer;
+    if (receive != receive_buffers_.end()) {
+      buffer = receive->second;
+      receive_buffers_.erase(receive);
+    }
+    const std::size_t bytes = inner().wait(request);
+    if (!buffer.empty()) received(buffer, bytes);
+    return bytes;
+  }
+
+ protected:
+  virtual void received(std::span<std::byte> buffer, std::size_t bytes) = 0;
+
+ private:
+  std::map<std::size_t, std::span<std::byte>> receive_buffers_;
 };
 
 // Forwards to `inner`; the last rank damages the messages it sends with any of `tags` (one

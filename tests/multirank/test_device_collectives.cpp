@@ -313,27 +313,10 @@ TEST(DeviceCollectives, ReducerLanesOverNcclEqualTheHostReducer) {
 // message overwritten on the device, in stream order after it arrived and before it is decoded:
 // the first point-to-point receive, or the first other rank's block of an alltoallv or
 // allgatherv.
-class DeviceCorruptingTransport final : public testing::ForwardingTransport {
+class DeviceCorruptingTransport final : public testing::ReceiveWatchingTransport {
  public:
   DeviceCorruptingTransport(collectives::Transport& inner, int victim)
-      : ForwardingTransport(inner), victim_(victim) {}
-
-  Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
-    const Request request = inner().irecv(peer, tag, buffer);
-    receives_[request.id] = buffer;
-    return request;
-  }
-  std::size_t wait(Request request) override {
-    const auto receive = receives_.find(request.id);
-    std::span<std::byte> buffer;
-    if (receive != receives_.end()) {
-      buffer = receive->second;
-      receives_.erase(receive);
-    }
-    const std::size_t bytes = inner().wait(request);
-    if (!buffer.empty()) corrupt(buffer.data());
-    return bytes;
-  }
+      : ReceiveWatchingTransport(inner), victim_(victim) {}
   void alltoallv(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
                  std::span<std::byte> recv, std::span<const std::size_t> recv_counts) override {
     inner().alltoallv(send, send_counts, recv, recv_counts);
@@ -359,9 +342,10 @@ class DeviceCorruptingTransport final : public testing::ForwardingTransport {
     // has just ordered after the transfer.
     ASSERT_EQ(cudaMemsetAsync(d_message, 0, 1, nullptr), cudaSuccess);
   }
+  void received(std::span<std::byte> buffer, std::size_t /*bytes*/) override { corrupt(buffer.data()); }
+
   int victim_;
   bool corrupted_ = false;
-  std::map<std::size_t, std::span<std::byte>> receives_;
 };
 
 // In a stream-ordered call nothing is read back while the call runs: a malformed message fails a

@@ -399,33 +399,21 @@ TEST(RingAllreduce, SingleRankResultIsTheDecodedMessageOfItsOwnData) {
 
 // A transport that overwrites the first byte (the wire magic) of chosen received messages,
 // counted in the order this rank completes its receives.
-class CorruptingTransport final : public testing::ForwardingTransport {
+class CorruptingTransport final : public testing::ReceiveWatchingTransport {
  public:
   CorruptingTransport(collectives::Transport& inner, std::size_t first_corrupted)
-      : ForwardingTransport(inner), first_corrupted_(first_corrupted) {}
+      : ReceiveWatchingTransport(inner), first_corrupted_(first_corrupted) {}
 
   std::string describe() const override { return "corrupting " + inner().describe(); }
-  Request irecv(int peer, int tag, std::span<std::byte> buffer) override {
-    const Request request = inner().irecv(peer, tag, buffer);
-    receive_buffers_[request.id] = buffer;
-    return request;
-  }
-  std::size_t wait(Request request) override {
-    const auto receive = receive_buffers_.find(request.id);
-    std::span<std::byte> buffer;
-    if (receive != receive_buffers_.end()) {
-      buffer = receive->second;
-      receive_buffers_.erase(receive);
-    }
-    const std::size_t bytes = inner().wait(request);
-    if (!buffer.empty() && receives_++ >= first_corrupted_ && bytes > 0) buffer[0] = std::byte{0};
-    return bytes;
+
+ protected:
+  void received(std::span<std::byte> buffer, std::size_t bytes) override {
+    if (receives_++ >= first_corrupted_ && bytes > 0) buffer[0] = std::byte{0};
   }
 
  private:
   std::size_t first_corrupted_;
   std::size_t receives_ = 0;
-  std::map<std::size_t, std::span<std::byte>> receive_buffers_;
 };
 
 TEST(RingAllreduce, MalformedMessagesThrowOnEveryRankAndLeaveTheRingUsable) {
