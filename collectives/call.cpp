@@ -8,6 +8,7 @@
 #include "collectives/device_memory.h"
 #include "collectives/json_text.h"
 #include "collectives/nonfinite_policy.h"
+#include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/nonfinite_cpu.h"
 
@@ -15,13 +16,13 @@ namespace gradzip::collectives {
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    const CompressionSpec& spec) {
-  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}, false, 0};
+  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}, false, 0, nullptr};
 }
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
                    std::string_view spec_text) {
   Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt,
-            std::nullopt, {}, false, 0};
+            std::nullopt, {}, false, 0, nullptr};
   try {
     call.spec = CompressionSpec::parse(spec_text);
     call.spec_text = call.spec->to_string();
@@ -62,7 +63,58 @@ std::uint64_t memory_field(const CommunicatorState& state, const TensorView& ten
   return 1 + static_cast<std::uint64_t>(state.cuda_path());
 }
 
+// A CUDA tensor's call that may run stream-ordered (over NCCL): its input check is deferred.
+// The route is picked later, with the algorithm; one that is not stream-ordered settles the
+// check before it runs (settle_input_check).
+bool may_run_stream_ordered(const CommunicatorState& state, const Call& call) {
+  return call.tensor.device.kind == DeviceKind::cuda && call.spec &&
+         state.cuda_path() != CudaPath::staged && nccl_transport_built();
+}
+
+// This rank's counts to every rank: Call::nonfinite and beyond_wire_range as the call check
+// would have set them. `mine.first` is relative to the counted range's begin.
+void exchange_input_counts(CommunicatorState& state, Call& call, const NonfiniteOnDevice& mine) {
+  const DeferredInput& deferred = *call.deferred_input;
+  Transport& transport = state.transport();
+  const std::size_t ranks = static_cast<std::size_t>(transport.size());
+  const std::uint64_t record[3] = {mine.count, mine.count == 0 ? 0 : deferred.begin + mine.first,
+                                   mine.beyond};
+  std::vector<std::uint64_t> all(3 * ranks);
+  if (ranks == 1) std::copy(record, record + 3, all.begin());
+  else transport.allgather_u64(record, all);
+  call.nonfinite.clear();
+  call.beyond_wire_range = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    if (all[3 * r] != 0)
+      call.nonfinite.push_back(NonfiniteInput{static_cast<int>(r), all[3 * r], all[3 * r + 1]});
+    call.beyond_wire_range += all[3 * r + 2];
+  }
+  call.deferred_input.reset();
+}
+
 }  // namespace
+
+void settle_input_check(CommunicatorState& state, Call& call, bool stream_ordered_route) {
+  if (!call.deferred_input || stream_ordered_route) return;
+  const DeferredInput& deferred = *call.deferred_input;
+  const NonfiniteOnDevice mine =
+      count_nonfinite_on_device(call.tensor, deferred.begin, deferred.end, deferred.wire_limit);
+  call.device_work_finished = mine.work_stream_drained;
+  exchange_input_counts(state, call, mine);
+}
+
+bool end_speculation(CommunicatorState& state, Call& call) {
+  error_feedback::ResidualStore& residuals = state.residuals();
+  const std::shared_ptr<DeferredInput> deferred = call.deferred_input;
+  const bool undo = deferred && deferred->check && deferred->flagged;
+  residuals.end_journal(undo);
+  if (!undo) return false;
+  deferred->check->restore();  // after the residuals' copies, in the work stream's order
+  exchange_input_counts(state, call, deferred->check->counts());
+  return true;
+}
+
+void keep_speculation(CommunicatorState& state) noexcept { state.residuals().end_journal(false); }
 
 std::uint32_t begin_call(CommunicatorState& state, Call& call) {
   if (!call.error) {
@@ -105,7 +157,13 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
       const float limit = call.spec ? wire_range_limit(*call.spec, call.kind, call.op,
                                                        transport.size())
                                     : 0.0f;
-      if (call.tensor.device.kind == DeviceKind::cuda) {
+      if (may_run_stream_ordered(state, call)) {
+        // Counted on the device during the call instead (DeferredInput): no wait here.
+        call.deferred_input = std::make_shared<DeferredInput>();
+        call.deferred_input->begin = begin;
+        call.deferred_input->end = end;
+        call.deferred_input->wire_limit = limit;
+      } else if (call.tensor.device.kind == DeviceKind::cuda) {
         const NonfiniteOnDevice found = count_nonfinite_on_device(call.tensor, begin, end, limit);
         mine = NonfiniteInput{0, found.count, begin + found.first};
         beyond = found.beyond;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +16,7 @@
 #include "collectives/call_check.h"
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
+#include "collectives/device_memory.h"
 #include "collectives/timeline.h"
 #include "collectives/transport/deadline.h"
 #include "gradzip/communicator.h"
@@ -22,6 +24,28 @@
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
+
+// The input check of a call on a CUDA tensor that does not wait for it. Counting the
+// non-finite input (and what a 16-bit wire type would saturate) before the call check needs the
+// count on the host: one wait for the device per call. Instead, a call that runs stream-ordered
+// over NCCL (collectives/device_memory.h, OrderedDeviceCall) counts on the device, keeps a
+// device copy of the tensor and journals the residuals it touches (ResidualStore::
+// begin_journal), and runs speculatively; its completion tells every rank whether any rank's
+// input was flagged. If so, the result is undone (tensor and residuals as passed) and the call
+// runs again with the counts exchanged, under the nonfinite= policy or the wire-range fallback,
+// exactly as if they had been known up front. A route that is not stream-ordered (staged,
+// CUDA-aware MPI) settles the check before it runs (a wait and an exchange of the counts).
+// The price of no wait: one device copy of the tensor and of each residual the call touches,
+// and device memory for them while the call runs.
+struct DeferredInput {
+  std::size_t begin = 0;      // the elements counted: the tensor, or an all-gather's own shard
+  std::size_t end = 0;
+  float wire_limit = 0.0f;    // nonfinite_policy.h's wire_range_limit; 0: nothing to count
+  // Set by open_call_memory when the call runs stream-ordered.
+  std::unique_ptr<DeferredInputCheck> check;
+  // Set by close_call_memory: some rank's input was flagged; the call's result is to be undone.
+  bool flagged = false;
+};
 
 // One call as the user made it.
 struct Call {
@@ -42,6 +66,10 @@ struct Call {
   // Set by begin_call: the input elements, summed over ranks, beyond what the spec's 16-bit
   // wire type carries through the reduction (wire_range_limit); > 0 runs the call uncompressed.
   std::uint64_t beyond_wire_range = 0;
+  // Set by begin_call instead of the two counts above for a CUDA tensor that may run
+  // stream-ordered (DeferredInput); cleared once the counts are known on every rank. Shared by
+  // the copies of the Call.
+  std::shared_ptr<DeferredInput> deferred_input;
 };
 
 // A Call of a parsed spec, or of spec text (a parse error is kept in Call::error and thrown by
@@ -54,6 +82,20 @@ Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name
 // Checks the arguments, runs the call check with every rank, and counts the call. Returns the
 // call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.
 std::uint32_t begin_call(CommunicatorState& state, Call& call);
+
+// After a call's body: a call that ran speculatively (DeferredInput) keeps its residuals'
+// changes, or, when its input was flagged on some rank, gets its tensor and residuals back as
+// they were, exchanges every rank's counts (Call::nonfinite, beyond_wire_range) and returns
+// true: the body is to run again, now under the policies. Every rank returns the same.
+bool end_speculation(CommunicatorState& state, Call& call);
+// After a body that threw: the residuals' changes are kept, as on any failed call.
+void keep_speculation(CommunicatorState& state) noexcept;
+
+// A call whose input check is still deferred, about to run on `route` that is not
+// stream-ordered: reads this rank's counts (a wait) and exchanges them with every rank, so that
+// Call::nonfinite and beyond_wire_range hold what begin_call would have set. Nothing when the
+// check is not deferred or the route is stream-ordered.
+void settle_input_check(CommunicatorState& state, Call& call, bool stream_ordered_route);
 
 // The stats every call starts from: its spec, count and rank count.
 CollectiveStats start_stats(const Call& call, const Transport& transport);
@@ -98,7 +140,17 @@ CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
     const std::uint32_t step = begin_call(state, call);
     span.set_step(step);
     set_operation_phase("the data exchange");
-    body(step, stats);
+    try {
+      body(step, stats);
+    } catch (...) {
+      keep_speculation(state);
+      throw;
+    }
+    if (end_speculation(state, call)) {
+      // Undone: the input was flagged on some rank, and its counts are now known everywhere.
+      stats = start_stats(call, state.transport());
+      body(step, stats);
+    }
   }
   return stats;
 }

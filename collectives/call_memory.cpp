@@ -56,6 +56,14 @@ CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::siz
       // stream, so earlier work of blocking streams too, as the contract says), no wait.
       memory.ordered = std::make_unique<OrderedDeviceCall>(*memory.transport, tensor.device.index,
                                                            "a collective on a CUDA tensor");
+      if (call.deferred_input) {
+        // Before anything of the call touches the tensor or a residual.
+        DeferredInput& deferred = *call.deferred_input;
+        deferred.check = std::make_unique<DeferredInputCheck>(tensor, deferred.begin, deferred.end,
+                                                              deferred.wire_limit);
+        state.residuals().begin_journal();
+        memory.deferred_input = call.deferred_input;
+      }
     } else if (!call.device_work_finished) {
       // The transport may read the tensor from a stream of its own: the work that produced it
       // (earlier work of blocking streams, as the contract says) must be done first. Counting
@@ -102,7 +110,12 @@ void close_call_memory(const CallMemory& memory, const TensorView& tensor, std::
   if (memory.device.kind == DeviceKind::cuda) {
     if (end > begin && tensor.dtype != DType::f32)
       narrow_on_device(memory.data.data(), begin, end, tensor);
-    if (memory.ordered) memory.ordered->complete("a collective on a CUDA tensor");
+    if (memory.ordered) {
+      DeferredInput* const deferred = memory.deferred_input.get();
+      const bool flagged = memory.ordered->complete(
+          "a collective on a CUDA tensor", deferred != nullptr ? deferred->check.get() : nullptr);
+      if (deferred != nullptr) deferred->flagged = flagged;
+    }
     return;
   }
   if (end <= begin) return;
@@ -141,6 +154,11 @@ ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const 
   job.stream_ordered = memory.ordered != nullptr;
   job.sizes_known = job.stream_ordered && !message_size_varies(spec);
   return job;
+}
+
+bool runs_stream_ordered(CommunicatorState& state, const TensorView& tensor, const CudaRoute& route) {
+  return tensor.device.kind == DeviceKind::cuda && route.kind == CudaRoute::Kind::nccl &&
+         state.nccl_transport(tensor.device.index).orders_with_streams();
 }
 
 CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,

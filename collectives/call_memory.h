@@ -31,6 +31,9 @@ struct CallMemory {
   // Over NCCL: the call runs stream-ordered (collectives/device_memory.h) and close_call_memory
   // completes it (its one host wait and its device checks).
   std::unique_ptr<OrderedDeviceCall> ordered;
+  // A stream-ordered call that runs before its input is checked (collectives/call.h): the
+  // check its completion reads.
+  std::shared_ptr<DeferredInput> deferred_input;
 };
 
 // How a CUDA tensor's call travels.
@@ -50,6 +53,10 @@ struct CudaRoute {
 CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec,
                      std::optional<Algorithm> algorithm, bool shared_index = false);
 
+// True when a call on `tensor` over `route` runs stream-ordered (OrderedDeviceCall): a CUDA
+// tensor over NCCL, whose transport orders its work with CUDA streams.
+bool runs_stream_ordered(CommunicatorState& state, const TensorView& tensor, const CudaRoute& route);
+
 // cuda_route for CUDA tensors; the default (unused) route for host tensors.
 CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,
                    const CompressionSpec& spec, std::optional<Algorithm> algorithm,
@@ -57,14 +64,18 @@ CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,
 
 // Prepares elements [begin, end) of the call's tensor (the rest is left for the algorithm to
 // overwrite). For CUDA tensors `route` (cuda_route) picks the path; every path of a CUDA
-// tensor says in the stats' note which it took.
+// tensor says in the stats' note which it took. A stream-ordered call whose input check is
+// deferred (Call::deferred_input; settle_input_check has run for other routes) queues the
+// check first and opens the residuals' journal (collectives/call.h).
 CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::size_t begin,
                             std::size_t end, const CudaRoute& route, CollectiveStats& stats);
 
 // Elements [begin, end) of the f32 result into the tensor: rounded to nearest even for f16 /
 // bf16 (nothing to do for f32, which the algorithm wrote in place), and copied back to the
 // device for a staged CUDA tensor. A stream-ordered call is completed here (every rank calls
-// this at the same point): it throws for a failed device check, on every rank.
+// this at the same point): it throws for a failed device check, on every rank; or, when its
+// deferred input check flagged some rank's input, sets DeferredInput::flagged instead (the
+// caller's end_speculation undoes the call).
 void close_call_memory(const CallMemory& memory, const TensorView& tensor, std::size_t begin,
                        std::size_t end);
 

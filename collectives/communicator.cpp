@@ -27,8 +27,7 @@ namespace {
 
 CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
-    if (run_nonfinite_policy(state, call, step, stats)) return;
-    if (run_wire_range_fallback(state, call, step, stats)) return;
+    if (run_input_policies(state, call, step, stats)) return;
     const CompressionSpec& spec = *call.spec;
     const std::size_t count = call.tensor.count;
     // algo=auto's model: the link and γ are measured at the first call that needs them (every
@@ -68,9 +67,9 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     const bool shared_index = choice.path == AllreducePath::flat &&
                               choice.algorithm == Algorithm::auto_select &&
                               codec_row(spec.codec).shared_indices;
-    const CallMemory memory =
-        open_call_memory(state, call, 0, count,
-                         route_of(state, call.tensor, spec, algorithm, shared_index), stats);
+    const CudaRoute route = route_of(state, call.tensor, spec, algorithm, shared_index);
+    if (run_input_policies_for_route(state, call, route, step, stats)) return;
+    const CallMemory memory = open_call_memory(state, call, 0, count, route, stats);
     divide_for_average(memory, call.op);
     if (choice.path == AllreducePath::transport_sum) {
       if (choice.dense_fallback) {
@@ -100,13 +99,13 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
 
 CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
-    if (run_nonfinite_policy(state, call, step, stats)) return;
-    if (run_wire_range_fallback(state, call, step, stats)) return;
+    if (run_input_policies(state, call, step, stats)) return;
     const ShardedChoice choice = choose_reduce_scatter(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
-    const CallMemory memory = open_call_memory(
-        state, call, 0, count, route_of(state, call.tensor, spec, choice.algorithm), stats);
+    const CudaRoute route = route_of(state, call.tensor, spec, choice.algorithm);
+    if (run_input_policies_for_route(state, call, route, step, stats)) return;
+    const CallMemory memory = open_call_memory(state, call, 0, count, route, stats);
     divide_for_average(memory, call.op);
     ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);
     if (choice.algorithm == Algorithm::sra)
@@ -121,17 +120,17 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
 
 CollectiveStats run_allgather(CommunicatorState& state, Call call) {
   return run_call(state, call, [&](std::uint32_t step, CollectiveStats& stats) {
-    if (run_nonfinite_policy(state, call, step, stats)) return;
-    if (run_wire_range_fallback(state, call, step, stats)) return;
+    if (run_input_policies(state, call, step, stats)) return;
     Transport& transport = state.transport();
     const ShardedChoice choice = choose_allgather(*call.spec, step);
     const CompressionSpec spec = sharded_spec(choice, *call.spec, stats);
     const std::size_t count = call.tensor.count;
     // Only this rank's shard holds data on entry; the algorithm writes every other shard.
+    const CudaRoute route = route_of(state, call.tensor, spec, std::nullopt);
+    if (run_input_policies_for_route(state, call, route, step, stats)) return;
     const CallMemory memory = open_call_memory(
         state, call, shard_begin(count, transport.size(), transport.rank()),
-        shard_begin(count, transport.size(), transport.rank() + 1),
-        route_of(state, call.tensor, spec, std::nullopt), stats);
+        shard_begin(count, transport.size(), transport.rank() + 1), route, stats);
     ReduceJob job = make_job(state, spec, memory, allgather_job_name(call.name), call.name,
                              step, stats);
     compressed_allgather(job);

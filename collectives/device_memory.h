@@ -135,6 +135,33 @@ class DeviceAllocation {
   int device_ = 0;
 };
 
+// The input check of a call that runs before it knows its input is reducible (collectives/
+// call.h, DeferredInput): at construction it queues on the thread's work stream, before any
+// later work of the call, a device copy of the whole tensor as passed and the count of this
+// rank's non-finite elements among [begin, end) (and, with wire_limit > 0, of the finite ones
+// beyond it: nonfinite_policy.h's wire_range_limit) into three u64 of device memory. Nothing
+// waits. The call's completion (OrderedDeviceCall::complete) turns the counts into flags every
+// rank sees; when a rank flagged, restore() puts the tensor back and counts() reads this rank's
+// numbers, both with a wait (the rare path).
+class DeferredInputCheck {
+ public:
+  DeferredInputCheck(const TensorView& tensor, std::size_t begin, std::size_t end, float wire_limit);
+  DeferredInputCheck(const DeferredInputCheck&) = delete;
+  DeferredInputCheck& operator=(const DeferredInputCheck&) = delete;
+
+  // {non-finite count, first index (all ones when none), beyond count}, device memory.
+  const std::uint64_t* device_counts() const noexcept;
+  // The tensor's bytes as they were at construction; returns once they are back.
+  void restore() const;
+  // This rank's counts (first: relative to begin), after a wait for the work stream.
+  NonfiniteOnDevice counts() const;
+
+ private:
+  TensorView tensor_;
+  DeviceAllocation snapshot_;
+  DeviceAllocation counts_;
+};
+
 class Transport;
 
 // One collective call on device memory over a transport that orders its work with CUDA streams
@@ -155,12 +182,16 @@ class OrderedDeviceCall {
   OrderedDeviceCall& operator=(const OrderedDeviceCall&) = delete;
 
   // The call's one host wait, made by every rank at the same point of the call: on more than
-  // one rank, first an all-reduce (queued, through the transport) of one flag per rank saying
-  // whether any of its device checks failed; then the wait for the work stream
-  // (Transport::wait_for_stream: deadline, transport errors). Throws for this rank's first
-  // failed check (naming it, ErrorCode::malformed_message for a received message), or, when
-  // only other ranks' checks failed, malformed_message naming those ranks: every rank throws.
-  void complete(std::string_view op);
+  // one rank, first an all-reduce (queued, through the transport) of flags per rank saying
+  // whether any of its device checks failed and, with `input`, whether its input held
+  // non-finite elements or elements beyond the wire range; then the wait for the work stream
+  // (Transport::wait_for_stream: deadline, transport errors). Returns true when some rank's
+  // input was flagged: the call's result is to be discarded (the same answer on every rank),
+  // and its checks are not looked at (a NaN may well fail them). Else throws for this rank's
+  // first failed check (naming it, ErrorCode::malformed_message for a received message), or,
+  // when only other ranks' checks failed, malformed_message naming those ranks: every rank
+  // throws. Returns false when all passed.
+  bool complete(std::string_view op, const DeferredInputCheck* input = nullptr);
 
  private:
   struct State;

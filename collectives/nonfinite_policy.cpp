@@ -90,6 +90,19 @@ bool run_wire_range_fallback(CommunicatorState& state, const Call& call, std::ui
   return true;
 }
 
+bool run_input_policies(CommunicatorState& state, const Call& call, std::uint32_t step,
+                        CollectiveStats& stats) {
+  return run_nonfinite_policy(state, call, step, stats) ||
+         run_wire_range_fallback(state, call, step, stats);
+}
+
+bool run_input_policies_for_route(CommunicatorState& state, Call& call, const CudaRoute& route,
+                                  std::uint32_t step, CollectiveStats& stats) {
+  if (!call.deferred_input) return false;  // settled by begin_call: the policies ran already
+  settle_input_check(state, call, runs_stream_ordered(state, call.tensor, route));
+  return !call.deferred_input && run_input_policies(state, call, step, stats);
+}
+
 void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t step,
                       CollectiveStats& stats) {
   const CompressionSpec& spec = *call.spec;

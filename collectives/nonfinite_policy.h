@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "collectives/call.h"
+#include "collectives/call_memory.h"
 #include "collectives/communicator_state.h"
 #include "gradzip/compression_spec.h"
 
@@ -37,6 +38,16 @@ bool run_nonfinite_policy(CommunicatorState& state, const Call& call, std::uint3
 // is left untouched. Returns whether it ran the call.
 bool run_wire_range_fallback(CommunicatorState& state, const Call& call, std::uint32_t step,
                              CollectiveStats& stats);
+
+// run_nonfinite_policy, then run_wire_range_fallback: true when one of them ran the call.
+bool run_input_policies(CommunicatorState& state, const Call& call, std::uint32_t step,
+                        CollectiveStats& stats);
+
+// The input policies of a call whose route is now known: a deferred input check
+// (collectives/call.h) is settled first unless the route runs stream-ordered, whose
+// completion settles it. True when a policy ran the call.
+bool run_input_policies_for_route(CommunicatorState& state, Call& call, const CudaRoute& route,
+                                  std::uint32_t step, CollectiveStats& stats);
 
 // Runs the call with the `none` codec and no error feedback (what nonfinite=propagate and the
 // wire-range fallback do): the transport's own sum for an all-reduce, the ring for a

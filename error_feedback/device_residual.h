@@ -15,7 +15,9 @@ class DeviceResidual {
   // `count` zeros in the memory of CUDA device `device`, from the calling thread's block cache
   // (kernels/cuda/device_runtime.h), zeroed in order on the thread's work stream (the stream
   // every later encode of this thread runs on).
-  DeviceResidual(std::size_t count, int device);
+  // With `zeroed` false the values are left as the allocation found them (for a copy that
+  // overwrites them all: copy_from).
+  DeviceResidual(std::size_t count, int device, bool zeroed = true);
   ~DeviceResidual();
   DeviceResidual(const DeviceResidual&) = delete;
   DeviceResidual& operator=(const DeviceResidual&) = delete;
@@ -28,6 +30,9 @@ class DeviceResidual {
   // already queued on the thread's work stream, and finished before returning.
   void download(std::span<float> out) const;
   void upload(std::span<const float> in);
+  // this = other's values (same count and device), queued on the thread's work stream after the
+  // work already there; nothing waits.
+  void copy_from(const DeviceResidual& other);
 
  private:
   float* data_ = nullptr;

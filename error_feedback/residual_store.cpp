@@ -50,6 +50,7 @@ ResidualStore::ResidualStore(std::uint32_t world_size, std::uint32_t rank, Resiz
 ResidualStore::Tensor& ResidualStore::registered(std::string_view name, std::size_t count) {
   GZ_REQUIRE(!name.empty(), ErrorCode::invalid_argument,
              "ResidualStore::residual: empty tensor name (", count, " elements)");
+  if (journal_.open) journal_first_use(name);
   auto found = residuals_.find(name);
   if (found == residuals_.end()) {
     found = residuals_.emplace(std::string(name), Tensor{std::vector<float>(count, 0.0f), clock_, nullptr, true}).first;
@@ -69,6 +70,58 @@ ResidualStore::Tensor& ResidualStore::registered(std::string_view name, std::siz
     found->second.zeros = true;
   }
   return found->second;
+}
+
+void ResidualStore::journal_first_use(std::string_view name) {
+  if (journal_.open->find(name) != journal_.open->end()) return;
+  JournalEntry entry;
+  const auto found = residuals_.find(name);
+  if (found != residuals_.end()) {
+    const Tensor& tensor = found->second;
+    entry.existed = true;
+    entry.last_use = tensor.last_use;
+    entry.zeros = tensor.zeros;
+    entry.count = tensor.values.size();
+    if (tensor.device) {
+      entry.device = tensor.device;
+      entry.device_copy = std::make_shared<DeviceResidual>(tensor.device->count(),
+                                                           tensor.device->device(), false);
+      entry.device_copy->copy_from(*tensor.device);
+    } else if (!tensor.zeros) {
+      entry.host_values = tensor.values;
+    }
+  }
+  journal_.open->emplace(std::string(name), std::move(entry));
+}
+
+void ResidualStore::begin_journal() {
+  GZ_REQUIRE(journal_.open == nullptr, ErrorCode::internal,
+             "ResidualStore::begin_journal: a journal is already open");
+  journal_.open = std::make_unique<Journal>();
+}
+
+void ResidualStore::end_journal(bool undo) {
+  if (!journal_.open) return;
+  const std::unique_ptr<Journal> journal = std::move(journal_.open);
+  if (!undo) return;
+  for (auto& [name, entry] : *journal) {
+    if (!entry.existed) {
+      residuals_.erase(name);
+      continue;
+    }
+    Tensor& tensor = residuals_[name];
+    tensor.last_use = entry.last_use;
+    tensor.zeros = entry.zeros;
+    if (entry.device) {
+      entry.device->copy_from(*entry.device_copy);
+      tensor.device = std::move(entry.device);
+      if (tensor.values.size() != entry.count) tensor.values.assign(entry.count, 0.0f);  // a mirror
+    } else {
+      tensor.device.reset();
+      if (entry.zeros) tensor.values.assign(entry.count, 0.0f);
+      else tensor.values = std::move(entry.host_values);
+    }
+  }
 }
 
 void ResidualStore::bring_home(Tensor& tensor) {
@@ -134,6 +187,7 @@ std::size_t ResidualStore::total_bytes() const noexcept {
 }
 
 void ResidualStore::clear() noexcept {
+  journal_.open.reset();
   residuals_.clear();
   placements_.clear();
 }

@@ -123,6 +123,20 @@ class ResidualStore {
   // folded; ErrorCode::internal when a placed residual does not fit inside its root.
   std::size_t fold_into(std::string_view root, std::size_t count);
 
+  // A journal, for calls that may be undone (a stream-ordered call on a CUDA tensor runs before
+  // it knows whether every rank's input can be reduced: collectives/call.h, DeferredInput).
+  // Between begin_journal() and end_journal(), the first use of each name (residual(name,
+  // count), register_tensor, device_residual) records what an undo needs: whether the name was
+  // new, its use stamp, and its values: a device residual's in a device copy queued on the
+  // thread's work stream before any later work there (no wait), a host residual's in a host
+  // copy. end_journal(true) undoes every journaled change: new names are forgotten, values
+  // come back (device residuals by copies queued on the work stream, which any later host read
+  // waits for), stamps are restored; end_journal(false) keeps the changes and drops the copies.
+  // begin_journal while one is open: ErrorCode::internal. end_journal without one: nothing.
+  void begin_journal();
+  void end_journal(bool undo);
+  bool journaling() const noexcept { return journal_.open != nullptr; }
+
   // Writes the checkpoint (write_checkpoint_file): this store's residuals as lane 0, and
   // `owner_state`. Refuses with invalid_argument what the file cannot hold (a call number with
   // an empty name, model inputs that break their contracts); throws ErrorCode::io_error naming
@@ -164,8 +178,22 @@ class ResidualStore {
   };
   using Tensors = std::map<std::string, Tensor, std::less<>>;
 
+  // What end_journal(true) puts back for one name.
+  struct JournalEntry {
+    bool existed = false;
+    std::uint64_t last_use = 0;
+    bool zeros = false;
+    std::size_t count = 0;
+    std::shared_ptr<DeviceResidual> device;        // where the values lived (kept alive)
+    std::shared_ptr<DeviceResidual> device_copy;   // a device residual's values
+    std::vector<float> host_values;                // a host residual's values
+  };
+  using Journal = std::map<std::string, JournalEntry, std::less<>>;
+
   // The registered tensor, created or resized as residual(name, count) documents.
   Tensor& registered(std::string_view name, std::size_t count);
+  // Records `name` in the open journal on its first use there.
+  void journal_first_use(std::string_view name);
   // Moves a device residual back into `values` for good.
   static void bring_home(Tensor& tensor);
   // Copies a device residual into its mirror (it stays on the device).
@@ -182,6 +210,18 @@ class ResidualStore {
   Tensors residuals_;
   std::map<std::string, Placement, std::less<>> placements_;  // set_placement
   std::uint64_t clock_ = 0;  // the use clock (set_use_clock)
+  // Open between begin_journal and end_journal. A copy of the store does not take it (the
+  // journal is about this store's buffers).
+  struct JournalSlot {
+    std::unique_ptr<Journal> open;
+    JournalSlot() = default;
+    JournalSlot(const JournalSlot& /*other*/) noexcept {}
+    JournalSlot& operator=(const JournalSlot& /*other*/) noexcept { return *this; }
+    JournalSlot(JournalSlot&&) noexcept = default;
+    JournalSlot& operator=(JournalSlot&&) noexcept = default;
+    ~JournalSlot() = default;
+  };
+  JournalSlot journal_;
 };
 
 }  // namespace gradzip::error_feedback

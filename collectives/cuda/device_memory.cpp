@@ -202,6 +202,40 @@ DeviceAllocation::~DeviceAllocation() {
   kernels::cuda::device_release(data_, bytes_, device_, work_stream());
 }
 
+DeferredInputCheck::DeferredInputCheck(const TensorView& tensor, std::size_t begin, std::size_t end,
+                                       float wire_limit)
+    : tensor_(tensor),
+      snapshot_(tensor.size_bytes(), tensor.device.index, "the input check: the tensor's copy"),
+      counts_(3 * sizeof(std::uint64_t), tensor.device.index, "the input check: the counts") {
+  const char* const op = "the input check of a stream-ordered call";
+  const CurrentDevice current(tensor.device.index, op);
+  if (tensor.count > 0) copy_on_device(snapshot_.data(), tensor.data, tensor.size_bytes(), tensor.device.index);
+  const std::size_t counted = end > begin ? end - begin : 0;
+  const auto* data = static_cast<const std::byte*>(tensor.data) + begin * dtype_size(tensor.dtype);
+  kernels::cuda::queue_count_nonfinite(
+      counted == 0 ? nullptr : data, counted, tensor.dtype, wire_limit > 0.0f,
+      wire_limit > 0.0f ? kernels::cpu::beyond_threshold_bits(tensor.dtype, wire_limit) : 0,
+      reinterpret_cast<std::uint64_t*>(counts_.data()), work_stream());
+}
+
+const std::uint64_t* DeferredInputCheck::device_counts() const noexcept {
+  return reinterpret_cast<const std::uint64_t*>(counts_.data());
+}
+
+void DeferredInputCheck::restore() const {
+  const char* const op = "the input check: restoring the tensor";
+  const CurrentDevice current(tensor_.device.index, op);
+  if (tensor_.count > 0) copy_on_device(tensor_.data, snapshot_.data(), tensor_.size_bytes(), tensor_.device.index);
+  synchronize(op, "the restoring copy");
+}
+
+NonfiniteOnDevice DeferredInputCheck::counts() const {
+  std::uint64_t words[3] = {0, 0, 0};
+  copy_device_to_host(words, counts_.data(), sizeof words, tensor_.device.index,
+                      "the input check: reading the counts");
+  return NonfiniteOnDevice{words[0], words[0] == 0 ? 0 : words[1], words[2], true};
+}
+
 struct OrderedDeviceCall::State {
   explicit State(std::string_view op) : call(op) {}
   kernels::cuda::StreamOrderedCall call;
@@ -218,24 +252,43 @@ OrderedDeviceCall::OrderedDeviceCall(Transport& transport, int device, std::stri
 
 OrderedDeviceCall::~OrderedDeviceCall() { transport_.end_stream_order(); }
 
-void OrderedDeviceCall::complete(std::string_view op) {
+bool OrderedDeviceCall::complete(std::string_view op, const DeferredInputCheck* input) {
   const CurrentDevice current(device_, op);
   kernels::cuda::StreamOrderedCall& call = state_->call;
   const std::size_t ranks = static_cast<std::size_t>(transport_.size());
+  // Per rank: [0] any device check failed, and with `input` [1] non-finite input, [2] input
+  // beyond the wire range. Each rank writes 1.0 into its own slots only; the sum tells every
+  // rank every rank's flags.
+  const std::size_t per_rank = input != nullptr ? 3 : 1;
   std::optional<DeviceAllocation> flags;
-  if (ranks > 1) {
-    // One flag per rank, 1.0 where a check failed; the sum tells every rank which failed.
-    flags.emplace(ranks * sizeof(float), device_, op);
+  if (ranks > 1 || input != nullptr) {
+    flags.emplace(ranks * per_rank * sizeof(float), device_, op);
     auto* const d_flags = reinterpret_cast<float*>(flags->data());
-    check_runtime(cudaMemsetAsync(d_flags, 0, ranks * sizeof(float), work_stream()), op,
+    float* const mine = d_flags + static_cast<std::size_t>(transport_.rank()) * per_rank;
+    check_runtime(cudaMemsetAsync(d_flags, 0, ranks * per_rank * sizeof(float), work_stream()), op,
                   "cudaMemsetAsync (the check flags)");
-    kernels::cuda::flag_nonzero_words(call.words(), call.words_used(),
-                                      d_flags + transport_.rank(), work_stream());
-    transport_.allreduce_f32_sum({d_flags, ranks});
-    kernels::cuda::words_from_flags(d_flags, ranks, call.rank_words(ranks), work_stream());
+    kernels::cuda::flag_nonzero_words(call.words(), call.words_used(), mine, work_stream());
+    if (input != nullptr) {
+      // A u64 count is non-zero when either of its two 32-bit words is.
+      const auto* counts = reinterpret_cast<const int*>(input->device_counts());
+      kernels::cuda::flag_nonzero_words(counts, 2, mine + 1, work_stream());      // non-finite
+      kernels::cuda::flag_nonzero_words(counts + 4, 2, mine + 2, work_stream());  // beyond
+    }
+    if (ranks > 1) transport_.allreduce_f32_sum({d_flags, ranks * per_rank});
+    kernels::cuda::words_from_flags(d_flags, ranks * per_rank, call.rank_words(ranks, per_rank),
+                                    work_stream());
   }
   transport_.wait_for_stream(op);
+  if (input != nullptr) {
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (call.rank_word(r, 1) || call.rank_word(r, 2)) {
+        call.complete_unchecked();
+        return true;
+      }
+    }
+  }
   call.complete_and_check(transport_.rank());
+  return false;
 }
 
 void set_wait_site_counting(bool on) noexcept { kernels::cuda::set_wait_site_counting(on); }

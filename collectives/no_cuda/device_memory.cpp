@@ -57,7 +57,15 @@ OrderedDeviceCall::OrderedDeviceCall(Transport& transport, int device, std::stri
   refuse(op, device);
 }
 OrderedDeviceCall::~OrderedDeviceCall() = default;
-void OrderedDeviceCall::complete(std::string_view op) { refuse(op, device_); }
+bool OrderedDeviceCall::complete(std::string_view op, const DeferredInputCheck*) { refuse(op, device_); }
+
+DeferredInputCheck::DeferredInputCheck(const TensorView& tensor, std::size_t, std::size_t, float)
+    : tensor_(tensor),
+      snapshot_(0, tensor.device.index, "the input check"),
+      counts_(0, tensor.device.index, "the input check") {}
+const std::uint64_t* DeferredInputCheck::device_counts() const noexcept { return nullptr; }
+void DeferredInputCheck::restore() const { refuse("the input check", tensor_.device.index); }
+NonfiniteOnDevice DeferredInputCheck::counts() const { refuse("the input check", tensor_.device.index); }
 
 DeviceRuntimeCounts device_runtime_counts() noexcept { return {}; }
 void set_wait_site_counting(bool) noexcept {}

@@ -5,7 +5,8 @@
 
 namespace gradzip::error_feedback {
 
-DeviceResidual::DeviceResidual(std::size_t count, int device) : count_(count), device_(device) {
+DeviceResidual::DeviceResidual(std::size_t count, int device, bool /*zeroed*/)
+    : count_(count), device_(device) {
   GZ_THROW(ErrorCode::unsupported, "error feedback: a residual of ", count,
            " elements on CUDA device ", device,
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
@@ -13,5 +14,6 @@ DeviceResidual::DeviceResidual(std::size_t count, int device) : count_(count), d
 DeviceResidual::~DeviceResidual() = default;
 void DeviceResidual::download(std::span<float> /*out*/) const {}
 void DeviceResidual::upload(std::span<const float> /*in*/) {}
+void DeviceResidual::copy_from(const DeviceResidual& /*other*/) {}
 
 }  // namespace gradzip::error_feedback

@@ -133,6 +133,27 @@ DeviceNonfiniteCount count_on_device(const void* d_data, std::size_t count, DTyp
 
 }  // namespace
 
+void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
+                           std::uint32_t above_bits, std::uint64_t* d_result, void* stream) {
+  if (emulated::active()) {
+    emulated::queue_count_nonfinite(d_data, count, dtype, count_beyond, above_bits, d_result, stream);
+    return;
+  }
+  constexpr const char* kOp = "cuda.queue_count_nonfinite";
+  GZ_REQUIRE(d_result != nullptr && (d_data != nullptr || count == 0), ErrorCode::invalid_argument,
+             kOp, ": null pointer for ", count, " elements");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  auto* const result = reinterpret_cast<unsigned long long*>(d_result);
+  cudaError_t status = cudaMemsetAsync(result, 0, 3 * sizeof(unsigned long long), cuda_stream);
+  if (status == cudaSuccess)
+    status = cudaMemsetAsync(result + 1, 0xFF, sizeof(unsigned long long), cuda_stream);
+  check_runtime(status, kOp, "cudaMemsetAsync (the result words)");
+  if (count == 0) return;
+  if (count_beyond) launch_count<true>(d_data, count, dtype, above_bits, result, cuda_stream);
+  else launch_count<false>(d_data, count, dtype, above_bits, result, cuda_stream);
+  check_runtime(cudaGetLastError(), kOp, "counting non-finite elements");
+}
+
 DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
                                      void* stream) {
   if (emulated::active()) return emulated::count_nonfinite(d_data, count, dtype, stream);

@@ -1,7 +1,8 @@
 // Counting the non-finite elements (NaN, +-Inf) of a device array on the raw bits
 // (kernels/nonfinite_math.h), the CUDA twin of kernels/cpu/nonfinite_cpu.h. Host-callable; no
 // CUDA headers needed by includers (the stream is a cudaStream_t cast to void*, nullptr = the
-// default stream). Synchronous: it returns the count, so it waits for the stream. count == 0
+// default stream). count_nonfinite and count_nonfinite_and_beyond are synchronous: they return
+// the count, so they wait for the stream; queue_count_nonfinite only queues. count == 0
 // launches nothing. Launch failures: gradzip::Error(unsupported).
 #pragma once
 
@@ -26,5 +27,12 @@ DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DTyp
 // the bit tests the CPU count uses (kernels/nonfinite_math.h).
 DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count, DType dtype,
                                                 std::uint32_t above_bits, void* stream);
+
+// Queues the same count on `stream` without waiting: d_result (3 u64 of device memory) receives
+// {non-finite count, index of the first one (all ones when none), finite elements at or above
+// `above_bits` (0 unless count_beyond)}; they are set before the count (count == 0 sets them
+// only). For a reader later in stream order (a stream-ordered call's completion flags).
+void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
+                           std::uint32_t above_bits, std::uint64_t* d_result, void* stream);
 
 }  // namespace gradzip::kernels::cuda

@@ -62,7 +62,7 @@ StreamOrderedCall::~StreamOrderedCall() {
   ThreadWords& thread = thread_words();
   thread.open = nullptr;
   thread.dirty_checks = checks_.size();
-  thread.dirty_ranks = ranks_;
+  thread.dirty_ranks = ranks_ * per_rank_;
   if (!completed_) thread.unfinished = true;
 }
 
@@ -74,11 +74,17 @@ int* StreamOrderedCall::status_word(std::string op, Describe describe, ErrorCode
   return words_ + (checks_.size() - 1);
 }
 
-int* StreamOrderedCall::rank_words(std::size_t ranks) {
-  GZ_REQUIRE(ranks <= kMaxRankWords, ErrorCode::unsupported,
-             "stream-ordered call: the checks of ", ranks, " ranks (at most ", kMaxRankWords, ")");
-  ranks_ = std::max(ranks_, ranks);
+int* StreamOrderedCall::rank_words(std::size_t ranks, std::size_t per_rank) {
+  GZ_REQUIRE(per_rank >= 1 && ranks <= kMaxRankWords / per_rank, ErrorCode::unsupported,
+             "stream-ordered call: the checks of ", ranks, " ranks, ", per_rank,
+             " words each (at most ", kMaxRankWords, " words)");
+  ranks_ = ranks;
+  per_rank_ = per_rank;
   return words_ + kStatusWords;
+}
+
+bool StreamOrderedCall::rank_word(std::size_t rank, std::size_t slot) const noexcept {
+  return rank < ranks_ && slot < per_rank_ && words_[kStatusWords + rank * per_rank_ + slot] != 0;
 }
 
 void StreamOrderedCall::complete_and_check(int rank) {
@@ -92,7 +98,7 @@ void StreamOrderedCall::complete_and_check(int rank) {
   std::string failed;
   std::size_t count = 0;
   for (std::size_t r = 0; r < ranks_; ++r) {
-    if (words_[kStatusWords + r] == 0 || static_cast<int>(r) == rank) continue;
+    if (!rank_word(r, 0) || static_cast<int>(r) == rank) continue;
     failed += detail::concat(count++ == 0 ? "" : ",", r);
   }
   GZ_REQUIRE(count == 0, ErrorCode::malformed_message, "the call failed a check on rank",

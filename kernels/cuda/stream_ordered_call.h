@@ -55,14 +55,20 @@ class StreamOrderedCall {
   // throws `code` with "<op>: <describe(value)>". nullptr when the call's words are all taken.
   int* status_word(std::string op, Describe describe, ErrorCode code = ErrorCode::malformed_message);
 
-  // `ranks` words, 0 until a kernel writes them, for the all-reduced answer of every rank's
-  // checks (word r non-zero: a check failed on rank r). Throws unsupported above kMaxRankWords.
-  int* rank_words(std::size_t ranks);
+  // `ranks` x `per_rank` words, 0 until a kernel writes them, for the all-reduced answers of
+  // every rank: word r * per_rank non-zero says a check failed on rank r; the caller gives the
+  // other slots their meaning (rank_word). Throws unsupported above kMaxRankWords words.
+  int* rank_words(std::size_t ranks, std::size_t per_rank = 1);
+  // Slot `slot` of rank `rank` in rank_words, after the completion wait.
+  bool rank_word(std::size_t rank, std::size_t slot) const noexcept;
 
   // Every status word written so far, after the caller's completion wait: marks the call
   // finished, then throws for this rank's first non-zero word, or else (ErrorCode::
   // malformed_message) when rank_words name other ranks whose checks failed.
   void complete_and_check(int rank);
+  // Marks the call finished without looking at its checks: for a caller that discards the
+  // whole result (a speculative call whose input turned out not to be reducible).
+  void complete_unchecked() noexcept { completed_ = true; }
 
   // The words taken so far (for flag_nonzero_words).
   const int* words() const noexcept { return words_; }
@@ -77,6 +83,7 @@ class StreamOrderedCall {
   int* words_ = nullptr;  // the thread's pinned block: kStatusWords, then kMaxRankWords
   std::vector<Check> checks_;
   std::size_t ranks_ = 0;
+  std::size_t per_rank_ = 1;
   bool completed_ = false;
 };
 

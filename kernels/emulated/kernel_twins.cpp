@@ -372,6 +372,23 @@ cuda::DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::s
   return count_on_device(d_data, count, dtype, true, above_bits, stream);
 }
 
+void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
+                           std::uint32_t above_bits, std::uint64_t* d_result, void* stream) {
+  constexpr const char* kOp = "cuda.queue_count_nonfinite";
+  GZ_REQUIRE(d_result != nullptr && (d_data != nullptr || count == 0), ErrorCode::invalid_argument,
+             kOp, ": null pointer for ", count, " elements");
+  enqueue(stream, kOp, [d_data, count, dtype, count_beyond, above_bits, d_result] {
+    require_device_range(d_result, 3 * sizeof(std::uint64_t), "cuda.queue_count_nonfinite result");
+    if (count > 0) require_device_range(d_data, count * dtype_size(dtype), kOp);
+    const cuda::DeviceNonfiniteCount found =
+        count == 0 ? cuda::DeviceNonfiniteCount{}
+                   : count_elements(d_data, count, dtype, count_beyond, above_bits);
+    d_result[0] = found.count;
+    d_result[1] = found.count == 0 ? ~std::uint64_t{0} : found.first;
+    d_result[2] = found.beyond;
+  });
+}
+
 // ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
 
 std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {

@@ -67,6 +67,8 @@ cuda::DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count
 cuda::DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t count,
                                                       DType dtype, std::uint32_t above_bits,
                                                       void* stream);
+void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
+                           std::uint32_t above_bits, std::uint64_t* d_result, void* stream);
 
 // ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
 std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);

@@ -48,6 +48,10 @@ DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t 
                                                 std::uint32_t above_bits, void* stream) {
   return emulated::count_nonfinite_and_beyond(d_data, count, dtype, above_bits, stream);
 }
+void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
+                           std::uint32_t above_bits, std::uint64_t* d_result, void* stream) {
+  emulated::queue_count_nonfinite(d_data, count, dtype, count_beyond, above_bits, d_result, stream);
+}
 
 // ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
 
