@@ -8,8 +8,10 @@
 //     and a one-rank NCCL communicator (bootstrapped over the in-process transport, connected
 //     eagerly, one all-reduce checked exactly). Exit 1 naming the step that failed; exit 0 with
 //     "skipped" when there is no device.
-//   gradzip-bench calls [--size N] [--calls K] [--json FILE]
-//     One-rank Communicator all-reduces of an N-element f32 CUDA tensor (default 2^22) over the
+//   gradzip-bench calls [--size N] [--calls K] [--world] [--json FILE]
+//     One-rank Communicator all-reduces (with --world: all-reduces over every rank of
+//     MPI_COMM_WORLD, run under mpirun, each count the largest over the ranks, printed and
+//     written by rank 0) of an N-element f32 CUDA tensor (default 2^22) over the
 //     NCCL path, per spec (every codec whose message size follows from the element count, with
 //     and without error feedback, and approximate top-k): 3 warm-up calls, then K (default 10)
 //     calls whose device allocations, host waits and bytes copied between host and device
@@ -26,6 +28,7 @@
 // step / row, with "complete": false until the end, so a hang or a kill keeps what was measured.
 #include "kernels/device_api.h"
 
+#include <mpi.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -188,6 +191,8 @@ int run_calls(int argc, char** argv) {
   const char* calls_flag = option(argc, argv, "--calls");
   const std::size_t count = size_flag ? parse_count("calls", size_flag, "--size") : (std::size_t{1} << 22);
   const int calls = calls_flag ? static_cast<int>(parse_count("calls", calls_flag, "--calls")) : 10;
+  bool world = false;
+  for (int i = 1; i < argc; ++i) world = world || std::string_view(argv[i]) == "--world";
   GZ_REQUIRE(count > 0 && calls > 0, ErrorCode::invalid_argument, "gradzip-bench calls: --size and --calls must be positive");
   const char* reason = nullptr;
   if (kernels::cuda::device_count(&reason) == 0 && !kernels::emulated::active()) {
@@ -201,6 +206,22 @@ int run_calls(int argc, char** argv) {
     return 1;
   }
   check(cudaSetDevice(0), "cudaSetDevice(0)");
+  int ranks = 1, rank = 0;
+  if (world) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      std::atexit([] { MPI_Finalize(); });
+    }
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+  // Only rank 0 prints and writes.
+  const auto say = [rank](const char* format, auto... values) {
+    if (rank == 0) std::printf(format, values...);
+  };
   // Fixed-size codecs: their messages' sizes are known on the host, so a call needs at most the
   // one host wait that returns its result.
   struct Row {
@@ -227,23 +248,30 @@ int run_calls(int argc, char** argv) {
   std::vector<float> host(count);
   for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
   collectives::set_wait_site_counting(true);  // a measurement: the waits by site too
-  std::printf("one-rank all-reduce of %zu f32 elements on cuda:0, %d steady-state calls after 3 warm-up calls\n",
-              count, calls);
-  if (emulated) std::printf("on the emulated device (GRADZIP_DEVICE=emulated): the library's counts, CPU timing\n");
-  std::printf("%-34s %-10s %11s %11s %11s %13s %11s  target\n", "spec", "algorithm", "allocs/call",
-              "waits/call", "completion", "h<->d B/call", "cache/call");
+  say("%d-rank all-reduce of %zu f32 elements on cuda:0, %d steady-state calls after 3 warm-up calls%s\n",
+      ranks, count, calls, world ? " (each count: the largest over the ranks)" : "");
+  if (emulated) say("on the emulated device (GRADZIP_DEVICE=emulated): the library's counts, CPU timing\n");
+  say("%-34s %-10s %11s %11s %11s %13s %11s  target\n", "spec", "algorithm", "allocs/call",
+      "waits/call", "completion", "h<->d B/call", "cache/call");
   std::string json = detail::concat("{\"benchmark\": \"calls\", \"device\": ",
-                                    json_string(emulated ? "emulated" : "cuda"), ", \"size\": ", count,
-                                    ", \"calls\": ", calls, ", \"rows\": [");
+                                    json_string(emulated ? "emulated" : "cuda"), ", \"ranks\": ", ranks,
+                                    ", \"size\": ", count, ", \"calls\": ", calls, ", \"rows\": [");
+  const std::string written_path = rank == 0 ? json_path : "";
+  // The largest value over the ranks (every rank takes part; one rank: the value).
+  const auto largest = [world](double value) {
+    if (world) MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return value;
+  };
   int status = 0;
   bool first = true;
-  write_json_if_asked("calls", json_path, json + "], \"complete\": false}\n");
+  write_json_if_asked("calls", written_path, json + "], \"complete\": false}\n");
   for (const Row& row : rows) {
     try {
       CommunicatorOptions options;
       options.cuda_path = CudaPath::automatic;
-      Communicator communicator = collectives::make_communicator(
-          std::make_unique<collectives::SelfTransport>(), options);
+      Communicator communicator =
+          world ? Communicator::world(options)
+                : collectives::make_communicator(std::make_unique<collectives::SelfTransport>(), options);
       const TensorView view{tensor, count, DType::f32, Device{DeviceKind::cuda, 0}};
       CollectiveStats stats;
       for (int warm = 0; warm < 3; ++warm) {
@@ -257,21 +285,22 @@ int run_calls(int argc, char** argv) {
       for (int call = 0; call < calls; ++call) stats = communicator.allreduce(view, "g", row.spec);
       const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
       const std::string sites = wait_sites_per_call(sites_before, collectives::device_wait_sites(), calls);
-      const double allocations = static_cast<double>(after.allocations - before.allocations) / calls;
+      const double allocations = largest(static_cast<double>(after.allocations - before.allocations) / calls);
       std::uint64_t completion_count = 0;
       for (const auto& [site, grown] :
            collectives::wait_sites_between(sites_before, collectives::device_wait_sites()))
         if (site == kCompletionSite) completion_count = grown;
-      const double completions = static_cast<double>(completion_count) / calls;
-      const double waits =
-          static_cast<double>(after.synchronizations - before.synchronizations - completion_count) / calls;
-      const double hits = static_cast<double>(after.cache_hits - before.cache_hits) / calls;
-      const double copied = static_cast<double>(after.host_device_bytes - before.host_device_bytes) / calls;
+      const double completions = largest(static_cast<double>(completion_count) / calls);
+      const double waits = largest(
+          static_cast<double>(after.synchronizations - before.synchronizations - completion_count) / calls);
+      const double hits = largest(static_cast<double>(after.cache_hits - before.cache_hits) / calls);
+      const double copied =
+          largest(static_cast<double>(after.host_device_bytes - before.host_device_bytes) / calls);
       const bool met = !row.fixed_size || (allocations == 0 && waits == 0 && copied == 0);
-      std::printf("%-34s %-10s %11.2f %11.2f %11.2f %13.1f %11.2f  %s: %s\n", row.spec,
-                  stats.algorithm.c_str(), allocations, waits, completions, copied, hits,
-                  row.fixed_size ? "0/0/0" : "(none)", met ? "met" : "NOT met");
-      std::printf("%-34s waits per call by site: %s\n", "", sites.c_str());
+      say("%-34s %-10s %11.2f %11.2f %11.2f %13.1f %11.2f  %s: %s\n", row.spec,
+          stats.algorithm.c_str(), allocations, waits, completions, copied, hits,
+          row.fixed_size ? "0/0/0" : "(none)", met ? "met" : "NOT met");
+      say("%-34s waits per call by site (rank 0): %s\n", "", sites.c_str());
       json += detail::concat(first ? "" : ", ", "{\"spec\": ", json_string(row.spec), ", \"algorithm\": ",
                              json_string(stats.algorithm), ", \"note\": ", json_string(stats.note),
                              ", \"allocations_per_call\": ", json_number(allocations), ", \"host_waits_per_call\": ",
@@ -287,10 +316,10 @@ int run_calls(int argc, char** argv) {
       status = 1;
     }
     first = false;
-    write_json_if_asked("calls", json_path, json + "], \"complete\": false}\n");  // every row at once
+    write_json_if_asked("calls", written_path, json + "], \"complete\": false}\n");  // every row at once
   }
   cudaFree(tensor);
-  write_json_if_asked("calls", json_path, json + "], \"complete\": true}\n");
+  write_json_if_asked("calls", written_path, json + "], \"complete\": true}\n");
   return status;
 }
 

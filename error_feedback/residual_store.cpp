@@ -65,6 +65,10 @@ ResidualStore::Tensor& ResidualStore::registered(std::string_view name, std::siz
                "zero residual)");
     // Build the new buffer first: if the allocation throws, the old one is kept.
     std::vector<float> fresh(count, 0.0f);
+    if (journal_.open) {
+      JournalEntry& entry = journal_.open->find(name)->second;
+      if (!entry.replaced) entry.replaced = std::move(found->second.values);
+    }
     found->second.values = std::move(fresh);
     found->second.device.reset();
     found->second.zeros = true;
@@ -112,14 +116,15 @@ void ResidualStore::end_journal(bool undo) {
     Tensor& tensor = residuals_[name];
     tensor.last_use = entry.last_use;
     tensor.zeros = entry.zeros;
+    if (entry.replaced) tensor.values = std::move(*entry.replaced);  // the buffer spans point at
+    if (tensor.values.size() != entry.count) tensor.values.assign(entry.count, 0.0f);
     if (entry.device) {
       entry.device->copy_from(*entry.device_copy);
-      tensor.device = std::move(entry.device);
-      if (tensor.values.size() != entry.count) tensor.values.assign(entry.count, 0.0f);  // a mirror
+      tensor.device = std::move(entry.device);  // `values` is its mirror, refreshed by readers
     } else {
       tensor.device.reset();
-      if (entry.zeros) tensor.values.assign(entry.count, 0.0f);
-      else tensor.values = std::move(entry.host_values);
+      if (entry.zeros) std::fill(tensor.values.begin(), tensor.values.end(), 0.0f);
+      else std::copy(entry.host_values.begin(), entry.host_values.end(), tensor.values.begin());
     }
   }
 }

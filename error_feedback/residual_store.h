@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -187,6 +188,9 @@ class ResidualStore {
     std::shared_ptr<DeviceResidual> device;        // where the values lived (kept alive)
     std::shared_ptr<DeviceResidual> device_copy;   // a device residual's values
     std::vector<float> host_values;                // a host residual's values
+    // The buffer a reset resize replaced inside the journal: an undo puts it back, so that
+    // spans to it handed out before the journal stay valid.
+    std::optional<std::vector<float>> replaced;
   };
   using Journal = std::map<std::string, JournalEntry, std::less<>>;
 

@@ -269,5 +269,34 @@ TEST_F(CudaEf, ResidualStoreMovesResidualsToTheDeviceAndBack) {
   EXPECT_EQ(from_device<float>(store.device_residual("w", n, 0), n), written);
 }
 
+// A journal over device residuals: the values the first use saw come back by a device copy
+// (queued on the work stream; the read below waits for it), the residual stays on the device,
+// and a residual moved to the device inside the journal goes back to host memory.
+TEST_F(CudaEf, AJournalUndoesDeviceResidualsOnTheDevice) {
+  ResidualStore store(1, 0, ResizePolicy::error);
+  const std::size_t n = 513;
+  std::vector<float> original(n);
+  for (std::size_t i = 0; i < n; ++i) original[i] = 0.125f * static_cast<float>(i) - 3.0f;
+  float* d = store.device_residual("w", n, 0);
+  to_device(d, original);
+  std::span<float> host = store.residual("h", 5);
+  for (std::size_t i = 0; i < 5; ++i) host[i] = static_cast<float>(i + 1);
+
+  store.begin_journal();
+  EXPECT_EQ(store.device_residual("w", n, 0), d);
+  to_device(d, std::vector<float>(n, 42.0f));  // what an encode's update would write
+  to_device(store.device_residual("h", 5, 0), std::vector<float>(5, -1.0f));
+  store.device_residual("fresh", 9, 0);
+  store.end_journal(/*undo=*/true);
+
+  EXPECT_TRUE(store.on_device("w"));
+  EXPECT_EQ(store.device_residual("w", n, 0), d);
+  EXPECT_EQ(from_device<float>(d, n), original);
+  EXPECT_FALSE(store.on_device("h")) << "h lived in host memory before the journal";
+  const std::span<const float> h = std::as_const(store).residual("h");
+  EXPECT_EQ(std::vector<float>(h.begin(), h.end()), (std::vector<float>{1, 2, 3, 4, 5}));
+  EXPECT_FALSE(store.contains("fresh"));
+}
+
 }  // namespace
 }  // namespace gradzip

@@ -10,6 +10,7 @@
 #include "kernels/device_api.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/communicator_state.h"
 #include "collectives/device_memory.h"
 #include "collectives/transport/mpi/mpi_transport.h"
 #include "collectives/transport/nccl_transport_factory.h"
@@ -26,6 +28,7 @@
 #include "gradzip/reducer.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "tests/multirank/multirank_support.h"
+#include "tests/unit/test_support.h"
 
 namespace gradzip {
 namespace {
@@ -121,7 +124,9 @@ void expect_device_equals_host(const std::string& spec, std::size_t count, const
     const CollectiveStats stats = device_side.allreduce(device.view(), "g", spec, ReduceOp::average);
     EXPECT_EQ(stats.sent_payload_bytes, host_stats.sent_payload_bytes);
     EXPECT_EQ(stats.sent_index_bytes, host_stats.sent_index_bytes);
-    if (same_messages) EXPECT_EQ(stats.sent_header_bytes, host_stats.sent_header_bytes);
+    if (same_messages) {
+      EXPECT_EQ(stats.sent_header_bytes, host_stats.sent_header_bytes);
+    }
     if (expect_in_note != nullptr) {
       EXPECT_NE(stats.note.find(expect_in_note), std::string::npos) << stats.note;
     }
@@ -401,6 +406,185 @@ TEST(DeviceCollectives, AMalformedMessageInAStreamOrderedCallThrowsOnEveryRank) 
   DeviceFloats device(ones);
   device_side.allreduce(device.view(), "after", "none:min_bytes=0,algo=ring");
   for (float value : device.download()) ASSERT_EQ(value, static_cast<float>(ranks));
+}
+
+// The residual store's contents as bits, by name (device residuals read through their mirror).
+std::map<std::string, std::vector<std::uint32_t>> residual_bits(Communicator& comm) {
+  const error_feedback::ResidualStore& store = collectives::state_of(comm).residuals();
+  std::map<std::string, std::vector<std::uint32_t>> out;
+  for (const std::string& name : store.names()) {
+    const std::span<const float> values = store.residual(name);
+    std::vector<std::uint32_t>& bits = out[name];
+    for (const float value : values) {
+      std::uint32_t word = 0;
+      std::memcpy(&word, &value, sizeof word);
+      bits.push_back(word);
+    }
+  }
+  return out;
+}
+
+// A stream-ordered call does not wait for the count of non-finite input: it runs on the
+// device, and when its completion says that some rank's input held NaN / Inf (or, for a 16-bit
+// wire type, values it would saturate), the call is undone and run again under the policy. The
+// user sees what the host path gives, where the count comes first: for each codec and
+// algorithm, the last rank puts a NaN (propagate, skip) or -Inf (error) at index 17 of the
+// second of three calls, and the device communicator must match a host communicator fed the
+// same data call for call, bit for bit: propagate's uncompressed sum (integer inputs: exact,
+// the bad index NaN), skip's zeros, error's exception on every rank naming the rank with the
+// tensor left as passed; the residuals unchanged by the bad call (bits), and the third call
+// equal to the host's (the bad call left no trace).
+TEST(DeviceCollectives, NonfiniteInputIsUndoneAndRunsItsPolicyAsOnTheHost) {
+  SKIP_WITHOUT_DEVICE();
+  const int ranks = testing::world_size(), rank = testing::world_rank();
+  const char* const codecs[] = {"none", "fp16:ef=on", "bf16", "qsgd:bits=4,ef=on", "sign",
+                                "topk:ratio=0.1", "randk:ratio=0.1", "terngrad:ef=on"};
+  // Explicit algorithms: algo=auto may choose differently on host and device memory.
+  const char* const algorithms[] = {"algo=ring", "algo=sra", "algo=sparse"};
+  const char* const policies[] = {"propagate", "skip", "error"};
+  constexpr std::size_t kCount = 4099;
+  constexpr std::size_t kBad = 17;
+  Communicator host_side = Communicator::world();
+  Communicator device_side = device_communicator();
+  int case_number = 0;
+  for (const char* codec : codecs) {
+    for (const char* algorithm : algorithms) {
+      for (const char* policy : policies) {
+        const std::string spec = std::string(codec) + (std::strchr(codec, ':') ? "," : ":") +
+                                 algorithm + ",nonfinite=" + policy;
+        const std::string name = "nonfinite." + std::to_string(case_number++);
+        SCOPED_TRACE(spec);
+        const bool error_policy = std::strcmp(policy, "error") == 0;
+        const float bad = error_policy ? -INFINITY : NAN;
+        for (int call = 0; call < 3; ++call) {
+          SCOPED_TRACE("call " + std::to_string(call));
+          std::vector<float> input = testing::integer_contribution(kCount, rank, 300 + call);
+          if (call == 1 && rank == ranks - 1) input[kBad] = bad;
+          std::vector<float> host = input;
+          DeviceFloats device(input);
+          const auto residuals_before = residual_bits(device_side);
+          if (call == 1 && error_policy) {
+            std::string host_message, device_message;
+            EXPECT_EQ(testing::error_code_of(
+                          [&] { host_side.allreduce(host_view(host.data(), kCount), name, spec); },
+                          &host_message),
+                      ErrorCode::nonfinite);
+            EXPECT_EQ(testing::error_code_of(
+                          [&] { device_side.allreduce(device.view(), name, spec); }, &device_message),
+                      ErrorCode::nonfinite);
+            EXPECT_EQ(device_message, host_message);
+            EXPECT_NE(device_message.find("rank " + std::to_string(ranks - 1) +
+                                          ": 1 non-finite element(s), the first at index 17"),
+                      std::string::npos)
+                << device_message;
+            EXPECT_TRUE(same_bits(device.download(), input)) << "the tensor was not left as passed";
+            EXPECT_EQ(residual_bits(device_side), residuals_before);
+            continue;
+          }
+          const CollectiveStats host_stats =
+              host_side.allreduce(host_view(host.data(), kCount), name, spec);
+          const CollectiveStats device_stats = device_side.allreduce(device.view(), name, spec);
+          const std::vector<float> got = device.download();
+          EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(got)));
+          EXPECT_EQ(device_stats.skipped, host_stats.skipped);
+          if (call != 1) {
+            EXPECT_TRUE(same_bits(got, host)) << "the device result differs from the host's";
+            continue;
+          }
+          EXPECT_EQ(residual_bits(device_side), residuals_before);
+          EXPECT_NE(device_stats.note.find("non-finite input on rank(s) " + std::to_string(ranks - 1)),
+                    std::string::npos)
+              << device_stats.note;
+          for (std::size_t i = 0; i < kCount; ++i) {
+            if (i == kBad && !host_stats.skipped) {
+              ASSERT_TRUE(std::isnan(got[i])) << got[i];
+              ASSERT_TRUE(std::isnan(host[i])) << host[i];
+            } else {
+              ASSERT_EQ(got[i], host[i]) << "element " << i;
+            }
+          }
+          if (host_stats.skipped) {
+            EXPECT_EQ(got, std::vector<float>(kCount, 0.0f));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Finite values that fp16 would saturate in the sum (|x| > 65504 / P) send the call uncompressed
+// in f32, on the device as on the host, also when only the completion of the stream-ordered
+// call learns it; the same for a reduce-scatter and an all-gather with NaN input.
+TEST(DeviceCollectives, WireRangeFallbackAndShardedCallsUndoneAsOnTheHost) {
+  SKIP_WITHOUT_DEVICE();
+  const int ranks = testing::world_size(), rank = testing::world_rank();
+  constexpr std::size_t kCount = 3001;
+  Communicator host_side = Communicator::world();
+  Communicator device_side = device_communicator();
+  {
+    const std::string spec = "fp16:ef=on,algo=ring";
+    for (int call = 0; call < 3; ++call) {
+      SCOPED_TRACE("fp16, call " + std::to_string(call));
+      std::vector<float> input = testing::integer_contribution(kCount, rank, 900 + call);
+      if (call == 1 && rank == 0) input[5] = 1.0e30f;
+      std::vector<float> host = input;
+      DeviceFloats device(input);
+      const auto residuals_before = residual_bits(device_side);
+      const CollectiveStats host_stats = host_side.allreduce(host_view(host.data(), kCount), "wide", spec);
+      const CollectiveStats device_stats = device_side.allreduce(device.view(), "wide", spec);
+      EXPECT_TRUE(same_bits(device.download(), host));
+      if (call == 1) {
+        EXPECT_NE(device_stats.note.find("beyond what"), std::string::npos) << device_stats.note;
+        // The f32 sum: 1e30 plus small integers is 1e30 (fp16 would have saturated it).
+        EXPECT_EQ(device.download()[5], 1.0e30f);
+        EXPECT_EQ(residual_bits(device_side), residuals_before);
+        EXPECT_EQ(device_stats.note.find("beyond what") != std::string::npos,
+                  host_stats.note.find("beyond what") != std::string::npos);
+      }
+    }
+  }
+  for (const char* kind : {"reduce_scatter", "allgather"}) {
+    const CompressionSpec spec = CompressionSpec::parse("qsgd:bits=4,ef=on");
+    const std::string name = std::string("sharded.") + kind;
+    for (int call = 0; call < 3; ++call) {
+      SCOPED_TRACE(std::string(kind) + ", call " + std::to_string(call));
+      std::vector<float> input = testing::integer_contribution(kCount, rank, 950 + call);
+      // The all-gather counts each rank's own shard: the last rank's first element.
+      const std::size_t bad = std::strcmp(kind, "allgather") == 0
+                                  ? collectives::shard_begin(kCount, ranks, ranks - 1)
+                                  : 0;
+      if (call == 1 && rank == ranks - 1) input[bad] = NAN;
+      std::vector<float> host = input;
+      DeviceFloats device(input);
+      CollectiveStats host_stats, device_stats;
+      if (std::strcmp(kind, "allgather") == 0) {
+        host_stats = host_side.allgather(host_view(host.data(), kCount), name, spec);
+        device_stats = device_side.allgather(device.view(), name, spec);
+      } else {
+        host_stats = host_side.reduce_scatter(host_view(host.data(), kCount), name, spec);
+        device_stats = device_side.reduce_scatter(device.view(), name, spec);
+      }
+      const std::vector<float> got = device.download();
+      const std::size_t begin = std::strcmp(kind, "allgather") == 0
+                                    ? 0
+                                    : collectives::shard_begin(kCount, ranks, rank);
+      const std::size_t end = std::strcmp(kind, "allgather") == 0
+                                  ? kCount
+                                  : collectives::shard_begin(kCount, ranks, rank + 1);
+      for (std::size_t i = begin; i < end; ++i) {
+        if (std::isnan(host[i])) {
+          ASSERT_TRUE(std::isnan(got[i])) << "element " << i << ": " << got[i];
+        } else {
+          ASSERT_EQ(got[i], host[i]) << "element " << i;
+        }
+      }
+      if (call == 1) {
+        EXPECT_NE(device_stats.note.find("non-finite input on rank(s) " + std::to_string(ranks - 1)),
+                  std::string::npos)
+            << device_stats.note;
+      }
+    }
+  }
 }
 
 }  // namespace

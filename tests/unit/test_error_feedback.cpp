@@ -275,6 +275,45 @@ TEST(ResidualStore, ResizeUnderResetPolicyStartsAFreshZeroBuffer) {
   EXPECT_EQ(store.total_bytes(), (11u + 4u) * sizeof(float));
 }
 
+// The journal (ResidualStore::begin_journal): an undo gives back every value, forgets the names
+// first registered inside it and restores the use stamps; a kept journal changes nothing; a
+// resize under the reset policy is undone too.
+TEST(ResidualStore, AJournalUndoesEveryChangeMadeWhileItWasOpen) {
+  ResidualStore store(1, 0, ResizePolicy::reset);
+  fill(store, "a", 6, 1.0f);
+  fill(store, "b", 4, -2.0f);
+  store.register_tensor("zeros", 3);
+  store.set_use_clock(5);
+  const StoreSnapshot before = snapshot_of(store);
+
+  store.begin_journal();
+  EXPECT_TRUE(store.journaling());
+  EXPECT_EQ(error_of([&] { store.begin_journal(); }).code, ErrorCode::internal);
+  fill(store, "a", 6, 100.0f);
+  store.residual("a", 6)[0] = 7.0f;  // a second use: the journal keeps the first values
+  std::span<float> b = store.residual("b", 9);  // reset: a fresh buffer of 9
+  b[8] = 3.0f;
+  store.residual("zeros", 3)[1] = 5.0f;
+  fill(store, "new", 2, 4.0f);
+  store.end_journal(/*undo=*/true);
+  EXPECT_FALSE(store.journaling());
+  expect_unchanged(store, before);
+  EXPECT_FALSE(store.contains("new"));
+  // The stamps are the old ones (0): the uses at clock 5 were undone with the rest.
+  EXPECT_EQ(store.release_unused_before(5), 3u);
+
+  ResidualStore kept(1, 0, ResizePolicy::error);
+  fill(kept, "a", 3, 1.0f);
+  kept.begin_journal();
+  fill(kept, "a", 3, 2.0f);
+  fill(kept, "new", 1, 4.0f);
+  kept.end_journal(/*undo=*/false);
+  EXPECT_EQ(kept.residual("a")[2], 2.0f + 0.25f * 2.0f);
+  EXPECT_TRUE(kept.contains("new"));
+  kept.end_journal(/*undo=*/true);  // none open: nothing
+  EXPECT_TRUE(kept.contains("new"));
+}
+
 // ------------------------------------------------------------------------------------------
 // Checkpoints
 
