@@ -551,6 +551,33 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
   return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
 }
 
+std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, ConstTensorView g,
+                                                       float* d_residual, std::span<std::byte> out,
+                                                       const EncodeContext& /*ctx*/) {
+  const CompressionSpec& spec = codec.spec();
+  const bool bf16 = spec.codec == CodecKind::bf16;
+  if ((spec.codec != CodecKind::fp16 && !bf16) || g.dtype != DType::f32 ||
+      !aligned(out.data() + kWireHeaderBytes, 2) || !aligned(g.data, sizeof(float)))
+    return std::nullopt;
+  const std::string op = std::string(codec_kind_name(spec.codec)) + ".encode (fused error feedback)";
+  const std::size_t n = g.count;
+  const std::size_t capacity = codec.max_encoded_bytes(n);
+  GZ_REQUIRE(out.size() >= capacity, ErrorCode::invalid_argument, op, ": output buffer holds ",
+             out.size(), " bytes, ", capacity, " needed (max_encoded_bytes)");
+  const DeviceScope scope(g.device.index, op);
+  cuda::require_device_pointer(out.data(), g.device.index, op, "the output message buffer");
+  const std::optional<WireHeader> header =
+      fixed_header(spec, bf16 ? WireCodec::bf16 : WireCodec::fp16, n);
+  GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for a cast");
+  cuda::ef_cast_fused(static_cast<const float*>(g.data), d_residual,
+                      reinterpret_cast<std::uint16_t*>(out.data() + kWireHeaderBytes), bf16, n,
+                      work_stream());
+  const std::array<std::byte, kWireHeaderBytes> header_bytes = header_bytes_of(*header);
+  cuda::write_small_bytes(out.data(), header_bytes.data(), header_bytes.size(), work_stream());
+  finish(op);
+  return kWireHeaderBytes + static_cast<std::size_t>(header->payload_bytes);
+}
+
 void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView out,
                    bool accumulate) {
   const CompressionSpec& spec = codec.spec();

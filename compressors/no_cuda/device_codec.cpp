@@ -27,6 +27,13 @@ void device_decode_own(const Codec& codec, std::span<const std::byte> in, Tensor
   device_decode(codec, in, out, false);
 }
 
+std::optional<std::size_t> device_encode_with_feedback(const Codec& /*codec*/, ConstTensorView /*g*/,
+                                                       float* /*d_residual*/,
+                                                       std::span<std::byte> /*out*/,
+                                                       const EncodeContext& /*ctx*/) {
+  return std::nullopt;
+}
+
 void require_device_tensor(ConstTensorView view, std::string_view op) {
   GZ_THROW(ErrorCode::unsupported, op, ": the tensor is on CUDA device ", view.device.index,
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");

@@ -5,6 +5,7 @@
 
 #include "kernels/device_api.h"
 
+#include <optional>
 #include <string>
 
 #include "compressors/cuda/device_support.h"
@@ -28,6 +29,13 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   const DeviceScope scope(chunk.device.index, op);
   if (count > 0) cuda::require_device_pointer(chunk.data, chunk.device.index, op, "the input tensor");
   if (!decoded.empty()) cuda::require_device_pointer(decoded.data(), chunk.device.index, op, "the decoded output");
+
+  // The casts fuse it all into one pass (compressors/device_codec.h).
+  if (decoded.empty() && count > 0) {
+    if (const std::optional<std::size_t> bytes =
+            compressors::device_encode_with_feedback(codec, chunk, d_residual, out, ctx))
+      return *bytes;
+  }
 
   // c = g + e and (unless the caller takes it) D(message), each `count` floats.
   const std::size_t floats = checked_product(count, decoded.empty() ? 2 : 1, op);
