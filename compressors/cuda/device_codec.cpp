@@ -556,8 +556,10 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
                                                        const EncodeContext& /*ctx*/) {
   const CompressionSpec& spec = codec.spec();
   const bool bf16 = spec.codec == CodecKind::bf16;
-  if ((spec.codec != CodecKind::fp16 && !bf16) || g.dtype != DType::f32 ||
-      !aligned(out.data() + kWireHeaderBytes, 2) || !aligned(g.data, sizeof(float)))
+  const bool cast = spec.codec == CodecKind::fp16 || bf16;
+  const bool sign = spec.codec == CodecKind::sign && cuda::sign_fuses_feedback(g.count, spec.bucket);
+  if ((!cast && !sign) || g.dtype != DType::f32 || !aligned(g.data, sizeof(float)) ||
+      (cast && !aligned(out.data() + kWireHeaderBytes, 2)))
     return std::nullopt;
   const std::string op = std::string(codec_kind_name(spec.codec)) + ".encode (fused error feedback)";
   const std::size_t n = g.count;
@@ -566,12 +568,19 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
              out.size(), " bytes, ", capacity, " needed (max_encoded_bytes)");
   const DeviceScope scope(g.device.index, op);
   cuda::require_device_pointer(out.data(), g.device.index, op, "the output message buffer");
-  const std::optional<WireHeader> header =
-      fixed_header(spec, bf16 ? WireCodec::bf16 : WireCodec::fp16, n);
-  GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for a cast");
-  cuda::ef_cast_fused(static_cast<const float*>(g.data), d_residual,
-                      reinterpret_cast<std::uint16_t*>(out.data() + kWireHeaderBytes), bf16, n,
-                      work_stream());
+  const WireCodec wire = sign ? WireCodec::sign : bf16 ? WireCodec::bf16 : WireCodec::fp16;
+  const std::optional<WireHeader> header = fixed_header(spec, wire, n);
+  GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for ", spec.to_string());
+  const auto* d_grad = static_cast<const float*>(g.data);
+  if (sign) {
+    if (!cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket,
+                                         out.data() + kWireHeaderBytes, work_stream()))
+      return std::nullopt;  // sign_fuses_feedback said yes above: not reached
+  } else {
+    cuda::ef_cast_fused(d_grad, d_residual,
+                        reinterpret_cast<std::uint16_t*>(out.data() + kWireHeaderBytes), bf16, n,
+                        work_stream());
+  }
   const std::array<std::byte, kWireHeaderBytes> header_bytes = header_bytes_of(*header);
   cuda::write_small_bytes(out.data(), header_bytes.data(), header_bytes.size(), work_stream());
   finish(op);

@@ -42,6 +42,7 @@
 #include "kernels/emulated/kernel_twins.h"
 #include "kernels/run_fast_layout.h"
 #include "kernels/sign_fast_layout.h"
+#include "kernels/nonfinite_math.h"
 #include "kernels/sign_math.h"
 
 namespace gradzip::kernels::cuda {
@@ -144,6 +145,10 @@ constexpr unsigned kWarps = kThreads / kWarp;
 // What every fast kernel of a launch needs.
 struct FastArgs {
   const float* in;        // encode: the values
+  // Fused error feedback (sign_encode_with_feedback), else null: the encoded values are
+  // c = in + residual, and the residual of each segment's elements becomes
+  // finite_or_zero(c - D(message)).
+  float* residual;
   float* out;             // decode: the output
   std::byte* scales;      // the payload (its first 4 * num_buckets bytes)
   unsigned char* bits;    // the sign bytes after them
@@ -166,25 +171,43 @@ __device__ __forceinline__ void store_scale(const FastArgs& a, std::uint64_t b, 
 // in[first, end) -> staged[0, end - first) by the whole block, coalesced: float4 loads for the
 // 16-byte-aligned middle when `vector` (then float4 shared stores too when `first` is a
 // multiple of 4). The caller synchronises before reading.
-__device__ __forceinline__ void stage(const float* in, std::uint64_t first, std::uint64_t end,
-                                      bool vector, float* staged) {
+// With `add` (fused error feedback; 16-byte aligned like `in` when `vector`), staged[i] is
+// in[first + i] + add[first + i], the f32 add of error feedback's c = g + e.
+__device__ __forceinline__ float staged_value(const float* in, const float* add, std::uint64_t i) {
+  return add != nullptr ? in[i] + add[i] : in[i];
+}
+__device__ __forceinline__ float4 staged_quad(const float4* in, const float4* add, std::uint64_t j) {
+  float4 quad = in[j];
+  if (add != nullptr) {
+    const float4 other = add[j];
+    quad.x = quad.x + other.x;
+    quad.y = quad.y + other.y;
+    quad.z = quad.z + other.z;
+    quad.w = quad.w + other.w;
+  }
+  return quad;
+}
+
+__device__ __forceinline__ void stage(const float* in, const float* add, std::uint64_t first,
+                                      std::uint64_t end, bool vector, float* staged) {
   const std::uint64_t n = end - first;
   const unsigned t = threadIdx.x;
   if (!vector) {
-    for (std::uint64_t i = t; i < n; i += kThreads) staged[i] = in[first + i];
+    for (std::uint64_t i = t; i < n; i += kThreads) staged[i] = staged_value(in, add, first + i);
     return;
   }
   std::uint64_t head = (4 - first % 4) % 4;
   if (head > n) head = n;
-  for (std::uint64_t i = t; i < head; i += kThreads) staged[i] = in[first + i];
+  for (std::uint64_t i = t; i < head; i += kThreads) staged[i] = staged_value(in, add, first + i);
   const std::uint64_t quads = (n - head) / 4;
   const float4* source = reinterpret_cast<const float4*>(in + first + head);
+  const float4* added = add != nullptr ? reinterpret_cast<const float4*>(add + first + head) : nullptr;
   if (head == 0) {
     float4* const target = reinterpret_cast<float4*>(staged);
-    for (std::uint64_t j = t; j < quads; j += kThreads) target[j] = source[j];
+    for (std::uint64_t j = t; j < quads; j += kThreads) target[j] = staged_quad(source, added, j);
   } else {
     for (std::uint64_t j = t; j < quads; j += kThreads) {
-      const float4 quad = source[j];
+      const float4 quad = staged_quad(source, added, j);
       float* const at = staged + head + 4 * j;
       at[0] = quad.x;
       at[1] = quad.y;
@@ -192,7 +215,8 @@ __device__ __forceinline__ void stage(const float* in, std::uint64_t first, std:
       at[3] = quad.w;
     }
   }
-  for (std::uint64_t i = head + 4 * quads + t; i < n; i += kThreads) staged[i] = in[first + i];
+  for (std::uint64_t i = head + 4 * quads + t; i < n; i += kThreads)
+    staged[i] = staged_value(in, add, first + i);
 }
 
 // Group G's word (the warp's ballot) to sign bytes 4G .. 4G+3, those in `mask`: one word store
@@ -233,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) fast_encode_resident_kernel(FastArgs
     const FastSegment segment = fast_segment(s, a.plan.segment_elements, a.count);
     const std::uint64_t staged_end = sign_fast_staged_end(segment, a.count);
     const std::uint64_t buckets = sign_fast_segment_buckets(a.plan, segment, a.bucket);
-    stage(a.in, segment.begin, staged_end, a.vector_values, staged);
+    stage(a.in, a.residual, segment.begin, staged_end, a.vector_values, staged);
     __syncthreads();
     if (lane_sums) {
       for (std::uint64_t p = t; p < buckets * kSignLanes; p += kThreads) {
@@ -252,6 +276,18 @@ __global__ void __launch_bounds__(kThreads) fast_encode_resident_kernel(FastArgs
     }
     const std::uint64_t begin = segment.begin;
     write_sign_bytes(a, segment, begin, staged_end, [begin](std::uint64_t i) { return staged[i - begin]; });
+    if (a.residual != nullptr) {
+      // e = finite_or_zero(c - D): the segment's scales were written by this block (visible
+      // after the barrier); c is staged. Only the segment's own elements: segments of fused
+      // calls end on sign-byte boundaries, so nothing was staged from the next one.
+      __syncthreads();
+      const std::uint64_t first_bucket = s * a.plan.segment_buckets;
+      for (std::uint64_t i = begin + t; i < segment.end; i += kThreads) {
+        const float c = staged[i - begin];
+        const float scale = load_scale(a, first_bucket + (i - begin) / a.bucket);
+        a.residual[i] = finite_or_zero(c - sign_decoded(scale, sign_bit(c)));
+      }
+    }
     __syncthreads();  // `staged` and `lanes` are read before the next segment overwrites them
   }
 }
@@ -268,7 +304,7 @@ __global__ void __launch_bounds__(kThreads) fast_encode_streaming_kernel(FastArg
     for (std::uint64_t first = segment.begin; first < segment.end; first += kFastResidentAligned) {
       const std::uint64_t end =
           segment.end - first < kFastResidentAligned ? segment.end : first + kFastResidentAligned;
-      stage(a.in, first, end, a.vector_values, staged);
+      stage(a.in, nullptr, first, end, a.vector_values, staged);
       __syncthreads();
       // The chunk starts a multiple of 16 elements into the bucket: its lane l is the bucket's.
       if (t < kSignLanes) sum = sign_fast_lane_fold(sum, staged, end - first, t);
@@ -332,9 +368,10 @@ std::size_t num_buckets_for(std::size_t count, std::size_t bucket) {
 std::size_t bit_bytes_for(std::size_t count) { return count / 8 + (count % 8 != 0 ? 1 : 0); }
 
 FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t count,
-                   std::size_t bucket) {
+                   std::size_t bucket, float* residual = nullptr) {
   FastArgs a{};
   a.in = in;
+  a.residual = residual;
   a.out = out;
   a.scales = payload;
   a.bits = reinterpret_cast<unsigned char*>(payload + num_buckets_for(count, bucket) * sizeof(float));
@@ -342,7 +379,8 @@ FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t 
   a.bucket = bucket;
   a.bit_bytes = bit_bytes_for(count);
   a.plan = sign_fast_plan(count, bucket);
-  a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16);
+  a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16) &&
+                    (residual == nullptr || aligned_to(residual, 16));
   a.aligned_scales = aligned_to(payload, 4);
   return a;
 }
@@ -398,6 +436,22 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
       d_in, count, reinterpret_cast<unsigned char*>(d_payload + num_buckets * sizeof(float)),
       bit_bytes);
   check_launch(kOp, count);
+}
+
+bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count,
+                               std::size_t bucket, std::byte* d_payload, void* stream) {
+  if (emulated::active())
+    return emulated::sign_encode_with_feedback(d_grad, d_residual, count, bucket, d_payload, stream);
+  constexpr const char* kOp = "cuda.sign_encode_with_feedback";
+  sign_payload_bytes(count, bucket);  // validates bucket and the size
+  if (!sign_fuses_feedback(count, bucket)) return false;
+  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
+             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  const FastArgs a = fast_args(d_grad, nullptr, d_payload, count, bucket, d_residual);
+  fast_encode_resident_kernel<<<clamp_blocks(a.plan.num_segments), kThreads, 0,
+                                static_cast<cudaStream_t>(stream)>>>(a);
+  check_launch(kOp, count);
+  return true;
 }
 
 void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,

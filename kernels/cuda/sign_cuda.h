@@ -19,6 +19,7 @@
 #include <cstddef>
 
 #include "kernels/cuda/kernel_variant.h"
+#include "kernels/sign_fast_layout.h"
 
 namespace gradzip::kernels::cuda {
 
@@ -43,6 +44,23 @@ std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
                  KernelVariant variant = KernelVariant::fast);
+
+// Whether sign_encode_with_feedback runs for this shape: the fast encoder's segments are staged
+// whole and end on sign-byte boundaries (bucket <= 4096 and its segment a multiple of 8
+// elements, e.g. every power-of-two bucket up to 4096), and count > 0.
+inline bool sign_fuses_feedback(std::size_t count, std::size_t bucket) {
+  if (bucket == 0 || count == 0) return false;
+  const SignFastPlan plan = sign_fast_plan(count, bucket);
+  return plan.resident && plan.segment_elements % 8 == 0;
+}
+
+// Error feedback fused into the fast encode, one pass per segment: with c = d_grad[i] +
+// d_residual[i] (f32 add), writes the payload sign_encode writes for c and sets d_residual[i] =
+// finite_or_zero(c - D(payload)[i]): the bits of error feedback's general path. Returns false,
+// launching nothing, when !sign_fuses_feedback(count, bucket). d_grad and d_residual: `count`
+// floats of device memory, not overlapping each other or the payload. Asynchronous on `stream`.
+bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count,
+                               std::size_t bucket, std::byte* d_payload, void* stream);
 
 // Decodes the payload at d_payload (device memory, sign_payload_bytes() bytes) into d_out
 // (device memory, `count` floats): d_out[i] = bit ? -scale : +scale, or d_out[i] += that when

@@ -533,6 +533,43 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
   });
 }
 
+// The CPU codec's fused encode (compressors/sign.cpp, encode_with_feedback) in one pass over the
+// whole range: c into the residual, the encoder and the overflow rescue over c, then
+// e = finite_or_zero(c - D) block by block; the general path's bits.
+bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count,
+                               std::size_t bucket, std::byte* d_payload, void* stream) {
+  constexpr const char* kOp = "cuda.sign_encode_with_feedback";
+  const std::size_t payload_bytes = sign_payload_bytes(count, bucket);  // validates bucket, size
+  if (!cuda::sign_fuses_feedback(count, bucket)) return false;
+  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
+             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  enqueue(stream, kOp, [d_grad, d_residual, count, bucket, d_payload, payload_bytes] {
+    require_device_range(d_grad, count * sizeof(float), "cuda.sign_encode_with_feedback input");
+    require_device_range(d_residual, count * sizeof(float), "cuda.sign_encode_with_feedback residual");
+    require_device_range(d_payload, payload_bytes, "cuda.sign_encode_with_feedback payload");
+    for (std::size_t i = 0; i < count; ++i) d_residual[i] = d_grad[i] + d_residual[i];
+    auto* const bits =
+        reinterpret_cast<std::uint8_t*>(d_payload + sign_buckets(count, bucket) * sizeof(float));
+    cpu::SignEncoder encoder(bucket, d_payload, bits);
+    encoder.add(d_residual, count);
+    encoder.finish();
+    if (encoder.any_scale_overflowed()) {
+      cpu::sign_rescue_overflowed_scales(
+          count, bucket, d_payload, [d_residual](std::size_t begin, std::size_t) { return d_residual + begin; });
+    }
+    const cpu::SignPayload payload{d_payload, bits, count, bucket};
+    constexpr std::size_t kBlock = 1024;
+    float decoded[kBlock];
+    for (std::size_t begin = 0; begin < count; begin += kBlock) {
+      const std::size_t n = std::min(kBlock, count - begin);
+      cpu::sign_decode(payload, begin, n, decoded);
+      for (std::size_t i = 0; i < n; ++i)
+        d_residual[begin + i] = finite_or_zero(d_residual[begin + i] - decoded[i]);
+    }
+  });
+  return true;
+}
+
 void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
                  bool accumulate, int* d_status, void* stream, KernelVariant /*variant*/) {
   constexpr const char* kOp = "cuda.sign_decode";

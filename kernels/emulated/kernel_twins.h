@@ -96,6 +96,8 @@ std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
                  cuda::KernelVariant variant = cuda::KernelVariant::fast);
+bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count,
+                               std::size_t bucket, std::byte* d_payload, void* stream);
 void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
                  bool accumulate, int* d_status, void* stream,
                  cuda::KernelVariant variant = cuda::KernelVariant::fast);

@@ -23,6 +23,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/ef_cuda.h"
+#include "kernels/cuda/sign_cuda.h"
 #include "gpu_test_support.h"
 
 namespace gradzip {
@@ -176,6 +177,59 @@ TEST_F(CudaEf, CastUpdatesMatchTheCpuCodec) {
           ASSERT_TRUE(same_halves(payload, from_device(h, n))) << "split";
           ASSERT_TRUE(same_bits(cpu.residual(), from_device(split_e.get() + offset, n))) << "split";
         }
+      }
+    }
+  }
+}
+
+// sign_encode_with_feedback gives the CPU ErrorFeedbackCodec's sign payload and residual, step
+// after step, where sign_fuses_feedback allows it (whole staged segments ending on sign-byte
+// boundaries), with the arrays aligned (vector staging) and one element off (element staging),
+// also for a bucket whose sum overflows (the scale's rescue over c); and declines, launching
+// nothing, for the other shapes.
+TEST_F(CudaEf, SignFusedFeedbackMatchesTheCpuOrDeclines) {
+  struct Shape {
+    std::size_t count;
+    std::size_t bucket;
+    bool fuses;
+  };
+  const Shape shapes[] = {{10000, 512, true}, {12288, 64, true}, {5003, 8, true}, {1, 512, true},
+                          {4100, 4096, true}, {9000, 3, false}, {10000, 5000, false}};
+  for (const Shape& shape : shapes) {
+    const std::size_t n = shape.count;
+    EXPECT_EQ(cuda::sign_fuses_feedback(n, shape.bucket), shape.fuses)
+        << n << " elements, bucket " << shape.bucket;
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+      const std::string spec = "sign:bucket=" + std::to_string(shape.bucket);
+      SCOPED_TRACE(spec + ", n = " + std::to_string(n) + ", offset = " + std::to_string(offset));
+      CpuFeedback cpu(spec.c_str());
+      DeviceArray<float> d_g(n + 1), d_e(n + 1);
+      DeviceArray<std::byte> d_payload(cuda::sign_payload_bytes(n, shape.bucket) + 1);
+      if (!shape.fuses) {
+        const std::vector<float> untouched = d_e.download();
+        EXPECT_FALSE(cuda::sign_encode_with_feedback(d_g.get(), d_e.get(), n, shape.bucket,
+                                                     d_payload.get(), nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_TRUE(same_bits(untouched, d_e.download())) << "a declined call wrote the residual";
+        continue;
+      }
+      for (int step = 0; step < kSteps; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        std::vector<float> g = gradient(n, 31 * n + step);
+        if (step == 1 && n > shape.bucket) {
+          // A bucket whose |x| sum overflows f32: the scale is rescued over c.
+          for (std::size_t i = 0; i < shape.bucket; ++i) g[i] = (i % 2 ? -3.0e38f : 3.0e38f);
+        }
+        const std::vector<std::byte> message = cpu.encode(g, static_cast<std::uint32_t>(step));
+        to_device(d_g.get() + offset, g);
+        ASSERT_TRUE(cuda::sign_encode_with_feedback(d_g.get() + offset, d_e.get() + offset, n,
+                                                    shape.bucket, d_payload.get() + offset, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
+        ASSERT_EQ(payload_bytes, cuda::sign_payload_bytes(n, shape.bucket));
+        const std::vector<std::byte> payload = from_device(d_payload.get() + offset, payload_bytes);
+        ASSERT_TRUE(same_bytes(message.data() + kWireHeaderBytes, payload));
+        ASSERT_TRUE(same_bits(cpu.residual(), from_device(d_e.get() + offset, n)));
       }
     }
   }
