@@ -553,12 +553,14 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
 
 std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, ConstTensorView g,
                                                        float* d_residual, std::span<std::byte> out,
-                                                       const EncodeContext& /*ctx*/) {
+                                                       const EncodeContext& ctx) {
   const CompressionSpec& spec = codec.spec();
   const bool bf16 = spec.codec == CodecKind::bf16;
   const bool cast = spec.codec == CodecKind::fp16 || bf16;
   const bool sign = spec.codec == CodecKind::sign && cuda::sign_fuses_feedback(g.count, spec.bucket);
-  if ((!cast && !sign) || g.dtype != DType::f32 || !aligned(g.data, sizeof(float)) ||
+  const bool qsgd =
+      spec.codec == CodecKind::qsgd && cuda::qsgd_fuses_feedback(g.count, spec.bits, spec.bucket);
+  if ((!cast && !sign && !qsgd) || g.dtype != DType::f32 || !aligned(g.data, sizeof(float)) ||
       (cast && !aligned(out.data() + kWireHeaderBytes, 2)))
     return std::nullopt;
   const std::string op = std::string(codec_kind_name(spec.codec)) + ".encode (fused error feedback)";
@@ -568,7 +570,10 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
              out.size(), " bytes, ", capacity, " needed (max_encoded_bytes)");
   const DeviceScope scope(g.device.index, op);
   cuda::require_device_pointer(out.data(), g.device.index, op, "the output message buffer");
-  const WireCodec wire = sign ? WireCodec::sign : bf16 ? WireCodec::bf16 : WireCodec::fp16;
+  const WireCodec wire = sign   ? WireCodec::sign
+                         : qsgd ? WireCodec::qsgd
+                         : bf16 ? WireCodec::bf16
+                                : WireCodec::fp16;
   const std::optional<WireHeader> header = fixed_header(spec, wire, n);
   GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for ", spec.to_string());
   const auto* d_grad = static_cast<const float*>(g.data);
@@ -576,6 +581,11 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
     if (!cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket,
                                          out.data() + kWireHeaderBytes, work_stream()))
       return std::nullopt;  // sign_fuses_feedback said yes above: not reached
+  } else if (qsgd) {
+    const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
+    if (!cuda::qsgd_encode_with_feedback(d_grad, d_residual, n, spec.bits, spec.bucket, params,
+                                         out.data() + kWireHeaderBytes, work_stream()))
+      return std::nullopt;  // qsgd_fuses_feedback said yes above: not reached
   } else {
     cuda::ef_cast_fused(d_grad, d_residual,
                         reinterpret_cast<std::uint16_t*>(out.data() + kWireHeaderBytes), bf16, n,

@@ -45,6 +45,7 @@
 #include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/emulated/emulated_device.h"
 #include "kernels/emulated/kernel_twins.h"
+#include "kernels/nonfinite_math.h"
 #include "kernels/qsgd_fast_layout.h"
 #include "kernels/qsgd_math.h"
 #include "kernels/run_fast_layout.h"
@@ -221,6 +222,9 @@ constexpr unsigned kWarpSize = 32;
 // What every fast kernel of a launch needs.
 struct FastArgs {
   const float* in;            // encode: the values
+  // Fused error feedback (qsgd_encode_with_feedback), else null: the encoded values are
+  // c = in + residual, and each run's residual becomes finite_or_zero(c - D(message)).
+  float* residual;
   float* out;                 // decode: the output
   std::byte* payload;         // encode: written; decode: read
   unsigned char* stream;      // payload + 4 * num_buckets
@@ -362,10 +366,15 @@ __device__ __forceinline__ void load_run_bytes(const unsigned char* stream, std:
 // Encode, resident segments (every bucket of at most kFastResidentAligned elements): one pass,
 // thread t owns run first + t; its values and Philox blocks stay in registers from the maxima
 // to the codes. Phases (qsgd_fast_layout.h): maxima -> scales and constants -> codes.
-template <int kBits>
+// kFused (a.residual set): the values loaded are g + e, and after the codes each thread
+// decodes its run from the codes it packed and writes finite_or_zero(c - D) to the residual;
+// launched only when segments hold whole runs and own whole code bytes (qsgd_fuses_feedback),
+// so no thread reads or writes another thread's elements.
+template <int kBits, bool kFused = false>
 __global__ void __launch_bounds__(kThreads) fast_encode_resident_kernel(FastArgs a) {
   __shared__ std::uint32_t maxima[kQsgdFastMaxSegmentBuckets];
   __shared__ QsgdFastEncodeRecord records[kQsgdFastMaxSegmentBuckets];
+  __shared__ QsgdFastDecodeRecord decode_records[kFused ? kQsgdFastMaxSegmentBuckets : 1];
   __shared__ Philox4x32 published[kThreads];
   const unsigned t = threadIdx.x;
   const unsigned phase = qsgd_fast_phase(a.key);
@@ -387,6 +396,12 @@ __global__ void __launch_bounds__(kThreads) fast_encode_resident_kernel(FastArgs
     QsgdFastRunMax tail{kQsgdFastNoBucket, 0u};
     if (active) {
       fast_device::load_run(a.in, a.count, k, a.vector_values, x);
+      if constexpr (kFused) {
+        float e[kFastRun];
+        fast_device::load_run(a.residual, a.count, k, a.vector_values, e);
+        GZ_FAST_UNROLL
+        for (unsigned r = 0; r < kFastRun; ++r) x[r] = x[r] + e[r];
+      }
       span = fast_run_span(k, segment, a.bucket, one_bucket);
       tail = qsgd_fast_run_maxima(x, span, [](std::uint32_t b, std::uint32_t m) {
         if (m != 0u) atomicMax(maxima + b, m);
@@ -402,17 +417,26 @@ __global__ void __launch_bounds__(kThreads) fast_encode_resident_kernel(FastArgs
       const float scale = qsgd_scale_from_abs_max_bits(maxima[b]);
       store_scale(a, first_bucket + b, scale);
       records[b] = qsgd_fast_encode_record(scale, kBits);
+      if constexpr (kFused) decode_records[b] = qsgd_fast_decode_record(scale, kBits);
     }
     Philox4x32 next = own[0];
     if (active && qsgd_fast_needs_next(phase, span)) next = qsgd_fast_next_block(published, t, pass.runs, a.key, k);
     __syncthreads();
 
-    // 3. Codes.
+    // 3. Codes (and, fused, the residual from the decoded codes).
     if (active) {
       const QsgdFastRunBytes bytes =
           qsgd_fast_run_bytes_at<kBits>(phase, x, own, next, span, segment.end == a.count, records);
       store_run_bytes<kBits>(a.stream, k, bytes);
+      if constexpr (kFused) {
+        float decoded[kFastRun];
+        qsgd_fast_decode_run<kBits>(bytes.word, span, decode_records, decoded);
+        GZ_FAST_UNROLL
+        for (unsigned r = 0; r < kFastRun; ++r) decoded[r] = finite_or_zero(x[r] - decoded[r]);
+        fast_device::store_run_values<false>(a.residual, k, span, decoded, a.vector_values);
+      }
     }
+    if constexpr (kFused) __syncthreads();  // decode_records are read before the next segment
   }
 }
 
@@ -623,9 +647,10 @@ std::size_t code_bytes_for(std::size_t count, int bits) {
 }
 
 FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t count, int bits,
-                   std::size_t bucket, const QsgdFastKey& key) {
+                   std::size_t bucket, const QsgdFastKey& key, float* residual = nullptr) {
   FastArgs a{};
   a.in = in;
+  a.residual = residual;
   a.out = out;
   a.payload = payload;
   a.stream = reinterpret_cast<unsigned char*>(payload + num_buckets_for(count, bucket) * sizeof(float));
@@ -634,7 +659,8 @@ FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t 
   a.code_bytes = code_bytes_for(count, bits);
   a.plan = qsgd_fast_plan(count, bits, bucket);
   a.key = key;
-  a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16);
+  a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16) &&
+                    (residual == nullptr || aligned_to(residual, 16));
   a.aligned_scales = aligned_to(payload, 4);
   return a;
 }
@@ -682,6 +708,28 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
       d_in, count, bits, bucket, params, d_payload,
       reinterpret_cast<unsigned char*>(d_payload + num_buckets * sizeof(float)), code_bytes);
   check_launch(kOp, count);
+}
+
+bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
+                               std::size_t bucket, const QsgdEncodeParams& params,
+                               std::byte* d_payload, void* stream) {
+  if (emulated::active())
+    return emulated::qsgd_encode_with_feedback(d_grad, d_residual, count, bits, bucket, params,
+                                               d_payload, stream);
+  constexpr const char* kOp = "cuda.qsgd_encode_with_feedback";
+  check_shape(kOp, count, bits, bucket);
+  if (!qsgd_fuses_feedback(count, bits, bucket)) return false;
+  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
+             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  const QsgdFastKey key{params.seed, params.step, params.tensor_id, params.element_offset};
+  const FastArgs a = fast_args(d_grad, nullptr, d_payload, count, bits, bucket, key, d_residual);
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_bits(bits, [&](auto width) {
+    fast_encode_resident_kernel<decltype(width)::value, true>
+        <<<clamp_blocks(a.plan.num_segments), kThreads, 0, s>>>(a);
+  });
+  check_launch(kOp, count);
+  return true;
 }
 
 void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,

@@ -21,6 +21,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/kernel_variant.h"
+#include "kernels/qsgd_fast_layout.h"
+#include "kernels/run_fast_layout.h"
 
 namespace gradzip::kernels::cuda {
 
@@ -62,6 +64,24 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
                  const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
                  std::size_t* workspace_bytes, void* stream,
                  KernelVariant variant = KernelVariant::fast);
+
+// Whether qsgd_encode_with_feedback runs for this shape: the fast encoder's segments are
+// resident, hold whole 16-element runs and own whole code bytes (e.g. the default bucket of 512
+// at every bit width), and count > 0.
+inline bool qsgd_fuses_feedback(std::size_t count, int bits, std::size_t bucket) {
+  if (count == 0 || bucket == 0 || bits < 1 || bits > 8 || count > kQsgdCudaMaxCount) return false;
+  const QsgdFastPlan plan = qsgd_fast_plan(count, bits, bucket);
+  return plan.resident && !plan.boundary_bytes && plan.segment_elements % kFastRun == 0;
+}
+
+// Error feedback fused into the fast encode, one pass: with c = d_grad[i] + d_residual[i] (f32
+// add), writes the payload qsgd_encode writes for c under `params` and sets d_residual[i] =
+// finite_or_zero(c - D(payload)[i]): the bits of error feedback's general path. Returns false,
+// launching nothing, when !qsgd_fuses_feedback(count, bits, bucket). d_grad and d_residual:
+// `count` floats of device memory, not overlapping each other or the payload. Asynchronous.
+bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
+                               std::size_t bucket, const QsgdEncodeParams& params,
+                               std::byte* d_payload, void* stream);
 
 // Decodes the payload at d_payload (device memory, qsgd_payload_bytes() bytes) into d_out
 // (device memory, `count` floats): d_out[i] = value, or d_out[i] += value when `accumulate`.

@@ -413,6 +413,32 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
   });
 }
 
+// Error feedback's general path on the host (compressors/qsgd.cpp's fused encode gives the same
+// bits): c into the residual, the encode of c, then e = finite_or_zero(c - D) block by block.
+bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
+                               std::size_t bucket, const cuda::QsgdEncodeParams& params,
+                               std::byte* d_payload, void* stream) {
+  constexpr const char* kOp = "cuda.qsgd_encode_with_feedback";
+  check_qsgd_shape(kOp, count, bits, bucket);
+  if (!cuda::qsgd_fuses_feedback(count, bits, bucket)) return false;
+  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
+             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
+  const EncodeContext ctx{params.seed, params.step, params.tensor_id, params.element_offset};
+  enqueue(stream, kOp, [d_grad, d_residual, count, bits, bucket, ctx, d_payload, payload_bytes] {
+    require_device_range(d_grad, count * sizeof(float), "cuda.qsgd_encode_with_feedback input");
+    require_device_range(d_residual, count * sizeof(float), "cuda.qsgd_encode_with_feedback residual");
+    require_device_range(d_payload, payload_bytes, "cuda.qsgd_encode_with_feedback payload");
+    for (std::size_t i = 0; i < count; ++i) d_residual[i] = d_grad[i] + d_residual[i];
+    cpu::qsgd_encode_payload(f32_view(d_residual, count), bits, bucket, ctx, d_payload);
+    std::vector<float> decoded(count);
+    cpu::qsgd_decode_payload(d_payload, count, bits, bucket, f32_view(decoded.data(), count));
+    for (std::size_t i = 0; i < count; ++i)
+      d_residual[i] = finite_or_zero(d_residual[i] - decoded[i]);
+  });
+  return true;
+}
+
 void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
                  float* d_out, bool accumulate, int* d_status, void* stream,
                  KernelVariant /*variant*/) {

@@ -76,6 +76,9 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
                  const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
                  std::size_t* workspace_bytes, void* stream,
                  cuda::KernelVariant variant = cuda::KernelVariant::fast);
+bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
+                               std::size_t bucket, const cuda::QsgdEncodeParams& params,
+                               std::byte* d_payload, void* stream);
 void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
                  float* d_out, bool accumulate, int* d_status, void* stream,
                  cuda::KernelVariant variant = cuda::KernelVariant::fast);

@@ -23,6 +23,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/ef_cuda.h"
+#include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/cuda/sign_cuda.h"
 #include "gpu_test_support.h"
 
@@ -227,6 +228,60 @@ TEST_F(CudaEf, SignFusedFeedbackMatchesTheCpuOrDeclines) {
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
         ASSERT_EQ(payload_bytes, cuda::sign_payload_bytes(n, shape.bucket));
+        const std::vector<std::byte> payload = from_device(d_payload.get() + offset, payload_bytes);
+        ASSERT_TRUE(same_bytes(message.data() + kWireHeaderBytes, payload));
+        ASSERT_TRUE(same_bits(cpu.residual(), from_device(d_e.get() + offset, n)));
+      }
+    }
+  }
+}
+
+// qsgd_encode_with_feedback gives the CPU ErrorFeedbackCodec's qsgd payload and residual, step
+// after step (the random stream keyed by the step), where qsgd_fuses_feedback allows it
+// (resident segments of whole runs owning whole code bytes), aligned and one element off; and
+// declines, launching nothing, for the other shapes.
+TEST_F(CudaEf, QsgdFusedFeedbackMatchesTheCpuOrDeclines) {
+  struct Shape {
+    std::size_t count;
+    int bits;
+    std::size_t bucket;
+    bool fuses;
+  };
+  const Shape shapes[] = {{10000, 4, 512, true},  {12288, 8, 64, true},   {4099, 2, 512, true},
+                          {1, 4, 512, true},      {3001, 3, 1001, false}, {10000, 4, 9000, false}};
+  for (const Shape& shape : shapes) {
+    const std::size_t n = shape.count;
+    EXPECT_EQ(cuda::qsgd_fuses_feedback(n, shape.bits, shape.bucket), shape.fuses)
+        << n << " elements, bits " << shape.bits << ", bucket " << shape.bucket;
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+      const std::string spec =
+          "qsgd:bits=" + std::to_string(shape.bits) + ",bucket=" + std::to_string(shape.bucket);
+      SCOPED_TRACE(spec + ", n = " + std::to_string(n) + ", offset = " + std::to_string(offset));
+      CpuFeedback cpu(spec.c_str());
+      DeviceArray<float> d_g(n + 1), d_e(n + 1);
+      DeviceArray<std::byte> d_payload(cuda::qsgd_payload_bytes(n, shape.bits, shape.bucket) + 1);
+      if (!shape.fuses) {
+        const std::vector<float> untouched = d_e.download();
+        EXPECT_FALSE(cuda::qsgd_encode_with_feedback(d_g.get(), d_e.get(), n, shape.bits,
+                                                     shape.bucket, cuda::QsgdEncodeParams{},
+                                                     d_payload.get(), nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_TRUE(same_bits(untouched, d_e.download())) << "a declined call wrote the residual";
+        continue;
+      }
+      for (int step = 0; step < kSteps; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        const std::vector<float> g = gradient(n, 37 * n + step);
+        const std::vector<std::byte> message = cpu.encode(g, static_cast<std::uint32_t>(step));
+        to_device(d_g.get() + offset, g);
+        // CpuFeedback encodes with EncodeContext{3, step, 0, 0}.
+        const cuda::QsgdEncodeParams params{3, static_cast<std::uint32_t>(step), 0, 0};
+        ASSERT_TRUE(cuda::qsgd_encode_with_feedback(d_g.get() + offset, d_e.get() + offset, n,
+                                                    shape.bits, shape.bucket, params,
+                                                    d_payload.get() + offset, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::size_t payload_bytes = message.size() - kWireHeaderBytes;
+        ASSERT_EQ(payload_bytes, cuda::qsgd_payload_bytes(n, shape.bits, shape.bucket));
         const std::vector<std::byte> payload = from_device(d_payload.get() + offset, payload_bytes);
         ASSERT_TRUE(same_bytes(message.data() + kWireHeaderBytes, payload));
         ASSERT_TRUE(same_bits(cpu.residual(), from_device(d_e.get() + offset, n)));

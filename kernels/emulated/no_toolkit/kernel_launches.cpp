@@ -64,6 +64,12 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
   emulated::qsgd_encode(d_in, count, bits, bucket, params, d_payload, d_workspace,
                         workspace_bytes, stream, variant);
 }
+bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
+                               std::size_t bucket, const QsgdEncodeParams& params,
+                               std::byte* d_payload, void* stream) {
+  return emulated::qsgd_encode_with_feedback(d_grad, d_residual, count, bits, bucket, params,
+                                             d_payload, stream);
+}
 void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
                  float* d_out, bool accumulate, int* d_status, void* stream,
                  KernelVariant variant) {
