@@ -29,8 +29,9 @@
 //   ranks_per_node=L     hierarchical all-reduce: L consecutive ranks form a node; 0 = detect
 //                        nodes from shared memory [0]
 //   nonfinite=propagate|error|skip  what a collective does when any rank's input holds a NaN
-//                        or Inf (every rank counts its own before the call check, and all
-//                        ranks decide together) [propagate]:
+//                        or Inf (every rank counts its own before the call check, or on the
+//                        device during a stream-ordered call on a CUDA tensor, which is then
+//                        undone and run again; all ranks decide together) [propagate]:
 //                          propagate: reduced uncompressed (the transport's sum; the ring
 //                                     without a codec for reduce-scatter / all-gather), error
 //                                     feedback neither added nor updated: the NaN / Inf land
