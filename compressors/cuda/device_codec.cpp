@@ -127,6 +127,16 @@ WireHeader encode_sign(const CompressionSpec& spec, const float* d_in, std::size
   return WireHeader{WireCodec::sign, 0, 1, n, payload, spec.bucket};
 }
 
+// A terngrad payload from the qsgd payload of its 2-bit codes: the scales as they are, the codes
+// repacked as trit bytes.
+void terngrad_payload_from_qsgd(const std::byte* d_qsgd, std::size_t n,
+                                const kernels::TerngradLayout& layout, std::byte* d_payload,
+                                const std::string& op) {
+  if (layout.scale_bytes > 0) copy_on_device(d_payload, d_qsgd, layout.scale_bytes, op);
+  cuda::terngrad_trits_from_codes(d_qsgd + layout.scale_bytes, n, d_payload + layout.scale_bytes,
+                                  work_stream());
+}
+
 // qsgd's 2-bit codes (drawn into a qsgd payload in scratch), repacked as trit bytes.
 WireHeader encode_terngrad(const CompressionSpec& spec, const float* d_in, std::size_t n,
                            const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
@@ -135,16 +145,13 @@ WireHeader encode_terngrad(const CompressionSpec& spec, const float* d_in, std::
              n, " elements exceed the ", kernels::kTerngradMaxCount,
              " a terngrad message can hold");
   const kernels::TerngradLayout layout = kernels::terngrad_layout(n, spec.bucket);
-  const std::size_t scale_bytes = layout.scale_bytes;
   const std::size_t payload = layout.payload_bytes();
   const std::size_t qsgd_bytes = cuda::qsgd_payload_bytes(n, bits, spec.bucket);
   DeviceScratch qsgd(qsgd_bytes, op);
   const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
   cuda::qsgd_encode(d_in, n, bits, spec.bucket, params, qsgd.as<std::byte>(), nullptr, nullptr,
                     work_stream());
-  if (scale_bytes > 0) copy_on_device(d_payload, qsgd.as<std::byte>(), scale_bytes, op);
-  cuda::terngrad_trits_from_codes(qsgd.as<std::byte>() + scale_bytes, n, d_payload + scale_bytes,
-                                  work_stream());
+  terngrad_payload_from_qsgd(qsgd.as<std::byte>(), n, layout, d_payload, op);
   return WireHeader{WireCodec::terngrad, 0, 0, n, payload, spec.bucket};
 }
 
@@ -560,7 +567,12 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
   const bool sign = spec.codec == CodecKind::sign && cuda::sign_fuses_feedback(g.count, spec.bucket);
   const bool qsgd =
       spec.codec == CodecKind::qsgd && cuda::qsgd_fuses_feedback(g.count, spec.bits, spec.bucket);
-  if ((!cast && !sign && !qsgd) || g.dtype != DType::f32 || !aligned(g.data, sizeof(float)) ||
+  // terngrad's codes are qsgd's 2-bit codes (decoding to the same values), repacked.
+  const bool terngrad = spec.codec == CodecKind::terngrad &&
+                        kernels::terngrad_layout_fits(g.count, spec.bucket) &&
+                        cuda::qsgd_fuses_feedback(g.count, kernels::kTerngradCodeBits, spec.bucket);
+  if ((!cast && !sign && !qsgd && !terngrad) || g.dtype != DType::f32 ||
+      !aligned(g.data, sizeof(float)) ||
       (cast && !aligned(out.data() + kWireHeaderBytes, 2)))
     return std::nullopt;
   const std::string op = std::string(codec_kind_name(spec.codec)) + ".encode (fused error feedback)";
@@ -570,8 +582,9 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
              out.size(), " bytes, ", capacity, " needed (max_encoded_bytes)");
   const DeviceScope scope(g.device.index, op);
   cuda::require_device_pointer(out.data(), g.device.index, op, "the output message buffer");
-  const WireCodec wire = sign   ? WireCodec::sign
-                         : qsgd ? WireCodec::qsgd
+  const WireCodec wire = sign       ? WireCodec::sign
+                         : qsgd     ? WireCodec::qsgd
+                         : terngrad ? WireCodec::terngrad
                          : bf16 ? WireCodec::bf16
                                 : WireCodec::fp16;
   const std::optional<WireHeader> header = fixed_header(spec, wire, n);
@@ -586,6 +599,15 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
     if (!cuda::qsgd_encode_with_feedback(d_grad, d_residual, n, spec.bits, spec.bucket, params,
                                          out.data() + kWireHeaderBytes, work_stream()))
       return std::nullopt;  // qsgd_fuses_feedback said yes above: not reached
+  } else if (terngrad) {
+    const int bits = kernels::kTerngradCodeBits;
+    DeviceScratch codes(cuda::qsgd_payload_bytes(n, bits, spec.bucket), op);
+    const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
+    if (!cuda::qsgd_encode_with_feedback(d_grad, d_residual, n, bits, spec.bucket, params,
+                                         codes.as<std::byte>(), work_stream()))
+      return std::nullopt;  // qsgd_fuses_feedback said yes above: not reached
+    terngrad_payload_from_qsgd(codes.as<std::byte>(), n, kernels::terngrad_layout(n, spec.bucket),
+                               out.data() + kWireHeaderBytes, op);
   } else {
     cuda::ef_cast_fused(d_grad, d_residual,
                         reinterpret_cast<std::uint16_t*>(out.data() + kWireHeaderBytes), bf16, n,
