@@ -537,6 +537,22 @@ std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
   return buckets * sizeof(float) + sign_bit_bytes(count);
 }
 
+// compressors/sign.cpp's encode of `count` f32 values at `in` into the payload (the overflow
+// rescue included); returns where its sign bits start.
+static std::uint8_t* encode_sign_payload(const float* in, std::size_t count, std::size_t bucket,
+                                         std::byte* d_payload) {
+  auto* const bits =
+      reinterpret_cast<std::uint8_t*>(d_payload + sign_buckets(count, bucket) * sizeof(float));
+  cpu::SignEncoder encoder(bucket, d_payload, bits);
+  encoder.add(in, count);
+  encoder.finish();
+  if (encoder.any_scale_overflowed()) {
+    cpu::sign_rescue_overflowed_scales(
+        count, bucket, d_payload, [in](std::size_t begin, std::size_t) { return in + begin; });
+  }
+  return bits;
+}
+
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
                  KernelVariant /*variant*/) {
@@ -547,15 +563,7 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
   enqueue(stream, kOp, [d_in, count, bucket, d_payload, payload_bytes] {
     require_device_range(d_in, count * sizeof(float), "cuda.sign_encode input");
     require_device_range(d_payload, payload_bytes, "cuda.sign_encode payload");
-    // compressors/sign.cpp's encode of an f32 tensor.
-    auto* const bits =
-        reinterpret_cast<std::uint8_t*>(d_payload + sign_buckets(count, bucket) * sizeof(float));
-    cpu::SignEncoder encoder(bucket, d_payload, bits);
-    encoder.add(d_in, count);
-    encoder.finish();
-    if (!encoder.any_scale_overflowed()) return;
-    cpu::sign_rescue_overflowed_scales(
-        count, bucket, d_payload, [d_in](std::size_t begin, std::size_t) { return d_in + begin; });
+    encode_sign_payload(d_in, count, bucket, d_payload);
   });
 }
 
@@ -574,15 +582,7 @@ bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size
     require_device_range(d_residual, count * sizeof(float), "cuda.sign_encode_with_feedback residual");
     require_device_range(d_payload, payload_bytes, "cuda.sign_encode_with_feedback payload");
     for (std::size_t i = 0; i < count; ++i) d_residual[i] = d_grad[i] + d_residual[i];
-    auto* const bits =
-        reinterpret_cast<std::uint8_t*>(d_payload + sign_buckets(count, bucket) * sizeof(float));
-    cpu::SignEncoder encoder(bucket, d_payload, bits);
-    encoder.add(d_residual, count);
-    encoder.finish();
-    if (encoder.any_scale_overflowed()) {
-      cpu::sign_rescue_overflowed_scales(
-          count, bucket, d_payload, [d_residual](std::size_t begin, std::size_t) { return d_residual + begin; });
-    }
+    const std::uint8_t* const bits = encode_sign_payload(d_residual, count, bucket, d_payload);
     const cpu::SignPayload payload{d_payload, bits, count, bucket};
     constexpr std::size_t kBlock = 1024;
     float decoded[kBlock];

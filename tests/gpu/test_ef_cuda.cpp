@@ -183,6 +183,15 @@ TEST_F(CudaEf, CastUpdatesMatchTheCpuCodec) {
   }
 }
 
+// A fused encode that declines: it returns false and leaves the residual as it was.
+template <typename Call>
+void expect_declined(const DeviceArray<float>& d_e, Call&& call) {
+  const std::vector<float> untouched = d_e.download();
+  EXPECT_FALSE(call());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(same_bits(untouched, d_e.download())) << "a declined call wrote the residual";
+}
+
 // sign_encode_with_feedback gives the CPU ErrorFeedbackCodec's sign payload and residual, step
 // after step, where sign_fuses_feedback allows it (whole staged segments ending on sign-byte
 // boundaries), with the arrays aligned (vector staging) and one element off (element staging),
@@ -207,11 +216,10 @@ TEST_F(CudaEf, SignFusedFeedbackMatchesTheCpuOrDeclines) {
       DeviceArray<float> d_g(n + 1), d_e(n + 1);
       DeviceArray<std::byte> d_payload(cuda::sign_payload_bytes(n, shape.bucket) + 1);
       if (!shape.fuses) {
-        const std::vector<float> untouched = d_e.download();
-        EXPECT_FALSE(cuda::sign_encode_with_feedback(d_g.get(), d_e.get(), n, shape.bucket,
-                                                     d_payload.get(), nullptr));
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_TRUE(same_bits(untouched, d_e.download())) << "a declined call wrote the residual";
+        expect_declined(d_e, [&] {
+          return cuda::sign_encode_with_feedback(d_g.get(), d_e.get(), n, shape.bucket,
+                                                 d_payload.get(), nullptr);
+        });
         continue;
       }
       for (int step = 0; step < kSteps; ++step) {
@@ -261,12 +269,10 @@ TEST_F(CudaEf, QsgdFusedFeedbackMatchesTheCpuOrDeclines) {
       DeviceArray<float> d_g(n + 1), d_e(n + 1);
       DeviceArray<std::byte> d_payload(cuda::qsgd_payload_bytes(n, shape.bits, shape.bucket) + 1);
       if (!shape.fuses) {
-        const std::vector<float> untouched = d_e.download();
-        EXPECT_FALSE(cuda::qsgd_encode_with_feedback(d_g.get(), d_e.get(), n, shape.bits,
-                                                     shape.bucket, cuda::QsgdEncodeParams{},
-                                                     d_payload.get(), nullptr));
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_TRUE(same_bits(untouched, d_e.download())) << "a declined call wrote the residual";
+        expect_declined(d_e, [&] {
+          return cuda::qsgd_encode_with_feedback(d_g.get(), d_e.get(), n, shape.bits, shape.bucket,
+                                                 cuda::QsgdEncodeParams{}, d_payload.get(), nullptr);
+        });
         continue;
       }
       for (int step = 0; step < kSteps; ++step) {
