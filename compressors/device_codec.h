@@ -45,7 +45,10 @@ void device_decode_own(const Codec& codec, std::span<const std::byte> in, Tensor
 // Error feedback fused into the encode, for codecs whose device encode can produce the message
 // and the new residual in one pass over g and e (fp16 and bf16: kernels/cuda/ef_cuda.h,
 // ef_cast_fused; sign, qsgd and terngrad (qsgd's 2-bit codes) when the fast encoders' segments
-// allow it: sign_encode_with_feedback, qsgd_encode_with_feedback in kernels/cuda/): writes into `out` the message `codec` writes for c = g + e and sets
+// allow it: sign_encode_with_feedback, qsgd_encode_with_feedback in kernels/cuda/), or in
+// place (top-k and random-k: c = g + e formed in the residual's memory, encoded from there, and
+// the residual updated at the message's entries only, with a finite_or_zero sweep only when
+// some c was not finite): writes into `out` the message `codec` writes for c = g + e and sets
 // e = finite_or_zero(c - D(message)), the bits of the general path (c, encode, decode, update)
 // and of the host's fused encode. g: f32 on its device; d_residual: g.count floats there.
 // nullopt, with nothing queued, for the other codecs and shapes (and an f16 / bf16 g or a cast

@@ -159,20 +159,34 @@ std::string describe_topk_entries(int /*status*/) {
   return "the device selected another number of entries than k (exact top-k selects k)";
 }
 
-WireHeader encode_topk(const CompressionSpec& spec, const float* d_in, std::size_t n,
-                       const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
+// Top-k's device scratch: a 256-byte slot (the selected entry count, and the non-finite flag of
+// the in-place error feedback) in front of the selection workspace. The slot keeps the pool's
+// 256-byte alignment for the workspace (topk_select needs it), and the scratch is never empty.
+constexpr std::size_t kTopkSlotBytes = 256;
+
+std::size_t topk_scratch_bytes(const CompressionSpec& spec, std::size_t n, const EncodeContext& ctx) {
+  const cuda::TopkCudaOptions options{spec.approx, spec.values == DType::f16, ctx.seed, ctx.step,
+                                      ctx.tensor_id};
+  return kTopkSlotBytes + cuda::topk_workspace_bytes(n, spec.k_for(n), options);
+}
+
+// The non-finite flag in top-k's scratch slot (after the 8-byte entry count).
+int* topk_flag_slot(const DeviceScratch& scratch) {
+  return reinterpret_cast<int*>(scratch.as<std::byte>() + sizeof(std::uint64_t));
+}
+
+// encode_topk with its scratch (topk_scratch_bytes) allocated by the caller.
+WireHeader encode_topk_into(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                            const EncodeContext& ctx, std::byte* d_payload,
+                            const DeviceScratch& scratch, const std::string& op) {
   const std::size_t k = spec.k_for(n);
   const bool wide = n > kTopkMaxNarrowCount;
   const bool half = spec.values == DType::f16;
   const cuda::TopkCudaOptions options{spec.approx, half, ctx.seed, ctx.step, ctx.tensor_id};
   std::size_t workspace_bytes = cuda::topk_workspace_bytes(n, k, options);
-  // The entry count sits in front of the workspace, which keeps the pool's 256-byte
-  // alignment (topk_select needs it), and the allocation is never empty.
-  constexpr std::size_t kEntriesSlot = 256;
-  DeviceScratch scratch(kEntriesSlot + workspace_bytes, op);
   auto* const d_entries = scratch.as<std::uint64_t>();
   cuda::topk_select(d_in, n, k, options, d_payload, d_entries,
-                    scratch.as<std::byte>() + kEntriesSlot, &workspace_bytes, work_stream());
+                    scratch.as<std::byte>() + kTopkSlotBytes, &workspace_bytes, work_stream());
   std::uint64_t entries = 0;
   if (!spec.approx && cuda::stream_ordered()) {
     // Exact top-k selects k entries: the header says k, and the device checks that it did
@@ -196,6 +210,12 @@ WireHeader encode_topk(const CompressionSpec& spec, const float* d_in, std::size
   const std::size_t entry_bytes = (wide ? 8 : 4) + (half ? 2 : 4);
   return WireHeader{WireCodec::topk, flags, static_cast<std::uint8_t>(spec.approx ? 1 : 0), n,
                     entries * entry_bytes, entries};
+}
+
+WireHeader encode_topk(const CompressionSpec& spec, const float* d_in, std::size_t n,
+                       const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
+  const DeviceScratch scratch(topk_scratch_bytes(spec, n, ctx), op);
+  return encode_topk_into(spec, d_in, n, ctx, d_payload, scratch, op);
 }
 
 WireHeader encode_randk(const CompressionSpec& spec, const float* d_in, std::size_t n,
@@ -558,10 +578,51 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
   return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
 }
 
+namespace {
+
+// Error feedback for top-k and random-k in place, as the host's ErrorFeedbackCodec::encode_in_place
+// does for top-k: e = g + e (flagging a non-finite sum), encode from e, then e -= D(message) at the
+// message's entries only (D is +0.0 elsewhere) and, only when the sum was not finite everywhere,
+// a finite_or_zero sweep: the message and residual bits of the general path (compensate into
+// scratch, encode, decode, update), with three streams over the chunk instead of eight and no
+// chunk-sized scratch. Everything that can fail for want of memory is allocated before the
+// residual changes.
+std::size_t encode_sparse_with_feedback(const Codec& codec, const float* d_grad, std::size_t n,
+                                        float* d_residual, std::span<std::byte> out,
+                                        const EncodeContext& ctx, const std::string& op) {
+  const CompressionSpec& spec = codec.spec();
+  const bool half = spec.values == DType::f16;
+  std::byte* const d_payload = out.data() + kWireHeaderBytes;
+  const bool topk = spec.codec == CodecKind::topk;
+  const DeviceScratch scratch(topk ? topk_scratch_bytes(spec, n, ctx) : sizeof(int), op);
+  int* const d_flag = topk ? topk_flag_slot(scratch) : scratch.as<int>();
+  check_runtime(cudaMemsetAsync(d_flag, 0, sizeof(int), static_cast<cudaStream_t>(work_stream())),
+                op, "clearing the non-finite flag");
+  cuda::ef_compensate_flagging(d_grad, d_residual, d_residual, n, d_flag, work_stream());
+  WireHeader header;
+  if (topk) {
+    header = encode_topk_into(spec, d_residual, n, ctx, d_payload, scratch, op);
+    cuda::sparse_subtract_own(d_payload, entry_count_of(header), has_wide_indices(header), half, n,
+                              d_residual, work_stream());
+  } else {
+    header = encode_randk(spec, d_residual, n, ctx, d_payload, op);
+    cuda::randk_subtract_own(d_payload + kernels::kRandkKeyBytes, entry_count_of(header), half,
+                             kernels::cpu::randk_key(ctx), n, d_residual, work_stream());
+  }
+  cuda::ef_zero_nonfinite_if_flagged(d_residual, n, d_flag, work_stream());
+  const std::array<std::byte, kWireHeaderBytes> header_bytes = header_bytes_of(header);
+  cuda::write_small_bytes(out.data(), header_bytes.data(), header_bytes.size(), work_stream());
+  finish(op);
+  return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
+}
+
+}  // namespace
+
 std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, ConstTensorView g,
                                                        float* d_residual, std::span<std::byte> out,
                                                        const EncodeContext& ctx) {
   const CompressionSpec& spec = codec.spec();
+  const bool sparse = spec.codec == CodecKind::topk || spec.codec == CodecKind::randk;
   const bool bf16 = spec.codec == CodecKind::bf16;
   const bool cast = spec.codec == CodecKind::fp16 || bf16;
   const bool sign = spec.codec == CodecKind::sign && cuda::sign_fuses_feedback(g.count, spec.bucket);
@@ -571,7 +632,7 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
   const bool terngrad = spec.codec == CodecKind::terngrad &&
                         kernels::terngrad_layout_fits(g.count, spec.bucket) &&
                         cuda::qsgd_fuses_feedback(g.count, kernels::kTerngradCodeBits, spec.bucket);
-  if ((!cast && !sign && !qsgd && !terngrad) || g.dtype != DType::f32 ||
+  if ((!cast && !sign && !qsgd && !terngrad && !sparse) || g.dtype != DType::f32 ||
       !aligned(g.data, sizeof(float)) ||
       (cast && !aligned(out.data() + kWireHeaderBytes, 2)))
     return std::nullopt;
@@ -582,6 +643,8 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
              out.size(), " bytes, ", capacity, " needed (max_encoded_bytes)");
   const DeviceScope scope(g.device.index, op);
   cuda::require_device_pointer(out.data(), g.device.index, op, "the output message buffer");
+  const auto* d_grad = static_cast<const float*>(g.data);
+  if (sparse) return encode_sparse_with_feedback(codec, d_grad, n, d_residual, out, ctx, op);
   const WireCodec wire = sign       ? WireCodec::sign
                          : qsgd     ? WireCodec::qsgd
                          : terngrad ? WireCodec::terngrad
@@ -589,7 +652,6 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
                                 : WireCodec::fp16;
   const std::optional<WireHeader> header = fixed_header(spec, wire, n);
   GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for ", spec.to_string());
-  const auto* d_grad = static_cast<const float*>(g.data);
   if (sign) {
     if (!cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket,
                                          out.data() + kWireHeaderBytes, work_stream()))

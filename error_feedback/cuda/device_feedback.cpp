@@ -30,7 +30,8 @@ std::size_t device_feedback_encode(const Codec& codec, ConstTensorView chunk,
   if (count > 0) cuda::require_device_pointer(chunk.data, chunk.device.index, op, "the input tensor");
   if (!decoded.empty()) cuda::require_device_pointer(decoded.data(), chunk.device.index, op, "the decoded output");
 
-  // The casts fuse it all into one pass (compressors/device_codec.h).
+  // Casts, sign, qsgd and terngrad fuse it into one pass, top-k and random-k update in place
+  // (compressors/device_codec.h); the other codecs and shapes take the four passes below.
   if (decoded.empty() && count > 0) {
     if (const std::optional<std::size_t> bytes =
             compressors::device_encode_with_feedback(codec, chunk, d_residual, out, ctx))

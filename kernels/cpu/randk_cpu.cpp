@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cpu {
 namespace {
@@ -133,6 +134,19 @@ void randk_scatter_add(const std::byte* values, DType value_dtype, std::uint64_t
                          float widened[kIndexBatch];
                          load_values(values, value_dtype, first, count, widened);
                          for (std::size_t i = 0; i < count; ++i) acc[batch[i]] += widened[i];
+                       });
+}
+
+void randk_subtract_from(const std::byte* values, DType value_dtype, std::uint64_t k,
+                         const RandkKey& key, float* residual, std::uint64_t n) noexcept {
+  for_each_index_batch(n, k, key,
+                       [&](std::uint64_t first, std::size_t count, const std::uint64_t* batch) {
+                         float widened[kIndexBatch];
+                         load_values(values, value_dtype, first, count, widened);
+                         for (std::size_t i = 0; i < count; ++i) {
+                           float& e = residual[batch[i]];
+                           e = finite_or_zero(e - widened[i]);
+                         }
                        });
 }
 

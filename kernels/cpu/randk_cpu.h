@@ -52,6 +52,13 @@ void randk_scatter(const std::byte* values, DType value_dtype, std::uint64_t k, 
 void randk_scatter_add(const std::byte* values, DType value_dtype, std::uint64_t k,
                        const RandkKey& key, float* acc, std::uint64_t n) noexcept;
 
+// residual[index_j] = finite_or_zero(residual[index_j] - value j) for j < k, the other elements
+// untouched: error feedback's e = finite_or_zero(c - D(message)) at the kept elements, where D
+// is the decode above (+0.0 elsewhere). The device codec's in-place residual update
+// (kernels/cuda/randk_cuda.h: randk_subtract_own) runs this on the emulated device.
+void randk_subtract_from(const std::byte* values, DType value_dtype, std::uint64_t k,
+                         const RandkKey& key, float* residual, std::uint64_t n) noexcept;
+
 // ---- internal: the vector path of the index draw -------------------------------------------
 namespace avx512 {
 // words[i] = randk_word(key, first + i) for i < count, 8 Philox blocks per AVX-512 vector.

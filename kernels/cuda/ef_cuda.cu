@@ -48,6 +48,45 @@ __global__ void combine_kernel(const float* a, const float* b, float* out, std::
     out[i] = combine<Sub>(a[i], b[i]);
 }
 
+__device__ __forceinline__ bool non_finite(float value) {
+  return f32_bits_nonfinite(float_bits(value));
+}
+
+// out = a + b, and *flag = 1 when some sum is not finite (one atomic per thread that saw one).
+template <bool Vector>
+__global__ void compensate_flagging_kernel(const float* a, const float* b, float* out,
+                                           std::size_t count, int* flag) {
+  bool any_non_finite = false;
+  std::size_t scalar_begin = 0;
+  if constexpr (Vector) {
+    const std::size_t groups = count / 4;
+    const auto* a4 = reinterpret_cast<const float4*>(a);
+    const auto* b4 = reinterpret_cast<const float4*>(b);
+    auto* out4 = reinterpret_cast<float4*>(out);
+    for (std::size_t v = global_thread(); v < groups; v += grid_threads()) {
+      const float4 x = a4[v];
+      const float4 y = b4[v];
+      const float4 sum = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+      any_non_finite |= non_finite(sum.x) || non_finite(sum.y) || non_finite(sum.z) ||
+                        non_finite(sum.w);
+      out4[v] = sum;
+    }
+    scalar_begin = groups * 4;
+  }
+  for (std::size_t i = scalar_begin + global_thread(); i < count; i += grid_threads()) {
+    const float sum = a[i] + b[i];
+    any_non_finite |= non_finite(sum);
+    out[i] = sum;
+  }
+  if (any_non_finite) atomicOr(flag, 1);
+}
+
+__global__ void zero_nonfinite_if_flagged_kernel(float* data, std::size_t count, const int* flag) {
+  if (*flag == 0) return;
+  for (std::size_t i = global_thread(); i < count; i += grid_threads())
+    data[i] = finite_or_zero(data[i]);
+}
+
 template <bool Bf16, bool Vector>
 __global__ void cast_fused_kernel(const float* g, float* e, std::uint16_t* half_out,
                                   std::size_t count) {
@@ -113,6 +152,35 @@ void ef_update(const float* d_compensated, const float* d_decoded, float* d_resi
   if (emulated::active())
     return emulated::ef_update(d_compensated, d_decoded, d_residual, count, stream);
   launch_combine<true>("cuda.ef_update", d_compensated, d_decoded, d_residual, count, stream);
+}
+
+void ef_compensate_flagging(const float* d_grad, const float* d_residual, float* d_out,
+                            std::size_t count, int* d_flag, void* stream) {
+  if (emulated::active())
+    return emulated::ef_compensate_flagging(d_grad, d_residual, d_out, count, d_flag, stream);
+  if (count == 0) return;
+  GZ_REQUIRE(d_flag != nullptr, ErrorCode::invalid_argument, "cuda.ef_compensate_flagging: null flag");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (aligned_to(d_grad, 16) && aligned_to(d_residual, 16) && aligned_to(d_out, 16) && count >= 4) {
+    compensate_flagging_kernel<true><<<grid_for(count / 4), kThreads, 0, cuda_stream>>>(
+        d_grad, d_residual, d_out, count, d_flag);
+  } else {
+    compensate_flagging_kernel<false><<<grid_for(count), kThreads, 0, cuda_stream>>>(
+        d_grad, d_residual, d_out, count, d_flag);
+  }
+  check_launch("cuda.ef_compensate_flagging", count);
+}
+
+void ef_zero_nonfinite_if_flagged(float* d_residual, std::size_t count, const int* d_flag,
+                                  void* stream) {
+  if (emulated::active())
+    return emulated::ef_zero_nonfinite_if_flagged(d_residual, count, d_flag, stream);
+  if (count == 0) return;
+  GZ_REQUIRE(d_flag != nullptr, ErrorCode::invalid_argument,
+             "cuda.ef_zero_nonfinite_if_flagged: null flag");
+  zero_nonfinite_if_flagged_kernel<<<grid_for(count), kThreads, 0,
+                                     static_cast<cudaStream_t>(stream)>>>(d_residual, count, d_flag);
+  check_launch("cuda.ef_zero_nonfinite_if_flagged", count);
 }
 
 void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half_out, bool bf16,

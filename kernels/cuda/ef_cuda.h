@@ -34,6 +34,19 @@ void ef_compensate(const float* d_grad, const float* d_residual, float* d_out, s
 void ef_update(const float* d_compensated, const float* d_decoded, float* d_residual,
                std::size_t count, void* stream);
 
+// ef_compensate that also flags a non-finite sum, for the in-place error feedback of the sparse
+// codecs (top-k, random-k): when some d_out[i] is NaN or +-Inf, *d_flag is set to 1 (it is never
+// cleared here: the caller zeroes it first). d_out may be d_grad or d_residual itself.
+void ef_compensate_flagging(const float* d_grad, const float* d_residual, float* d_out,
+                            std::size_t count, int* d_flag, void* stream);
+
+// When *d_flag != 0: d_residual[i] = finite_or_zero(d_residual[i]) for every i (the sweep that
+// gives an in-place update the general path's finite_or_zero(c - D) where some c was not finite).
+// When *d_flag == 0 nothing is written and the data are not read: each thread block reads the
+// flag and returns, so the common case costs a launch, not a pass over memory.
+void ef_zero_nonfinite_if_flagged(float* d_residual, std::size_t count, const int* d_flag,
+                                  void* stream);
+
 // Fused update for the fp16 / bf16 codecs, per element i:
 //   c = d_grad[i] + d_residual[i];  d_half_out[i] = RNE f16/bf16 bits of c;
 //   d_residual[i] = c - widen(d_half_out[i]).

@@ -11,6 +11,7 @@
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/emulated/emulated_device.h"
 #include "kernels/emulated/kernel_twins.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -53,14 +54,20 @@ __global__ void gather_kernel(const float* d_in, Strata s, std::byte* d_values) 
   }
 }
 
-// Add = true: d_acc[index_j] += value_j; false: d_acc[index_j] = value_j.
-template <bool Half, bool Aligned, bool Add>
+// What a scatter does with value j at index j.
+enum class Scatter { set, add, subtract_own };
+
+// set: d_acc[index_j] = value_j; add: d_acc[index_j] += value_j; subtract_own (the residual
+// update): d_acc[index_j] = finite_or_zero(d_acc[index_j] - value_j).
+template <bool Half, bool Aligned, Scatter Mode>
 __global__ void scatter_kernel(const std::byte* d_values, Strata s, float* d_acc) {
   for (std::size_t j = global_thread(); j < s.k; j += grid_threads()) {
     const float value = load_value<Half, Aligned>(d_values, j);
     const std::uint64_t index = entry_index(s, j);
-    if constexpr (Add) {
+    if constexpr (Mode == Scatter::add) {
       d_acc[index] += value;
+    } else if constexpr (Mode == Scatter::subtract_own) {
+      d_acc[index] = finite_or_zero(d_acc[index] - value);
     } else {
       d_acc[index] = value;
     }
@@ -71,18 +78,18 @@ Strata strata_for(const RandkKey& key, std::size_t n, std::size_t k) {
   return Strata{key, n, k, n / k, n % k};
 }
 
-template <bool Add>
+template <Scatter Mode>
 void launch_scatter(const char* op, const std::byte* d_values, std::size_t k, bool half_values,
                     const RandkKey& key, std::size_t n, float* d_acc, cudaStream_t stream) {
   const Strata s = strata_for(key, n, k);
   const unsigned grid = grid_for(k);
   const bool aligned = aligned_to(d_values, half_values ? 2 : 4);
   if (half_values) {
-    if (aligned) scatter_kernel<true, true, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
-    else scatter_kernel<true, false, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+    if (aligned) scatter_kernel<true, true, Mode><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+    else scatter_kernel<true, false, Mode><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
   } else {
-    if (aligned) scatter_kernel<false, true, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
-    else scatter_kernel<false, false, Add><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+    if (aligned) scatter_kernel<false, true, Mode><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
+    else scatter_kernel<false, false, Mode><<<grid, kThreads, 0, stream>>>(d_values, s, d_acc);
   }
   check_launch(op, k, "entries");
 }
@@ -115,7 +122,7 @@ void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_value
     return emulated::randk_scatter_add(d_values, k, half_values, key, n, d_acc, stream);
   check_sizes("cuda.randk_scatter_add", n, k);
   if (k == 0) return;
-  launch_scatter<true>("cuda.randk_scatter_add", d_values, k, half_values, key, n, d_acc,
+  launch_scatter<Scatter::add>("cuda.randk_scatter_add", d_values, k, half_values, key, n, d_acc,
                        static_cast<cudaStream_t>(stream));
 }
 
@@ -129,7 +136,17 @@ void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
   const cudaError_t status = cudaMemsetAsync(d_out, 0, n * sizeof(float), cuda_stream);
   GZ_REQUIRE(status == cudaSuccess, ErrorCode::unsupported, "cuda.randk_scatter: zero fill of ",
              n, " elements failed: ", cudaGetErrorString(status));
-  launch_scatter<false>("cuda.randk_scatter", d_values, k, half_values, key, n, d_out, cuda_stream);
+  launch_scatter<Scatter::set>("cuda.randk_scatter", d_values, k, half_values, key, n, d_out, cuda_stream);
+}
+
+void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_values,
+                        const RandkKey& key, std::size_t n, float* d_residual, void* stream) {
+  if (emulated::active())
+    return emulated::randk_subtract_own(d_values, k, half_values, key, n, d_residual, stream);
+  check_sizes("cuda.randk_subtract_own", n, k);
+  if (k == 0) return;
+  launch_scatter<Scatter::subtract_own>("cuda.randk_subtract_own", d_values, k, half_values, key,
+                                        n, d_residual, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace gradzip::kernels::cuda

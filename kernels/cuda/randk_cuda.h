@@ -43,4 +43,10 @@ void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_value
 void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
                    const RandkKey& key, std::size_t n, float* d_out, void* stream);
 
+// Error feedback's residual update for a message this rank just encoded: d_residual[index_j] =
+// finite_or_zero(d_residual[index_j] - value j), other elements untouched
+// (kernels/cpu/randk_cpu.h: randk_subtract_from). Same preconditions.
+void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_values,
+                        const RandkKey& key, std::size_t n, float* d_residual, void* stream);
+
 }  // namespace gradzip::kernels::cuda

@@ -13,6 +13,7 @@
 #include "kernels/cuda/sparse_cuda.h"
 #include "kernels/emulated/emulated_device.h"
 #include "kernels/emulated/kernel_twins.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -53,6 +54,36 @@ __global__ void scatter_kernel(const std::byte* d_payload, std::uint64_t m, cons
     } else {
       d_out[index] = value;
     }
+  }
+}
+
+// d_residual[index_j] = finite_or_zero(d_residual[index_j] - value_j); indices >= n skipped.
+template <typename Index, bool Half, bool Aligned>
+__global__ void subtract_own_kernel(const std::byte* d_payload, std::uint64_t m, std::uint64_t n,
+                                    float* d_residual) {
+  const std::byte* values = d_payload + m * sizeof(Index);
+  for (std::uint64_t j = global_thread(); j < m; j += grid_threads()) {
+    const std::uint64_t index = load_word<Index, Aligned>(d_payload, j);
+    if (index >= n) continue;
+    float value;
+    if constexpr (Half) {
+      value = f16_bits_to_f32(load_word<std::uint16_t, Aligned>(values, j));
+    } else {
+      value = bits_float(load_word<std::uint32_t, Aligned>(values, j));
+    }
+    d_residual[index] = finite_or_zero(d_residual[index] - value);
+  }
+}
+
+template <typename Index, bool Half>
+void launch_subtract_own(const std::byte* d_payload, std::uint64_t m, std::uint64_t n,
+                         float* d_residual, cudaStream_t stream) {
+  if (aligned_to(d_payload, sizeof(Index))) {
+    subtract_own_kernel<Index, Half, true>
+        <<<grid_for(m), kThreads, 0, stream>>>(d_payload, m, n, d_residual);
+  } else {
+    subtract_own_kernel<Index, Half, false>
+        <<<grid_for(m), kThreads, 0, stream>>>(d_payload, m, n, d_residual);
   }
 }
 
@@ -162,6 +193,26 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
   check_launch(op, n, "entries");
   if (entries > 0)
     scatter<false>(d_payload, entries, wide_indices, half_values, d_status, d_out, cuda_stream, op);
+}
+
+void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                         bool half_values, std::size_t n, float* d_residual, void* stream) {
+  if (emulated::active())
+    return emulated::sparse_subtract_own(d_payload, entries, wide_indices, half_values, n,
+                                         d_residual, stream);
+  constexpr const char* op = "cuda.sparse_subtract_own";
+  check_payload(op, 0, d_payload, entries, wide_indices, n);
+  if (entries == 0) return;
+  GZ_REQUIRE(d_residual != nullptr, ErrorCode::invalid_argument, op, ": d_residual is null");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (wide_indices) {
+    if (half_values) launch_subtract_own<std::uint64_t, true>(d_payload, entries, n, d_residual, cuda_stream);
+    else launch_subtract_own<std::uint64_t, false>(d_payload, entries, n, d_residual, cuda_stream);
+  } else {
+    if (half_values) launch_subtract_own<std::uint32_t, true>(d_payload, entries, n, d_residual, cuda_stream);
+    else launch_subtract_own<std::uint32_t, false>(d_payload, entries, n, d_residual, cuda_stream);
+  }
+  check_launch(op, entries, "entries");
 }
 
 }  // namespace gradzip::kernels::cuda

@@ -54,4 +54,13 @@ void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* 
 void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
                    bool half_values, std::size_t n, float* d_out, int* d_status, void* stream);
 
+// Error feedback's residual update for a top-k payload this rank just encoded (not a received
+// one, so not validated): d_residual[index_j] = finite_or_zero(d_residual[index_j] - value_j)
+// for every entry, other elements untouched (the decode writes +0.0 there). This is
+// topk.subtract_decoded (compressors/topk.cpp) on the device. An index >= n is skipped (the
+// encode's own entry check reports a selection that went wrong). Refusals as sparse_decode's
+// host-side ones; d_residual may be null only when entries == 0.
+void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                         bool half_values, std::size_t n, float* d_residual, void* stream);
+
 }  // namespace gradzip::kernels::cuda

@@ -343,6 +343,39 @@ void ef_update(const float* d_compensated, const float* d_decoded, float* d_resi
   queue_combine<true>("cuda.ef_update", d_compensated, d_decoded, d_residual, count, stream);
 }
 
+void ef_compensate_flagging(const float* d_grad, const float* d_residual, float* d_out,
+                            std::size_t count, int* d_flag, void* stream) {
+  constexpr const char* op = "cuda.ef_compensate_flagging";
+  if (count == 0) return;
+  GZ_REQUIRE(d_flag != nullptr, ErrorCode::invalid_argument, op, ": null flag");
+  enqueue(stream, op, [d_grad, d_residual, d_out, count, d_flag] {
+    require_device_range(d_grad, count * sizeof(float), op);
+    require_device_range(d_residual, count * sizeof(float), op);
+    require_device_range(d_out, count * sizeof(float), op);
+    require_device_accessible_range(d_flag, sizeof(int), "cuda.ef_compensate_flagging flag");
+    bool any_non_finite = false;
+    for (std::size_t i = 0; i < count; ++i) {
+      const float sum = d_grad[i] + d_residual[i];
+      any_non_finite |= f32_bits_nonfinite(float_bits(sum));
+      d_out[i] = sum;
+    }
+    if (any_non_finite) *d_flag = 1;
+  });
+}
+
+void ef_zero_nonfinite_if_flagged(float* d_residual, std::size_t count, const int* d_flag,
+                                  void* stream) {
+  constexpr const char* op = "cuda.ef_zero_nonfinite_if_flagged";
+  if (count == 0) return;
+  GZ_REQUIRE(d_flag != nullptr, ErrorCode::invalid_argument, op, ": null flag");
+  enqueue(stream, op, [d_residual, count, d_flag] {
+    require_device_accessible_range(d_flag, sizeof(int), "cuda.ef_zero_nonfinite_if_flagged flag");
+    if (*d_flag == 0) return;
+    require_device_range(d_residual, count * sizeof(float), op);
+    for (std::size_t i = 0; i < count; ++i) d_residual[i] = finite_or_zero(d_residual[i]);
+  });
+}
+
 void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half_out, bool bf16,
                    std::size_t count, void* stream) {
   if (count == 0) return;
@@ -509,6 +542,19 @@ void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
                          "cuda.randk_scatter values");
     require_device_range(d_out, n * sizeof(float), "cuda.randk_scatter output");
     cpu::randk_scatter(d_values, randk_value_dtype(half_values), k, key, f32_view(d_out, n));
+  });
+}
+
+void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_values,
+                        const RandkKey& key, std::size_t n, float* d_residual, void* stream) {
+  constexpr const char* kOp = "cuda.randk_subtract_own";
+  check_randk_sizes(kOp, n, k);
+  if (k == 0) return;
+  enqueue(stream, kOp, [d_values, k, half_values, key, n, d_residual] {
+    require_device_range(d_values, cuda::randk_values_bytes(k, half_values),
+                         "cuda.randk_subtract_own values");
+    require_device_range(d_residual, n * sizeof(float), "cuda.randk_subtract_own residual");
+    cpu::randk_subtract_from(d_values, randk_value_dtype(half_values), k, key, d_residual, n);
   });
 }
 
@@ -747,6 +793,25 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
     for (std::uint64_t j = 0; j < entries; ++j) {
       d_out[sparse_index(d_payload, wide_indices, j)] =
           sparse_value(d_payload, entries, wide_indices, half_values, j);
+    }
+  });
+}
+
+void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                         bool half_values, std::size_t n, float* d_residual, void* stream) {
+  constexpr const char* op = "cuda.sparse_subtract_own";
+  check_sparse_payload(op, 0, d_payload, entries, wide_indices, n);
+  if (entries == 0) return;
+  GZ_REQUIRE(d_residual != nullptr, ErrorCode::invalid_argument, op, ": d_residual is null");
+  enqueue(stream, op, [d_payload, entries, wide_indices, half_values, n, d_residual] {
+    require_device_range(d_payload, cuda::sparse_payload_bytes(entries, wide_indices, half_values),
+                         "cuda.sparse_subtract_own payload");
+    require_device_range(d_residual, n * sizeof(float), "cuda.sparse_subtract_own residual");
+    for (std::uint64_t j = 0; j < entries; ++j) {
+      const std::uint64_t index = sparse_index(d_payload, wide_indices, j);
+      if (index >= n) continue;
+      d_residual[index] = finite_or_zero(
+          d_residual[index] - sparse_value(d_payload, entries, wide_indices, half_values, j));
     }
   });
 }

@@ -60,6 +60,10 @@ void ef_update(const float* d_compensated, const float* d_decoded, float* d_resi
                std::size_t count, void* stream);
 void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half_out, bool bf16,
                    std::size_t count, void* stream);
+void ef_compensate_flagging(const float* d_grad, const float* d_residual, float* d_out,
+                            std::size_t count, int* d_flag, void* stream);
+void ef_zero_nonfinite_if_flagged(float* d_residual, std::size_t count, const int* d_flag,
+                                  void* stream);
 
 // ---- kernels/cuda/nonfinite_cuda.h -----------------------------------------------------------
 cuda::DeviceNonfiniteCount count_nonfinite(const void* d_data, std::size_t count, DType dtype,
@@ -90,6 +94,8 @@ void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_value
                        const RandkKey& key, std::size_t n, float* d_acc, void* stream);
 void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
                    const RandkKey& key, std::size_t n, float* d_out, void* stream);
+void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_values,
+                        const RandkKey& key, std::size_t n, float* d_residual, void* stream);
 
 // ---- kernels/cuda/scale_cuda.h ---------------------------------------------------------------
 void divide_f32(float* d_data, std::size_t count, float divisor, void* stream);
@@ -118,6 +124,8 @@ void sparse_decode_add(const std::byte* const* d_payloads, const std::uint64_t* 
                        std::size_t n, float* d_acc, int* d_status, void* stream);
 void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
                    bool half_values, std::size_t n, float* d_out, int* d_status, void* stream);
+void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                         bool half_values, std::size_t n, float* d_residual, void* stream);
 
 // ---- kernels/cuda/terngrad_cuda.h ------------------------------------------------------------
 void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,

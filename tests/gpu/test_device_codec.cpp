@@ -3,6 +3,7 @@
 // values, spec and context, and decoding / decode_adding a device message gives the host
 // decoder's bits. Malformed messages are refused with the output untouched; host buffers
 // where device memory is required are refused naming what was wrong.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -136,7 +137,8 @@ TEST_F(DeviceCodecTest, ErrorFeedbackOnTheDeviceGivesTheHostBytesAndResiduals) {
   const std::size_t count = 50001;
   for (const char* spec : {"topk:ratio=0.01", "qsgd:bits=2,bucket=256", "sign", "fp16", "bf16",
                            "qsgd:bits=4", "qsgd:bits=3,bucket=1001", "terngrad", "sign:bucket=100",
-                           "randk:ratio=0.01"}) {
+                           "randk:ratio=0.01", "topk:ratio=0.3,values=fp16",
+                           "topk:ratio=0.01,approx=on", "randk:ratio=0.5,values=fp16"}) {
    for (const bool with_decoded : {true, false}) {
     SCOPED_TRACE(std::string(spec) + (with_decoded ? ", decoded asked for" : ", fused where it can"));
     const std::shared_ptr<const Codec> codec = make_codec(spec);
@@ -173,6 +175,56 @@ TEST_F(DeviceCodecTest, ErrorFeedbackOnTheDeviceGivesTheHostBytesAndResiduals) {
       const std::span<const float> got_residual = std::as_const(device_store).residual("w");
       ASSERT_EQ(std::memcmp(want_residual.data(), got_residual.data(), count * sizeof(float)), 0)
           << "residuals differ after step " << step;
+    }
+   }
+  }
+}
+
+// Top-k and random-k update the device residual in place (the entries only, then a
+// finite_or_zero sweep that runs only when some g + e was not finite). Inputs that make g + e
+// overflow or carry Inf / NaN, and f16 values that overflow where g + e is finite, must still
+// leave the host's residual: finite everywhere, zero exactly where the host's is.
+TEST_F(DeviceCodecTest, SparseFeedbackInPlaceLeavesTheHostResidualForNonfiniteSums) {
+  const std::size_t count = 30011;
+  for (const char* spec : {"topk:ratio=0.01", "topk:ratio=0.3,values=fp16", "randk:ratio=0.01",
+                           "randk:ratio=0.5,values=fp16"}) {
+   for (const gpu_test::Data data : {gpu_test::Data::finite_specials, gpu_test::Data::nonfinite}) {
+    SCOPED_TRACE(std::string(spec) + ", " + gpu_test::data_name(data));
+    const std::shared_ptr<const Codec> codec = make_codec(spec);
+    error_feedback::ResidualStore host_store(1, 0, ResizePolicy::error);
+    error_feedback::ResidualStore device_store(1, 0, ResizePolicy::error);
+    error_feedback::ErrorFeedbackCodec host_ef(codec, host_store);
+    error_feedback::ErrorFeedbackCodec device_ef(codec, device_store);
+    // Steps 0 and 1 get the same data: the huge values (FLT_MAX, 3e38 in finite_specials) that
+    // step 0 did not send stay in the residual, and step 1's g + e overflows there; step 2
+    // runs on plain data after it.
+    for (std::uint32_t step = 0; step < 3; ++step) {
+      std::vector<float> grad = step == 2 ? gpu_test::gaussian(count, 77)
+                                          : gpu_test::make_data(count, data, 60);
+      const EncodeContext ctx{5, step, 2, 0};
+      std::vector<std::byte> want(codec->max_encoded_bytes(count));
+      want.resize(host_ef.encode_chunk("w", count, host_view(grad.data(), count), want, ctx, {}));
+      DeviceArray<float> d_grad(grad);
+      DeviceArray<std::byte> d_message(codec->max_encoded_bytes(count));
+      const std::size_t bytes = device_ef.encode_chunk(
+          "w", count, ConstTensorView(d_grad.get(), count, DType::f32, cuda0()),
+          std::span<std::byte>(d_message.get(), codec->max_encoded_bytes(count)), ctx, {});
+      ASSERT_EQ(bytes, want.size());
+      // NaN payload bits may differ on a GPU (kernels/cuda/ef_cuda.h); finite data compare bytes.
+      if (data == gpu_test::Data::finite_specials || step == 2) {
+        ASSERT_TRUE(gpu_test::same_bytes(want.data(), gpu_test::from_device<std::byte>(d_message.get(), bytes)));
+      }
+      const std::span<const float> want_residual = std::as_const(host_store).residual("w");
+      const std::span<const float> got_residual = std::as_const(device_store).residual("w");
+      std::size_t zeros = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(kernels::float_bits(got_residual[i]), kernels::float_bits(want_residual[i]))
+            << "element " << i << " after step " << step << " (input " << grad[i] << ")";
+        ASSERT_TRUE(std::isfinite(got_residual[i])) << "element " << i;
+        zeros += got_residual[i] == 0.0f ? 1 : 0;
+      }
+      // Not vacuous: the residual holds the unsent values (most elements nonzero).
+      EXPECT_LT(zeros, count / 2) << "after step " << step;
     }
    }
   }

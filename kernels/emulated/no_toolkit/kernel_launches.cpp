@@ -37,6 +37,14 @@ void ef_cast_fused(const float* d_grad, float* d_residual, std::uint16_t* d_half
                    std::size_t count, void* stream) {
   emulated::ef_cast_fused(d_grad, d_residual, d_half_out, bf16, count, stream);
 }
+void ef_compensate_flagging(const float* d_grad, const float* d_residual, float* d_out,
+                            std::size_t count, int* d_flag, void* stream) {
+  emulated::ef_compensate_flagging(d_grad, d_residual, d_out, count, d_flag, stream);
+}
+void ef_zero_nonfinite_if_flagged(float* d_residual, std::size_t count, const int* d_flag,
+                                  void* stream) {
+  emulated::ef_zero_nonfinite_if_flagged(d_residual, count, d_flag, stream);
+}
 
 // ---- kernels/cuda/nonfinite_cuda.h -----------------------------------------------------------
 
@@ -90,6 +98,10 @@ void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_value
 void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
                    const RandkKey& key, std::size_t n, float* d_out, void* stream) {
   emulated::randk_scatter(d_values, k, half_values, key, n, d_out, stream);
+}
+void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_values,
+                        const RandkKey& key, std::size_t n, float* d_residual, void* stream) {
+  emulated::randk_subtract_own(d_values, k, half_values, key, n, d_residual, stream);
 }
 
 // ---- kernels/cuda/scale_cuda.h ---------------------------------------------------------------
@@ -146,6 +158,11 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
                    bool half_values, std::size_t n, float* d_out, int* d_status, void* stream) {
   emulated::sparse_decode(d_payload, entries, wide_indices, half_values, n, d_out, d_status,
                           stream);
+}
+void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
+                         bool half_values, std::size_t n, float* d_residual, void* stream) {
+  emulated::sparse_subtract_own(d_payload, entries, wide_indices, half_values, n, d_residual,
+                                stream);
 }
 
 // ---- kernels/cuda/terngrad_cuda.h ------------------------------------------------------------
