@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/algorithm_table.h"
 #include "collectives/codec_table.h"
+#include "collectives/device_memory.h"
 #include "collectives/segment_plan.h"
 #include "compressors/wire_format.h"
 #include "error_feedback/error_feedback_codec.h"
@@ -72,13 +74,18 @@ double exchange_latency(int p, const LinkModel& link) {
 double size_exchange_latency(int p, const LinkModel& link) {
   return std::max(ceil_log2(p) * link.latency_s, link.collective_latency_s);
 }
+// A stream-ordered call's completion: one flag all-reduce (a small collective); 0 on host paths.
+double completion_latency(int p, const LinkModel& link) {
+  return link.stream_ordered ? size_exchange_latency(p, link) : 0.0;
+}
+
 
 // The segments per chunk the pipelined ring and SRA cut a tensor of n elements on p ranks into
 // (pipeline_segments in collective_job.h, from the chunks' sizes ⌊n/p⌋ and ⌈n/p⌉): 1 when the
 // link's transport does not pipeline (LinkModel::pipelined); at most `max_segments`.
 double modelled_segments(const Codec& codec, double n, int p, const LinkModel& link,
                          std::size_t max_segments) {
-  if (!link.pipelined || p < 2) return 1;
+  if (!link.segments_chunks() || p < 2) return 1;
   const double m = n / p;
   const std::vector<std::size_t> chunks{static_cast<std::size_t>(std::floor(m)),
                                         static_cast<std::size_t>(std::ceil(m))};
@@ -111,8 +118,11 @@ CostEstimate ring(const Codec* codec, const CodecCost& cost, double n, int p, co
                              : n * cost.encode_s + (2.0 * p - 1.0) * m * cost.decode_add_s;
   // At two ranks the next and the previous rank are the same: each step is a pairwise exchange.
   const double rate = p == 2 ? link.exchange_rate() : link.bytes_per_s;
-  const double latency =
-      steps * link.latency_s + (segments > 1 ? size_exchange_latency(p, link) : 0.0);
+  // The host's pipelined ring ends in a status all-gather; a stream-ordered call in its completion.
+  const double checks = link.stream_ordered ? completion_latency(p, link)
+                        : segments > 1      ? size_exchange_latency(p, link)
+                                            : 0.0;
+  const double latency = steps * link.latency_s + checks;
   CostEstimate estimate = finish(AlgorithmId::ring, latency, bytes / rate, compute, bytes);
   hide_overlap(estimate, segments);
   return estimate;
@@ -120,17 +130,21 @@ CostEstimate ring(const Codec* codec, const CodecCost& cost, double n, int p, co
 
 // SRA: encode n once, all-to-all of P − 1 chunk messages, the owner decode_adds P and encodes
 // its sum, all-gather of P − 1 messages, every rank decodes P chunks.
-// Pipelined (the spec's segment key cuts every chunk into S > 1 segments; the model is asked
-// about host tensors, which is where SRA pipelines, over a link whose transport pipelines):
-// S − 1 more headers per message, no size exchanges but one status all-gather at the end, and
+// Pipelined (the spec's segment key cuts every chunk into S > 1 segments over a link whose
+// transport pipelines, or in a stream-ordered device call: LinkModel::segments_chunks):
+// S − 1 more headers per message, no size exchanges but one status all-gather at the end (a
+// stream-ordered call: its completion's flag all-reduce instead), and
 // the segments' transfers overlap the other segments' encodes and decodes: all but one
 // segment's share of the smaller of the two is hidden, overlap = min(transfer, compute) (S − 1) / S.
 CostEstimate sra(const Codec& codec, const CodecCost& cost, double n, int p, const LinkModel& link) {
   const double m = n / p;
   const double segments = modelled_segments(codec, n, p, link, kMaxSegmentsPerChunk);
   const double bytes = 2.0 * (p - 1) * (message_bytes(codec, m) + (segments - 1) * kHeader);
-  const double latency = 2 * exchange_latency(p, link) +
-                         (segments > 1 ? 1 : 2) * size_exchange_latency(p, link);
+  // Host: two size exchanges, or (pipelined) one status all-gather; stream-ordered: neither,
+  // the completion's flag all-reduce.
+  const double checks = link.stream_ordered ? completion_latency(p, link)
+                                            : (segments > 1 ? 1 : 2) * size_exchange_latency(p, link);
+  const double latency = 2 * exchange_latency(p, link) + checks;
   const double compute = (n + m) * cost.encode_s + 2.0 * n * cost.decode_add_s;
   CostEstimate estimate = finish(AlgorithmId::sra, latency, bytes / link.bytes_per_s, compute, bytes);
   hide_overlap(estimate, segments);
@@ -153,7 +167,9 @@ CostEstimate sparse(const Codec& codec, const CodecCost& cost, double n, int p,
     estimate.dense_switch = true;
     return estimate;
   }
-  const double latency = exchange_latency(p, link) + size_exchange_latency(p, link);
+  const double checks =
+      link.stream_ordered ? completion_latency(p, link) : size_exchange_latency(p, link);
+  const double latency = exchange_latency(p, link) + checks;
   const double compute = n * cost.encode_s + p * n * cost.decode_add_s;
   return finish(AlgorithmId::sparse, latency, gathered / link.bytes_per_s, compute, gathered);
 }
@@ -194,8 +210,8 @@ CostEstimate rhd(const Codec& codec, const CodecCost& cost, double n, int p, con
     compute += n * (cost.encode_s + cost.decode_add_s);
   }
   // Every step but the fold's send and the unfold's messages is a pairwise exchange.
-  return finish(AlgorithmId::rhd, steps * link.latency_s, bytes / link.exchange_rate(),
-                compute, bytes);
+  return finish(AlgorithmId::rhd, steps * link.latency_s + completion_latency(p, link),
+                bytes / link.exchange_rate(), compute, bytes);
 }
 
 // Binomial reduce to rank 0 in f32 (⌈log2 P⌉ full-vector steps, an add each), rank 0 encodes
@@ -204,8 +220,8 @@ CostEstimate tree(const Codec& codec, const CodecCost& cost, double n, int p, co
   const double levels = ceil_log2(p);
   const double bytes = levels * (dense_bytes(n) + message_bytes(codec, n));
   const double compute = levels * n * cost.add_s + n * (cost.encode_s + cost.decode_add_s);
-  return finish(AlgorithmId::tree, 2 * levels * link.latency_s, bytes / link.bytes_per_s,
-                compute, bytes);
+  return finish(AlgorithmId::tree, 2 * levels * link.latency_s + completion_latency(p, link),
+                bytes / link.bytes_per_s, compute, bytes);
 }
 
 // The codec's default flat path (its row in collectives/codec_table.cpp), from the table.
@@ -304,12 +320,62 @@ CostEstimate cheapest_allreduce(const std::vector<AlgorithmId>& candidates,
   return best;
 }
 
-CodecCost measure_codec_cost(const Codec& codec, std::size_t sample, int repeats) {
+namespace {
+
+// γ on CUDA device `device`: the data copied there once, every timed run waited for.
+CodecCost measure_device_codec_cost(const Codec& codec, const std::vector<float>& data,
+                                    int repeats, int device) {
+  using Clock = std::chrono::steady_clock;
+  const std::string op = detail::concat("measure_codec_cost (cuda:", device, ")");
+  const std::size_t sample = data.size();
+  const Device where{DeviceKind::cuda, device};
+  DeviceAllocation d_data(sample * sizeof(float), device, op);
+  DeviceAllocation d_accumulator(sample * sizeof(float), device, op);
+  DeviceAllocation d_message(codec.max_encoded_bytes(sample), device, op);
+  copy_host_to_device(d_data.data(), data.data(), sample * sizeof(float), device, op);
+  zero_on_device(d_accumulator.data(), sample * sizeof(float), device);
+  const ConstTensorView input{d_data.data(), sample, DType::f32, where};
+  const TensorView accumulator{d_accumulator.data(), sample, DType::f32, where};
+  const std::span<std::byte> message(d_message.data(), d_message.size());
+  const EncodeContext ctx{codec.spec().seed, 0, 1, 0};
+  const auto fastest = [&](auto&& run) {
+    double best = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      const auto start = Clock::now();
+      run();
+      finish_queued_work(device, op);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    return best / static_cast<double>(sample);
+  };
+  std::size_t bytes = 0;
+  CodecCost cost;
+  if (codec.spec().error_feedback) {
+    error_feedback::ResidualStore store(1, 0, ResizePolicy::error);
+    error_feedback::ErrorFeedbackCodec feedback(
+        std::shared_ptr<const Codec>(&codec, [](const Codec*) {}), store);
+    cost.encode_s = fastest([&] { bytes = feedback.encode("gamma", input, message, ctx); });
+  } else {
+    cost.encode_s = fastest([&] { bytes = codec.encode(input, message, ctx); });
+  }
+  cost.decode_add_s = fastest([&] { codec.decode_add(message.first(bytes), accumulator); });
+  // The uncompressed reductions' f32 adds: decode_add of a `none` message.
+  const std::unique_ptr<Codec> plain = make_codec(CompressionSpec::parse("none"));
+  DeviceAllocation d_plain(plain->max_encoded_bytes(sample), device, op);
+  const std::span<std::byte> plain_message(d_plain.data(), d_plain.size());
+  const std::size_t plain_bytes = plain->encode(input, plain_message, ctx);
+  cost.add_s = fastest([&] { plain->decode_add(plain_message.first(plain_bytes), accumulator); });
+  return cost;
+}
+
+}  // namespace
+
+CodecCost measure_codec_cost(const Codec& codec, std::size_t sample, int repeats, Device where) {
   GZ_REQUIRE(sample > 0 && repeats > 0, ErrorCode::invalid_argument, "measure_codec_cost: sample ",
              sample, ", repeats ", repeats);
   using Clock = std::chrono::steady_clock;
   // Deterministic N(0, 1)-like data: a sum of uniforms is enough for timing.
-  std::vector<float> data(sample), accumulator(sample, 0.0f), other(sample, 0.0f);
+  std::vector<float> data(sample);
   std::uint64_t state = 0x2545F4914F6CDD1Dull;
   for (float& v : data) {
     double sum = 0;
@@ -321,6 +387,8 @@ CodecCost measure_codec_cost(const Codec& codec, std::size_t sample, int repeats
     }
     v = static_cast<float>(sum * 1.7320508);
   }
+  if (where.kind == DeviceKind::cuda) return measure_device_codec_cost(codec, data, repeats, where.index);
+  std::vector<float> accumulator(sample, 0.0f), other(sample, 0.0f);
   std::vector<std::byte> message(codec.max_encoded_bytes(sample));
   const ConstTensorView input{data.data(), sample, DType::f32, Device{}};
   const EncodeContext ctx{codec.spec().seed, 0, 1, 0};

@@ -45,6 +45,18 @@ struct LinkModel {
   // Not measured and not saved with the model's inputs: the Communicator sets it from its
   // transport for every choice.
   bool pipelined = true;
+  // Whether the modelled calls are stream-ordered device calls: CUDA tensors over NCCL with a
+  // codec whose message sizes follow from the element count (collectives/collective_job.h:
+  // ReduceJob::stream_ordered and sizes_known). Their ring and SRA cut chunks into segments
+  // whatever `pipelined` says (the segments overlap on streams, not through host waits:
+  // pipeline_segments); no algorithm exchanges sizes; the call's checks end in one flag
+  // all-reduce, a small collective, at its completion (instead of the host paths' status
+  // all-gathers). The Communicator's algo=auto does not consult the model for CUDA tensors;
+  // `gradzip-bench model --device cuda` projects such calls with γ measured on the device.
+  bool stream_ordered = false;
+
+  // Whether the ring and SRA run segmented over this link (pipelined or stream_ordered).
+  bool segments_chunks() const noexcept { return pipelined || stream_ordered; }
 
   double exchange_rate() const noexcept {
     return exchange_bytes_per_s > 0 ? exchange_bytes_per_s : bytes_per_s;
@@ -135,7 +147,11 @@ CostEstimate cheapest_allreduce(const std::vector<AlgorithmId>& candidates,
 // Measures γ of `codec` on this CPU: encode and decode_add of `sample` elements of N(0, 1)
 // data, the fastest of `repeats` runs each (error feedback's extra passes included when the
 // spec has ef=on), and f32 adds. A few milliseconds for sample = 2^20.
+// With `where` a CUDA device: the same on device memory of that device (the device codecs and
+// device error feedback, each run waited for; the adds are f32 adds there too, as the
+// uncompressed reductions run them: decode_add of a `none` message). On the emulated device
+// (GRADZIP_DEVICE=emulated) that times the kernels' CPU twins, not a GPU.
 CodecCost measure_codec_cost(const Codec& codec, std::size_t sample = std::size_t{1} << 20,
-                             int repeats = 3);
+                             int repeats = 3, Device where = Device{});
 
 }  // namespace gradzip::collectives

@@ -36,7 +36,9 @@
 #         6. (not with --quick) torch.topk and .half()/.bfloat16()/.float() on the same size
 #            with CUDA events -> torch.json (when python3 has torch with CUDA);
 #         7. (not with --quick) `gradzip-bench calls`: device allocations and host waits per
-#            steady-state all-reduce call, per codec -> calls.json;
+#            steady-state all-reduce call, per codec -> calls.json; then `gradzip-bench
+#            model --device cuda`: γ of the device codecs and the cost model's projection of
+#            calls on CUDA tensors over NCCL -> model-device.json (.txt);
 #         8. `ctest -L gpu` (-j 4, GRADZIP_TIMEOUT_S=60, NCCL_DEBUG=WARN), each case stopped
 #            after 60 s by this script (below); a failure if any case failed or was stopped,
 #            if any case skipped (a skip there means the device was not seen) or if fewer ran
@@ -125,7 +127,8 @@ and run there, from the repository root:
   bash scripts/gpu-check.sh --quick      # build, preflight, kernel rows, GPU tests: < 5 min
   bash scripts/gpu-check.sh              # also PyTorch and per-call counts: bounded to 420 s
   bash scripts/gpu-check.sh --memcheck   # then the GPU tests under compute-sanitizer
-Results: gpu-check.log, preflight.json, kernels.json (torch.json, calls.json) in $OUT when set,
+Results: gpu-check.log, preflight.json, kernels.json (torch.json, calls.json, model-device.json)
+in $OUT when set,
 else in build-gpu-check/results.
 EOF
 }
@@ -537,6 +540,21 @@ PY
 
     step "gradzip-bench calls: device allocations and host waits per steady-state call"
     device_bench calls "$build" "$results" "$allow_skip"
+
+    step "gradzip-bench model --device cuda: the device codecs' gamma, device calls projected"
+    if grep -q '"skipped"' "$results/preflight.json" 2>/dev/null; then
+      found "model --device cuda: no device (not run)"
+    else
+      rm -f "$results/model-device.json"
+      timeout --kill-after=10 "$(bound_for 90)" "$bench" model --device cuda --models resnet50,7b \
+        --json "$results/model-device.json" >"$results/model-device.txt" 2>&1
+      local model_status=$?
+      if ((model_status == 0)); then
+        found "model --device cuda: model-device.json"
+      else
+        fail_later "gradzip-bench model --device cuda (exit $model_status; 124: over its bound): $(tail -n 3 "$results/model-device.txt")"
+      fi
+    fi
   fi
 
   step "ctest -L gpu"

@@ -53,6 +53,9 @@ struct ModelSize {
 struct Options {
   bool help = false;
   bool choice_cost = false;  // --choice-cost: time algo=auto's choice, then stop
+  // --device cuda: γ measured on CUDA device 0 and the projection of stream-ordered device
+  // calls (LinkModel::stream_ordered: CUDA tensors over NCCL).
+  bool device_calls = false;
   std::vector<std::string> codecs = {"fp16", "qsgd:bits=4", "qsgd:bits=8", "sign",
                                      "topk:ratio=0.01", "randk:ratio=0.01"};
   std::vector<int> ranks = {2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
@@ -79,7 +82,7 @@ void print_help() {
       "                           [--latency-us A] [--sample N] [--csv FILE]\n"
       "                           [--validate FILE]... [--link-gbps G] [--link-latency-us A]\n"
       "                           [--link-efficiency F] [--cores C] [--models LIST]\n"
-      "                           [--json FILE] [--choice-cost]\n"
+      "                           [--json FILE] [--choice-cost] [--device cuda]\n"
       "  --codec SPEC        codecs to model (default fp16, qsgd:bits=4, qsgd:bits=8, sign,\n"
       "                      topk:ratio=0.01, randk:ratio=0.01); the baselines none and fp16\n"
       "                      (dense rings) are always modelled\n"
@@ -100,7 +103,12 @@ void print_help() {
       "  --json FILE         gamma, validation rows and error quantiles, projection and\n"
       "                      break-even speeds as JSON (break-even null: still ahead at 1e5)\n"
       "  --choice-cost       only time algo=auto's choice per call (with the model, and the\n"
-      "                      fixed per-codec choice) for each codec, and stop\n");
+      "                      fixed per-codec choice) for each codec, and stop\n"
+      "  --device cuda       measure gamma on CUDA device 0 (the device codecs) and project\n"
+      "                      calls on CUDA tensors over NCCL (stream-ordered: the ring and SRA\n"
+      "                      pipelined on streams, no size exchanges, one completion\n"
+      "                      all-reduce); with GRADZIP_DEVICE=emulated gamma is the CPU twins'\n"
+      "                      (not a GPU's); not with --validate (host measurements)\n");
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -165,6 +173,11 @@ Options parse(int argc, char** argv) {
       options.link_latency_us = parse_positive("model", value(), "--link-latency-us");
     } else if (arg == "--choice-cost") {
       options.choice_cost = true;
+    } else if (arg == "--device") {
+      const std::string device = value();
+      GZ_REQUIRE(device == "cuda" || device == "host", ErrorCode::invalid_argument,
+                 "model: --device takes cuda or host, got '", device, "'");
+      options.device_calls = device == "cuda";
     } else if (arg == "--cores") {
       options.cores = parse_positive("model", value(), "--cores");
     } else if (arg == "--link-efficiency") {
@@ -173,6 +186,8 @@ Options parse(int argc, char** argv) {
       GZ_THROW(ErrorCode::invalid_argument, "model: unknown option '", arg, "' (see --help)");
     }
   }
+  GZ_REQUIRE(!options.device_calls || options.validate.empty(), ErrorCode::invalid_argument,
+             "model: --validate compares host measurements; it cannot be combined with --device cuda");
   return options;
 }
 
@@ -184,7 +199,7 @@ struct ModeledCodec {
   CodecCost cost;
 };
 
-ModeledCodec model_codec(const std::string& text, std::size_t sample) {
+ModeledCodec model_codec(const std::string& text, std::size_t sample, Device where = Device{}) {
   ModeledCodec modeled;
   modeled.spec = CompressionSpec::parse(text);
   GZ_REQUIRE(modeled.spec.codec != CodecKind::powersgd, ErrorCode::unsupported,
@@ -192,7 +207,7 @@ ModeledCodec model_codec(const std::string& text, std::size_t sample) {
              "algorithms");
   modeled.text = text;
   modeled.codec = make_codec(modeled.spec);
-  modeled.cost = collectives::measure_codec_cost(*modeled.codec, sample);
+  modeled.cost = collectives::measure_codec_cost(*modeled.codec, sample, 3, where);
   return modeled;
 }
 
@@ -342,9 +357,10 @@ CostEstimate auto_choice_of(const ModeledCodec& codec, std::size_t count, int ra
 // The bandwidth (Gbit/s) at which `codec` and `baseline` take the same time, by bisection in
 // log space on [0.01, 1e5]; +inf when the codec wins over the whole range, 0 when it never does.
 double break_even_gbps(const ModeledCodec& codec, const ModeledCodec& baseline, std::size_t count,
-                       int ranks, double latency_us) {
+                       int ranks, double latency_us, bool stream_ordered) {
   const auto advantage = [&](double gbps) {
-    const LinkModel link = link_of(gbps, latency_us);
+    LinkModel link = link_of(gbps, latency_us);
+    link.stream_ordered = stream_ordered;
     return best_of(baseline, count, ranks, link).seconds -
            auto_choice_of(codec, count, ranks, link).seconds;
   };
@@ -398,15 +414,18 @@ int run_choice_cost(const Options& options) {
 
 int run(const Options& options) {
   if (options.choice_cost) return run_choice_cost(options);
+  const Device where = options.device_calls ? Device{DeviceKind::cuda, 0} : Device{};
   std::printf("gradzip-bench model: alpha-beta-gamma cost of gradzip's all-reduce algorithms "
-              "(collectives/cost_model.h, docs/cost-model.md)\n\n== gamma, measured here on "
-              "%zu elements (ns per element)\n", options.sample);
+              "(collectives/cost_model.h, docs/cost-model.md)%s\n\n== gamma, measured %s on "
+              "%zu elements (ns per element)\n",
+              options.device_calls ? ", calls on CUDA tensors over NCCL (stream-ordered)" : "",
+              options.device_calls ? "on CUDA device 0" : "here", options.sample);
   std::printf("%-24s %10s %12s %8s\n", "spec", "encode", "decode_add", "add");
   std::vector<std::unique_ptr<ModeledCodec>> codecs;
-  auto dense = std::make_unique<ModeledCodec>(model_codec("none", options.sample));
-  auto half = std::make_unique<ModeledCodec>(model_codec("fp16", options.sample));
+  auto dense = std::make_unique<ModeledCodec>(model_codec("none", options.sample, where));
+  auto half = std::make_unique<ModeledCodec>(model_codec("fp16", options.sample, where));
   for (const std::string& text : options.codecs) {
-    codecs.push_back(std::make_unique<ModeledCodec>(model_codec(text, options.sample)));
+    codecs.push_back(std::make_unique<ModeledCodec>(model_codec(text, options.sample, where)));
     // A codec that is a baseline's spec shares the baseline's γ, so that it ties with it.
     for (const ModeledCodec* baseline : {dense.get(), half.get()})
       if (codecs.back()->spec == baseline->spec) codecs.back()->cost = baseline->cost;
@@ -418,7 +437,9 @@ int run(const Options& options) {
     if (c->spec != dense->spec && c->spec != half->spec) std::printf("%-24s %10.3f %12.3f %8.3f\n", c->text.c_str(), c->cost.encode_s * 1e9,
                 c->cost.decode_add_s * 1e9, c->cost.add_s * 1e9);
 
-  std::string json = "{\"gamma\": [\n";
+  std::string json = detail::concat("{\"calls\": ",
+                                    json_string(options.device_calls ? "cuda stream-ordered" : "host"),
+                                    ",\n\"gamma\": [\n");
   {
     bool first = true;
     const auto gamma_row = [&](const ModeledCodec& c) {
@@ -453,7 +474,8 @@ int run(const Options& options) {
   bool first_projection = true;
   for (const ModelSize& model : options.models) {
     for (double gbps : options.gbps) {
-      const LinkModel link = link_of(gbps, options.latency_us);
+      LinkModel link = link_of(gbps, options.latency_us);
+      link.stream_ordered = options.device_calls;
       std::printf("\n%s (%zu parameters), %.3g Gbit/s\n%6s %11s %11s", model.name.c_str(),
                   model.parameters, gbps, "P", "dense_f32_s", "dense_f16_s");
       for (const auto& c : codecs) std::printf(" %22s", c->text.c_str());
@@ -501,8 +523,10 @@ int run(const Options& options) {
     for (int ranks : options.ranks) {
       std::printf("%6d", ranks);
       for (const auto& c : codecs) {
-        const double vs_f32 = break_even_gbps(*c, *dense, model.parameters, ranks, options.latency_us),
-                     vs_f16 = break_even_gbps(*c, *half, model.parameters, ranks, options.latency_us);
+        const double vs_f32 = break_even_gbps(*c, *dense, model.parameters, ranks,
+                                              options.latency_us, options.device_calls),
+                     vs_f16 = break_even_gbps(*c, *half, model.parameters, ranks,
+                                              options.latency_us, options.device_calls);
         const std::string cell = gbps_text(vs_f32) + " / " + gbps_text(vs_f16);
         std::printf(" %22s", cell.c_str());
         json += detail::concat(first_break_even ? "" : ",\n", "  {\"model\": ",

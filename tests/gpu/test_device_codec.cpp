@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "gpu_test_support.h"
+#include "collectives/cost_model.h"
+#include "collectives/device_memory.h"
 #include "error_feedback/error_feedback_codec.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
@@ -228,6 +230,40 @@ TEST_F(DeviceCodecTest, SparseFeedbackInPlaceLeavesTheHostResidualForNonfiniteSu
     }
    }
   }
+}
+
+// The cost model's γ of device calls (gradzip-bench model --device cuda) is measured on device
+// memory: the sample goes up once, each timed run (3 phases x repeats) is waited for by the
+// measurement, and the device codec does the work (its own waits appear under its name).
+TEST_F(DeviceCodecTest, DeviceGammaIsMeasuredOnDeviceMemory) {
+  constexpr std::size_t kSample = std::size_t{1} << 14;
+  constexpr int kRepeats = 2;
+  const std::unique_ptr<Codec> codec = make_codec("sign:ef=on");
+  collectives::set_wait_site_counting(true);
+  const auto sites_before = collectives::device_wait_sites();
+  const collectives::DeviceRuntimeCounts before = collectives::device_runtime_counts();
+  const collectives::CodecCost cost =
+      collectives::measure_codec_cost(*codec, kSample, kRepeats, cuda0());
+  const collectives::DeviceRuntimeCounts after = collectives::device_runtime_counts();
+  const auto grown = collectives::wait_sites_between(sites_before, collectives::device_wait_sites());
+  collectives::set_wait_site_counting(false);
+  EXPECT_GT(cost.encode_s, 0);
+  EXPECT_GT(cost.decode_add_s, 0);
+  EXPECT_GT(cost.add_s, 0);
+  // The sample's upload and, per run, at most the headers and status words that synchronous
+  // device decodes read back: not the data (a staged path would copy 64 KiB per run).
+  const std::uint64_t copied = after.host_device_bytes - before.host_device_bytes;
+  EXPECT_GE(copied, kSample * sizeof(float));
+  EXPECT_LT(copied, kSample * sizeof(float) + 1024);
+  std::uint64_t measurement_waits = 0, codec_waits = 0;
+  for (const auto& [site, count] : grown) {
+    if (site == "measure_codec_cost (cuda:0)") measurement_waits += count;
+    if (site.rfind("sign.", 0) == 0 || site.rfind("ef.encode", 0) == 0) codec_waits += count;
+  }
+  // Each timed run (encode, decode_add, add, kRepeats each) ends in the measurement's wait,
+  // besides its set-up copies.
+  EXPECT_GE(measurement_waits, 3u * kRepeats);
+  EXPECT_GT(codec_waits, 0u);
 }
 
 TEST_F(DeviceCodecTest, HalfOutputsDecodeLikeTheHostCodec) {

@@ -129,6 +129,48 @@ TEST(CostModel, ALinkThatDoesNotPipelineGetsTheUnsegmentedEstimates) {
   }
 }
 
+// Stream-ordered device calls (CUDA tensors over NCCL, fixed-size codecs) segment the ring's and
+// SRA's chunks over a transport that does not pipeline, exchange no sizes and end in one
+// completion all-reduce (⌈log2 P⌉ α = 2 α at P = 4 on the unit link): every path's latency is
+// the host's without its size exchanges and status all-gathers, plus that one collective.
+TEST(CostModel, StreamOrderedDeviceCallsSegmentOnAnyTransportAndEndInOneCompletion) {
+  LinkModel device = kUnitLink;
+  device.pipelined = false;  // NCCL's waits complete whole batches
+  device.stream_ordered = true;
+  constexpr double kCompletion = 2;  // ceil(log2 4) start-ups
+  for (const AlgorithmId algorithm : {AlgorithmId::ring, AlgorithmId::sra}) {
+    SCOPED_TRACE(collectives::algorithm_id_name(algorithm));
+    // Segmented as on a host transport that pipelines (whose status all-gather costs what the
+    // completion costs): the same terms and the same overlap.
+    const CostEstimate cut = estimate(algorithm, "fp16:segment=1000", 4000, 4, kUnitCost, device);
+    const CostEstimate host_cut = estimate(algorithm, "fp16:segment=1000", 4000, 4);
+    EXPECT_GT(cut.overlap_s, 0);
+    EXPECT_DOUBLE_EQ(cut.overlap_s, host_cut.overlap_s);
+    EXPECT_DOUBLE_EQ(cut.seconds, host_cut.seconds);
+    EXPECT_DOUBLE_EQ(cut.bytes_sent, host_cut.bytes_sent);
+  }
+  // Unsegmented: the ring gains the completion (the host ring checks nothing after its last
+  // step); SRA loses its two size exchanges (2 x 2) and gains the completion.
+  const CostEstimate host_ring = estimate(AlgorithmId::ring, "fp16:segment=0", 4000, 4);
+  const CostEstimate ring = estimate(AlgorithmId::ring, "fp16:segment=0", 4000, 4, kUnitCost, device);
+  expect_terms(ring, host_ring.latency_s + kCompletion, host_ring.transfer_s, host_ring.compute_s);
+  EXPECT_DOUBLE_EQ(host_ring.latency_s, 6);
+  const CostEstimate host_sra = estimate(AlgorithmId::sra, "qsgd:bits=4,segment=0", 4000, 4);
+  const CostEstimate sra = estimate(AlgorithmId::sra, "qsgd:bits=4,segment=0", 4000, 4, kUnitCost, device);
+  expect_terms(sra, host_sra.latency_s - 2 * 2 + kCompletion, host_sra.transfer_s, host_sra.compute_s);
+  EXPECT_DOUBLE_EQ(sra.latency_s, 2 * 3 + kCompletion);  // two exchanges of P − 1 = 3 start-ups
+  // The sparse all-gather: its size exchange becomes the completion (both 2 here).
+  const CostEstimate host_sparse = estimate(AlgorithmId::sparse, "topk:k=10", 1000, 4);
+  expect_terms(estimate(AlgorithmId::sparse, "topk:k=10", 1000, 4, kUnitCost, device),
+               3 + kCompletion, host_sparse.transfer_s, host_sparse.compute_s);
+  // rhd and the tree: the completion on top of their steps.
+  for (const AlgorithmId algorithm : {AlgorithmId::rhd, AlgorithmId::tree}) {
+    const CostEstimate host = estimate(algorithm, "none", 1000, 4);
+    expect_terms(estimate(algorithm, "none", 1000, 4, kUnitCost, device),
+                 host.latency_s + kCompletion, host.transfer_s, host.compute_s);
+  }
+}
+
 TEST(CostModel, SparseAllgatherAndItsDenseSwitch) {
   // top-k k = 10 of 1000 (f32 values, u32 indices): e(n) = 32 + 80 = 112; P = 4: 3 messages.
   expect_terms(estimate(AlgorithmId::sparse, "topk:k=10", 1000, 4), 3 + 2, 3 * 112.0,
