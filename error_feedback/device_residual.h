@@ -27,9 +27,13 @@ class DeviceResidual {
   int device() const noexcept { return device_; }
 
   // The values into / from host memory (out.size() == in.size() == count()), after the work
-  // already queued on the thread's work stream, and finished before returning.
-  void download(std::span<float> out) const;
-  void upload(std::span<const float> in);
+  // already queued on the thread's work stream, and finished before returning. They move
+  // through two pinned host blocks of at most `staging_bytes` each (rounded down to whole
+  // values; at least one value), so the copy engine transfers one block while the host copies
+  // the other: pageable memory would be staged by the driver, synchronously, block by block.
+  static constexpr std::size_t kStagingBytes = std::size_t{8} << 20;
+  void download(std::span<float> out, std::size_t staging_bytes = kStagingBytes) const;
+  void upload(std::span<const float> in, std::size_t staging_bytes = kStagingBytes);
   // this = other's values (same count and device), queued on the thread's work stream after the
   // work already there; nothing waits.
   void copy_from(const DeviceResidual& other);

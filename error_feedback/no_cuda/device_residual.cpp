@@ -12,8 +12,8 @@ DeviceResidual::DeviceResidual(std::size_t count, int device, bool /*zeroed*/)
            "; this gradzip was built without CUDA (GRADZIP_WITH_CUDA)");
 }
 DeviceResidual::~DeviceResidual() = default;
-void DeviceResidual::download(std::span<float> /*out*/) const {}
-void DeviceResidual::upload(std::span<const float> /*in*/) {}
+void DeviceResidual::download(std::span<float> /*out*/, std::size_t /*staging_bytes*/) const {}
+void DeviceResidual::upload(std::span<const float> /*in*/, std::size_t /*staging_bytes*/) {}
 void DeviceResidual::copy_from(const DeviceResidual& /*other*/) {}
 
 }  // namespace gradzip::error_feedback
