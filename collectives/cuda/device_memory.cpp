@@ -264,16 +264,17 @@ bool OrderedDeviceCall::complete(std::string_view op, const DeferredInputCheck* 
   if (ranks > 1 || input != nullptr) {
     flags.emplace(ranks * per_rank * sizeof(float), device_, op);
     auto* const d_flags = reinterpret_cast<float*>(flags->data());
-    float* const mine = d_flags + static_cast<std::size_t>(transport_.rank()) * per_rank;
-    check_runtime(cudaMemsetAsync(d_flags, 0, ranks * per_rank * sizeof(float), work_stream()), op,
-                  "cudaMemsetAsync (the check flags)");
-    kernels::cuda::flag_nonzero_words(call.words(), call.words_used(), mine, work_stream());
+    // This rank's flags, the others' slots zeroed, in one launch. A u64 count is non-zero
+    // when either of its two 32-bit words is.
+    kernels::cuda::FlagWords groups[3] = {{call.words(), call.words_used()}, {}, {}};
     if (input != nullptr) {
-      // A u64 count is non-zero when either of its two 32-bit words is.
       const auto* counts = reinterpret_cast<const int*>(input->device_counts());
-      kernels::cuda::flag_nonzero_words(counts, 2, mine + 1, work_stream());      // non-finite
-      kernels::cuda::flag_nonzero_words(counts + 4, 2, mine + 2, work_stream());  // beyond
+      groups[1] = {counts, 2};      // non-finite
+      groups[2] = {counts + 4, 2};  // beyond the wire range
     }
+    kernels::cuda::write_rank_flags(groups, per_rank, d_flags, ranks * per_rank,
+                                    static_cast<std::size_t>(transport_.rank()) * per_rank,
+                                    work_stream());
     if (ranks > 1) transport_.allreduce_f32_sum({d_flags, ranks * per_rank});
     kernels::cuda::words_from_flags(d_flags, ranks * per_rank, call.rank_words(ranks, per_rank),
                                     work_stream());

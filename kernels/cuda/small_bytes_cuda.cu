@@ -1,5 +1,5 @@
 // write_small_bytes and compare_small_bytes (kernels/cuda/small_bytes_cuda.h): one thread per
-// byte, the bytes passed by value in the kernel's parameter space; flag_nonzero_words: one block.
+// byte, the bytes passed by value in the kernel's parameter space; write_rank_flags: one block.
 #include <cuda_runtime.h>
 
 #include "gradzip/error.h"
@@ -28,11 +28,22 @@ __global__ void compare_small_bytes_kernel(const unsigned char* bytes, SmallByte
 
 constexpr unsigned kFlagThreads = 256;
 
-__global__ void flag_nonzero_words_kernel(const int* words, std::size_t count, float* flag) {
-  int nonzero = 0;
-  for (std::size_t i = threadIdx.x; i < count; i += kFlagThreads) nonzero |= words[i] != 0 ? 1 : 0;
-  const int any = __syncthreads_or(nonzero);
-  if (threadIdx.x == 0) *flag = any != 0 ? 1.0f : 0.0f;
+struct FlagGroups {
+  const int* words[kMaxFlagGroups];
+  std::size_t counts[kMaxFlagGroups];
+  unsigned groups;
+};
+
+__global__ void rank_flags_kernel(FlagGroups g, float* flags, std::size_t total, std::size_t first) {
+  for (std::size_t i = threadIdx.x; i < total; i += kFlagThreads)
+    if (i < first || i >= first + g.groups) flags[i] = 0.0f;
+  for (unsigned k = 0; k < g.groups; ++k) {
+    int nonzero = 0;
+    for (std::size_t i = threadIdx.x; i < g.counts[k]; i += kFlagThreads)
+      nonzero |= g.words[k][i] != 0 ? 1 : 0;
+    const int any = __syncthreads_or(nonzero);
+    if (threadIdx.x == 0) flags[first + k] = any != 0 ? 1.0f : 0.0f;
+  }
 }
 
 __global__ void words_from_flags_kernel(const float* flags, std::size_t count, int* words) {
@@ -77,14 +88,28 @@ void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, st
   detail::check_launch(kOp, count, "bytes");
 }
 
-void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream) {
-  if (emulated::active()) return emulated::flag_nonzero_words(d_words, count, d_flag, stream);
-  constexpr const char* kOp = "cuda.flag_nonzero_words";
-  GZ_REQUIRE(d_flag != nullptr && (count == 0 || d_words != nullptr), ErrorCode::invalid_argument,
-             kOp, ": null pointer for ", count, " words");
-  flag_nonzero_words_kernel<<<1, kFlagThreads, 0, static_cast<cudaStream_t>(stream)>>>(d_words, count,
-                                                                                      d_flag);
-  detail::check_launch(kOp, count, "words");
+void write_rank_flags(const FlagWords* groups, std::size_t group_count, float* d_flags,
+                      std::size_t total, std::size_t first, void* stream) {
+  if (emulated::active())
+    return emulated::write_rank_flags(groups, group_count, d_flags, total, first, stream);
+  constexpr const char* kOp = "cuda.write_rank_flags";
+  GZ_REQUIRE(group_count <= kMaxFlagGroups && first <= total && group_count <= total - first,
+             ErrorCode::invalid_argument, kOp, ": ", group_count, " flags at ", first, " of ",
+             total, " (at most ", kMaxFlagGroups, ", inside the array)");
+  GZ_REQUIRE(d_flags != nullptr && (group_count == 0 || groups != nullptr),
+             ErrorCode::invalid_argument, kOp, ": null pointer");
+  FlagGroups g{};
+  g.groups = static_cast<unsigned>(group_count);
+  for (std::size_t k = 0; k < group_count; ++k) {
+    GZ_REQUIRE(groups[k].count == 0 || groups[k].words != nullptr, ErrorCode::invalid_argument,
+               kOp, ": null pointer for ", groups[k].count, " words");
+    g.words[k] = groups[k].words;
+    g.counts[k] = groups[k].count;
+  }
+  if (total == 0) return;
+  rank_flags_kernel<<<1, kFlagThreads, 0, static_cast<cudaStream_t>(stream)>>>(g, d_flags, total,
+                                                                              first);
+  detail::check_launch(kOp, total, "flags");
 }
 
 void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream) {

@@ -25,14 +25,25 @@ void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t coun
 void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, std::size_t count,
                          int mismatch, int* d_status, void* stream);
 
-// *d_flag = 1.0f when any of d_words[0, count) is non-zero, else 0.0f; asynchronously on
-// `stream` (what a rank contributes to an all-reduce that tells every rank whether any check
-// failed anywhere). Throws invalid_argument for a null pointer, unsupported when the launch fails.
-void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream);
+// Words (device or pinned host memory) whose any-non-zero is one flag of write_rank_flags.
+struct FlagWords {
+  const int* words = nullptr;
+  std::size_t count = 0;
+};
+inline constexpr std::size_t kMaxFlagGroups = 3;
+
+// What one rank contributes to the all-reduce that tells every rank whether any check failed
+// anywhere, in one launch, asynchronously on `stream`: d_flags[first + g] = 1.0f when any word of
+// groups[g] is non-zero, else 0.0f (g < group_count <= kMaxFlagGroups; groups is a host array,
+// taken as of the call), and every other element of d_flags[0, total) = 0.0f. Throws
+// invalid_argument for a null pointer, group_count > kMaxFlagGroups or first + group_count >
+// total; unsupported when the launch fails.
+void write_rank_flags(const FlagWords* groups, std::size_t group_count, float* d_flags,
+                      std::size_t total, std::size_t first, void* stream);
 
 // d_words[i] = (d_flags[i] != 0) for i in [0, count), asynchronously on `stream`: the
 // all-reduced flags of every rank, back into status words (which may be pinned host memory).
-// count == 0 launches nothing. Throws like flag_nonzero_words.
+// count == 0 launches nothing. Throws like write_rank_flags.
 void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream);
 
 }  // namespace gradzip::kernels::cuda

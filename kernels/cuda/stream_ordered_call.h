@@ -70,7 +70,7 @@ class StreamOrderedCall {
   // whole result (a speculative call whose input turned out not to be reducible).
   void complete_unchecked() noexcept { completed_ = true; }
 
-  // The words taken so far (for flag_nonzero_words).
+  // The words taken so far (for write_rank_flags).
   const int* words() const noexcept { return words_; }
   std::size_t words_used() const noexcept { return checks_.size(); }
 

@@ -703,14 +703,32 @@ void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, st
   });
 }
 
-void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream) {
-  constexpr const char* kOp = "cuda.flag_nonzero_words";
-  GZ_REQUIRE(d_flag != nullptr && (count == 0 || d_words != nullptr), ErrorCode::invalid_argument,
-             kOp, ": null pointer for ", count, " words");
-  enqueue(stream, kOp, [d_words, count, d_flag] {
-    require_device_range(d_flag, sizeof(float), "cuda.flag_nonzero_words flag");
-    if (count > 0) require_device_accessible_range(d_words, count * sizeof(int), "cuda.flag_nonzero_words words");
-    *d_flag = std::any_of(d_words, d_words + count, [](int word) { return word != 0; }) ? 1.0f : 0.0f;
+void write_rank_flags(const cuda::FlagWords* groups, std::size_t group_count, float* d_flags,
+                      std::size_t total, std::size_t first, void* stream) {
+  constexpr const char* kOp = "cuda.write_rank_flags";
+  GZ_REQUIRE(group_count <= cuda::kMaxFlagGroups && first <= total && group_count <= total - first,
+             ErrorCode::invalid_argument, kOp, ": ", group_count, " flags at ", first, " of ",
+             total, " (at most ", cuda::kMaxFlagGroups, ", inside the array)");
+  GZ_REQUIRE(d_flags != nullptr && (group_count == 0 || groups != nullptr),
+             ErrorCode::invalid_argument, kOp, ": null pointer");
+  std::vector<cuda::FlagWords> taken(groups, groups + group_count);  // as of the call
+  for (const cuda::FlagWords& group : taken)
+    GZ_REQUIRE(group.count == 0 || group.words != nullptr, ErrorCode::invalid_argument, kOp,
+               ": null pointer for ", group.count, " words");
+  if (total == 0) return;
+  enqueue(stream, kOp, [taken = std::move(taken), d_flags, total, first] {
+    require_device_range(d_flags, total * sizeof(float), "cuda.write_rank_flags flags");
+    std::fill_n(d_flags, total, 0.0f);
+    for (std::size_t k = 0; k < taken.size(); ++k) {
+      const cuda::FlagWords& group = taken[k];
+      if (group.count > 0)
+        require_device_accessible_range(group.words, group.count * sizeof(int),
+                                        "cuda.write_rank_flags words");
+      d_flags[first + k] = std::any_of(group.words, group.words + group.count,
+                                       [](int word) { return word != 0; })
+                               ? 1.0f
+                               : 0.0f;
+    }
   });
 }
 

@@ -115,7 +115,8 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
 void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream);
 void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, std::size_t count,
                          int mismatch, int* d_status, void* stream);
-void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream);
+void write_rank_flags(const cuda::FlagWords* groups, std::size_t group_count, float* d_flags,
+                      std::size_t total, std::size_t first, void* stream);
 void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream);
 
 // ---- kernels/cuda/sparse_cuda.h --------------------------------------------------------------

@@ -139,8 +139,9 @@ void compare_small_bytes(const std::byte* d_bytes, const std::byte* expected, st
                          int mismatch, int* d_status, void* stream) {
   emulated::compare_small_bytes(d_bytes, expected, count, mismatch, d_status, stream);
 }
-void flag_nonzero_words(const int* d_words, std::size_t count, float* d_flag, void* stream) {
-  emulated::flag_nonzero_words(d_words, count, d_flag, stream);
+void write_rank_flags(const FlagWords* groups, std::size_t group_count, float* d_flags,
+                      std::size_t total, std::size_t first, void* stream) {
+  emulated::write_rank_flags(groups, group_count, d_flags, total, first, stream);
 }
 void words_from_flags(const float* d_flags, std::size_t count, int* d_words, void* stream) {
   emulated::words_from_flags(d_flags, count, d_words, stream);
