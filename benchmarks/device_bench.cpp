@@ -28,7 +28,9 @@
 // step / row, with "complete": false until the end, so a hang or a kill keeps what was measured.
 #include "kernels/device_api.h"
 
+#if GRADZIP_HAVE_MPI
 #include <mpi.h>
+#endif
 #include <unistd.h>
 
 #include <cerrno>
@@ -194,6 +196,10 @@ int run_calls(int argc, char** argv) {
   bool world = false;
   for (int i = 1; i < argc; ++i) world = world || std::string_view(argv[i]) == "--world";
   GZ_REQUIRE(count > 0 && calls > 0, ErrorCode::invalid_argument, "gradzip-bench calls: --size and --calls must be positive");
+#if !GRADZIP_HAVE_MPI
+  GZ_REQUIRE(!world, ErrorCode::unsupported,
+             "gradzip-bench calls --world: this build has no MPI (configure with Open MPI)");
+#endif
   const char* reason = nullptr;
   if (kernels::cuda::device_count(&reason) == 0 && !kernels::emulated::active()) {
     // The counts are the library's: measure them on the emulated device (a process reads
@@ -207,6 +213,7 @@ int run_calls(int argc, char** argv) {
   }
   check(cudaSetDevice(0), "cudaSetDevice(0)");
   int ranks = 1, rank = 0;
+#if GRADZIP_HAVE_MPI
   if (world) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -218,6 +225,7 @@ int run_calls(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   }
+#endif
   // Only rank 0 prints and writes.
   const auto say = [rank](const char* format, auto... values) {
     if (rank == 0) std::printf(format, values...);
@@ -259,7 +267,11 @@ int run_calls(int argc, char** argv) {
   const std::string written_path = rank == 0 ? json_path : "";
   // The largest value over the ranks (every rank takes part; one rank: the value).
   const auto largest = [world](double value) {
+#if GRADZIP_HAVE_MPI
     if (world) MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+#else
+    (void)world;
+#endif
     return value;
   };
   int status = 0;
