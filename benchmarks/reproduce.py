@@ -196,17 +196,29 @@ def torch_python():
     return candidate if os.access(candidate, os.X_OK) else shutil.which("python3") or sys.executable
 
 
+def recorded_path(argument):
+    """An argv entry as a record shows it: relative to the repository, or ~/... in the home."""
+    if not os.path.isabs(argument):
+        return argument
+    if argument.startswith(ROOT + os.sep):
+        return os.path.relpath(argument, ROOT)
+    home = os.path.expanduser("~")
+    if home != "/" and argument.startswith(home + os.sep):
+        return "~" + argument[len(home):]
+    return argument
+
+
 def steps_of(command):
     """A suite's command as the list of argvs a round runs."""
     return command if isinstance(command[0], list) else [command]
 
 
 def run_suite(name, rounds, command, environment, data_dir, quick):
-    # Paths inside the repository are recorded relative to it, so that the rendered command is
-    # the same whichever checkout renders it.
+    # Paths inside the repository are recorded relative to it, and those in the home directory
+    # (the PyTorch virtual environment) as ~/..., so that the rendered command is the same
+    # whichever checkout and user renders it.
     steps = steps_of(command)
-    recorded = [[os.path.relpath(a, ROOT) if os.path.isabs(a) and a.startswith(ROOT + os.sep)
-                 else a for a in step] for step in steps]
+    recorded = [[recorded_path(a) for a in step] for step in steps]
     recorded = recorded if isinstance(command[0], list) else recorded[0]
     record = {"suite": name, "quick": quick, "command": recorded, "rounds_asked": rounds,
               "machine": machine(), "rounds": []}

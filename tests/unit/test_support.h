@@ -28,7 +28,8 @@ inline constexpr const char* kAllCodecs[] = {
     "qsgd:bits=8", "sign", "topk",           "topk:approx=on",   "topk:values=fp16",
     "randk",       "randk:values=fp16", "terngrad",    "terngrad:bucket=7"};
 
-// The element counts every codec is tested over (issue: {0, 1, 2, 7, 1000, 2^20+3}).
+// The element counts every codec is tested over: empty, one, two, seven, a thousand, and one
+// just above 2^20 (the vector loops' tails and the multi-bucket paths).
 inline constexpr std::size_t kTestCounts[] = {0, 1, 2, 7, 1000, (std::size_t{1} << 20) + 3};
 inline constexpr DType kTestDTypes[] = {DType::f32, DType::f16, DType::bf16};
 
