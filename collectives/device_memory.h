@@ -52,8 +52,13 @@ void require_device_pointer(const void* pointer, int device, std::string_view op
 // The f32 working copy of a CUDA tensor on its device, for collectives that run on device
 // memory: elements [begin, end) of `tensor` (f16 / bf16, widened exactly) into d_f32[begin, end).
 void widen_on_device(const TensorView& tensor, std::size_t begin, std::size_t end, float* d_f32);
+// How a value beyond an f16 / bf16 range is narrowed (kernels/cast_math.h): to +-Inf, as IEEE
+// rounding and PyTorch do (values stored into a tensor), or to the largest finite value
+// (message payloads, whose wire type never turns a finite value into Inf).
+enum class Narrowing { ieee, saturate };
 // Elements [begin, end) of d_f32 back into `tensor` (f16 / bf16, rounded to nearest even).
-void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor);
+void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor,
+                      Narrowing narrowing = Narrowing::ieee);
 // Non-finite elements (NaN, +-Inf) among elements [begin, end) of a CUDA tensor: their count
 // and the first one's index relative to `begin` (kernels/cuda/nonfinite_cuda.h). When
 // end > begin the count is read back after a wait for the thread's work stream, so that stream

@@ -8,9 +8,10 @@
 //   3. sum the k-vectors of all ranks with ring_allreduce, codec `none`, no error feedback
 //      (exact f32 sums in the ring's fixed chain order, the same bytes on every rank);
 //   4. write the sums back into the message payload in the message's own value type: f32 as
-//      they are; for values=fp16 messages rounded to f16, nearest even (so a sum beyond the
-//      f16 range, |sum| >= 65520, becomes +-Inf: choose values=fp32 when sums can be that
-//      large), and decode the message into job.data: zeros except at the k indices.
+//      they are; for values=fp16 messages rounded to f16, nearest even and saturating, as every
+//      payload (kernels/cast_math.h: a sum beyond the f16 range becomes +-65504: choose
+//      values=fp32 when sums can be that large), and decode the message into job.data: zeros
+//      except at the k indices.
 // Every rank decodes the same bytes (same header and key, the same summed values), so the
 // result is identical on all ranks. At P == 1 the same steps give D(C(g + e)).
 //
@@ -107,7 +108,7 @@ void randk_allreduce_on_device(ReduceJob& job) {
     auto* const d_sums = reinterpret_cast<float*>(sums.data());
     widen_on_device(half_values, 0, k, d_sums);
     sum_over_ranks(job, {d_sums, k});
-    narrow_on_device(d_sums, 0, k, half_values);
+    narrow_on_device(d_sums, 0, k, half_values, Narrowing::saturate);  // a payload, as on the host
   } else {
     sum_over_ranks(job, {reinterpret_cast<float*>(values), k});
   }

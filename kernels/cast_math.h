@@ -5,12 +5,19 @@
 // NaN handling: a NaN stays a NaN of the same sign, its payload truncated to the top bits
 // and the quiet bit set (what F16C does).
 //
-// Narrowing SATURATES finite values: a finite f32 beyond the format's largest finite
-// value (f16: 65504; bf16: 0x7F7F, about 3.39e38), which IEEE round-to-nearest would turn into
-// Inf, becomes that largest value with its sign; Inf stays Inf and NaN stays NaN. So a finite
-// partial sum re-encoded by a codec, or written back into an f16 / bf16 tensor, stays finite
-// ("finite inputs give finite results"). Every path (the scalar code here, the F16C / AVX-512
-// loops in kernels/cpu/cast_cpu_*.cpp, the CUDA kernels) gives these bits.
+// Two narrowings:
+// - f32_to_f16_bits / f32_to_bf16_bits, for message payloads, SATURATE finite values: a finite
+//   f32 beyond the format's largest finite value (f16: 65504; bf16: 0x7F7F, about 3.39e38),
+//   which IEEE round-to-nearest would turn into Inf, becomes that largest value with its sign;
+//   Inf stays Inf and NaN stays NaN. So a finite partial sum re-encoded by a codec stays finite
+//   on the wire ("finite inputs give finite results"; the collectives send values beyond the
+//   wire type's range as f32 instead, compression_spec.h's wire-range rule).
+// - f32_to_f16_bits_ieee / f32_to_bf16_bits_ieee, for values stored into an f16 / bf16 TENSOR
+//   (a collective's result, a decode's output): IEEE 754 round to nearest even, so a value
+//   beyond the range becomes +-Inf (f16: |x| >= 65520; bf16: |x| >= 0x7F7F8000), as PyTorch's
+//   .half() / .bfloat16() and its all-reduce give, and a loss scaler sees the overflow.
+// Every path (the scalar code here, the F16C / AVX-512 loops in kernels/cpu/cast_cpu_*.cpp,
+// the CUDA kernels) gives these bits.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +81,24 @@ GZ_HOST_DEVICE GZ_INLINE std::uint16_t f32_to_bf16_bits(float value) {
     return static_cast<std::uint16_t>(((bits >> 16) & 0x8000u) | 0x7F7Fu);
   const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
   return static_cast<std::uint16_t>((bits + rounding) >> 16);
+}
+
+// IEEE round to nearest even into f16: the saturating conversion, except that finite values
+// from the halfway point 65520 (0x477FF000) up, which IEEE rounds to the next binade, give Inf.
+GZ_HOST_DEVICE GZ_INLINE std::uint16_t f32_to_f16_bits_ieee(float value) {
+  const std::uint32_t magnitude = float_bits(value) & 0x7FFFFFFFu;
+  if (magnitude >= 0x477FF000u && magnitude < 0x7F800000u)
+    return static_cast<std::uint16_t>(((float_bits(value) >> 16) & 0x8000u) | 0x7C00u);
+  return f32_to_f16_bits(value);
+}
+
+// IEEE round to nearest even into bf16: finite values from halfway above the largest finite
+// (0x7F7F8000) up give Inf.
+GZ_HOST_DEVICE GZ_INLINE std::uint16_t f32_to_bf16_bits_ieee(float value) {
+  const std::uint32_t magnitude = float_bits(value) & 0x7FFFFFFFu;
+  if (magnitude >= 0x7F7F8000u && magnitude < 0x7F800000u)
+    return static_cast<std::uint16_t>(((float_bits(value) >> 16) & 0x8000u) | 0x7F80u);
+  return f32_to_bf16_bits(value);
 }
 
 GZ_HOST_DEVICE GZ_INLINE float bf16_bits_to_f32(std::uint16_t value) {

@@ -110,7 +110,8 @@ void widen_on_device(const TensorView& tensor, std::size_t begin, std::size_t en
   finish("widen_on_device", "the conversion");
 }
 
-void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor) {
+void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, const TensorView& tensor,
+                      Narrowing narrowing) {
   if (end <= begin) return;
   const CurrentDevice current(tensor.device.index, "narrow_on_device");
   const std::size_t count = end - begin;
@@ -120,8 +121,14 @@ void narrow_on_device(const float* d_f32, std::size_t begin, std::size_t end, co
     return;
   }
   auto* half = static_cast<std::uint16_t*>(tensor.data) + begin;
-  if (tensor.dtype == DType::f16) kernels::cuda::f32_to_f16(d_f32 + begin, half, count, work_stream());
-  else kernels::cuda::f32_to_bf16(d_f32 + begin, half, count, work_stream());
+  const bool ieee = narrowing == Narrowing::ieee;
+  if (tensor.dtype == DType::f16) {
+    if (ieee) kernels::cuda::f32_to_f16_ieee(d_f32 + begin, half, count, work_stream());
+    else kernels::cuda::f32_to_f16(d_f32 + begin, half, count, work_stream());
+  } else {
+    if (ieee) kernels::cuda::f32_to_bf16_ieee(d_f32 + begin, half, count, work_stream());
+    else kernels::cuda::f32_to_bf16(d_f32 + begin, half, count, work_stream());
+  }
   finish("narrow_on_device", "the conversion");
 }
 

@@ -31,7 +31,7 @@ void require_device_pointer(const void*, int device, std::string_view op, std::s
 void widen_on_device(const TensorView& tensor, std::size_t, std::size_t, float*) {
   refuse("widen_on_device", tensor.device.index);
 }
-void narrow_on_device(const float*, std::size_t, std::size_t, const TensorView& tensor) {
+void narrow_on_device(const float*, std::size_t, std::size_t, const TensorView& tensor, Narrowing) {
   refuse("narrow_on_device", tensor.device.index);
 }
 void divide_on_device(float*, std::size_t, float, int device) { refuse("divide_on_device", device); }

@@ -741,12 +741,13 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
     return row.decode(header, prefix, d_payload,
                       DecodeTarget{static_cast<float*>(out.data), out.count, accumulate}, op);
   }
-  // f16 / bf16 output: decode into f32 scratch, then round (only once the payload passed).
+  // f16 / bf16 output: decode into f32 scratch, then round (only once the payload passed), as
+  // every store into a tensor: IEEE, beyond the range to +-Inf (kernels/cpu/convert.h).
   DeviceScratch decoded(checked_product(out.count, sizeof(float), op), op);
   row.decode(header, prefix, d_payload, DecodeTarget{decoded.as<float>(), out.count, false}, op);
   auto* const half = static_cast<std::uint16_t*>(out.data);
-  if (out.dtype == DType::f16) cuda::f32_to_f16(decoded.as<float>(), half, out.count, work_stream());
-  else cuda::f32_to_bf16(decoded.as<float>(), half, out.count, work_stream());
+  if (out.dtype == DType::f16) cuda::f32_to_f16_ieee(decoded.as<float>(), half, out.count, work_stream());
+  else cuda::f32_to_bf16_ieee(decoded.as<float>(), half, out.count, work_stream());
   finish(op);
 }
 

@@ -2,6 +2,7 @@
 // vector paths (cast_cpu_avx2.cpp, cast_cpu_avx512.cpp) on active_isa(). Every path gives the
 // bits of cast_math.h; tests/unit/test_cast_codec.cpp checks each ISA against an independent
 // reference.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -148,14 +149,44 @@ void load_as_f32(ConstTensorView in, std::size_t begin, std::size_t count, float
   }
 }
 
+namespace {
+
+// The saturating vector conversion, then Inf where IEEE rounding overflows: block by block, so
+// the second look at each block's f32 values finds them in L1. `overflows_from` is the first
+// magnitude (f32 bits) that IEEE rounds to Inf; `infinity` the format's Inf bits.
+void narrow_ieee(const float* in, std::uint16_t* out, std::size_t count,
+                 void (*saturating)(const float*, std::uint16_t*, std::size_t) noexcept,
+                 std::uint32_t overflows_from, std::uint16_t infinity) noexcept {
+  for (std::size_t begin = 0; begin < count; begin += kConvertBlock) {
+    const std::size_t n = std::min(kConvertBlock, count - begin);
+    saturating(in + begin, out + begin, n);
+    for (std::size_t i = begin; i < begin + n; ++i) {
+      const std::uint32_t bits = float_bits(in[i]);
+      const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+      if (magnitude >= overflows_from && magnitude < 0x7F800000u)
+        out[i] = static_cast<std::uint16_t>(((bits >> 16) & 0x8000u) | infinity);
+    }
+  }
+}
+
+}  // namespace
+
+void f32_to_f16_ieee(const float* in, std::uint16_t* out, std::size_t count) noexcept {
+  narrow_ieee(in, out, count, f32_to_f16, 0x477FF000u, 0x7C00u);
+}
+
+void f32_to_bf16_ieee(const float* in, std::uint16_t* out, std::size_t count) noexcept {
+  narrow_ieee(in, out, count, f32_to_bf16, 0x7F7F8000u, 0x7F80u);
+}
+
 void store_from_f32(const float* in, std::size_t count, TensorView out,
                     std::size_t begin) noexcept {
   switch (out.dtype) {
     case DType::f32:
       std::memcpy(static_cast<float*>(out.data) + begin, in, count * sizeof(float));
       return;
-    case DType::f16: f32_to_f16(in, static_cast<std::uint16_t*>(out.data) + begin, count); return;
-    case DType::bf16: f32_to_bf16(in, static_cast<std::uint16_t*>(out.data) + begin, count); return;
+    case DType::f16: f32_to_f16_ieee(in, static_cast<std::uint16_t*>(out.data) + begin, count); return;
+    case DType::bf16: f32_to_bf16_ieee(in, static_cast<std::uint16_t*>(out.data) + begin, count); return;
   }
 }
 

@@ -117,10 +117,11 @@ void randk_scatter(const std::byte* values, DType value_dtype, std::uint64_t k, 
                            return;
                          }
                          std::uint16_t bits[kIndexBatch];
+                         // A store into a tensor: IEEE, beyond the range to +-Inf.
                          if (out.dtype == DType::f16) {
-                           f32_to_f16(widened, bits, count);
+                           f32_to_f16_ieee(widened, bits, count);
                          } else {
-                           f32_to_bf16(widened, bits, count);
+                           f32_to_bf16_ieee(widened, bits, count);
                          }
                          std::uint16_t* data = static_cast<std::uint16_t*>(out.data);
                          for (std::size_t i = 0; i < count; ++i) data[batch[i]] = bits[i];

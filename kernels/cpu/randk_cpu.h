@@ -44,7 +44,8 @@ void randk_gather(ConstTensorView in, std::uint64_t k, const RandkKey& key, DTyp
                   std::byte* values) noexcept;
 
 // Decode: `out` = zero everywhere except element index_j = value j, rounded to nearest even
-// when out is f16/bf16. `values` is what randk_gather wrote (any alignment).
+// when out is f16/bf16 (IEEE: beyond the range to +-Inf, as every tensor store). `values` is
+// what randk_gather wrote (any alignment).
 void randk_scatter(const std::byte* values, DType value_dtype, std::uint64_t k, const RandkKey& key,
                    TensorView out) noexcept;
 

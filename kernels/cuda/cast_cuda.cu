@@ -17,11 +17,16 @@ namespace {
 
 using namespace detail;  // kernels/cuda/launch.cuh
 
-// f32 -> 16-bit bits (Bf16: bfloat16, else IEEE half), rounding to nearest even.
-template <bool Bf16>
+// f32 -> 16-bit bits (Bf16: bfloat16, else IEEE half), rounding to nearest even; Ieee: beyond
+// the range to +-Inf (tensor stores), else saturating (message payloads: kernels/cast_math.h).
+template <bool Bf16, bool Ieee>
 __device__ __forceinline__ std::uint16_t narrow(float value) {
-  if constexpr (Bf16) {
+  if constexpr (Bf16 && Ieee) {
+    return f32_to_bf16_bits_ieee(value);
+  } else if constexpr (Bf16) {
     return f32_to_bf16_bits(value);
+  } else if constexpr (Ieee) {
+    return f32_to_f16_bits_ieee(value);
   } else {
     return f32_to_f16_bits(value);
   }
@@ -36,7 +41,7 @@ __device__ __forceinline__ float widen(std::uint16_t bits) {
   }
 }
 
-template <bool Bf16, bool Vector>
+template <bool Bf16, bool Ieee, bool Vector>
 __global__ void narrow_kernel(const float* d_in, std::uint16_t* d_out, std::size_t count) {
   std::size_t scalar_begin = 0;
   if constexpr (Vector) {
@@ -45,12 +50,13 @@ __global__ void narrow_kernel(const float* d_in, std::uint16_t* d_out, std::size
     auto* out4 = reinterpret_cast<ushort4*>(d_out);
     for (std::size_t v = global_thread(); v < groups; v += grid_threads()) {
       const float4 x = in4[v];
-      out4[v] = make_ushort4(narrow<Bf16>(x.x), narrow<Bf16>(x.y), narrow<Bf16>(x.z), narrow<Bf16>(x.w));
+      out4[v] = make_ushort4(narrow<Bf16, Ieee>(x.x), narrow<Bf16, Ieee>(x.y),
+                             narrow<Bf16, Ieee>(x.z), narrow<Bf16, Ieee>(x.w));
     }
     scalar_begin = groups * 4;
   }
   for (std::size_t i = scalar_begin + global_thread(); i < count; i += grid_threads())
-    d_out[i] = narrow<Bf16>(d_in[i]);
+    d_out[i] = narrow<Bf16, Ieee>(d_in[i]);
 }
 
 template <bool Bf16, bool Vector>
@@ -91,13 +97,23 @@ void launch(void (*vector_kernel)(const In*, Out*, std::size_t),
 
 void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
   if (emulated::active()) return emulated::f32_to_f16(d_in, d_out, count, stream);
-  launch(narrow_kernel<false, true>, narrow_kernel<false, false>, "cuda.f32_to_f16", d_in, d_out,
-         count, stream);
+  launch(narrow_kernel<false, false, true>, narrow_kernel<false, false, false>, "cuda.f32_to_f16",
+         d_in, d_out, count, stream);
+}
+void f32_to_f16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  if (emulated::active()) return emulated::f32_to_f16_ieee(d_in, d_out, count, stream);
+  launch(narrow_kernel<false, true, true>, narrow_kernel<false, true, false>,
+         "cuda.f32_to_f16_ieee", d_in, d_out, count, stream);
+}
+void f32_to_bf16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  if (emulated::active()) return emulated::f32_to_bf16_ieee(d_in, d_out, count, stream);
+  launch(narrow_kernel<true, true, true>, narrow_kernel<true, true, false>,
+         "cuda.f32_to_bf16_ieee", d_in, d_out, count, stream);
 }
 void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
   if (emulated::active()) return emulated::f32_to_bf16(d_in, d_out, count, stream);
-  launch(narrow_kernel<true, true>, narrow_kernel<true, false>, "cuda.f32_to_bf16", d_in, d_out,
-         count, stream);
+  launch(narrow_kernel<true, false, true>, narrow_kernel<true, false, false>, "cuda.f32_to_bf16",
+         d_in, d_out, count, stream);
 }
 void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
   if (emulated::active()) return emulated::f16_to_f32(d_in, d_out, count, stream);

@@ -8,10 +8,14 @@
 
 namespace gradzip::kernels::cuda {
 
-// d_out[i] = RNE f16 / bf16 bits of d_in[i]. Asynchronous on `stream` (nullptr = default stream).
-// Throws gradzip::Error(unsupported) when the launch fails (no device, bad pointer).
+// d_out[i] = RNE f16 / bf16 bits of d_in[i], saturating (message payloads; kernels/cast_math.h).
+// Asynchronous on `stream` (nullptr = default stream). Throws gradzip::Error(unsupported) when
+// the launch fails (no device, bad pointer).
 void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
 void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
+// The same with IEEE overflow to +-Inf (values stored into f16 / bf16 tensors).
+void f32_to_f16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
+void f32_to_bf16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
 // d_out[i] = exact f32 value of d_in[i].
 void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream);
 void bf16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream);

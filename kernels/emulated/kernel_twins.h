@@ -49,6 +49,8 @@ namespace gradzip::kernels::emulated {
 // ---- kernels/cuda/cast_cuda.h ----------------------------------------------------------------
 void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
 void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
+void f32_to_f16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
+void f32_to_bf16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream);
 void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream);
 void bf16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream);
 int device_count(const char** reason) noexcept;

@@ -108,7 +108,10 @@ float near_max_value(std::size_t i, int r) {
 // shard), the sparse all-reduce 1 per rank (the sum of those is <= 2^-11 P S), hier within one
 // node none or one of the above. So |result - average| <= (P + 1) 2^-11 S + 2^-16 S (second
 // order terms and f32 adds), plus 2^-11 |average| when the tensor is f16 (the final rounding),
-// and the result is finite.
+// and the result is finite: on the wire every narrowing saturates. An f16 TENSOR is written
+// with IEEE rounding (kernels/cast_math.h, as PyTorch writes it), so there an element may be
+// +-Inf, but only where a value inside the bound reaches f16's overflow threshold 65520 (the
+// codec's rounding error, not the data, crossed it), and with the average's sign.
 // Runs the average of near_max_value over every rank with spec fp16 + `algo` on a tensor of
 // `dtype` and checks the bound above on every element.
 void check_near_max_average(Communicator& comm, const std::string& algo, DType dtype) {
@@ -140,7 +143,11 @@ void check_near_max_average(Communicator& comm, const std::string& algo, DType d
     const double bound = ((ranks + 1) * 0x1p-11 + 0x1p-16) * spread[i] +
                          (dtype == DType::f16 ? 0x1p-11 * std::fabs(average[i]) : 0.0);
     // !(error <= bound) also catches Inf and NaN.
-    if (!(std::isfinite(result[i]) && std::fabs(result[i] - average[i]) <= bound)) {
+    const bool close = std::isfinite(result[i]) && std::fabs(result[i] - average[i]) <= bound;
+    const bool rounded_to_inf = dtype == DType::f16 && std::isinf(result[i]) &&
+                                (result[i] > 0) == (average[i] > 0) &&
+                                std::fabs(average[i]) + bound >= 65520.0;
+    if (!close && !rounded_to_inf) {
       if (bad++ == 0) first_bad = i;
     }
   }
@@ -161,10 +168,11 @@ TEST(CollectiveEdgeCases, Fp16AverageOfNearMaxValuesIsFiniteAndClose) {
 // The elements equal to +-65504 on every rank are the hard case: each rank encodes
 // y = 65504 / P, which f16 rounds up for P = 3 (21834.67 -> 21840) and P = 5 (13100.8 ->
 // 13104), so the sum of the P decoded values is 65520 = P * f16(65504 / P), f16's IEEE
-// overflow threshold. SRA re-encodes that reduced shard in fp16, and the all-gather writes it
-// back into an f16 tensor: both narrowings saturate finite values (kernels/cast_math.h), so the
-// result is 65504 (the exact average), inside the bound above, at every rank count. (Before
-// the saturating narrow this gave +-Inf at 3 and 5 ranks.)
+// overflow threshold. SRA re-encodes that reduced shard in fp16 (the wire saturates: 65504),
+// so its result is 65504, the exact average, at every rank count. The sparse all-reduce adds
+// the P decoded values in f32 (65520) and writes that into the f16 tensor with IEEE rounding:
+// +-Inf at 3 and 5 ranks, as PyTorch's fp16_compress_hook gives there too; the check above
+// allows that only because 65520 lies inside the codec's error bound around 65504.
 TEST(CollectiveEdgeCases, Fp16AverageOfMaxValuesThroughSraAndAllgather) {
   Communicator comm = Communicator::world();
   for (const DType dtype : {DType::f32, DType::f16}) check_near_max_average(comm, "sra", dtype);

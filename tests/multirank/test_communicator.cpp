@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -387,6 +388,38 @@ TEST(Communicator, AverageDividesEachContributionBeforeSumming) {
   EXPECT_EQ(stats.algorithm, "ring");
   for (std::size_t i = 0; i < large.size(); ++i)
     ASSERT_LE(std::fabs(large[i] - 60000.0f), 16.0 * ranks) << "element " << i;
+}
+
+// A sum beyond an f16 / bf16 tensor's range is written back as +-Inf, as IEEE rounding and
+// PyTorch's all-reduce give (a loss scaler then sees the overflow), not clipped to the largest
+// finite value; a sum inside the range is exact. At one rank nothing overflows.
+TEST(Communicator, HalfPrecisionSumsBeyondTheRangeBecomeInfinity) {
+  Communicator comm = Communicator::world();
+  const int ranks = world_size();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    DType dtype;
+    float big;  // exact in the dtype; two of them overflow it
+  };
+  for (const Case& c : {Case{DType::f16, 40000.0f}, Case{DType::bf16, 3.0e38f}}) {
+    for (const char* text : {"none", "none:min_bytes=0", "none:min_bytes=0,algo=sra"}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " " << text);
+      const testing::HostTensor exact(c.dtype, std::vector<float>{c.big});
+      const float big = exact.at(0);  // the value the tensor holds
+      // Element 0: +big on every rank; 1: -big; 2: 1 (an exact small sum); the rest zeros, so
+      // that the ring and SRA have a chunk per rank.
+      std::vector<float> values(64, 0.0f);
+      values[0] = big;
+      values[1] = -big;
+      values[2] = 1.0f;
+      testing::HostTensor tensor(c.dtype, values);
+      comm.allreduce(tensor.view(), std::string("overflow/") + text, CompressionSpec::parse(text));
+      EXPECT_EQ(tensor.at(0), ranks == 1 ? big : inf);
+      EXPECT_EQ(tensor.at(1), ranks == 1 ? -big : -inf);
+      EXPECT_EQ(tensor.at(2), static_cast<float>(ranks));
+      for (std::size_t i = 3; i < values.size(); ++i) ASSERT_EQ(tensor.at(i), 0.0f) << i;
+    }
+  }
 }
 
 // Runs `call` on every rank; `deviant` makes it differently. Expects every rank to throw

@@ -25,6 +25,7 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/cast_cpu_simd.h"
+#include "kernels/cast_math.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/host_device.h"
@@ -66,7 +67,9 @@ constexpr Format16 kBfloat16{7, 127, "bf16"};
 
 // The format's bits for the f32 `value`, round to nearest, ties to even. NaN: the format's
 // quiet NaN of the same sign whose fraction is the f32 fraction's top bits (F16C's rule).
-std::uint16_t reference_round(const Format16& format, float value) {
+// saturate (message payloads): a finite value that rounds beyond the range gives the largest
+// finite value; otherwise (tensor stores) it gives Inf, as IEEE 754 says.
+std::uint16_t reference_round(const Format16& format, float value, bool saturate = true) {
   const std::uint32_t f32 = kernels::float_bits(value);
   const auto sign = static_cast<std::uint16_t>((f32 >> 16) & 0x8000u);
   const int exponent_bits = 15 - format.fraction_bits;
@@ -94,8 +97,8 @@ std::uint16_t reference_round(const Format16& format, float value) {
   const double rounded = whole * quantum;  // exact
   if (rounded >= std::ldexp(1.0, max_exponent + 1)) {
     // Saturation (cast_math.h): a finite value that rounds beyond the format's range
-    // becomes its largest finite value, all ones below the all-ones exponent.
-    return static_cast<std::uint16_t>(sign | (all_ones_exponent - 1u));
+    // becomes its largest finite value, all ones below the all-ones exponent; IEEE: Inf.
+    return static_cast<std::uint16_t>(sign | (saturate ? all_ones_exponent - 1u : all_ones_exponent));
   }
   if (rounded < std::ldexp(1.0, min_normal_exponent)) {  // subnormal (or zero)
     return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(whole));
@@ -410,6 +413,48 @@ TEST(CastKernels, F32ToF16BoundaryValues) {
       });
 }
 
+// Stores into f16 / bf16 tensors (store_from_f32: a collective's result, a decode's output)
+// round as IEEE 754 does: beyond the range to +-Inf, like PyTorch's .half() and all-reduce, so
+// that a loss scaler sees the overflow; every other value as the payload conversion does.
+TEST(CastKernels, TensorStoresRoundBeyondTheRangeToInfinityOnEveryIsa) {
+  std::vector<float> values = special_values();
+  // Around both overflow edges, and a run long enough for every vector path and its tail.
+  for (std::uint32_t bits = 0x477FE000u - 64; bits < 0x477FF000u + 64; bits += 7) {
+    values.push_back(kernels::bits_float(bits));
+    values.push_back(-kernels::bits_float(bits));
+  }
+  for (std::uint32_t bits = 0x7F7F7F00u; bits < 0x7F800000u; bits += 13) values.push_back(kernels::bits_float(bits));
+  for (const Format16* format : {&kBinary16, &kBfloat16}) {
+    const DType dtype = format == &kBinary16 ? DType::f16 : DType::bf16;
+    std::vector<std::uint16_t> expected(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      expected[i] = reference_round(*format, values[i], /*saturate=*/false);
+    for (Isa isa : runnable_isas()) {
+      IsaScope scope(isa);
+      // Odd offsets and lengths: the stores start inside the tensor.
+      std::vector<std::uint16_t> out(values.size() + 3, 0xABCD);
+      kernels::cpu::store_from_f32(values.data(), values.size(),
+                                   TensorView{out.data(), out.size(), dtype, Device{}}, 3);
+      const std::vector<std::uint16_t> stored(out.begin() + 3, out.end());
+      const std::size_t at = first_difference(stored, expected);
+      EXPECT_EQ(at, std::string::npos)
+          << format->name << ", " << isa_label(isa) << ": f32 0x" << std::hex
+          << kernels::float_bits(values[at]) << " gave 0x" << stored[at] << ", expected 0x" << expected[at];
+      EXPECT_EQ(out[0], 0xABCD);
+    }
+  }
+  // Hand-derived: the edges, against the payload conversion's saturation.
+  EXPECT_EQ(kernels::f32_to_f16_bits_ieee(65519.99f), 0x7BFF);
+  EXPECT_EQ(kernels::f32_to_f16_bits_ieee(65520.0f), 0x7C00);
+  EXPECT_EQ(kernels::f32_to_f16_bits_ieee(-1.0e9f), 0xFC00);
+  EXPECT_EQ(kernels::f32_to_f16_bits(65520.0f), 0x7BFF);
+  EXPECT_EQ(kernels::f32_to_bf16_bits_ieee(kernels::bits_float(0x7F7F7FFFu)), 0x7F7F);
+  EXPECT_EQ(kernels::f32_to_bf16_bits_ieee(std::numeric_limits<float>::max()), 0x7F80);
+  EXPECT_EQ(kernels::f32_to_bf16_bits_ieee(-std::numeric_limits<float>::max()), 0xFF80);
+  EXPECT_EQ(kernels::f32_to_bf16_bits(std::numeric_limits<float>::max()), 0x7F7F);
+  EXPECT_EQ(reference_round(kBinary16, 65520.0f, /*saturate=*/false), 0x7C00);
+}
+
 TEST(CastKernels, F32ToBf16BoundaryValues) {
   const float inf = std::numeric_limits<float>::infinity();
   expect_cases(
@@ -707,26 +752,27 @@ std::vector<std::byte> raw_bytes(const testing::HostTensor& tensor) {
   return std::vector<std::byte>(begin, begin + view.size_bytes());
 }
 
-// The bytes `dtype` holds for the f32 `value`: exact for f32, reference rounding otherwise.
-void put_reference(DType dtype, float value, std::byte* out, std::size_t i) {
+// The bytes `dtype` holds for the f32 `value`: exact for f32, reference rounding otherwise
+// (saturating for a payload, IEEE for a tensor: kernels/cast_math.h).
+void put_reference(DType dtype, float value, std::byte* out, std::size_t i, bool saturate) {
   if (dtype == DType::f32) {
     std::memcpy(out + 4 * i, &value, 4);
   } else {
-    store16(out, i, reference_round(format_of(dtype), value));
+    store16(out, i, reference_round(format_of(dtype), value, saturate));
   }
 }
 
 // Entry b (dtype_size(to) bytes at b * dtype_size(to)): what `to` holds for the 16-bit pattern b
-// of `from` widened exactly. The reference applied once per pattern instead of once per element,
-// each table built once per process.
-const std::vector<std::byte>& reference_table(const Format16& from, DType to) {
-  static std::vector<std::byte> tables[2][3];
-  auto& table = tables[&from == &kBinary16 ? 0 : 1][static_cast<int>(to)];
+// of `from` widened exactly: a payload of `to` (`saturate`) or a tensor of `to`. The reference
+// applied once per pattern instead of once per element, each table built once per process.
+const std::vector<std::byte>& reference_table(const Format16& from, DType to, bool saturate) {
+  static std::vector<std::byte> tables[2][3][2];
+  auto& table = tables[&from == &kBinary16 ? 0 : 1][static_cast<int>(to)][saturate ? 1 : 0];
   if (table.empty()) {
     table.resize(65536 * dtype_size(to));
     for (std::uint32_t bits = 0; bits < 65536; ++bits) {
       put_reference(to, reference_widen(from, static_cast<std::uint16_t>(bits)), table.data(),
-                    bits);
+                    bits, saturate);
     }
   }
   return table;
@@ -753,7 +799,7 @@ TEST(CastCodec, RoundTripMatchesTheReferenceForEveryCountInputAndOutputDtype) {
           for (std::size_t i = 0; i < count; ++i)
             expected_payload[i] = reference_round(format, values[i]);
         } else {
-          const auto& recast = reference_table(format_of(in_dtype), tested.format);
+          const auto& recast = reference_table(format_of(in_dtype), tested.format, /*saturate=*/true);
           for (std::size_t i = 0; i < count; ++i) {
             expected_payload[i] = load16(recast.data(), load16(input_bytes.data(), i));
           }
@@ -766,7 +812,8 @@ TEST(CastCodec, RoundTripMatchesTheReferenceForEveryCountInputAndOutputDtype) {
         for (DType out_dtype : testing::kTestDTypes) {
           testing::HostTensor output(out_dtype, count);
           codec->decode(message, output.view());
-          const auto& table = reference_table(format, out_dtype);
+          // Decoding writes a tensor: IEEE rounding (a bf16 payload beyond f16's range: Inf).
+          const auto& table = reference_table(format, out_dtype, /*saturate=*/false);
           const std::size_t size = dtype_size(out_dtype);
           std::vector<std::byte> expected(count * size);
           for (std::size_t i = 0; i < count; ++i) {

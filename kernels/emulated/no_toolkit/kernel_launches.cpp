@@ -15,6 +15,12 @@ void f32_to_f16(const float* d_in, std::uint16_t* d_out, std::size_t count, void
 void f32_to_bf16(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
   emulated::f32_to_bf16(d_in, d_out, count, stream);
 }
+void f32_to_f16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  emulated::f32_to_f16_ieee(d_in, d_out, count, stream);
+}
+void f32_to_bf16_ieee(const float* d_in, std::uint16_t* d_out, std::size_t count, void* stream) {
+  emulated::f32_to_bf16_ieee(d_in, d_out, count, stream);
+}
 void f16_to_f32(const std::uint16_t* d_in, float* d_out, std::size_t count, void* stream) {
   emulated::f16_to_f32(d_in, d_out, count, stream);
 }
