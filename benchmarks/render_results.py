@@ -429,7 +429,9 @@ def render_cost_model(record):
                      f"| {row['measured_s']:.3e} | {row['model_s']:.3e} | {100 * row['error']:+.0f}% |")
     lines += ["", "</details>", "",
               f"Projection (α = {record['rounds'][0]['rows']['projection']['latency_us']:g} µs, γ "
-              "of this CPU): the time of the algorithm algo=auto runs for each codec "
+              "of this CPU; the validation above used α = "
+              f"{first['link_latency_us']:g} µs at P ≤ 4, so every row beyond P = 4 is the "
+              "model extrapolated, not a measurement): the time of the algorithm algo=auto runs for each codec "
               "(choose_allreduce with this model: the codec's default unless another of its auto "
               "candidates is predicted at least 15% faster) against the cheapest dense f32 and "
               "dense 16-bit all-reduce (ring, SRA, rhd or tree: what a tuned library gives). "
@@ -503,7 +505,10 @@ def readme_cost_model(record):
              f"the largest size, every algorithm; {len(record['rounds'])} rounds): |error| median "
              f"{spread(medians, 0)}%, 90th percentile {spread(p90s, 0)}%, worst {spread(maxima, 0)}% "
              f"(rows of 1 MiB and more: median {spread(big[1], 0)}%, 90th percentile "
-             f"{spread(big[2], 0)}%, worst {spread(big[3], 0)}%). Projected with what algo=auto "
+             f"{spread(big[2], 0)}%, worst {spread(big[3], 0)}%), with α = "
+             f"{record['rounds'][0]['rows']['validation']['link_latency_us']:g} µs. Projected, "
+             f"an extrapolation from P ≤ 4 with α = "
+             f"{record['rounds'][0]['rows']['projection']['latency_us']:g} µs, with what algo=auto "
              "would run, against the cheapest dense f32 / 16-bit all-reduce:"]
     lines += projection_tables(record, [8, 1024], [1, 10])
     return lines
