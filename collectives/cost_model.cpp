@@ -79,7 +79,6 @@ double completion_latency(int p, const LinkModel& link) {
   return link.stream_ordered ? size_exchange_latency(p, link) : 0.0;
 }
 
-
 // The segments per chunk the pipelined ring and SRA cut a tensor of n elements on p ranks into
 // (pipeline_segments in collective_job.h, from the chunks' sizes ⌊n/p⌋ and ⌈n/p⌉): 1 when the
 // link's transport does not pipeline (LinkModel::pipelined); at most `max_segments`.
