@@ -32,6 +32,7 @@
 #include "benchmarks/bench_support.h"
 #include "collectives/algorithm_choice.h"
 #include "collectives/algorithm_table.h"
+#include "collectives/codec_table.h"
 #include "collectives/cost_model.h"
 #include "gradzip/codec.h"
 #include "gradzip/compression_spec.h"
@@ -107,8 +108,10 @@ void print_help() {
       "  --device cuda       measure gamma on CUDA device 0 (the device codecs) and project\n"
       "                      calls on CUDA tensors over NCCL (stream-ordered: the ring and SRA\n"
       "                      pipelined on streams, no size exchanges, one completion\n"
-      "                      all-reduce); with GRADZIP_DEVICE=emulated gamma is the CPU twins'\n"
-      "                      (not a GPU's); not with --validate (host measurements)\n");
+      "                      all-reduce; each codec's default algorithm, which is what\n"
+      "                      algo=auto runs there); with GRADZIP_DEVICE=emulated gamma is the\n"
+      "                      CPU twins' (not a GPU's); not with --validate (host measurements).\n"
+      "                      --device host: the default\n");
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -344,6 +347,12 @@ CostEstimate best_of(const ModeledCodec& codec, std::size_t count, int ranks, co
 // estimate. An explicit algo= in the spec is what it runs, as in a call.
 CostEstimate auto_choice_of(const ModeledCodec& codec, std::size_t count, int ranks,
                             const LinkModel& link) {
+  // On CUDA tensors algo=auto runs the codec's default path (it does not consult the model:
+  // collectives/algorithm_choice.h, auto_uses_model), which runs stream-ordered over NCCL.
+  if (link.stream_ordered && codec.spec.algo == Algorithm::auto_select) {
+    return collectives::estimate_allreduce(collectives::codec_row(codec.spec.codec).default_path,
+                                           *codec.codec, codec.cost, count, ranks, link);
+  }
   const collectives::AutoModel model{*codec.codec, codec.cost, link, ranks, std::nullopt};
   const collectives::AllreduceChoice choice =
       collectives::choose_allreduce(codec.spec, count, codec.spec.warmup, &model);
