@@ -164,13 +164,13 @@ class TopkCodec final : public Codec, public FusedFeedbackEncoder {
         case DType::f32:
           std::memcpy(base + index * sizeof(float), &value, sizeof value);
           break;
-        case DType::f16: {
-          const std::uint16_t bits = kernels::f32_to_f16_bits(value);
+        case DType::f16: {  // a store into a tensor: IEEE rounding (kernels/cast_math.h)
+          const std::uint16_t bits = kernels::f32_to_f16_bits_ieee(value);
           std::memcpy(base + index * sizeof bits, &bits, sizeof bits);
           break;
         }
         case DType::bf16: {
-          const std::uint16_t bits = kernels::f32_to_bf16_bits(value);
+          const std::uint16_t bits = kernels::f32_to_bf16_bits_ieee(value);
           std::memcpy(base + index * sizeof bits, &bits, sizeof bits);
           break;
         }

@@ -111,13 +111,14 @@ void check_consistency(const Case& c, const float* out32, const std::uint16_t* o
   for (std::size_t i = 0; i < c.count; ++i) {
     const float value = out32[i];
     const bool nan = std::isnan(value);
+    // Decoding writes a tensor: IEEE rounding, beyond the range to +-Inf (kernels/cast_math.h).
     if (nan ? !std::isnan(k::f16_bits_to_f32(out16[i]))
-            : out16[i] != k::f32_to_f16_bits(value)) {
+            : out16[i] != k::f32_to_f16_bits_ieee(value)) {
       fail(c, "f16 output " + std::to_string(out16[i]) + " at " + std::to_string(i) +
                   " is not the f32 output " + std::to_string(value) + " rounded");
     }
     if (nan ? !std::isnan(k::bf16_bits_to_f32(outbf[i]))
-            : outbf[i] != k::f32_to_bf16_bits(value)) {
+            : outbf[i] != k::f32_to_bf16_bits_ieee(value)) {
       fail(c, "bf16 output " + std::to_string(outbf[i]) + " at " + std::to_string(i) +
                   " is not the f32 output " + std::to_string(value) + " rounded");
     }

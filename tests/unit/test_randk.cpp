@@ -472,9 +472,10 @@ TEST(RandkCodec, DecodesIntoHalfPrecisionOutputs) {
     HostTensor out(dtype, n);
     codec->decode(message, out.view());
     for (std::size_t i = 0; i < n; ++i) {
+      // A decode writes a tensor: IEEE rounding (kernels/cast_math.h).
       const float expected = dtype == DType::f16
-                                 ? kernels::f16_bits_to_f32(kernels::f32_to_f16_bits(decoded[i]))
-                                 : kernels::bf16_bits_to_f32(kernels::f32_to_bf16_bits(decoded[i]));
+                                 ? kernels::f16_bits_to_f32(kernels::f32_to_f16_bits_ieee(decoded[i]))
+                                 : kernels::bf16_bits_to_f32(kernels::f32_to_bf16_bits_ieee(decoded[i]));
       ASSERT_EQ(kernels::float_bits(out.at(i)), kernels::float_bits(expected)) << dtype_name(dtype) << " " << i;
     }
   }
