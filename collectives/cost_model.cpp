@@ -321,10 +321,38 @@ CostEstimate cheapest_allreduce(const std::vector<AlgorithmId>& candidates,
 
 namespace {
 
+// The fastest of `repeats` runs of `run`, per element of `sample`; `settle` ends each timed run
+// (a device measurement waits for the device there; a host one has nothing to wait for).
+template <typename Run, typename Settle>
+double fastest_per_element(int repeats, std::size_t sample, Run&& run, Settle&& settle) {
+  using Clock = std::chrono::steady_clock;
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = Clock::now();
+    run();
+    settle();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best / static_cast<double>(sample);
+}
+
+// γ of the encode (with error feedback's extra passes when the spec has ef=on: g' = g + e,
+// encode, decode, e = g' - D(C(g'))) of `input` into `message`, host or device alike; `bytes`
+// gets the message's size. `time` is a fastest_per_element bound to the measurement.
+template <typename Time>
+double encode_seconds(const Codec& codec, ConstTensorView input, std::span<std::byte> message,
+                      std::size_t& bytes, Time&& time) {
+  const EncodeContext ctx{codec.spec().seed, 0, 1, 0};
+  if (!codec.spec().error_feedback) return time([&] { bytes = codec.encode(input, message, ctx); });
+  error_feedback::ResidualStore store(1, 0, ResizePolicy::error);
+  error_feedback::ErrorFeedbackCodec feedback(
+      std::shared_ptr<const Codec>(&codec, [](const Codec*) {}), store);
+  return time([&] { bytes = feedback.encode("gamma", input, message, ctx); });
+}
+
 // γ on CUDA device `device`: the data copied there once, every timed run waited for.
 CodecCost measure_device_codec_cost(const Codec& codec, const std::vector<float>& data,
                                     int repeats, int device) {
-  using Clock = std::chrono::steady_clock;
   const std::string op = detail::concat("measure_codec_cost (cuda:", device, ")");
   const std::size_t sample = data.size();
   const Device where{DeviceKind::cuda, device};
@@ -336,34 +364,19 @@ CodecCost measure_device_codec_cost(const Codec& codec, const std::vector<float>
   const ConstTensorView input{d_data.data(), sample, DType::f32, where};
   const TensorView accumulator{d_accumulator.data(), sample, DType::f32, where};
   const std::span<std::byte> message(d_message.data(), d_message.size());
-  const EncodeContext ctx{codec.spec().seed, 0, 1, 0};
-  const auto fastest = [&](auto&& run) {
-    double best = 1e30;
-    for (int r = 0; r < repeats; ++r) {
-      const auto start = Clock::now();
-      run();
-      finish_queued_work(device, op);
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    return best / static_cast<double>(sample);
+  const auto time = [&](auto&& run) {
+    return fastest_per_element(repeats, sample, run, [&] { finish_queued_work(device, op); });
   };
   std::size_t bytes = 0;
   CodecCost cost;
-  if (codec.spec().error_feedback) {
-    error_feedback::ResidualStore store(1, 0, ResizePolicy::error);
-    error_feedback::ErrorFeedbackCodec feedback(
-        std::shared_ptr<const Codec>(&codec, [](const Codec*) {}), store);
-    cost.encode_s = fastest([&] { bytes = feedback.encode("gamma", input, message, ctx); });
-  } else {
-    cost.encode_s = fastest([&] { bytes = codec.encode(input, message, ctx); });
-  }
-  cost.decode_add_s = fastest([&] { codec.decode_add(message.first(bytes), accumulator); });
+  cost.encode_s = encode_seconds(codec, input, message, bytes, time);
+  cost.decode_add_s = time([&] { codec.decode_add(message.first(bytes), accumulator); });
   // The uncompressed reductions' f32 adds: decode_add of a `none` message.
   const std::unique_ptr<Codec> plain = make_codec(CompressionSpec::parse("none"));
   DeviceAllocation d_plain(plain->max_encoded_bytes(sample), device, op);
   const std::span<std::byte> plain_message(d_plain.data(), d_plain.size());
-  const std::size_t plain_bytes = plain->encode(input, plain_message, ctx);
-  cost.add_s = fastest([&] { plain->decode_add(plain_message.first(plain_bytes), accumulator); });
+  const std::size_t plain_bytes = plain->encode(input, plain_message, EncodeContext{});
+  cost.add_s = time([&] { plain->decode_add(plain_message.first(plain_bytes), accumulator); });
   return cost;
 }
 
@@ -372,7 +385,6 @@ CodecCost measure_device_codec_cost(const Codec& codec, const std::vector<float>
 CodecCost measure_codec_cost(const Codec& codec, std::size_t sample, int repeats, Device where) {
   GZ_REQUIRE(sample > 0 && repeats > 0, ErrorCode::invalid_argument, "measure_codec_cost: sample ",
              sample, ", repeats ", repeats);
-  using Clock = std::chrono::steady_clock;
   // Deterministic N(0, 1)-like data: a sum of uniforms is enough for timing.
   std::vector<float> data(sample);
   std::uint64_t state = 0x2545F4914F6CDD1Dull;
@@ -390,32 +402,13 @@ CodecCost measure_codec_cost(const Codec& codec, std::size_t sample, int repeats
   std::vector<float> accumulator(sample, 0.0f), other(sample, 0.0f);
   std::vector<std::byte> message(codec.max_encoded_bytes(sample));
   const ConstTensorView input{data.data(), sample, DType::f32, Device{}};
-  const EncodeContext ctx{codec.spec().seed, 0, 1, 0};
-  const auto fastest = [&](auto&& run) {
-    double best = 1e30;
-    for (int r = 0; r < repeats; ++r) {
-      const auto start = Clock::now();
-      run();
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    return best / static_cast<double>(sample);
-  };
+  const auto time = [&](auto&& run) { return fastest_per_element(repeats, sample, run, [] {}); };
   std::size_t bytes = 0;
   CodecCost cost;
-  if (codec.spec().error_feedback) {
-    // Error feedback's encode: g' = g + e, encode, decode, e = g' - D(C(g')).
-    error_feedback::ResidualStore store(1, 0, ResizePolicy::error);
-    error_feedback::ErrorFeedbackCodec feedback(std::shared_ptr<const Codec>(&codec, [](const Codec*) {}),
-                                                store);
-    cost.encode_s = fastest([&] {
-      bytes = feedback.encode("gamma", input, message, ctx);
-    });
-  } else {
-    cost.encode_s = fastest([&] { bytes = codec.encode(input, message, ctx); });
-  }
+  cost.encode_s = encode_seconds(codec, input, message, bytes, time);
   const std::span<const std::byte> encoded(message.data(), bytes);
-  cost.decode_add_s = fastest([&] { codec.decode_add(encoded, accumulator.data(), sample); });
-  cost.add_s = fastest([&] {
+  cost.decode_add_s = time([&] { codec.decode_add(encoded, accumulator.data(), sample); });
+  cost.add_s = time([&] {
     for (std::size_t i = 0; i < sample; ++i) other[i] += data[i];
   });
   return cost;
