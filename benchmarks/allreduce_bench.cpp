@@ -35,10 +35,13 @@
 //   min_cosine             the floor it must reach: allreduce_cosine_floor (compressors/
 //                          codec_descriptor.h) of the smallest cosine_estimate of the ranks' inputs
 //                          and the compressions on an element's path (compressions_on_path()
-//                          below); 0 (no floor) for `none` and below kCosineMinElementsPerRank
-//                          elements per rank.
+//                          below), from kCosineMinElementsPerRank elements per rank; below that
+//                          kSmallRowMinCosine (the result must point the way of the exact sum);
+//                          0 (no floor) for `none` and empty tensors.
 //                          The max-error bound alone accepts an all-zero result for sign, top-k
-//                          and random-k (their bound is at least max sum |x|); the floor does not
+//                          and random-k (their bound is at least max sum |x|); the floor does not.
+//                          Top-k and random-k that keep every element (k >= n, f32 values) get
+//                          the bound of the sum's f32 adds alone: their result is exact.
 // Data: `none` gets integer-valued floats in [-1000, 1000] (so the f32 sum is exact and the
 // error must be exactly 0); every other codec gets N(0, 1) data, different on every rank.
 //
@@ -421,6 +424,20 @@ double compression_error(const CompressionSpec& spec, double y_max) {
   return bound != nullptr ? bound(spec, y_max) : HUGE_VAL;
 }
 
+// Top-k and random-k with f32 values that keep every element of every message (k >= n for the
+// whole tensor, so for each chunk too): lossless, the result is the sum up to f32 adds.
+bool keeps_every_element(const CompressionSpec& spec, std::size_t count) {
+  return (spec.codec == CodecKind::topk || spec.codec == CodecKind::randk) &&
+         spec.values == DType::f32 && count > 0 && spec.k_for(count) >= count;
+}
+
+// The cosine floor below compressors::kCosineMinElementsPerRank elements per rank, where no
+// estimate of the cosine holds (a 7-element random-k keeps one element's sum: its cosine is
+// that element's share of the sum's norm, 0.08 on the check's data). It only asks that the
+// result point the way of the exact sum, which an all-zero result (cosine 0) and a negated sum
+// (cosine below 0) fail.
+constexpr double kSmallRowMinCosine = 1e-6;
+
 // A bound on max_i |result_i - sum_r x_{r,i}| of one call on fresh residuals, where
 // max_magnitude M = max |x_{r,i}| and max_sum_magnitude A = max_i sum_r |x_{r,i}|, both over
 // all ranks. Per algorithm (docs/algorithms.md, "Error"), with e(y) = compression_error():
@@ -669,17 +686,26 @@ void check_result(Communicator& comm, const std::string& spec_text, const Compre
                         ? 0.0
                         : error_bound(spec, stats.algorithm, row.ranks, max_magnitude,
                                       max_sum_magnitude, layout);
+  if (keeps_every_element(spec, input.size())) {
+    // Nothing is dropped or rounded: only the f32 adds of the sums err, at most two per
+    // contribution on any algorithm's path (halving/doubling's fold adds one).
+    row.error_bound = std::min(row.error_bound, 2 * (row.ranks - 1) * kF32Unit *
+                                                    max_over_ranks(max_sum_magnitude) * (1 + 0x1p-20));
+  }
   row.ranks_identical = identical_to_rank0(result);
 
   // The cosine with the exact sum, against its floor (rejects zeros and a negated sum).
   const double cosine = compressors::cosine_similarity(result, exact);
   row.cosine = -max_over_ranks(-(std::isnan(cosine) ? -HUGE_VAL : cosine));
   const std::size_t per_rank = input.size() / static_cast<std::size_t>(row.ranks);
-  if (spec.codec != CodecKind::none && per_rank >= compressors::kCosineMinElementsPerRank) {
+  if (spec.codec == CodecKind::none || input.empty()) return;
+  if (per_rank >= compressors::kCosineMinElementsPerRank) {
     const double single = -max_over_ranks(
         -compressors::codec_descriptor(spec.codec).cosine_estimate(spec, input));
     row.min_cosine = compressors::allreduce_cosine_floor(
         single, compressions_on_path(stats.algorithm, row.ranks, layout));
+  } else {
+    row.min_cosine = kSmallRowMinCosine;
   }
 }
 

@@ -8,6 +8,7 @@
 #include "collectives/device_memory.h"
 #include "collectives/json_text.h"
 #include "collectives/nonfinite_policy.h"
+#include "collectives/random_streams.h"
 #include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/nonfinite_cpu.h"
@@ -129,12 +130,13 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
                  call.tensor.device.kind == DeviceKind::cpu
                      ? std::string("in host memory")
                      : detail::concat("on cuda:", call.tensor.device.index));
-      if (const std::optional<std::string> other = state.claim_tensor_id(call.name)) {
+      if (const std::optional<std::string> other = state.claim_random_stream(call.spec->seed, call.name)) {
         GZ_THROW(ErrorCode::invalid_argument, collective_kind_name(call.kind), " of '", call.name,
-                 "': the name's tensor id 0x", std::hex, tensor_id_of(call.name), std::dec,
-                 " (a 32-bit hash that keys the random streams) is also that of '", *other,
-                 "', which this communicator uses: the two would draw the same random numbers. "
-                 "Rename one of them");
+                 "': its random stream (seed ", call.spec->seed, ", key 0x", std::hex,
+                 random_stream_of(call.spec->seed, call.name).key, std::dec,
+                 ", from the 64-bit hash of the name) is also that of '", *other,
+                 "', which this process uses: the two would draw the same random numbers. "
+                 "Rename one of them or change the seed");
       }
     } catch (const Error& error) {
       call.error = error;

@@ -7,6 +7,7 @@
 #include "collectives/algorithm_table.h"
 #include "collectives/codec_table.h"
 #include "collectives/device_memory.h"
+#include "collectives/random_streams.h"
 #include "collectives/transport/nccl_transport_factory.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/convert.h"
@@ -147,7 +148,8 @@ ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const 
     residuals = &state.residuals();
     residuals->set_resize_policy(spec.ef_resize);
   }
-  const EncodeContext ctx{spec.seed, step, tensor_id_of(name), 0};
+  const RandomStream stream = random_stream_of(spec.seed, name);
+  const EncodeContext ctx{stream.key, step, stream.tensor_id, 0};
   ReduceJob job{*memory.transport, state.codec_for(spec), memory.data, std::move(residual_key),
                 residuals, ctx, stats, memory.device};
   job.segment_bytes = spec.segment_bytes;

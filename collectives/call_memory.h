@@ -86,7 +86,7 @@ void divide_for_average(const CallMemory& memory, ReduceOp op);
 
 // The job an algorithm receives: the call memory's transport, data and device; residuals keyed
 // by `residual_key` (the algorithms register them, each with the sizes it needs) under this
-// call's ef_resize policy; random streams keyed by (spec.seed, step, tensor_id_of(name)).
+// call's ef_resize policy; random streams of random_stream_of(spec.seed, name) at `step`.
 ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const CallMemory& memory,
                    std::string residual_key, std::string_view name, std::uint32_t step,
                    CollectiveStats& stats);

@@ -94,6 +94,17 @@ error_feedback::ResidualStore& residuals_of(Communicator& communicator) {
   return state_of(communicator).residuals();
 }
 
+void claim_random_stream(Communicator& communicator, std::uint64_t seed, std::string_view name,
+                         std::string_view who) {
+  if (const std::optional<std::string> other = state_of(communicator).claim_random_stream(seed, name)) {
+    GZ_THROW(ErrorCode::invalid_argument, who, ": the random stream of '", name, "' (seed ", seed,
+             ", key 0x", std::hex, random_stream_of(seed, name).key, std::dec,
+             ", from the 64-bit hash of the name) is also that of '", *other,
+             "', which this process uses: the two would draw the same random numbers. Rename "
+             "one of them or change the seed");
+  }
+}
+
 AutoModelInputs auto_model_inputs(Communicator& communicator) {
   return state_of(communicator).auto_model_inputs();
 }
@@ -110,6 +121,12 @@ CollectiveStats allreduce_at_step(Communicator& communicator, TensorView tensor,
                                   std::string_view name, const CompressionSpec& spec, ReduceOp op,
                                   std::uint32_t step, const Error* preset_error) {
   return allreduce_at_step(state_of(communicator), tensor, name, spec, op, step, preset_error);
+}
+
+CollectiveStats allreduce_keyed_by_step(Communicator& communicator, TensorView tensor,
+                                        std::string_view name, const CompressionSpec& spec,
+                                        ReduceOp op, std::uint32_t step) {
+  return allreduce_keyed_by_step(state_of(communicator), tensor, name, spec, op, step);
 }
 
 }  // namespace gradzip::collectives

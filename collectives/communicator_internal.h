@@ -83,11 +83,20 @@ CollectiveStats allreduce_at_step(Communicator& communicator, TensorView tensor,
                                   std::string_view name, const CompressionSpec& spec, ReduceOp op,
                                   std::uint32_t step, const Error* preset_error);
 
-// The tensor id of a name in EncodeContext: FNV-1a 64 of the name folded to 32 bits (high
-// half XOR low half), the same on every rank and in every run. Two names can share one; a
-// communicator refuses a call whose name shares the id of another name it uses
-// (CommunicatorState::claim_tensor_id), so that no two tensors in use draw the same random
-// numbers.
-std::uint32_t tensor_id_of(std::string_view name) noexcept;
+// An in-place all-reduce like Communicator::allreduce whose random streams and warm-up
+// (spec.warmup) count `step`, given by the caller and the same on every rank (the call check
+// verifies it), instead of the name's call number. The DDP hook passes its iteration: the
+// draws then follow from the checkpointed iteration, so a job resumed from a checkpoint draws
+// what the uninterrupted job would have, and a bucket renamed by DDP's rebuild keeps counting.
+CollectiveStats allreduce_keyed_by_step(Communicator& communicator, TensorView tensor,
+                                        std::string_view name, const CompressionSpec& spec,
+                                        ReduceOp op, std::uint32_t step);
+
+// Claims, for `communicator`'s release window, the random stream that `name` draws from under
+// `seed` (collectives/random_streams.h): a different name in use in this process with the same
+// stream key is refused with invalid_argument naming both (`who` names the caller). Calls
+// claim their name themselves; this is for streams drawn outside a call (PowerSGD's first Q).
+void claim_random_stream(Communicator& communicator, std::uint64_t seed, std::string_view name,
+                         std::string_view who);
 
 }  // namespace gradzip::collectives

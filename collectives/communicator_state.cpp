@@ -210,17 +210,14 @@ void CommunicatorState::start_call() {
                    static_cast<unsigned long long>(release_window_));
     }
     std::erase_if(call_numbers_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
-    std::erase_if(tensor_ids_, [&](const auto& entry) { return entry.second.last_use < oldest_kept; });
+    stream_claims_.release_unused_before(oldest_kept);
   }
   residuals_.set_use_clock(call);
 }
 
-std::optional<std::string> CommunicatorState::claim_tensor_id(std::string_view name) {
-  const std::uint32_t id = tensor_id_of(name);
-  const auto [entry, inserted] = tensor_ids_.try_emplace(id, IdUse{std::string(name), calls_started_});
-  if (!inserted && entry->second.name != name) return entry->second.name;
-  entry->second.last_use = calls_started_;
-  return std::nullopt;
+std::optional<std::string> CommunicatorState::claim_random_stream(std::uint64_t seed,
+                                                                 std::string_view name) {
+  return stream_claims_.claim(seed, name, calls_started_);
 }
 
 AutoModelInputs CommunicatorState::auto_model_inputs() const {
@@ -285,11 +282,6 @@ CommunicatorState::NodeTransports& CommunicatorState::node_transports(std::uint3
 Communicator make_communicator(std::unique_ptr<Transport> transport, CommunicatorOptions options) {
   return CommunicatorAccess::wrap(
       std::make_unique<CommunicatorState>(std::move(transport), std::move(options)));
-}
-
-std::uint32_t tensor_id_of(std::string_view name) noexcept {
-  const std::uint64_t hash = fingerprint64(name);
-  return static_cast<std::uint32_t>(hash >> 32) ^ static_cast<std::uint32_t>(hash);
 }
 
 }  // namespace gradzip::collectives

@@ -18,6 +18,7 @@
 #include "collectives/communicator_internal.h"
 #include "collectives/cost_model.h"
 #include "collectives/device_memory.h"
+#include "collectives/random_streams.h"
 #include "collectives/transport/transport.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
@@ -49,11 +50,13 @@ class CommunicatorState {
   // this call's uses with its number.
   void start_call();
   std::uint64_t calls_started() const noexcept { return calls_started_; }
-  // Records that `name` is in use with tensor id tensor_id_of(name) (at the current call, for
-  // the release window) and returns nothing; or, when another name in use has the same id (their
-  // random streams would coincide), returns that name and records nothing. Every rank sees the
-  // same names in the same order (the call check), so every rank decides alike.
-  std::optional<std::string> claim_tensor_id(std::string_view name);
+  // Records that `name` draws from random_stream_of(seed, name) (at the current call, for the
+  // release window) and returns nothing; or, when a different name in use in this process holds
+  // that stream's key (their random numbers would coincide), returns that name and records
+  // nothing (collectives/random_streams.h). The claim is process-wide, so ranks may decide
+  // differently; callers report the refusal as this rank's argument error, which the call
+  // check turns into an error on every rank.
+  std::optional<std::string> claim_random_stream(std::uint64_t seed, std::string_view name);
 
   // Residuals released by start_call so far (the first release also writes one warning to
   // stderr naming them: a name that comes back starts error feedback anew).
@@ -166,12 +169,8 @@ class CommunicatorState {
     std::uint64_t last_use = 0;     // the communicator call that last counted it
   };
   std::map<std::string, NameUse, std::less<>> call_numbers_;
-  // tensor_id_of(name) -> the name using it and the call that last did (claim_tensor_id).
-  struct IdUse {
-    std::string name;
-    std::uint64_t last_use = 0;
-  };
-  std::map<std::uint32_t, IdUse> tensor_ids_;
+  // The stream keys this communicator's names hold (claim_random_stream).
+  RandomStreamClaims stream_claims_;
   std::uint64_t calls_started_ = 0;
   std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs_;
   std::map<std::uint32_t, NodeTransports> nodes_;
@@ -209,5 +208,9 @@ inline CommunicatorState& state_of(Communicator& communicator) noexcept {
 CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, std::string_view name,
                                   const CompressionSpec& spec, ReduceOp op, std::uint32_t step,
                                   const Error* preset_error);
+// allreduce_keyed_by_step (collectives/communicator_internal.h) on the state itself.
+CollectiveStats allreduce_keyed_by_step(CommunicatorState& state, TensorView tensor,
+                                        std::string_view name, const CompressionSpec& spec,
+                                        ReduceOp op, std::uint32_t step);
 
 }  // namespace gradzip::collectives

@@ -401,10 +401,28 @@ void read_step_and_model_inputs(CheckpointReader& reader, CheckpointOwnerState& 
   }
 }
 
+// The largest length or count the file stores (as u32).
+constexpr std::uint64_t kMaxLength = std::numeric_limits<std::uint32_t>::max();
+
+}  // namespace
+
+std::string model_inputs_fault(const CheckpointModelInputs& inputs) {
+  std::string fault = inputs.link ? link_fault(*inputs.link, "link") : std::string();
+  for (const auto& [ranks_per_node, hierarchy] : inputs.hierarchies) {
+    if (fault.empty()) fault = hierarchy_fault(ranks_per_node, hierarchy);
+  }
+  for (const auto& [spec, cost] : inputs.codec_costs) {
+    if (fault.empty()) fault = spec.size() > kMaxLength ? "a codec cost's spec beyond 2^32-1 bytes"
+                                                        : codec_cost_fault(spec, cost);
+  }
+  return fault;
+}
+
+namespace {
+
 // Refuses, before anything is written, what the format cannot hold or the reader would refuse.
 void require_writable(std::span<const CheckpointTensorView> tensors,
                       const CheckpointOwnerState& state) {
-  constexpr std::uint64_t kMaxLength = std::numeric_limits<std::uint32_t>::max();
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CheckpointTensorView& tensor = tensors[i];
     const bool follows = i == 0 || tensors[i - 1].lane < tensor.lane ||
@@ -426,14 +444,7 @@ void require_writable(std::span<const CheckpointTensorView> tensors,
              ErrorCode::invalid_argument, "checkpoint save: ", inputs.hierarchies.size(),
              " node structures and ", inputs.codec_costs.size(),
              " codec costs (each at most 2^32-1)");
-  std::string fault = inputs.link ? link_fault(*inputs.link, "link") : std::string();
-  for (const auto& [ranks_per_node, hierarchy] : inputs.hierarchies) {
-    if (fault.empty()) fault = hierarchy_fault(ranks_per_node, hierarchy);
-  }
-  for (const auto& [spec, cost] : inputs.codec_costs) {
-    if (fault.empty()) fault = spec.size() > kMaxLength ? "a codec cost's spec beyond 2^32-1 bytes"
-                                                        : codec_cost_fault(spec, cost);
-  }
+  const std::string fault = model_inputs_fault(inputs);
   GZ_REQUIRE(fault.empty(), ErrorCode::invalid_argument,
              "checkpoint save: algo=auto's model input ", fault);
 }

@@ -120,6 +120,10 @@ struct CheckpointModelInputs {
   friend bool operator==(const CheckpointModelInputs&, const CheckpointModelInputs&) = default;
 };
 
+// How `inputs` breaks the contracts above, as "<field> = <value> (<rule>)", or an empty string
+// when it keeps them: what a save refuses (invalid_argument) and a load calls corrupt.
+std::string model_inputs_fault(const CheckpointModelInputs& inputs);
+
 // Named u64 values: the Communicator's call numbers (by tensor name), and version 2's counters.
 using CheckpointCounters = std::map<std::string, std::uint64_t, std::less<>>;
 

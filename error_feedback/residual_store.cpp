@@ -207,7 +207,7 @@ void ResidualStore::set_placement(std::string_view name, std::string_view parent
   placement.offset = offset;
 }
 
-std::size_t ResidualStore::fold_into(std::string_view root, std::size_t count) {
+std::vector<std::pair<std::string, std::size_t>> ResidualStore::placed_in(std::string_view root) const {
   // Where each registered residual sits: the end of its placement chain and the summed offset.
   struct Place {
     std::string_view root;
@@ -222,18 +222,40 @@ std::size_t ResidualStore::fold_into(std::string_view root, std::size_t count) {
       place.offset += found->second.offset;
       place.root = found->second.parent;
       place.placed = true;
-      GZ_REQUIRE(++hops <= placements_.size(), ErrorCode::internal, "fold_into '", root,
+      GZ_REQUIRE(++hops <= placements_.size(), ErrorCode::internal, "residuals placed in '", root,
                  "': the placements of '", name, "' form a cycle");
     }
     return place;
   };
-  // Every place is found before anything is erased: folding one residual erases its placement,
-  // which may be a link in another's chain ("sra-server:x@hier" -> "x@hier" -> "x").
-  std::vector<std::pair<std::string, std::size_t>> to_fold;
+  std::vector<std::pair<std::string, std::size_t>> placed;
   for (const auto& entry : residuals_) {
     const Place place = place_of(entry.first);
-    if (place.placed && place.root == root) to_fold.emplace_back(entry.first, place.offset);
+    if (place.placed && place.root == root) placed.emplace_back(entry.first, place.offset);
   }
+  return placed;
+}
+
+namespace {
+
+// A residual of `size` elements placed at `offset` of a root of `root_size` elements must lie
+// inside it: a placement outside its root is a bookkeeping error of the algorithm that made it.
+void require_fits(std::size_t root_size, std::string_view root, std::string_view name,
+                  std::size_t size, std::size_t offset) {
+  GZ_REQUIRE(offset <= root_size && size <= root_size - offset, ErrorCode::internal, "fold_into '",
+             root, "': residual '", name, "' (", size, " elements at ", offset,
+             ") does not fit in its ", root_size, " elements");
+}
+
+void add_at(std::vector<float>& into, const std::vector<float>& values, std::size_t offset) {
+  for (std::size_t i = 0; i < values.size(); ++i) into[offset + i] += values[i];
+}
+
+}  // namespace
+
+std::size_t ResidualStore::fold_into(std::string_view root, std::size_t count) {
+  // Every place is found before anything is erased: folding one residual erases its placement,
+  // which may be a link in another's chain ("sra-server:x@hier" -> "x@hier" -> "x").
+  const std::vector<std::pair<std::string, std::size_t>> to_fold = placed_in(root);
   if (to_fold.empty()) return 0;
   auto target = residuals_.find(root);
   if (target == residuals_.end()) {
@@ -244,21 +266,52 @@ std::size_t ResidualStore::fold_into(std::string_view root, std::size_t count) {
   target->second.zeros = false;
   for (const auto& [name, offset] : to_fold) bring_home(residuals_.find(name)->second);
   std::vector<float>& into = target->second.values;
-  for (const auto& [name, offset] : to_fold) {
-    const std::vector<float>& values = residuals_.find(name)->second.values;
-    GZ_REQUIRE(offset <= into.size() && values.size() <= into.size() - offset, ErrorCode::internal,
-               "fold_into '", root, "': residual '", name, "' (", values.size(), " elements at ",
-               offset, ") does not fit in its ", into.size(), " elements");
-  }
+  // Checked in full before the first add, so that a misplaced residual changes nothing.
+  for (const auto& [name, offset] : to_fold)
+    require_fits(into.size(), root, name, residuals_.find(name)->second.values.size(), offset);
   for (const auto& [name, offset] : to_fold) {
     const auto tensor = residuals_.find(name);
-    const std::vector<float>& values = tensor->second.values;
-    for (std::size_t i = 0; i < values.size(); ++i) into[offset + i] += values[i];
+    add_at(into, tensor->second.values, offset);
     residuals_.erase(tensor);
     placements_.erase(name);
   }
-  const std::size_t folded = to_fold.size();
+  return to_fold.size();
+}
+
+std::optional<std::vector<float>> ResidualStore::folded_copy(std::string_view root,
+                                                             std::size_t count) const {
+  const std::vector<std::pair<std::string, std::size_t>> placed = placed_in(root);
+  const auto target = residuals_.find(root);
+  if (target == residuals_.end() && placed.empty()) return std::nullopt;
+  std::vector<float> folded;
+  if (target != residuals_.end()) {
+    refresh_mirror(target->second);
+    folded = target->second.values;
+  } else {
+    folded.assign(count, 0.0f);
+  }
+  for (const auto& [name, offset] : placed) {
+    const Tensor& tensor = residuals_.find(name)->second;
+    refresh_mirror(tensor);
+    require_fits(folded.size(), root, name, tensor.values.size(), offset);
+    add_at(folded, tensor.values, offset);
+  }
   return folded;
+}
+
+std::size_t ResidualStore::erase_tree(std::string_view root) {
+  GZ_REQUIRE(!journaling(), ErrorCode::internal, "erase_tree '", root,
+             "': residuals cannot be forgotten while a journal is open");
+  std::vector<std::pair<std::string, std::size_t>> tree = placed_in(root);
+  tree.emplace_back(std::string(root), 0);
+  std::size_t erased = 0;
+  for (const auto& [name, offset] : tree) {
+    erased += residuals_.erase(name);
+    placements_.erase(name);
+  }
+  // Placements recorded for residuals not registered (yet) stay: they name where a residual
+  // would sit, which is harmless; only registered ones hold memory.
+  return erased;
 }
 
 std::size_t ResidualStore::release_unused_before(std::uint64_t oldest_kept,

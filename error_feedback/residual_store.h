@@ -123,6 +123,22 @@ class ResidualStore {
   // it, it is registered first with `count` elements (zeros). Returns how many residuals it
   // folded; ErrorCode::internal when a placed residual does not fit inside its root.
   std::size_t fold_into(std::string_view root, std::size_t count);
+  // The registered residuals whose chain of placements ends in `root` (placed in it directly or
+  // in a residual placed in it, and so on), in name order, each with the offset of its element
+  // 0 among root's elements: what fold_into(root) would fold (root itself is not listed; a
+  // residual that is itself placed has nothing ending in it). ErrorCode::internal on a cycle.
+  std::vector<std::pair<std::string, std::size_t>> placed_in(std::string_view root) const;
+  // What residual(root) would hold after fold_into(root, count), computed without changing the
+  // store (a checkpoint taken while training goes on must not change what the next call
+  // sends): root's values, or `count` zeros when root is not registered, plus every residual
+  // placed in it at its place. Empty (std::nullopt) when root is not registered and nothing is
+  // placed in it. Device residuals are read through their mirrors. Same checks as fold_into.
+  std::optional<std::vector<float>> folded_copy(std::string_view root, std::size_t count) const;
+  // Forgets `root` and every residual placed in it, with their placements: a tensor that is gone
+  // for good (the DDP hook's bucket layouts after DDP rebuilt its buckets, once their residuals
+  // were carried over), so that the release window never reports them as released. Returns how
+  // many residuals it forgot. Not inside a journal (ErrorCode::internal).
+  std::size_t erase_tree(std::string_view root);
 
   // A journal, for calls that may be undone (a stream-ordered call on a CUDA tensor runs before
   // it knows whether every rank's input can be reduced: collectives/call.h, DeferredInput).

@@ -19,6 +19,7 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/communicator_internal.h"
+#include "collectives/random_streams.h"
 #include "kernels/philox_math.h"
 
 namespace gradzip::pipeline {
@@ -43,8 +44,8 @@ std::string residual_key(std::string_view name) { return "powersgd:" + std::stri
 std::string q_key(std::string_view name) { return "powersgd-q:" + std::string(name); }
 
 // Element k of the first Q of a tensor (powersgd.h: Box-Muller over Philox, computed in f64).
-float initial_q_element(std::uint64_t seed, std::uint32_t tensor_id, std::size_t k) {
-  const kernels::Philox4x32 block = kernels::philox_block(seed, 0, tensor_id, k >> 2);
+float initial_q_element(const collectives::RandomStream& stream, std::size_t k) {
+  const kernels::Philox4x32 block = kernels::philox_block(stream.key, 0, stream.tensor_id, k >> 2);
   const std::size_t pair = (k >> 1) & 1;
   const double u1 = (static_cast<double>(block.v[2 * pair] >> 8) + 1.0) * 0x1p-24;  // (0, 1]
   const double u2 = static_cast<double>(block.v[2 * pair + 1] >> 8) * 0x1p-24;      // [0, 1)
@@ -56,8 +57,8 @@ float initial_q_element(std::uint64_t seed, std::uint32_t tensor_id, std::size_t
 // Elements [begin, end) of a kept Q set to the first Q's values.
 void draw_initial_q(std::span<float> q, std::uint64_t seed, std::string_view name,
                     std::size_t begin, std::size_t end) {
-  const std::uint32_t tensor_id = collectives::tensor_id_of(name);
-  for (std::size_t k = begin; k < end; ++k) q[k] = initial_q_element(seed, tensor_id, k);
+  const collectives::RandomStream stream = collectives::random_stream_of(seed, q_key(name));
+  for (std::size_t k = begin; k < end; ++k) q[k] = initial_q_element(stream, k);
 }
 
 // True when Q's column (`count` values) can no longer carry a direction: all zero (P's column
@@ -223,6 +224,7 @@ void run_powersgd(Communicator& lane, std::span<const PowerSgdMatrix> matrices,
         if (rank == 0) continue;  // empty: no state, nothing to send
         if (spec.error_feedback) residuals[m] = store.residual(residual_key(matrix.name), matrix.data.size());
         const std::string key = q_key(matrix.name);
+        collectives::claim_random_stream(lane, spec.seed, key, "powersgd of '" + std::string(group_name) + "'");
         const bool fresh = !store.contains(key) || store.residual(key).size() != matrix.cols * rank;
         kept_q[m] = store.residual(key, matrix.cols * rank);
         if (fresh) draw_initial_q(kept_q[m], spec.seed, matrix.name, 0, kept_q[m].size());

@@ -15,9 +15,10 @@
 //   E  <- M' - P Q^T                 (when spec.ef)
 // Q is kept for the next step (warm start) and is the same on every rank because it is the
 // output of an all-reduce. On a matrix's first step Q is drawn from a standard normal
-// distribution with Philox keyed by (spec.seed, tensor_id_of(name)), the same on every rank:
-// element k of Q's storage (below) is, computed in f64 and rounded to f32,
-//   w = philox_block(spec.seed, 0, tensor_id_of(name), k / 4), a = w[2 * ((k / 2) % 2)],
+// distribution with Philox on the random stream s = random_stream_of(spec.seed, "powersgd-q:" +
+// name) (collectives/random_streams.h; claimed for the lane like a call's name), the same on
+// every rank: element k of Q's storage (below) is, computed in f64 and rounded to f32,
+//   w = philox_block(s.key, 0, s.tensor_id, k / 4), a = w[2 * ((k / 2) % 2)],
 //   b = w[2 * ((k / 2) % 2) + 1], u1 = ((a >> 8) + 1) * 2^-24, u2 = (b >> 8) * 2^-24,
 //   sqrt(-2 ln u1) * (k even ? cos(2 pi u2) : sin(2 pi u2))          (Box-Muller).
 // A kept column of Q that is all zero (its P column was set to zero, e.g. after a zero

@@ -144,6 +144,19 @@ py::dict stats_dict(const CollectiveStats& stats) {
   return d;
 }
 
+// A link of algo=auto's model as the Python tuple (latency_s, bytes_per_s,
+// exchange_bytes_per_s, collective_latency_s), and back (auto_model_state).
+py::tuple link_tuple(const error_feedback::SavedLink& link) {
+  return py::make_tuple(link.latency_s, link.bytes_per_s, link.exchange_bytes_per_s,
+                        link.collective_latency_s);
+}
+
+error_feedback::SavedLink link_from(const py::handle& value) {
+  const auto [latency_s, bytes_per_s, exchange_bytes_per_s, collective_latency_s] =
+      value.cast<std::tuple<double, double, double, double>>();
+  return error_feedback::SavedLink{latency_s, bytes_per_s, exchange_bytes_per_s, collective_latency_s};
+}
+
 }  // namespace
 }  // namespace gradzip
 
@@ -314,21 +327,31 @@ said on stderr); 0 keeps everything.)")
       .def(
           "allreduce",
           [](Communicator& communicator, py::handle tensor, const std::string& name,
-             std::optional<std::string> spec, const std::string& op) {
+             std::optional<std::string> spec, const std::string& op, std::optional<std::uint32_t> step) {
             const TensorView view = view_of(tensor, true, "the tensor");
             const ReduceOp reduce = reduce_op_of(op);
             CollectiveStats stats;
             {
               py::gil_scoped_release release;
-              stats = spec ? communicator.allreduce(view, name, *spec, reduce)
-                           : communicator.allreduce(view, name, reduce);
+              if (step) {
+                const CompressionSpec parsed =
+                    spec ? CompressionSpec::parse(*spec) : communicator.default_spec();
+                stats = collectives::allreduce_keyed_by_step(communicator, view, name, parsed, reduce, *step);
+              } else {
+                stats = spec ? communicator.allreduce(view, name, *spec, reduce)
+                             : communicator.allreduce(view, name, reduce);
+              }
             }
             return stats_dict(stats);
           },
           py::arg("tensor"), py::arg("name"), py::arg("spec") = py::none(), py::arg("op") = "sum",
+          py::kw_only(), py::arg("step") = py::none(),
           R"(In-place all-reduce of `tensor` (NumPy array or torch tensor) under `name` (which keys
 error feedback and the random streams); `spec` defaults to the communicator's default spec,
-`op` is "sum" or "average". Returns what this rank did: algorithm, bytes, ratio, times.)")
+`op` is "sum" or "average". step=None: the random streams and the spec's warm-up count the
+name's calls; step=N (the same on every rank): they count N instead, e.g. the training
+iteration, so that a job resumed from a checkpoint draws what the uninterrupted one would have.
+Returns what this rank did: algorithm, bytes, ratio, times.)")
       .def("save_residuals", &Communicator::save_residuals, py::arg("path"),
            py::call_guard<py::gil_scoped_release>())
       .def("load_residuals", &Communicator::load_residuals, py::arg("path"),
@@ -350,17 +373,57 @@ error feedback and the random streams); `spec` defaults to the communicator's de
           py::arg("name"), "A copy of the residual `name` (float32 array), or None.")
       .def(
           "set_residual",
-          [](Communicator& communicator, const std::string& name, py::handle values) {
+          [](Communicator& communicator, const std::string& name, py::handle values,
+             std::optional<std::string> placed_in, std::size_t offset) {
             const py::object contiguous = py::module_::import("numpy").attr("ascontiguousarray")(
                 values, py::arg("dtype") = "float32");
             const py::buffer_info info = py::reinterpret_borrow<py::buffer>(contiguous).request();
             error_feedback::ResidualStore& store = collectives::residuals_of(communicator);
+            if (placed_in) store.set_placement(name, *placed_in, offset);
             const std::span<float> target = store.residual(name, static_cast<std::size_t>(info.size));
             if (!target.empty()) std::memcpy(target.data(), info.ptr, target.size_bytes());
           },
-          py::arg("name"), py::arg("values"),
+          py::arg("name"), py::arg("values"), py::kw_only(), py::arg("placed_in") = py::none(),
+          py::arg("offset") = 0,
           "Sets the residual `name` (registering it with values' size; a registered residual of "
-          "another size follows the store's resize policy).")
+          "another size follows the store's resize policy). placed_in=ROOT: `name` is one of the "
+          "residuals an algorithm keeps besides ROOT's worker residual, its element 0 at element "
+          "`offset` of ROOT (as placed_residuals(ROOT) reported), so that fold_residuals(ROOT) "
+          "and drop_residuals(ROOT) include it.")
+      .def(
+          "placed_residuals",
+          [](Communicator& communicator, const std::string& name) {
+            return collectives::residuals_of(communicator).placed_in(name);
+          },
+          py::arg("name"),
+          R"(The residuals the algorithms keep for `name` besides its worker residual (SRA's owner
+side, the tree's root, halving/doubling's, the hierarchical shard's), as (residual name, offset
+of its element 0 in `name`'s elements) pairs in name order: with residual(name) itself, every
+residual of the tensor, which set_residual(..., placed_in=name, offset=...) puts back exactly.)")
+      .def(
+          "folded_residual",
+          [](Communicator& communicator, const std::string& name, std::size_t count) -> py::object {
+            const std::optional<std::vector<float>> folded =
+                collectives::residuals_of(communicator).folded_copy(name, count);
+            if (!folded) return py::none();
+            py::object copy = numpy_f32_array(folded->size());
+            if (!folded->empty())
+              std::memcpy(writable_f32_buffer(copy, folded->size()), folded->data(), folded->size() * sizeof(float));
+            return copy;
+          },
+          py::arg("name"), py::arg("count"),
+          R"(What residual(name) would hold after fold_residuals(name, count), as a new float32
+array, without changing anything (the next call sends what it would have sent); None when
+`name` has no residual and nothing is placed in it.)")
+      .def(
+          "drop_residuals",
+          [](Communicator& communicator, const std::string& name) {
+            return collectives::residuals_of(communicator).erase_tree(name);
+          },
+          py::arg("name"),
+          R"(Forgets the residual `name` and every residual placed in it (a tensor gone for good,
+e.g. a bucket layout that DDP replaced, whose residuals were carried elsewhere): the release
+window then never reports them. Returns how many residuals were forgotten.)")
       .def(
           "fold_residuals",
           [](Communicator& communicator, const std::string& name, std::size_t count) {
@@ -374,6 +437,54 @@ element this rank's residual mass is unchanged, and every algorithm compensates 
 what its worker residual holds, so nothing is lost; afterwards residual(name) holds all of it
 (what the DDP hook carries across bucket rebuilds and checkpoints). Returns how many residuals
 were folded.)")
+      .def(
+          "auto_model_state",
+          [](Communicator& communicator) {
+            const error_feedback::CheckpointModelInputs saved =
+                collectives::to_checkpoint_model_inputs(collectives::auto_model_inputs(communicator));
+            py::dict hierarchies;
+            for (const auto& [ranks_per_node, hierarchy] : saved.hierarchies)
+              hierarchies[py::int_(ranks_per_node)] = py::make_tuple(
+                  hierarchy.node_size, link_tuple(hierarchy.intra), link_tuple(hierarchy.across));
+            py::dict costs;
+            for (const auto& [spec, cost] : saved.codec_costs)
+              costs[py::str(spec)] = py::make_tuple(cost.encode_s, cost.decode_add_s, cost.add_s);
+            py::dict state;
+            state["link"] = saved.link ? py::object(link_tuple(*saved.link)) : py::object(py::none());
+            state["hierarchies"] = hierarchies;
+            state["codec_costs"] = costs;
+            return state;
+          },
+          R"(algo=auto's measured model inputs (the link, node structures, codec costs), as a dict
+of numbers: "link": (latency_s, bytes_per_s, exchange_bytes_per_s, collective_latency_s) or None,
+"hierarchies": {ranks_per_node: (node_size, intra link, across link)}, "codec_costs": {spec:
+(encode_s, decode_add_s, add_s)}. A job that adopts them (adopt_auto_model_state) makes the
+choices this one makes instead of measuring again: what the DDP hook's state_dict() keeps.)")
+      .def(
+          "adopt_auto_model_state",
+          [](Communicator& communicator, const py::dict& state) {
+            error_feedback::CheckpointModelInputs saved;
+            if (!state["link"].is_none()) saved.link = link_from(state["link"]);
+            for (const auto& [key, value] : state["hierarchies"].cast<py::dict>()) {
+              const auto [node_size, intra, across] = value.cast<std::tuple<std::uint32_t, py::object, py::object>>();
+              saved.hierarchies[key.cast<std::uint32_t>()] =
+                  error_feedback::SavedHierarchy{node_size, link_from(intra), link_from(across)};
+            }
+            for (const auto& [key, value] : state["codec_costs"].cast<py::dict>()) {
+              const auto [encode_s, decode_add_s, add_s] = value.cast<std::tuple<double, double, double>>();
+              saved.codec_costs[key.cast<std::string>()] =
+                  error_feedback::SavedCodecCost{encode_s, decode_add_s, add_s};
+            }
+            const std::string fault = error_feedback::model_inputs_fault(saved);
+            GZ_REQUIRE(fault.empty(), ErrorCode::invalid_argument,
+                       "adopt_auto_model_state: algo=auto's model input ", fault);
+            collectives::adopt_auto_model_inputs(communicator,
+                                                 collectives::from_checkpoint_model_inputs(saved));
+          },
+          py::arg("state"),
+          "Takes what auto_model_state() returned (in this job or an earlier one of the same "
+          "ranks): algo=auto then chooses from those inputs. gradzip.Error (invalid_argument) "
+          "names an input that is not a valid measurement.")
       .def("shard_begin", &Communicator::shard_begin, py::arg("count"), py::arg("rank"))
       .def(
           "powersgd_allreduce",

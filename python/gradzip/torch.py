@@ -23,9 +23,19 @@ gradient is never averaged over other ranks than the training's.
 - Buckets are all-reduced under names made of their parameters' names, and error-feedback
   residuals are kept per bucket name. When DDP rebuilds its buckets (after the first
   iteration), a bucket with a new set of parameters starts from the residual slices its
-  parameters had in the old buckets, so no residual is lost.
-- state_dict() / load_state_dict() hold the residuals per parameter name (and the iteration),
-  so a checkpoint survives any bucket layout.
+  parameters had in the old buckets, so no residual is lost, and the old buckets' residuals are
+  dropped from the communicator (its release window never reports them).
+- Random draws (stochastic rounding, random-k's indices) are keyed by the bucket's name and the
+  iteration, not by how often the name was called, so they follow from the checkpoint.
+- state_dict() / load_state_dict(): a checkpoint that resumes exactly. state_dict() changes
+  nothing (taking one does not change the run). It holds the iteration; every residual of every
+  current bucket as the algorithms keep it (the worker's and SRA's owner side, the tree's root,
+  halving/doubling's, the hierarchical shard's), with the bucket's layout; algo=auto's measured
+  model inputs, so the resumed job chooses the same algorithms; and the residuals per parameter
+  name. A resumed job whose DDP makes a bucket of the same layout restores that bucket's
+  residuals exactly (the parameters then continue bit for bit as in the uninterrupted job);
+  any other bucket starts from its parameters' residual slices (every residual folded in, so no
+  residual mass is lost), which survives any bucket layout.
 - warmup=N: the first N iterations run uncompressed (spec "none", no error feedback).
 - timeline=PATH (or the environment variable GRADZIP_TIMELINE=PATH): a Chrome trace / Perfetto
   JSON of iterations [timeline_first_step, timeline_first_step + timeline_steps) (from iteration
@@ -102,6 +112,17 @@ class GradzipState:
         self._layouts = {}
         # parameter name -> residual slice (float32) waiting for the bucket that holds it
         self._pending = {}
+        # bucket name -> a loaded checkpoint's bucket ({"layout", "residual", "placed"}) waiting
+        # for DDP to make a bucket of that layout again (load_state_dict)
+        self._saved_buckets = {}
+        # DDP's buckets as the hook saw them: index -> layout, of the last whole iteration and of
+        # the one under way (state_dict() saves the former)
+        self._ddp_layouts = {}
+        self._iteration_layouts = {}
+        # After load_state_dict: the checkpoint's DDP layouts, and the buckets of the first
+        # iteration collected until its last one arrives (_reduce_resumed_iteration)
+        self._resume_layouts = None
+        self._resume_buckets = None
         self.last_stats = {}  # bucket index -> the stats dict of its latest call
         # Bucket residuals assembled and copied into the communicator (new layouts only).
         self.residual_copies = 0
@@ -171,63 +192,106 @@ class GradzipState:
         digest = hashlib.sha1("|".join(f"{n}:{k}" for n, _, k in layout).encode()).hexdigest()[:12]
         return f"ddp.bucket{index}.{digest}"
 
-    def _parameter_residuals(self):
+    def _parameter_residuals(self, fold):
         """The residual slice of every parameter in the current buckets, by parameter name.
 
         Every residual an algorithm keeps for a bucket besides the worker's (SRA's owner side,
-        the tree's root, halving/doubling's, the hierarchical shard's) is folded into the
-        worker's first (Communicator.fold_residuals: the same mass per element, delivered by the
-        next call whatever algorithm runs it), so the slices hold all of it."""
+        the tree's root, halving/doubling's, the hierarchical shard's) is added in at its place
+        (the same mass per element, which the next call delivers whatever algorithm runs it),
+        so the slices hold all of it. fold=True moves them into the worker's residual in the
+        communicator (DDP replaces the buckets anyway); fold=False computes the same values and
+        changes nothing (a checkpoint)."""
         slices = {}
         for name, layout in self._layouts.values():
             numel = max((offset + count for _, offset, count in layout), default=0)
-            self.communicator.fold_residuals(name, numel)
-            values = self.communicator.residual(name)
+            if fold:
+                self.communicator.fold_residuals(name, numel)
+                values = self.communicator.residual(name)
+            else:
+                values = self.communicator.folded_residual(name, numel)
             if values is None:
                 continue
             for parameter, offset, numel in layout:
                 slices[parameter] = values[offset:offset + numel].copy()
         return slices
 
+    def _bucket_residuals(self):
+        """Every residual of every current bucket as the algorithms keep it, by bucket name:
+        {"layout", "residual": the worker's, "placed": {residual name: (offset, values)}}."""
+        buckets = {}
+        for name, layout in self._layouts.values():
+            worker = self.communicator.residual(name)
+            if worker is None:
+                continue
+            placed = {key: (offset, self.communicator.residual(key))
+                      for key, offset in self.communicator.placed_residuals(name)}
+            buckets[name] = {"layout": layout, "residual": worker, "placed": placed}
+        return buckets
+
     def _prepare(self, index, layout, numel):
-        """The bucket's name; on a new layout, its residual assembled per parameter.
+        """The bucket's name; on a new layout, its residuals set in the communicator.
 
         Runs on the communication thread, the only one that touches the communicator while DDP
         runs. A bucket index seen before with the same layout costs nothing (the steady state:
         no residual is copied). An index seen before with another layout, or a layout holding a
         parameter that a known bucket holds, means DDP rebuilt its buckets: every parameter's
         residual moves to _pending first, so a bucket that takes parameters from a bucket not
-        re-prepared yet still finds them, and the old layouts are forgotten. A layout not seen
-        yet (an index never seen, or any bucket after a rebuild) has its residual set from
-        _pending (zeros where nothing is carried), so a name left in the communicator by an
-        earlier state never leaks in.
+        re-prepared yet still finds them, and the old buckets' residuals are dropped from the
+        communicator. A layout not seen yet (an index never seen, or any bucket after a
+        rebuild) gets a loaded checkpoint's residuals of the same bucket exactly when there are
+        some, else its residual assembled from _pending (zeros where nothing is carried); either
+        way whatever the communicator held under that name before (an earlier state's) is
+        dropped first, so it never leaks in.
         """
         known = self._layouts.get(index)
         if known is not None and known[1] == layout:
             return known[0]
         held = {parameter for _, old in self._layouts.values() for parameter, _, _ in old}
         if known is not None or any(parameter in held for parameter, _, _ in layout):
-            self._pending.update(self._parameter_residuals())  # DDP rebuilt its buckets
+            self._pending.update(self._parameter_residuals(fold=True))  # DDP rebuilt its buckets
+            for old_name, _ in self._layouts.values():
+                self.communicator.drop_residuals(old_name)
             self._layouts = {}
+            # a checkpoint's buckets describe a layout DDP has moved on from
+            self._saved_buckets = {}
         name = self._bucket_name(index, layout)
-        residual = np.zeros(numel, dtype=np.float32)
-        for parameter, offset, count in layout:
-            carried = self._pending.pop(parameter, None)
-            if carried is not None:
-                residual[offset:offset + count] = carried
-        self.communicator.set_residual(name, residual)
+        self.communicator.drop_residuals(name)
+        saved = self._saved_buckets.pop(name, None)
+        if saved is not None and saved["layout"] == layout:
+            self.communicator.set_residual(name, saved["residual"])
+            for key, (offset, values) in saved["placed"].items():
+                self.communicator.set_residual(key, values, placed_in=name, offset=offset)
+            for parameter, _, _ in layout:
+                self._pending.pop(parameter, None)
+        else:
+            residual = np.zeros(numel, dtype=np.float32)
+            for parameter, offset, count in layout:
+                carried = self._pending.pop(parameter, None)
+                if carried is not None:
+                    residual[offset:offset + count] = carried
+            self.communicator.set_residual(name, residual)
         self.residual_copies += 1
         self._layouts[index] = (name, layout)
         return name
 
     def state_dict(self):
-        """Residuals per parameter name, the iteration and the settings (NumPy arrays); with a
-        powersgd spec also PowerSGD's per-matrix state ("powersgd": parameter name ->
-        {"residual", "q"}), kept by parameter name and so independent of the bucket layout."""
+        """The iteration, the settings and the residuals (NumPy arrays), changing nothing:
+        "residuals": per parameter name (every residual folded in: survives any bucket layout);
+        "buckets": per bucket name, its layout and every residual as the algorithms keep it
+        (restored exactly into a bucket of the same layout); "layouts": DDP's buckets (index ->
+        layout) of the last iteration, which the resumed job's first iteration is reduced in;
+        "auto_model": algo=auto's measured
+        model inputs; with a powersgd spec also PowerSGD's per-matrix state ("powersgd":
+        parameter name -> {"residual", "q"}), kept by parameter name and so independent of the
+        bucket layout. Take it between iterations (no bucket in flight)."""
         residuals = dict(self._pending)
-        residuals.update(self._parameter_residuals())
+        residuals.update(self._parameter_residuals(fold=False))
+        buckets = dict(self._saved_buckets)  # loaded, not reached by DDP yet
+        buckets.update(self._bucket_residuals())
+        layouts = self._resume_layouts if self._resume_layouts is not None else self._ddp_layouts
         state = {"spec": self.spec, "warmup": self.warmup, "iteration": self.iteration,
-                 "residuals": residuals}
+                 "residuals": residuals, "buckets": buckets, "layouts": dict(layouts),
+                 "auto_model": self.communicator.auto_model_state()}
         if self._powersgd:
             powersgd = {}
             for name in self._shapes:
@@ -240,16 +304,38 @@ class GradzipState:
         return state
 
     def load_state_dict(self, state):
-        """Restores what state_dict() returned: the residuals reach their buckets at the next
-        call of each (whatever the bucket layout is by then); PowerSGD's residuals and Q are set
-        at once."""
+        """Restores what state_dict() returned: each bucket's residuals reach it at its next call
+        (exactly when DDP makes a bucket of a saved layout, else from the per-parameter slices).
+        The first iteration after it is reduced in the checkpoint's bucket layouts when they
+        hold the same parameters as DDP's buckets of that iteration: a new DDP starts from its
+        first bucketing, which differs from the rebuilt one it checkpointed, and the buckets'
+        composition decides what a codec sends (top-k over a bucket, sign's scale), so the
+        resumed job then computes exactly what the uninterrupted one did. That iteration's
+        buckets are reduced together when its last one arrives (no overlap with backward, one
+        iteration; not in the timeline);
+        algo=auto's model inputs, PowerSGD's residuals and Q are set at once. Whatever this
+        state's buckets held in the communicator is dropped."""
         if _gradzip.parse_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.torch: the checkpoint's spec '{state['spec']}' is not this "
                              f"state's '{self.spec}'")
         self.iteration = int(state["iteration"])
+        for name, _ in self._layouts.values():
+            self.communicator.drop_residuals(name)
+        self._layouts = {}  # every bucket re-assembles its residuals from the checkpoint
         self._pending = {name: np.asarray(values, dtype=np.float32).copy()
                          for name, values in state["residuals"].items()}
-        self._layouts = {}  # every bucket re-assembles its residual from the checkpoint
+        self._saved_buckets = {
+            name: {"layout": tuple((str(p), int(o), int(n)) for p, o, n in bucket["layout"]),
+                   "residual": np.asarray(bucket["residual"], dtype=np.float32).copy(),
+                   "placed": {key: (int(offset), np.asarray(values, dtype=np.float32).copy())
+                              for key, (offset, values) in bucket["placed"].items()}}
+            for name, bucket in state.get("buckets", {}).items()}
+        layouts = {int(index): tuple((str(p), int(o), int(n)) for p, o, n in layout)
+                   for index, layout in state.get("layouts", {}).items()}
+        self._resume_layouts = layouts or None
+        self._resume_buckets = [] if layouts else None
+        if state.get("auto_model") is not None:
+            self.communicator.adopt_auto_model_state(state["auto_model"])
         for name, entry in state.get("powersgd", {}).items():
             for part, prefix in (("residual", "powersgd"), ("q", "powersgd-q")):
                 if part in entry:
@@ -291,7 +377,7 @@ def _unpack(packed, buffer, entries):
         at += numel
 
 
-def _split_allreduce(state, buffer, index, layout, split, spec):
+def _split_allreduce(state, buffer, index, layout, split, spec, step):
     """Averages the bucket's parameters under min_bytes uncompressed (one call, packed) and the
     others with `spec` (one call: in place when contiguous, else packed); one stats dict for the
     bucket (the compressed call's, its sent_bytes including the uncompressed call's)."""
@@ -299,13 +385,14 @@ def _split_allreduce(state, buffer, index, layout, split, spec):
     if split.large:
         target = buffer[split.run[0]:split.run[1]] if split.run else _pack(buffer, split.large)
         name = state._prepare(index, split.layout, target.numel())
-        stats = state.communicator.allreduce(target, name, spec, op="average")
+        stats = state.communicator.allreduce(target, name, spec, op="average", step=step)
         if split.run is None:
             _unpack(target, buffer, split.large)
     else:
         name = state._bucket_name(index, layout)
     dense = _pack(buffer, split.small)
-    dense_stats = state.communicator.allreduce(dense, f"{name}.uncompressed", "none", op="average")
+    dense_stats = state.communicator.allreduce(dense, f"{name}.uncompressed", "none", op="average",
+                                               step=step)
     _unpack(dense, buffer, split.small)
     if stats is None:
         stats = dict(dense_stats, sent_bytes=_ring_bytes(dense_stats))
@@ -349,7 +436,7 @@ def _powersgd_allreduce(state, buffer, index, layout, step):
             sent += _ring_bytes({"algorithm": "mpi", "ranks": stats["ranks"], "count": factors[which]})
     for parameter, offset, numel in dense:
         part = state.communicator.allreduce(buffer[offset:offset + numel], f"{group}/{parameter}",
-                                            "none", op="average")
+                                            "none", op="average", step=step)
         sent += _ring_bytes(part)
     stats["sent_bytes"] = sent
     return stats
@@ -416,9 +503,45 @@ def _reduce_bucket(state, buffer, index, layout, spec, step):
         return _powersgd_allreduce(state, buffer, index, layout, step)
     split = state._split_of(layout) if spec != "none" else None
     if split is not None:
-        return _split_allreduce(state, buffer, index, layout, split, spec)
+        return _split_allreduce(state, buffer, index, layout, split, spec, step)
     name = state._prepare(index, layout, buffer.numel())
-    return state.communicator.allreduce(buffer, name, spec, op="average")
+    return state.communicator.allreduce(buffer, name, spec, op="average", step=step)
+
+
+def _reduce_resumed_iteration(state, stashed, saved, spec, step):
+    """The first iteration after load_state_dict, on the communication thread: `stashed` holds
+    every bucket of it as (buffer, index, layout, future), in DDP's order, `saved` the
+    checkpoint's layouts (index -> layout). When they differ from these buckets' but hold the same parameters, each checkpointed bucket is
+    packed from the gradients (by parameter name), reduced as that bucket (its index, layout,
+    name and residuals) and unpacked; otherwise each bucket is reduced as it is."""
+    mine = {index: layout for _, index, layout, _ in stashed}
+
+    def parameters(layouts):
+        return sorted(parameter for layout in layouts.values() for parameter, _, _ in layout)
+
+    try:
+        if saved and saved != mine and parameters(saved) == parameters(mine):
+            gradients = {parameter: buffer[offset:offset + numel]
+                         for buffer, _, layout, _ in stashed for parameter, offset, numel in layout}
+            for index in sorted(saved):
+                layout = saved[index]
+                first = gradients[layout[0][0]]
+                packed = torch.zeros(max(offset + numel for _, offset, numel in layout),
+                                     dtype=first.dtype, device=first.device)
+                for parameter, offset, numel in layout:
+                    packed[offset:offset + numel].copy_(gradients[parameter])
+                state.last_stats[index] = _reduce_bucket(state, packed, index, layout, spec, step)
+                for parameter, offset, numel in layout:
+                    gradients[parameter].copy_(packed[offset:offset + numel])
+        else:
+            for buffer, index, layout, _ in stashed:
+                state.last_stats[index] = _reduce_bucket(state, buffer, index, layout, spec, step)
+    except Exception as error:  # every future carries it to DDP's wait
+        for _, _, _, future in stashed:
+            future.set_exception(error)
+        return
+    for buffer, _, _, future in stashed:
+        future.set_result(buffer)
 
 
 def hook(state, bucket):
@@ -430,11 +553,24 @@ def hook(state, bucket):
     index = bucket.index()
     layout = state._layout_of(bucket)
     spec = "none" if state.iteration < state.warmup else state.spec
-    step = state.iteration
+    step = state.iteration % 2 ** 32  # keys the random draws (a 32-bit counter word)
     last = bucket.is_last()
+    state._iteration_layouts[index] = layout
     if last:
         state.iteration += 1
+        state._ddp_layouts, state._iteration_layouts = state._iteration_layouts, {}
     future = torch.futures.Future()
+    if state._resume_buckets is not None:  # the first iteration after load_state_dict
+        state._resume_buckets.append((buffer, index, layout, future))
+        if last:
+            stashed, state._resume_buckets = state._resume_buckets, None
+            saved, state._resume_layouts = state._resume_layouts, None
+            try:
+                state._thread.submit(lambda: _reduce_resumed_iteration(state, stashed, saved, spec, step))
+            except RuntimeError as error:
+                raise RuntimeError("gradzip.torch.hook: this GradzipState was closed; register "
+                                   "the hook with an open state") from error
+        return future
     timeline = state._timeline if state._timeline is not None and state._timeline.records(step) else None
     if timeline is not None:
         timeline.hook_called(index, step, buffer)

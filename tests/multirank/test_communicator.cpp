@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/random_streams.h"
 #include "collectives/segment_plan.h"
 #include "collectives/job_encoder.h"
 #include "collectives/communicator_state.h"
@@ -109,7 +110,8 @@ Reference reference_allreduce(MpiTransport& transport, const CompressionSpec& sp
   error_feedback::ResidualStore store(static_cast<std::uint32_t>(transport.size()),
                                       static_cast<std::uint32_t>(transport.rank()), spec.ef_resize);
   const std::unique_ptr<Codec> codec = make_codec(spec);
-  const EncodeContext ctx{spec.seed, step, collectives::tensor_id_of(name), 0};
+  const collectives::RandomStream stream = collectives::random_stream_of(spec.seed, name);
+  const EncodeContext ctx{stream.key, step, stream.tensor_id, 0};
   collectives::ReduceJob job{transport, *codec, reference.values, name,
                              spec.error_feedback ? &store : nullptr, ctx, reference.stats};
   job.segment_bytes = spec.segment_bytes;  // as the Communicator's make_job sets it
@@ -818,7 +820,8 @@ TEST(Communicator, ReduceScatterShardsAreSlicesOfTheExactAllreduce) {
     const std::unique_ptr<Codec> codec = make_codec(sign);
     CollectiveStats direct_stats;
     collectives::ReduceJob job{transport, *codec, direct, "rs-sign", nullptr,
-                               EncodeContext{0, 0, collectives::tensor_id_of("rs-sign"), 0}, direct_stats};
+                               EncodeContext{collectives::random_stream_of(0, "rs-sign").key, 0,
+                                             collectives::random_stream_of(0, "rs-sign").tensor_id, 0}, direct_stats};
     collectives::sra_reduce_scatter(job);
     const std::size_t begin = comm.shard_begin(count, rank), end = comm.shard_begin(count, rank + 1);
     EXPECT_TRUE(same_bytes(std::span<const float>(data).subspan(begin, end - begin),

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collectives/communicator_internal.h"
+#include "collectives/random_streams.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/communicator.h"
 #include "gradzip/compression_spec.h"
@@ -140,10 +141,10 @@ Orthonormal orthonormalise(const Mat& input) {
 // floats are the same.
 std::vector<float> documented_first_q(std::uint64_t seed, const std::string& name,
                                       std::size_t cols, std::size_t rank) {
-  const std::uint32_t tensor_id = collectives::tensor_id_of(name);
+  const collectives::RandomStream stream = collectives::random_stream_of(seed, "powersgd-q:" + name);
   std::vector<float> q(cols * rank);
   for (std::size_t k = 0; k < q.size(); ++k) {
-    const kernels::Philox4x32 w = kernels::philox_block(seed, 0, tensor_id, k / 4);
+    const kernels::Philox4x32 w = kernels::philox_block(stream.key, 0, stream.tensor_id, k / 4);
     const std::uint32_t a = w.v[2 * ((k / 2) % 2)];
     const std::uint32_t b = w.v[2 * ((k / 2) % 2) + 1];
     const double u1 = (static_cast<double>(a >> 8) + 1.0) * 0x1p-24;

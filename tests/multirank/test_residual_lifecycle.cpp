@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -15,9 +16,11 @@
 #include <vector>
 
 #include "collectives/communicator_state.h"
+#include "collectives/random_streams.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/communicator.h"
 #include "gradzip/error.h"
+#include "kernels/fnv1a.h"
 #include "tests/multirank/multirank_support.h"
 #include "tests/unit/test_support.h"
 
@@ -105,35 +108,84 @@ TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
-// Two names with the same 32-bit tensor id, found by search (the same pair on every rank).
-std::pair<std::string, std::string> names_sharing_a_tensor_id() {
+// The 32-bit tensor id the random streams were once keyed by alone: FNV-1a 64 of the name
+// folded to 32 bits. About 1% of 10,000 names share one.
+std::uint32_t folded_32_bit_id(const std::string& name) {
+  const std::uint64_t hash = fnv1a64(name);
+  return static_cast<std::uint32_t>(hash >> 32) ^ static_cast<std::uint32_t>(hash);
+}
+
+// Two names of the kind a model has that share a folded 32-bit id, found by search (the same
+// pair on every rank).
+std::pair<std::string, std::string> names_sharing_a_folded_id() {
   std::unordered_map<std::uint32_t, std::string> seen;
   for (std::uint64_t i = 0;; ++i) {
     std::string name = "layer" + std::to_string(i) + ".weight";
-    const auto [entry, inserted] = seen.try_emplace(collectives::tensor_id_of(name), name);
+    const auto [entry, inserted] = seen.try_emplace(folded_32_bit_id(name), name);
     if (!inserted) return {entry->second, name};
   }
 }
 
-TEST(TensorIds, ANameSharingTheTensorIdOfANameInUseIsRefusedOnEveryRank) {
-  const auto [first, second] = names_sharing_a_tensor_id();
+std::string qsgd_spec_with_seed(std::uint64_t seed) {
+  return "qsgd:bits=2,ef=off,algo=sra,min_bytes=0,seed=" + std::to_string(seed);
+}
+
+TEST(RandomStreams, NamesSharingA32BitIdDrawTheirOwnNumbers) {
+  const auto [first, second] = names_sharing_a_folded_id();
   ASSERT_NE(first, second);
-  ASSERT_EQ(collectives::tensor_id_of(first), collectives::tensor_id_of(second));
+  ASSERT_EQ(folded_32_bit_id(first), folded_32_bit_id(second));
+  EXPECT_NE(collectives::random_stream_of(0, first).key, collectives::random_stream_of(0, second).key);
   Communicator comm = world_with_window(4);
-  reduce(comm, first, 1000, 1, kSraSpec);
-  const ErrorCode code = testing::error_code_of([&] { reduce(comm, second, 1000, 2, kSraSpec); });
-  EXPECT_EQ(code, ErrorCode::invalid_argument);
-  std::string message;
-  testing::error_code_of([&] { reduce(comm, second, 1000, 2, kSraSpec); }, &message);
-  for (const std::string& part : {first, second, std::string("tensor id"), std::string("Rename")})
-    EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in: " << message;
-  // The communicator goes on, and the first name keeps its id.
-  reduce(comm, first, 1000, 3, kSraSpec);
-  reduce(comm, "another.weight", 1000, 4, kSraSpec);
-  // Once the first name is released (a window without it), the second may take the id.
+  // The same input under both names: qsgd's stochastic rounding must round it differently.
+  const std::vector<float> input = gaussian_contribution(4096, world_rank(), 5);
+  std::vector<float> a = input, b = input;
+  comm.allreduce(host_view(a.data(), a.size()), first, qsgd_spec_with_seed(0), ReduceOp::sum);
+  comm.allreduce(host_view(b.data(), b.size()), second, qsgd_spec_with_seed(0), ReduceOp::sum);
+  EXPECT_FALSE(testing::same_bits(a, b));
+  EXPECT_TRUE(identical_on_all_ranks(std::span<const float>(b)));
+}
+
+TEST(RandomStreams, AStreamKeyHeldByAnotherNameInTheProcessIsRefusedOnEveryRank) {
+  // random_stream_of(seed, name).key = seed ^ mix64(hash(name)): seed_b makes "beta"'s key
+  // that of "alpha" under seed 0, the one way to make two names meet short of a 64-bit hash
+  // collision.
+  const std::string alpha = "stream.alpha", beta = "stream.beta";
+  const std::uint64_t seed_b =
+      collectives::random_stream_of(0, alpha).key ^ collectives::random_stream_of(0, beta).key;
+  ASSERT_EQ(collectives::random_stream_of(seed_b, beta).key, collectives::random_stream_of(0, alpha).key);
+
+  Communicator comm = world_with_window(4);
+  {
+    // Rank 0 alone holds alpha's key, through an owner outside this communicator (as another
+    // communicator of the process would): rank 0 refuses, and the call check makes every rank
+    // throw rather than leave the others waiting.
+    std::optional<collectives::RandomStreamClaims> elsewhere;
+    if (world_rank() == 0) {
+      elsewhere.emplace();
+      ASSERT_FALSE(elsewhere->claim(0, alpha, 0).has_value());
+    }
+    std::string message;
+    const ErrorCode code =
+        testing::error_code_of([&] { reduce(comm, beta, 1000, 1, qsgd_spec_with_seed(seed_b)); }, &message);
+    EXPECT_EQ(code, ErrorCode::invalid_argument);
+    for (const std::string& part : {alpha, beta, std::string("random stream"), std::string("Rename")})
+      EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in: " << message;
+    // The communicator goes on; beta's own stream under seed 0 is free.
+    reduce(comm, beta, 1000, 2, qsgd_spec_with_seed(0));
+  }
+  // The owner is gone: its key is free again.
+  reduce(comm, beta, 1000, 3, qsgd_spec_with_seed(seed_b));
+
+  // Inside one communicator: alpha under seed 0 now meets beta's claim under seed_b.
+  EXPECT_EQ(testing::error_code_of([&] { reduce(comm, alpha, 1000, 4, qsgd_spec_with_seed(0)); }),
+            ErrorCode::invalid_argument);
+  // Once beta's claim is released (a window without it), alpha may take the key; the same name
+  // in a second communicator shares it.
   for (int call = 0; call < 8; ++call) reduce(comm, "another.weight", 1000, 5 + call, kSraSpec);
-  reduce(comm, second, 1000, 20, kSraSpec);
-  EXPECT_EQ(testing::error_code_of([&] { reduce(comm, first, 1000, 21, kSraSpec); }),
+  reduce(comm, alpha, 1000, 20, qsgd_spec_with_seed(0));
+  Communicator second = world_with_window(4);
+  reduce(second, alpha, 1000, 21, qsgd_spec_with_seed(0));
+  EXPECT_EQ(testing::error_code_of([&] { reduce(second, beta, 1000, 22, qsgd_spec_with_seed(seed_b)); }),
             ErrorCode::invalid_argument);
 }
 

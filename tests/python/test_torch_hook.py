@@ -440,6 +440,49 @@ def test_gradscaler_sees_true_values_or_the_overflow_never_a_clipped_gradient(co
     assert not torch.isfinite(ours).all()
 
 
+class HalfScale(torch.nn.Module):
+    """One fp16 parameter w of n elements, forward (w * x).sum(): the gradient of w is exactly
+    the input x (fp16), so a test chooses each rank's gradient, Inf included."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(n, dtype=torch.float16))
+
+    def forward(self, x):
+        return (self.w * x).sum()
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16:min_bytes=0", "sign:min_bytes=0",
+                                  "qsgd:bits=8,min_bytes=0"])
+def test_fp16_parameters_keep_an_overflow_as_infinity(process_group, rank, size, spec):
+    # fp16 parameters (DDP buckets fp16 gradients): where a rank's gradient overflowed to +Inf
+    # or -Inf, DDP's own average is that Inf, which a loss scaler reads as "skip this step".
+    # The hook must give the same Inf, never the largest finite fp16 (65504) that a saturating
+    # store writes, and never a finite value there. Finite elements where no rank overflowed
+    # stay finite. (Rank 0 overflows elements 0-99 up and 100-199 down; every other rank has
+    # finite gradients everywhere.)
+    n = 40000
+    model = HalfScale(n)
+    ddp = DDP(model)
+    state = gradzip.torch.GradzipState(model, spec, communicator=gradzip.Communicator())
+    ddp.register_comm_hook(state, gradzip.torch.hook)
+    g = torch.Generator().manual_seed(7 + rank)
+    x = (torch.randn(n, generator=g) * 100).to(torch.float16)
+    if rank == 0:
+        x[:100] = float("inf")
+        x[100:200] = float("-inf")
+    model.zero_grad()
+    ddp(x).backward()
+    grad = model.w.grad.float()
+    assert torch.equal(grad[:100], torch.full((100,), float("inf"))), grad[:100]
+    assert torch.equal(grad[100:200], torch.full((100,), float("-inf"))), grad[100:200]
+    # Every rank's gradients are finite from element 200 on; the average is too, and compressed
+    # or not it stays within fp16's range.
+    rest = grad[200:]
+    assert torch.isfinite(rest).all() and rest.abs().max() <= 65504
+    assert torch.count_nonzero(rest) > 0
+
+
 def test_steady_state_copies_no_residual(process_group, rank, size):
     # Residuals are assembled and copied into the communicator only for a new bucket layout:
     # once per bucket of iteration 0, once per bucket after DDP's rebuild (iteration 1), then
@@ -457,6 +500,58 @@ def test_steady_state_copies_no_residual(process_group, rank, size):
     assert copies[0] == buckets[0], (copies, buckets)
     assert copies[1] - copies[0] == buckets[1], (copies, buckets)  # the rebuilt buckets
     assert copies[2] == copies[3] == copies[4] == copies[1], (copies, buckets)
+
+
+def test_a_long_run_across_the_rebuild_never_reports_released_residuals(process_group, rank, size, capfd):
+    # The communicator releases the residuals of a name no call used for a whole window (16
+    # calls here: 4-5 iterations of 3-4 buckets) and says so on stderr. The buckets of
+    # iteration 0 are gone after DDP's rebuild; their residuals, carried over to the new
+    # buckets, must be dropped then, not left for the window to report 16 calls later. Every
+    # current bucket runs every iteration, so a correct hook never has anything released.
+    comm = gradzip.Communicator(release_unused_after_calls=16)
+    model = make_net(8)
+    ddp = DDP(model, bucket_cap_mb=0.5)
+    state = gradzip.torch.GradzipState(model, "sign:algo=sra,min_bytes=0", communicator=comm)
+    ddp.register_comm_hook(state, gradzip.torch.hook)
+    step(ddp, rank, 0)
+    first_buckets = {name for name, _ in state._layouts.values()}
+    for i in range(1, 16):
+        step(ddp, rank, i)
+    now = {name for name, _ in state._layouts.values()}
+    assert first_buckets - now, "DDP's rebuild should have replaced some of the first buckets"
+    err = capfd.readouterr().err
+    assert "released the error-feedback residuals" not in err, err
+    # What the communicator holds is the current buckets' residuals and nothing else: each a
+    # bucket's worker residual or placed in one (SRA's owner side).
+    placed = {key for name in now for key, _ in comm.placed_residuals(name)}
+    assert set(comm.residual_names()) == now | placed, (sorted(comm.residual_names()), sorted(now))
+    assert placed, "SRA keeps owner residuals placed in the workers'"
+
+
+@pytest.mark.parametrize("spec", ["sign:algo=sra,min_bytes=0", "sign:algo=ring,min_bytes=0",
+                                  "sign:algo=hier,ranks_per_node=1,min_bytes=0",
+                                  "qsgd:bits=4,ef=on,min_bytes=0,algo=rhd"])
+def test_taking_a_state_dict_does_not_change_the_run(process_group, rank, size, spec):
+    # Two identical runs; one takes state_dict() after every iteration (folding the owner and
+    # per-hop residuals into the workers' on the live communicator would change what the next
+    # call sends). Their parameters must stay bit for bit equal. Algorithms pinned: algo=auto
+    # measures the link in each run's own communicator and may choose differently.
+    runs = []
+    for take in (False, True):
+        model = make_net(9)
+        ddp = DDP(model, bucket_cap_mb=0.5)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        state = gradzip.torch.GradzipState(model, spec, communicator=gradzip.Communicator())
+        ddp.register_comm_hook(state, gradzip.torch.hook)
+        for i in range(4):
+            step(ddp, rank, i)
+            optimizer.step()
+            if take:
+                saved = state.state_dict()
+                assert saved["buckets"] and saved["residuals"]
+        runs.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        state.close()
+    assert torch.equal(runs[0], runs[1]), f"max difference {(runs[0] - runs[1]).abs().max().item()}"
 
 
 def test_state_dict_round_trip_into_another_layout(process_group, rank, size):

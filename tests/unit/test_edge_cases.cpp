@@ -22,9 +22,9 @@
 namespace gradzip {
 namespace {
 
+using kernels::cpu::Isa;
 using testing::decode_to_f32;
 using testing::encode_message;
-using testing::for_each_available_isa;
 using testing::HostTensor;
 using testing::same_bits;
 using testing::ScopedIsa;
@@ -59,14 +59,20 @@ float reference_bf16(float x) { return reference_round(x, 7, -126); }
 // All-zero tensors.
 // -------------------------------------------------------------------------------------------
 
+class EdgeCaseZerosOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(EdgeCaseZerosOnEachIsa);
+
 // +0 in (any input dtype) decodes to bitwise +0 for every codec: casts copy the zero; qsgd's
 // scale is 0, so inv = 0 and every code is 0, which decodes to +0 (bits >= 2: min(0 * step, 0)
 // with no sign; bits = 1: 0 - 0 = +0); sign's scale is 0 and the sign bit of +0 is 0; top-k and
 // random-k keep (some) zeros and write zeros elsewhere. No 0/0 anywhere, so no NaN. decode_add
 // adds +0 to every accumulator element, which leaves it bit for bit (x + 0 == x for x != -0).
-TEST(EdgeCaseZeros, EveryCodecDecodesExactPositiveZeros) {
+TEST_P(EdgeCaseZerosOnEachIsa, EveryCodecDecodesExactPositiveZeros) {
   const std::size_t counts[] = {1, 2, 7, 513, 1000, 4097};
-  for_each_available_isa([&](kernels::cpu::Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     for (const char* spec : kAllCodecs) {
       const auto codec = make_codec(spec);
       for (const DType dtype : testing::kTestDTypes) {
@@ -92,7 +98,7 @@ TEST(EdgeCaseZeros, EveryCodecDecodesExactPositiveZeros) {
         }
       }
     }
-  });
+  }
 }
 
 // -0 inputs: every decoded value compares equal to 0 and none is NaN (casts and top-k/random-k
@@ -151,7 +157,10 @@ const CastCase kCastCases[] = {
     {-0x1p-126f, -0.0f, -0x1p-126f},          // FLT_MIN: exact in bf16, -0 in f16
 };
 
-TEST(EdgeCaseDenormals, CastsRoundHandDerivedCasesExactly) {
+class EdgeCaseDenormalsOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(EdgeCaseDenormalsOnEachIsa);
+
+TEST_P(EdgeCaseDenormalsOnEachIsa, CastsRoundHandDerivedCasesExactly) {
   std::vector<float> in;
   std::vector<float> want16;
   std::vector<float> want_bf;
@@ -165,7 +174,10 @@ TEST(EdgeCaseDenormals, CastsRoundHandDerivedCasesExactly) {
   }
   const auto fp16 = make_codec("fp16");
   const auto bf16 = make_codec("bf16");
-  for_each_available_isa([&](kernels::cpu::Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     const std::size_t n = in.size();
     EXPECT_TRUE(same_bits(decode_to_f32(*fp16, encode_message(*fp16, host_view(in.data(), n)), n),
                           want16));
@@ -178,13 +190,13 @@ TEST(EdgeCaseDenormals, CastsRoundHandDerivedCasesExactly) {
       codec->decode_add(encode_message(*codec, host_view(in.data(), n)), acc.data(), n);
       for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(acc[i], want[i]) << codec->name() << " " << i;
     }
-  });
+  }
 }
 
 // A sweep of 2^16 values spread over f32 exponents -150 .. -10 (random mantissas and signs,
 // f32 subnormals included, padded to an odd length so every SIMD tail runs): every element
 // equals the independent reference rounding, bit for bit, through f32, f16 and bf16 inputs.
-TEST(EdgeCaseDenormals, CastSweepMatchesIndependentReference) {
+TEST_P(EdgeCaseDenormalsOnEachIsa, CastSweepMatchesIndependentReference) {
   std::mt19937 engine(1234);
   std::vector<float> in((std::size_t{1} << 16) + 5);
   for (float& v : in) {
@@ -195,7 +207,10 @@ TEST(EdgeCaseDenormals, CastSweepMatchesIndependentReference) {
   }
   const auto fp16 = make_codec("fp16");
   const auto bf16 = make_codec("bf16");
-  for_each_available_isa([&](kernels::cpu::Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     for (const DType dtype : testing::kTestDTypes) {
       SCOPED_TRACE(dtype_name(dtype));
       const HostTensor tensor(dtype, in);  // f16/bf16 inputs: the values as that format holds them
@@ -211,7 +226,7 @@ TEST(EdgeCaseDenormals, CastSweepMatchesIndependentReference) {
       EXPECT_TRUE(same_bits(
           decode_to_f32(*bf16, encode_message(*bf16, tensor.view()), values.size()), want_bf));
     }
-  });
+  }
 }
 
 // -------------------------------------------------------------------------------------------
@@ -241,8 +256,11 @@ std::vector<float> subnormal_tensor(std::size_t n, std::uint32_t seed, bool tiny
 //     decoding (step = m / s and q * step: 2 units of 2^-24 of m when normal); when m is
 //     subnormal those two decode roundings are absolute, at most 2^-150 each per level, so
 //     (s + 2) 2^-149 (0 for the tiny normals).
-TEST(EdgeCaseDenormals, QsgdIsFiniteAndWithinItsBounds) {
-  for_each_available_isa([&](kernels::cpu::Isa) {
+TEST_P(EdgeCaseDenormalsOnEachIsa, QsgdIsFiniteAndWithinItsBounds) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     for (const bool tiny_normal : {false, true}) {
       for (const std::size_t bucket : {std::size_t{4}, std::size_t{512}}) {
         for (const int bits : {1, 2, 4, 8}) {
@@ -276,7 +294,7 @@ TEST(EdgeCaseDenormals, QsgdIsFiniteAndWithinItsBounds) {
         }
       }
     }
-  });
+  }
 }
 
 // Sign of subnormals. Exact cases: a bucket of +-d (d = 3 * 2^-149) has mean |x| = 16 d / 16 = d
@@ -284,9 +302,12 @@ TEST(EdgeCaseDenormals, QsgdIsFiniteAndWithinItsBounds) {
 // a bucket {2^-149, -2^-148} has mean 1.5 * 2^-149, which rounds to even: 2^-148, so it decodes
 // to {2^-148, -2^-148}. General subnormal data: decoded = +-scale with the sign of x < 0, finite,
 // and |scale - mean| <= len * 2^-24 * mean + 2^-149 (len rounded f32 adds and one division).
-TEST(EdgeCaseDenormals, SignIsExactOnExactMeansAndBoundedOtherwise) {
+TEST_P(EdgeCaseDenormalsOnEachIsa, SignIsExactOnExactMeansAndBoundedOtherwise) {
   const auto codec = make_codec("sign");
-  for_each_available_isa([&](kernels::cpu::Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     std::vector<float> x(16);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0 ? -3 : 3) * 0x1p-149f;
     EXPECT_TRUE(same_bits(decode_to_f32(*codec, encode_message(*codec, host_view(x.data(), 16)), 16), x));
@@ -311,7 +332,7 @@ TEST(EdgeCaseDenormals, SignIsExactOnExactMeansAndBoundedOtherwise) {
         ASSERT_EQ(std::signbit(d[i]), y[i] < 0.0f) << i;
       }
     }
-  });
+  }
 }
 
 // -------------------------------------------------------------------------------------------
@@ -334,14 +355,17 @@ std::vector<std::uint32_t> topk_indices(const std::vector<std::byte>& message) {
 // subnormals, fed as f32 and as f16). Decoded values: x for fp32 values; the f16 rounding of x
 // for values=fp16 (so f32 subnormals decode to signed zeros, but the indices still carry the
 // selection, which is checked on the message).
-TEST(EdgeCaseDenormals, TopkSelectsSubnormalsByMagnitude) {
+TEST_P(EdgeCaseDenormalsOnEachIsa, TopkSelectsSubnormalsByMagnitude) {
   constexpr std::size_t n = 300;
   constexpr std::size_t k = 10;
   std::vector<std::size_t> rank_of(n);
   std::iota(rank_of.begin(), rank_of.end(), std::size_t{0});
   std::mt19937 engine(99);
   std::shuffle(rank_of.begin(), rank_of.end(), engine);
-  for_each_available_isa([&](kernels::cpu::Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     for (const float unit : {0x1p-149f, 0x1p-24f}) {
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; ++i)
@@ -367,23 +391,26 @@ TEST(EdgeCaseDenormals, TopkSelectsSubnormalsByMagnitude) {
         }
       }
     }
-  });
+  }
 }
 
 // Subnormals never outrank normals: 7 small normals (2^-126 .. 2^-120) among 500 subnormals are
 // exactly the top 7 (ties impossible: all magnitudes distinct).
-TEST(EdgeCaseDenormals, TopkRanksNormalsAboveSubnormals) {
+TEST_P(EdgeCaseDenormalsOnEachIsa, TopkRanksNormalsAboveSubnormals) {
   std::vector<float> x(507);
   for (std::size_t i = 0; i < x.size(); ++i)
     x[i] = -static_cast<float>(i + 1) * 0x1p-149f * 1000.0f;  // up to 507000 * 2^-149 < 2^-126
   const std::size_t normals[] = {3, 50, 101, 250, 251, 400, 506};
   for (std::size_t j = 0; j < 7; ++j) x[normals[j]] = std::ldexp(1.0f, -126 + static_cast<int>(j));
   const auto codec = make_codec("topk:k=7");
-  for_each_available_isa([&](kernels::cpu::Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     const std::vector<std::byte> message = encode_message(*codec, host_view(x.data(), x.size()));
     EXPECT_EQ(topk_indices(message),
               std::vector<std::uint32_t>(std::begin(normals), std::end(normals)));
-  });
+  }
 }
 
 // -------------------------------------------------------------------------------------------
@@ -456,13 +483,19 @@ TEST(EdgeCaseKRounding, CodecsKeepExactlyOneElement) {
 // Ties in top-k.
 // -------------------------------------------------------------------------------------------
 
+class EdgeCaseTiesOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(EdgeCaseTiesOnEachIsa);
+
 // Equal magnitudes (+-1 alternating, 1001 elements, k = 10): exact keeps indices 0..9, approx a
 // prefix 0..m-1 with 5 <= m <= 10. One larger element (5 at index 500) is always kept and the
 // other k - 1 (exact) are the lowest indices 0..8. Encoding twice gives the same bytes.
-TEST(EdgeCaseTies, LowestIndicesWinDeterministically) {
+TEST_P(EdgeCaseTiesOnEachIsa, LowestIndicesWinDeterministically) {
   std::vector<float> x(1001);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = i % 2 ? -1.0f : 1.0f;
-  for_each_available_isa([&](kernels::cpu::Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     for (const char* spec : {"topk:k=10", "topk:k=10,approx=on", "topk:k=10,values=fp16"}) {
       SCOPED_TRACE(spec);
       const auto codec = make_codec(spec);
@@ -483,7 +516,7 @@ TEST(EdgeCaseTies, LowestIndicesWinDeterministically) {
         EXPECT_EQ(kept, want) << (with_peak ? "with peak" : "all ties");
       }
     }
-  });
+  }
 }
 
 // All magnitudes equal including zeros of both signs: +0 and -0 have the same key (0), so with

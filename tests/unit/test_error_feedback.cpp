@@ -17,6 +17,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -529,6 +530,63 @@ TEST(ResidualStore, FoldIntoAddsEveryPlacedResidualAtItsElementsThroughChains) {
   EXPECT_EQ(store.residual("y")[0], 7.0f);
   // Folded residuals are released, and their placements with them: a second fold finds none.
   EXPECT_EQ(store.fold_into("x", 8), 0u);
+}
+
+// The chain of the test above: x (8), x@hier at [2, 6) of x, sra-server:x@hier at [1, 3) of
+// x@hier; y with tree-root:y placed in it.
+void fill_chains(ResidualStore& store) {
+  fill_residual(store, "x", 8, [](std::size_t i) { return 1.0f + static_cast<float>(i); });
+  fill_residual(store, "x@hier", 4, [](std::size_t i) { return 100.0f * static_cast<float>(i + 1); });
+  fill_residual(store, "sra-server:x@hier", 2, [](std::size_t i) { return 0.5f + static_cast<float>(i); });
+  store.set_placement("x@hier", "x", 2);
+  store.set_placement("sra-server:x@hier", "x@hier", 1);
+  fill_residual(store, "y", 3, [](std::size_t) { return 7.0f; });
+  fill_residual(store, "tree-root:y", 3, [](std::size_t) { return 2.0f; });
+  store.set_placement("tree-root:y", "y", 0);
+}
+
+TEST(ResidualStore, FoldedCopyIsWhatFoldIntoMakesAndChangesNothing) {
+  ResidualStore store(2, 0, ResizePolicy::error);
+  fill_chains(store);
+  // placed_in: every residual whose chain ends in x, with its offset in x.
+  using Placed = std::vector<std::pair<std::string, std::size_t>>;
+  EXPECT_EQ(store.placed_in("x"), (Placed{{"sra-server:x@hier", 3}, {"x@hier", 2}}));
+  EXPECT_EQ(store.placed_in("y"), (Placed{{"tree-root:y", 0}}));
+  // Only chains that end in the root count: x@hier is itself placed, so nothing ends in it.
+  EXPECT_TRUE(store.placed_in("x@hier").empty());
+  const std::optional<std::vector<float>> copy = store.folded_copy("x", 8);
+  ASSERT_TRUE(copy.has_value());
+  const std::vector<float> expected = {1, 2, 3 + 100, 4 + 200 + 0.5f, 5 + 300 + 1.5f, 6 + 400, 7, 8};
+  EXPECT_EQ(*copy, expected);
+  // Nothing moved: the residuals and their placements are as they were ...
+  EXPECT_EQ(store.residual("x")[3], 4.0f);
+  EXPECT_EQ(store.residual("sra-server:x@hier")[1], 1.5f);
+  EXPECT_EQ(store.placed_in("x").size(), 2u);
+  // ... and folding for real gives the same values.
+  store.fold_into("x", 8);
+  EXPECT_EQ(std::vector<float>(store.residual("x").begin(), store.residual("x").end()), expected);
+  // A root that is not registered: zeros plus what is placed in it; nothing at all: none.
+  fill_residual(store, "owner:z", 2, [](std::size_t) { return 3.0f; });
+  store.set_placement("owner:z", "z", 1);
+  EXPECT_EQ(store.folded_copy("z", 4), (std::optional<std::vector<float>>(std::vector<float>{0, 3, 3, 0})));
+  EXPECT_FALSE(store.contains("z"));
+  EXPECT_FALSE(store.folded_copy("nothing", 4).has_value());
+  // A placement outside its root is refused, as fold_into refuses it.
+  store.set_placement("owner:z", "z", 3);
+  EXPECT_EQ(error_of([&] { (void)store.folded_copy("z", 4); }).code, ErrorCode::internal);
+}
+
+TEST(ResidualStore, EraseTreeForgetsARootAndEverythingPlacedInItOnly) {
+  ResidualStore store(2, 0, ResizePolicy::error);
+  fill_chains(store);
+  EXPECT_EQ(store.erase_tree("x"), 3u);
+  EXPECT_EQ(store.names(), (std::vector<std::string>{"tree-root:y", "y"}));
+  EXPECT_TRUE(store.placed_in("x").empty());
+  // A name registered again starts from zeros, with no placement left over to fold into it.
+  fill_residual(store, "x@hier", 4, [](std::size_t) { return 9.0f; });
+  EXPECT_TRUE(store.placed_in("x").empty());
+  EXPECT_EQ(store.erase_tree("absent"), 0u);
+  EXPECT_EQ(store.erase_tree("y"), 2u);
 }
 
 TEST(ResidualStore, FoldIntoRegistersAMissingRootOnlyWhenSomethingIsPlacedInIt) {

@@ -31,7 +31,6 @@ namespace {
 
 using kernels::cpu::Isa;
 
-constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
   // (empty spans may have null data, which memcmp must not get)
@@ -72,11 +71,11 @@ Reference general_path(const Codec& codec, const Inputs& in, const EncodeContext
   return ref;
 }
 
-// The fused encode of `spec` on every ISA, for each count, plain and special inputs, against
+// The fused encode of `spec` on `isa`, for each count, plain and special inputs, against
 // general_path: the same message bytes and, bit for bit, the same residual.
-void expect_fused_is_general(const std::string& spec, std::initializer_list<std::size_t> counts,
+void expect_fused_is_general(Isa isa, const std::string& spec, std::initializer_list<std::size_t> counts,
                              const EncodeContext& ctx = {}) {
-  for (const Isa isa : kIsas) {
+  {
     testing::ScopedIsa forced(isa);
     const std::unique_ptr<Codec> codec = make_codec(spec);
     const auto* fused = dynamic_cast<const compressors::FusedFeedbackEncoder*>(codec.get());
@@ -100,37 +99,40 @@ void expect_fused_is_general(const std::string& spec, std::initializer_list<std:
   }
 }
 
-TEST(FusedFeedback, SignGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
+class FusedFeedbackOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(FusedFeedbackOnEachIsa);
+
+TEST_P(FusedFeedbackOnEachIsa, SignGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
   // Buckets that cut the 4096-element blocks anywhere (3, 4095: blocks of lcm(bucket, 8)),
   // counts that end mid-bucket and mid-byte; the special inputs overflow bucket sums (the
   // rescue) and hold an inf and a NaN.
   for (const std::size_t bucket : {1u, 3u, 8u, 64u, 512u, 4095u, 4096u, 5000u})
-    expect_fused_is_general("sign:bucket=" + std::to_string(bucket),
+    expect_fused_is_general(GetParam(), "sign:bucket=" + std::to_string(bucket),
                             {0, 1, 7, 100, 4096, 4097, 12345, 40001});
 }
 
-TEST(FusedFeedback, CastsGiveTheGeneralPathsMessageAndResidualOnEveryIsa) {
+TEST_P(FusedFeedbackOnEachIsa, CastsGiveTheGeneralPathsMessageAndResidualOnEveryIsa) {
   // Near FLT_MAX fp16 overflows to inf: the residual's finite_or_zero guard is exercised.
-  for (const char* spec : {"fp16", "bf16"}) expect_fused_is_general(spec, {0, 1, 7, 4096, 4097, 40001});
+  for (const char* spec : {"fp16", "bf16"}) expect_fused_is_general(GetParam(), spec, {0, 1, 7, 4096, 4097, 40001});
 }
 
 // qsgd draws its stochastic rounding from (seed, step, tensor id, element index): an element
 // offset that is not a multiple of 4 starts the chunk inside a Philox block.
-TEST(FusedFeedback, QsgdGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
+TEST_P(FusedFeedbackOnEachIsa, QsgdGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
   for (const char* spec : {"qsgd:bits=4", "qsgd:bits=8,bucket=64", "qsgd:bits=2,bucket=7",
                            "qsgd:bits=3,bucket=5000", "qsgd:bits=1,bucket=100"}) {
-    expect_fused_is_general(spec, {0, 1, 7, 4096, 4097, 40001}, EncodeContext{77, 3, 9, 4101});
+    expect_fused_is_general(GetParam(), spec, {0, 1, 7, 4096, 4097, 40001}, EncodeContext{77, 3, 9, 4101});
   }
 }
 
 // Top-k fuses from kTopkSampleAllCount + 1 elements on (smaller tensors form g + e first):
 // counts on both sides, exact and approx, f16 values (whose residual keeps g' - f16(g')), k = 1
 // and k = n. (64-bit indices need more than 2^32 elements: not here.)
-TEST(FusedFeedback, TopkGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
+TEST_P(FusedFeedbackOnEachIsa, TopkGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
   static_assert(kernels::kTopkSampleAllCount == 65536);
   for (const char* spec : {"topk:ratio=0.01", "topk:ratio=0.001,approx=on",
                            "topk:ratio=0.05,values=fp16", "topk:k=1", "topk:ratio=1"}) {
-    expect_fused_is_general(spec, {0, 1, 7, 65536, 65537, 100003, 300001},
+    expect_fused_is_general(GetParam(), spec, {0, 1, 7, 65536, 65537, 100003, 300001},
                             EncodeContext{77, 3, 9, 0});
   }
 }
@@ -139,7 +141,7 @@ TEST(FusedFeedback, TopkGivesTheGeneralPathsMessageAndResidualOnEveryIsa) {
 // e must end as g + e and the result (entries, path, threshold, candidate count) must be
 // topk_select's of that sum. Which path each case takes is asserted too, so that the cases
 // keep covering steps 2 to 5 if the sampling changes.
-TEST(FusedFeedback, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath) {
+TEST_P(FusedFeedbackOnEachIsa, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath) {
   using kernels::cpu::TopkPath;
   struct Case {
     const char* name;
@@ -210,7 +212,8 @@ TEST(FusedFeedback, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath) {
     cases.push_back({"sample above the rest", 100000, false, TopkPath::radix_bin, g, e});
     cases.push_back({"sample above the rest, smaller k", 70000, false, TopkPath::full_radix, g, e});
   }
-  for (const Isa isa : kIsas) {
+  {
+    const Isa isa = GetParam();
     testing::ScopedIsa forced(isa);
     for (const Case& c : cases) {
       SCOPED_TRACE(::testing::Message() << kernels::cpu::isa_name(isa) << " " << c.name);
@@ -266,8 +269,9 @@ TEST(FusedFeedback, SignAndQsgdDeclineBucketsTooLargeForABlockAndChangeNothing) 
 // Through the decorator: its in-place path (no decoded output asked) takes the fused encode,
 // its decoded-output path the general one; both must give the same bytes and residual, every
 // step (the residual carries over), for sign and for a bucket the fused path declines.
-TEST(FusedFeedback, ErrorFeedbackCodecGivesTheSameBytesWithAndWithoutTheFusedPath) {
-  for (const Isa isa : kIsas) {
+TEST_P(FusedFeedbackOnEachIsa, ErrorFeedbackCodecGivesTheSameBytesWithAndWithoutTheFusedPath) {
+  {
+    const Isa isa = GetParam();
     testing::ScopedIsa forced(isa);
     for (const char* spec : {"sign", "sign:bucket=7", "sign:bucket=70000", "fp16", "bf16",
                              "qsgd:bits=4", "qsgd:bits=3,bucket=77", "qsgd:bits=4,bucket=70000",

@@ -56,14 +56,20 @@ TEST(Philox, BlockKeyingIsTheDocumentedOne) {
   }
 }
 
+class PhiloxOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(PhiloxOnEachIsa);
+
 // Every ISA's philox_words equals philox_block word for word: block ranges of every length
 // 0..70 (all vector tails) at starts that make the low counter word wrap into the high one.
-TEST(Philox, VectorisedWordsEqualScalarWords) {
+TEST_P(PhiloxOnEachIsa, VectorisedWordsEqualScalarWords) {
   const std::uint64_t starts[] = {0, 1, 13, 0xFFFFFFF0ull, 0xFFFFFFFFull - 3, 0x1234567890ull,
                                   ~std::uint64_t{0} - 20};
   const std::uint64_t seed = 0x0123456789ABCDEFull;
   const std::uint32_t step = 77, tensor_id = 0xDEADBEEFu;
-  testing::for_each_available_isa([&](Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     for (std::uint64_t first_block : starts) {
       for (std::size_t num_blocks = 0; num_blocks <= 70; ++num_blocks) {
         // One sentinel word past the end must stay untouched.
@@ -79,18 +85,21 @@ TEST(Philox, VectorisedWordsEqualScalarWords) {
         ASSERT_EQ(words.back(), 0xA5A5A5A5u) << "wrote past " << num_blocks << " blocks";
       }
     }
-  });
+  }
 }
 
-TEST(Philox, VectorisedWordsEqualScalarWordsOverManyCounters) {
+TEST_P(PhiloxOnEachIsa, VectorisedWordsEqualScalarWordsOverManyCounters) {
   constexpr std::size_t kBlocks = 1 << 16;
   std::vector<std::uint32_t> reference(4 * kBlocks), words(4 * kBlocks);
   kernels::cpu::qsgd_kernels(Isa::scalar)
       .philox_words(42, 3, 9, 1000, kBlocks, reference.data());
-  testing::for_each_available_isa([&](Isa) {
+  {
+    const Isa isa = GetParam();
+    testing::ScopedIsa forced(isa);
+    SCOPED_TRACE(kernels::cpu::isa_name(isa));
     kernels::cpu::philox_words(42, 3, 9, 1000, kBlocks, words.data());
     EXPECT_EQ(words, reference);
-  });
+  }
 }
 
 TEST(Philox, UniformUnitCoversZeroToJustBelowOne) {

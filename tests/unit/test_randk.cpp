@@ -12,6 +12,8 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "compressors/wire_format.h"
@@ -505,7 +507,10 @@ TEST(RandkCodec, NanAndInfAreCarriedAsValues) {
   }
 }
 
-TEST(RandkCodec, EveryIsaGivesTheSameBytes) {
+class RandkCodecOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(RandkCodecOnEachIsa);
+
+TEST_P(RandkCodecOnEachIsa, EveryIsaGivesTheSameBytes) {
   struct Case {
     const char* spec;
     std::size_t n;
@@ -521,23 +526,25 @@ TEST(RandkCodec, EveryIsaGivesTheSameBytes) {
     SCOPED_TRACE(std::string(c.spec) + " n=" + std::to_string(c.n));
     const auto codec = make_codec(c.spec);
     const auto data = testing::gaussian(c.n, 31);
-    std::vector<std::byte> first_message;
-    std::vector<float> first_decoded;
-    testing::for_each_available_isa([&](Isa isa) {
-      const auto message = testing::encode_message(*codec, host_view(data.data(), c.n), c.ctx);
-      const auto decoded = testing::decode_to_f32(*codec, message, c.n);
-      if (isa == Isa::scalar) {
-        first_message = message;
-        first_decoded = decoded;
-        // The scalar path is the reference rule.
-        const RandkKey key = kernels::cpu::randk_key(c.ctx);
-        const std::size_t k = codec->spec().k_for(c.n);
-        EXPECT_EQ(kernels::cpu::randk_indices(c.n, k, c.ctx), reference_indices(c.n, k, key));
-      } else {
-        EXPECT_EQ(message, first_message) << kernels::cpu::isa_name(isa);
-        EXPECT_EQ(decoded, first_decoded) << kernels::cpu::isa_name(isa);
-      }
-    });
+    // The message and its decode on `isa`.
+    const auto run = [&](Isa isa) {
+      testing::ScopedIsa forced(isa);
+      std::vector<std::byte> message = testing::encode_message(*codec, host_view(data.data(), c.n), c.ctx);
+      std::vector<float> decoded = testing::decode_to_f32(*codec, message, c.n);
+      return std::pair(std::move(message), std::move(decoded));
+    };
+    if (GetParam() == Isa::scalar) {
+      // The scalar path follows the reference rule; the other ISAs must match it.
+      testing::ScopedIsa forced(Isa::scalar);
+      const RandkKey key = kernels::cpu::randk_key(c.ctx);
+      const std::size_t k = codec->spec().k_for(c.n);
+      EXPECT_EQ(kernels::cpu::randk_indices(c.n, k, c.ctx), reference_indices(c.n, k, key));
+      continue;
+    }
+    const auto [first_message, first_decoded] = run(Isa::scalar);
+    const auto [message, decoded] = run(GetParam());
+    EXPECT_EQ(message, first_message) << kernels::cpu::isa_name(GetParam());
+    EXPECT_EQ(decoded, first_decoded) << kernels::cpu::isa_name(GetParam());
   }
 }
 

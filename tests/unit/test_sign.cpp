@@ -34,7 +34,6 @@ using testing::HostTensor;
 using testing::kTestCounts;
 using testing::kTestDTypes;
 
-constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
@@ -199,10 +198,14 @@ TEST(SignCodec, PacksBitsLsbFirstAfterTheScales) {
       (std::vector<float>{-2.5f, 2.5f, -2.5f, 2.5f, 2.75f, 2.75f, -2.75f, 2.75f, 7.5f, -7.5f}));
 }
 
-TEST(SignCodec, AllZeroInputHasScaleZeroAndDecodesToPositiveZeros) {
+class SignCodecOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(SignCodecOnEachIsa);
+
+TEST_P(SignCodecOnEachIsa, AllZeroInputHasScaleZeroAndDecodesToPositiveZeros) {
   for (const float zero : {0.0f, -0.0f}) {
     const std::vector<float> values(1000, zero);
-    for (const Isa isa : kIsas) {
+    {
+      const Isa isa = GetParam();
       testing::ScopedIsa forced(isa);
       const auto codec = sign_codec(64);
       const auto message = encode_message(*codec, host_view(values.data(), values.size()));
@@ -299,13 +302,14 @@ TEST(SignCodec, EveryIsaGivesIdenticalBytesForHalfPrecisionInputs) {
   }
 }
 
-TEST(SignCodec, DecodeAddAddsTheDecodedValuesExactly) {
+TEST_P(SignCodecOnEachIsa, DecodeAddAddsTheDecodedValuesExactly) {
   const std::vector<float> values = test_values(10007, 8);
   const auto codec = sign_codec(100);
   const auto message = encode_message(*codec, host_view(values.data(), values.size()));
   const auto decoded = decode_to_f32(*codec, message, values.size());
   const std::vector<float> start = gaussian(values.size(), 9, 3.0f);
-  for (const Isa isa : kIsas) {
+  {
+    const Isa isa = GetParam();
     testing::ScopedIsa forced(isa);
     std::vector<float> acc = start;
     codec->decode_add(message, acc.data(), acc.size());
@@ -316,15 +320,19 @@ TEST(SignCodec, DecodeAddAddsTheDecodedValuesExactly) {
   }
 }
 
+class SignKernelsOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(SignKernelsOnEachIsa);
+
 // The kernels under the codec take blocks and ranges the codec itself never produces.
-TEST(SignKernels, EncoderGivesTheSameBytesForAnyBlocking) {
+TEST_P(SignKernelsOnEachIsa, EncoderGivesTheSameBytesForAnyBlocking) {
   const std::vector<float> values = test_values(9000, 11);
   // Block sizes (multiples of 8 except the last) that start blocks mid-bucket at every lane.
   const std::vector<std::size_t> blocks = {8, 24, 4104, 40, 16, 4096, 712};
   for (const std::size_t bucket : {1, 3, 7, 15, 16, 17, 100, 4097}) {
     const auto codec = sign_codec(bucket);
     const auto message = encode_message(*codec, host_view(values.data(), values.size()));
-    for (const Isa isa : kIsas) {
+    {
+      const Isa isa = GetParam();
       SCOPED_TRACE(::testing::Message()
                    << "bucket " << bucket << " isa " << kernels::cpu::isa_name(isa));
       testing::ScopedIsa forced(isa);
@@ -344,7 +352,7 @@ TEST(SignKernels, EncoderGivesTheSameBytesForAnyBlocking) {
   }
 }
 
-TEST(SignKernels, DecodeOfAnyRangeMatchesTheWholeDecode) {
+TEST_P(SignKernelsOnEachIsa, DecodeOfAnyRangeMatchesTheWholeDecode) {
   const std::vector<float> values = test_values(1000, 12);
   for (const std::size_t bucket : {1, 3, 7, 15, 16, 17, 100}) {
     const auto codec = sign_codec(bucket);
@@ -355,7 +363,8 @@ TEST(SignKernels, DecodeOfAnyRangeMatchesTheWholeDecode) {
         reinterpret_cast<const std::uint8_t*>(message.data() + kWireHeaderBytes +
                                               4 * ceil_div(values.size(), bucket)),
         values.size(), bucket};
-    for (const Isa isa : kIsas) {
+    {
+      const Isa isa = GetParam();
       testing::ScopedIsa forced(isa);
       for (const std::size_t begin : {0, 1, 5, 13, 16, 333}) {
         for (const std::size_t n : {0, 1, 7, 16, 17, 50, 600}) {
@@ -372,7 +381,7 @@ TEST(SignKernels, DecodeOfAnyRangeMatchesTheWholeDecode) {
 
 // ---- non-finite inputs ----------------------------------------------------------------------
 
-TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
+TEST_P(SignCodecOnEachIsa, NanAndInfFollowTheDocumentedRules) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float signalling = std::bit_cast<float>(0x7F800001u);
@@ -406,7 +415,8 @@ TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
       kRescued,      kRescued,       kMinusRescued, kRescued,
       kernels::float_bits(1.0f), kernels::float_bits(-1.0f), kernels::float_bits(1.0f), kernels::float_bits(-1.0f),
       kMinusNan,     kNan};
-  for (const Isa isa : kIsas) {
+  {
+    const Isa isa = GetParam();
     SCOPED_TRACE(kernels::cpu::isa_name(isa));
     testing::ScopedIsa forced(isa);
     const auto codec = sign_codec(4);
@@ -418,7 +428,7 @@ TEST(SignCodec, NanAndInfFollowTheDocumentedRules) {
   }
 }
 
-TEST(SignCodec, NanAndInfRulesHoldOnEveryVectorPath) {
+TEST_P(SignCodecOnEachIsa, NanAndInfRulesHoldOnEveryVectorPath) {
   // Short buckets (3: the across-bucket bodies) and long ones (40: the 16-lane bodies), with
   // NaNs of both signs, a signalling NaN and infinities in some buckets: those buckets get the
   // canonical NaN / +inf, every other bucket its reference scale.
@@ -428,7 +438,8 @@ TEST(SignCodec, NanAndInfRulesHoldOnEveryVectorPath) {
     values[9 * bucket] = std::bit_cast<float>(0x7F800001u);
     values[20 * bucket + 2] = -std::numeric_limits<float>::infinity();
     values[33 * bucket] = std::numeric_limits<float>::infinity();
-    for (const Isa isa : kIsas) {
+    {
+      const Isa isa = GetParam();
       SCOPED_TRACE(::testing::Message()
                    << "bucket " << bucket << " isa " << kernels::cpu::isa_name(isa));
       testing::ScopedIsa forced(isa);
@@ -445,7 +456,7 @@ TEST(SignCodec, NanAndInfRulesHoldOnEveryVectorPath) {
   }
 }
 
-TEST(SignCodec, SumsOverflowingF32GetAFiniteRescuedScaleOnEveryPath) {
+TEST_P(SignCodecOnEachIsa, SumsOverflowingF32GetAFiniteRescuedScaleOnEveryPath) {
   const float max = std::numeric_limits<float>::max();
   const float inf = std::numeric_limits<float>::infinity();
   // Bucket 0: FLT_MAX everywhere; bucket 1: +-FLT_MAX; both have the mean |x| FLT_MAX, which
@@ -453,7 +464,8 @@ TEST(SignCodec, SumsOverflowingF32GetAFiniteRescuedScaleOnEveryPath) {
   // powers-of-two multiples, so exact) and within the round-trip test's bound otherwise.
   // Bucket 2: one FLT_MAX and zeros, whose sum does not overflow: the plain FLT_MAX / len.
   // Bucket 3: an inf among FLT_MAX values: +inf, as documented.
-  for (const Isa isa : kIsas) {
+  {
+    const Isa isa = GetParam();
     SCOPED_TRACE(kernels::cpu::isa_name(isa));
     testing::ScopedIsa forced(isa);
     for (const std::size_t bucket : {3, 4, 16, 40, 512}) {
@@ -496,7 +508,8 @@ TEST(SignCodec, SumsOverflowingF32GetAFiniteRescuedScaleOnEveryPath) {
     const std::vector<float> x = input.to_f32();
     for (const std::size_t bucket : {7, 100, 512, 4097}) {
       std::size_t rescued = 0;
-      for (const Isa isa : kIsas) {
+      {
+        const Isa isa = GetParam();
         SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " bucket " << bucket << " isa "
                                           << kernels::cpu::isa_name(isa));
         testing::ScopedIsa forced(isa);

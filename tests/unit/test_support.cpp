@@ -152,18 +152,16 @@ void EmulatedPayload::write_scale(std::uint64_t b, float scale) {
   return ::testing::AssertionSuccess();
 }
 
-void for_each_available_isa(const std::function<void(kernels::cpu::Isa)>& body) {
-  using kernels::cpu::Isa;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-    if (isa > kernels::cpu::detected_isa()) {
-      std::printf("note: this CPU lacks %s; not tested here\n",
-                  std::string(kernels::cpu::isa_name(isa)).c_str());
-      continue;
-    }
-    ScopedIsa forced(isa);
-    SCOPED_TRACE(kernels::cpu::isa_name(isa));
-    body(isa);
+void PerIsaTest::SetUp() {
+  if (GetParam() > kernels::cpu::detected_isa()) {
+    GTEST_SKIP() << "this CPU lacks " << kernels::cpu::isa_name(GetParam())
+                 << " (it has " << kernels::cpu::isa_name(kernels::cpu::detected_isa())
+                 << "): not tested here";
   }
+}
+
+std::string isa_case_name(const ::testing::TestParamInfo<kernels::cpu::Isa>& info) {
+  return std::string(kernels::cpu::isa_name(info.param));
 }
 
 std::vector<std::byte> encode_message(const Codec& codec, ConstTensorView in,
@@ -245,3 +243,8 @@ void write_legacy_checkpoint(const std::filesystem::path& path, std::uint32_t ve
 }
 
 }  // namespace gradzip::testing
+
+// UBSan's options in the builds with -fsanitize=undefined (the sanitized unit and multi-rank
+// tests): a report prints its stack. Compiled in rather than set per test, since ctest's
+// per-case registration takes one environment variable (ASAN_OPTIONS). Unused elsewhere.
+extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1"; }

@@ -107,9 +107,23 @@ struct EmulatedPayload {
                                                    std::span<const std::byte> message,
                                                    std::size_t scale_bytes, const char* data_name);
 
-// Runs body(isa) once per ISA this CPU has (scalar, avx2, avx512), with that ISA forced and
-// named in failures; prints a note for the ones it lacks. Clears the override afterwards.
-void for_each_available_isa(const std::function<void(kernels::cpu::Isa)>& body);
+// Tests whose cases run once per instruction set: a suite `class XOnEachIsa : public
+// testing::PerIsaTest {};`, `GZ_ON_EACH_ISA(XOnEachIsa);`, cases TEST_P(XOnEachIsa, Case),
+// which ctest lists as Isa/XOnEachIsa.Case/scalar, /avx2 and /avx512. GetParam() is the case's
+// ISA; the case forces it (ScopedIsa) where its kernels run, so references it computes before
+// that run on the CPU's own ISA. A case whose ISA this CPU lacks is skipped, saying so: forcing
+// it would silently run the next lower ISA, and the summary would claim a coverage it lacks.
+class PerIsaTest : public ::testing::TestWithParam<kernels::cpu::Isa> {
+ protected:
+  void SetUp() override;
+};
+std::string isa_case_name(const ::testing::TestParamInfo<kernels::cpu::Isa>& info);
+#define GZ_ON_EACH_ISA(Suite)                                                                \
+  INSTANTIATE_TEST_SUITE_P(Isa, Suite,                                                       \
+                           ::testing::Values(::gradzip::kernels::cpu::Isa::scalar,          \
+                                             ::gradzip::kernels::cpu::Isa::avx2,            \
+                                             ::gradzip::kernels::cpu::Isa::avx512),         \
+                           ::gradzip::testing::isa_case_name)
 
 // Forces an ISA for the lifetime of the object.
 class ScopedIsa {

@@ -31,7 +31,6 @@ using compressors::write_header;
 using kernels::cpu::Isa;
 using kernels::cpu::TopkPath;
 
-constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
 
 
 
@@ -555,9 +554,12 @@ TEST(TopkFallbacks, OneCrowdedTopDigitBinRefinesAllDigits) {
 
 // ---- the kernels: candidate pass and index widths ------------------------------------------
 
+class TopkKernelsOnEachIsa : public testing::PerIsaTest {};
+GZ_ON_EACH_ISA(TopkKernelsOnEachIsa);
+
 // Every ISA and both index widths collect exactly what a plain loop collects, in order, and
 // report overflow exactly when more than `capacity` qualify; every tail length is covered.
-TEST(TopkKernels, CandidatePassMatchesAPlainLoop) {
+TEST_P(TopkKernelsOnEachIsa, CandidatePassMatchesAPlainLoop) {
   const std::vector<float> data = testing::gaussian(300, 9);
   const std::uint32_t thresholds[] = {0, kernels::topk_key(0.5f), kernels::topk_key(1.0f),
                                       kernels::topk_key(2.5f), 0x7F800000u, 0x7FFFFFFFu,
@@ -575,7 +577,8 @@ TEST(TopkKernels, CandidatePassMatchesAPlainLoop) {
       const std::size_t want = want_index.size();
       for (std::size_t capacity : {want, want + 3, want > 0 ? want - 1 : std::size_t{0}}) {
         const bool overflow = capacity < want;
-        for (Isa isa : kIsas) {
+        {
+          const Isa isa = GetParam();
           kernels::cpu::set_isa_override(isa);
           std::vector<std::uint32_t> index32(capacity + kernels::cpu::kTopkCollectSlack);
           std::vector<std::uint64_t> index64(capacity + kernels::cpu::kTopkCollectSlack);
@@ -608,10 +611,11 @@ TEST(TopkKernels, CandidatePassMatchesAPlainLoop) {
 }
 
 // 64-bit indices past 2^32 (the first_index offset stands in for a tensor of > 2^32 elements).
-TEST(TopkKernels, CandidatePassWritesIndicesAbove4G) {
+TEST_P(TopkKernelsOnEachIsa, CandidatePassWritesIndicesAbove4G) {
   const std::vector<float> data = testing::gaussian(100, 2);
   const std::uint64_t first = (std::uint64_t{1} << 32) - 10;
-  for (Isa isa : kIsas) {
+  {
+    const Isa isa = GetParam();
     kernels::cpu::set_isa_override(isa);
     std::vector<std::uint64_t> index(100 + kernels::cpu::kTopkCollectSlack);
     std::vector<std::uint32_t> bits(100 + kernels::cpu::kTopkCollectSlack);
