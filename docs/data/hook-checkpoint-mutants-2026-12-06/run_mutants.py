@@ -77,7 +77,7 @@ def run(build, name):
         env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"), GRADZIP_TEST_PORT="29977",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         if selection == "resume":
-            command = [sys.executable, os.path.join(REPO, "tests", "python", "run_hook_resume.py"),
+            command = ["/usr/bin/python3", os.path.join(REPO, "tests", "python", "run_hook_resume.py"),
                        "--python", interpreter, "--port", "29981"]
         else:
             command = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", interpreter,
