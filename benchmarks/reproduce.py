@@ -40,6 +40,9 @@ Suites:
                      `gradzip-bench model --validate ... --json` (every row's error, median,
                      90th percentile, max; BERT-large projected with algo=auto's choices;
                      break-even link speeds); needs root
+What each suite measures (the paths whose change stales its figures) is listed in
+benchmarks/measured_code.py; tests/lint/check_results_fresh.py names the suites to run again.
+
 --quick: smaller sizes, fewer iterations and 3 rounds (every figure is still measured; the
 tables say "quick"). A suite that fails stops the script with its output; the JSON of the
 suites before it stays.

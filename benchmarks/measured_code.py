@@ -1,0 +1,31 @@
+"""What each suite of benchmarks/reproduce.py measures: the paths (files, or folders with
+everything under them) whose change can change the suite's figures.
+
+A suite's JSON (docs/data/reproduce/<suite>.json) records the commit it was measured at
+(machine.commit). tests/lint/check_results_fresh.py fails when a commit after that one changed
+any path listed here for the suite: the figures would then describe code that no longer
+exists, and the suite is run again (benchmarks/reproduce.sh --only SUITE).
+
+The rule for the lists: the product code on the measured path (the codecs and kernels every
+suite runs; the collectives for what moves data; the Reducer for overlap and training; the
+Python package for PyTorch's peers), the build settings that decide how it is compiled, and
+the suite's own driver and harness. Documentation, tests and other benchmarks are not listed.
+"""
+
+# Compiled into everything: the public headers, the element math and CPU kernels, the codecs,
+# error feedback, and how it is all built.
+_CORE = ["include", "kernels", "compressors", "error_feedback", "CMakeLists.txt", "cmake",
+         "benchmarks/CMakeLists.txt", "benchmarks/gradzip_bench.cpp", "benchmarks/bench_support.cpp",
+         "benchmarks/bench_support.h"]
+_COLLECTIVES = _CORE + ["collectives"]
+_CLUSTER = ["benchmarks/emulated_cluster.sh"]
+
+MEASURED = {
+    "codecs": _CORE + ["benchmarks/codecs_bench.cpp"],
+    "allreduce_shm": _COLLECTIVES + ["benchmarks/allreduce_bench.cpp"],
+    "allreduce_cluster": _COLLECTIVES + _CLUSTER + ["benchmarks/allreduce_bench.cpp"],
+    "overlap": _COLLECTIVES + _CLUSTER + ["pipeline", "benchmarks/overlap_bench.cpp"],
+    "convergence": _COLLECTIVES + ["pipeline", "examples", "benchmarks/convergence.sh"],
+    "peers": _COLLECTIVES + _CLUSTER + ["pipeline", "python", "benchmarks/peers/ddp_peers.py"],
+    "cost_model": _COLLECTIVES + _CLUSTER + ["benchmarks/allreduce_bench.cpp", "benchmarks/model"],
+}
