@@ -275,15 +275,16 @@ class GradzipState:
         return name
 
     def state_dict(self):
-        """The iteration, the settings and the residuals (NumPy arrays), changing nothing:
-        "residuals": per parameter name (every residual folded in: survives any bucket layout);
+        """The iteration, the settings and the residuals (NumPy arrays), changing nothing. Take
+        it between iterations (no bucket in flight).
+
+        "residuals": per parameter name, every residual folded in (survives any bucket layout);
         "buckets": per bucket name, its layout and every residual as the algorithms keep it
-        (restored exactly into a bucket of the same layout); "layouts": DDP's buckets (index ->
-        layout) of the last iteration, which the resumed job's first iteration is reduced in;
-        "auto_model": algo=auto's measured
-        model inputs; with a powersgd spec also PowerSGD's per-matrix state ("powersgd":
-        parameter name -> {"residual", "q"}), kept by parameter name and so independent of the
-        bucket layout. Take it between iterations (no bucket in flight)."""
+        (restored exactly into a bucket of the same layout); "layouts": DDP's buckets of the
+        last iteration (index -> layout), which the resumed job's first iteration is reduced
+        in; "auto_model": algo=auto's measured model inputs; with a powersgd spec also
+        PowerSGD's per-matrix state ("powersgd": parameter name -> {"residual", "q"}), kept by
+        parameter name and so independent of the bucket layout."""
         residuals = dict(self._pending)
         residuals.update(self._parameter_residuals(fold=False))
         buckets = dict(self._saved_buckets)  # loaded, not reached by DDP yet
@@ -304,17 +305,18 @@ class GradzipState:
         return state
 
     def load_state_dict(self, state):
-        """Restores what state_dict() returned: each bucket's residuals reach it at its next call
-        (exactly when DDP makes a bucket of a saved layout, else from the per-parameter slices).
-        The first iteration after it is reduced in the checkpoint's bucket layouts when they
-        hold the same parameters as DDP's buckets of that iteration: a new DDP starts from its
-        first bucketing, which differs from the rebuilt one it checkpointed, and the buckets'
-        composition decides what a codec sends (top-k over a bucket, sign's scale), so the
-        resumed job then computes exactly what the uninterrupted one did. That iteration's
-        buckets are reduced together when its last one arrives (no overlap with backward, one
-        iteration; not in the timeline);
-        algo=auto's model inputs, PowerSGD's residuals and Q are set at once. Whatever this
-        state's buckets held in the communicator is dropped."""
+        """Restores what state_dict() returned; whatever this state's buckets held in the
+        communicator is dropped first.
+
+        Each bucket's residuals reach it at its next call: exactly when DDP makes a bucket of a
+        saved layout, else from the per-parameter slices. The first iteration after loading is
+        reduced in the checkpoint's bucket layouts when they hold the same parameters as DDP's
+        buckets of that iteration: a new DDP starts from its first bucketing, not the rebuilt
+        one that was checkpointed, and a bucket's composition decides what a codec sends
+        (top-k over the bucket, sign's scale), so the resumed job then computes what the
+        uninterrupted one did. That iteration's buckets are reduced together when its last one
+        arrives (no overlap with backward for that one iteration, and no timeline events).
+        algo=auto's model inputs, PowerSGD's residuals and Q are set at once."""
         if _gradzip.parse_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.torch: the checkpoint's spec '{state['spec']}' is not this "
                              f"state's '{self.spec}'")
@@ -509,11 +511,13 @@ def _reduce_bucket(state, buffer, index, layout, spec, step):
 
 
 def _reduce_resumed_iteration(state, stashed, saved, spec, step):
-    """The first iteration after load_state_dict, on the communication thread: `stashed` holds
-    every bucket of it as (buffer, index, layout, future), in DDP's order, `saved` the
-    checkpoint's layouts (index -> layout). When they differ from these buckets' but hold the same parameters, each checkpointed bucket is
-    packed from the gradients (by parameter name), reduced as that bucket (its index, layout,
-    name and residuals) and unpacked; otherwise each bucket is reduced as it is."""
+    """The first iteration after load_state_dict, on the communication thread. `stashed` holds
+    every bucket of it as (buffer, index, layout, future), in DDP's order; `saved` is the
+    checkpoint's layouts (index -> layout). When they differ from these buckets' but hold the
+    same parameters, each checkpointed bucket is packed from the gradients (by parameter name),
+    reduced as that bucket (its index, layout, name and residuals) and unpacked; otherwise each
+    bucket is reduced as it is. Every rank makes the same calls in the same order (sorted
+    indices, or DDP's order, which is the same on every rank)."""
     mine = {index: layout for _, index, layout, _ in stashed}
 
     def parameters(layouts):
@@ -566,7 +570,8 @@ def hook(state, bucket):
             stashed, state._resume_buckets = state._resume_buckets, None
             saved, state._resume_layouts = state._resume_layouts, None
             try:
-                state._thread.submit(lambda: _reduce_resumed_iteration(state, stashed, saved, spec, step))
+                state._thread.submit(
+                    lambda: _reduce_resumed_iteration(state, stashed, saved, spec, step))
             except RuntimeError as error:
                 raise RuntimeError("gradzip.torch.hook: this GradzipState was closed; register "
                                    "the hook with an open state") from error
