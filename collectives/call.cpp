@@ -132,11 +132,7 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
                      : detail::concat("on cuda:", call.tensor.device.index));
       if (const std::optional<std::string> other = state.claim_random_stream(call.spec->seed, call.name)) {
         GZ_THROW(ErrorCode::invalid_argument, collective_kind_name(call.kind), " of '", call.name,
-                 "': its random stream (seed ", call.spec->seed, ", key 0x", std::hex,
-                 random_stream_of(call.spec->seed, call.name).key, std::dec,
-                 ", from the 64-bit hash of the name) is also that of '", *other,
-                 "', which this process uses: the two would draw the same random numbers. "
-                 "Rename one of them or change the seed");
+                 "': ", stream_conflict(call.spec->seed, call.name, *other));
       }
     } catch (const Error& error) {
       call.error = error;

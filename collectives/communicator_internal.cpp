@@ -97,11 +97,7 @@ error_feedback::ResidualStore& residuals_of(Communicator& communicator) {
 void claim_random_stream(Communicator& communicator, std::uint64_t seed, std::string_view name,
                          std::string_view who) {
   if (const std::optional<std::string> other = state_of(communicator).claim_random_stream(seed, name)) {
-    GZ_THROW(ErrorCode::invalid_argument, who, ": the random stream of '", name, "' (seed ", seed,
-             ", key 0x", std::hex, random_stream_of(seed, name).key, std::dec,
-             ", from the 64-bit hash of the name) is also that of '", *other,
-             "', which this process uses: the two would draw the same random numbers. Rename "
-             "one of them or change the seed");
+    GZ_THROW(ErrorCode::invalid_argument, who, ": ", stream_conflict(seed, name, *other));
   }
 }
 

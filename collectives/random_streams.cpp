@@ -1,8 +1,10 @@
 #include "collectives/random_streams.h"
 
+#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 
+#include "gradzip/error.h"
 #include "kernels/fnv1a.h"
 
 namespace gradzip::collectives {
@@ -46,6 +48,16 @@ void give_back(ProcessTable& table, std::uint64_t key) {
 RandomStream random_stream_of(std::uint64_t seed, std::string_view name) noexcept {
   const std::uint64_t hash = fnv1a64(name);
   return RandomStream{seed ^ mix64(hash), static_cast<std::uint32_t>(hash)};
+}
+
+std::string stream_conflict(std::uint64_t seed, std::string_view name, std::string_view other) {
+  char key[24];
+  std::snprintf(key, sizeof key, "0x%016llx",
+                static_cast<unsigned long long>(random_stream_of(seed, name).key));
+  return detail::concat("the random stream of '", name, "' (seed ", seed, ", key ", key,
+                        ", from the 64-bit hash of the name) is also that of '", other,
+                        "', which this process uses: the two would draw the same random numbers. "
+                        "Rename one of them or change the seed");
 }
 
 RandomStreamClaims::~RandomStreamClaims() {

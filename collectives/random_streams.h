@@ -30,6 +30,10 @@ struct RandomStream {
 // The stream of `name` under `seed`: the same on every rank, in every run and every process.
 RandomStream random_stream_of(std::uint64_t seed, std::string_view name) noexcept;
 
+// Why `name` may not draw from its stream under `seed`: `other`, a different name in use in the
+// process, holds the same key (the refusal's message, after the caller's own words).
+std::string stream_conflict(std::uint64_t seed, std::string_view name, std::string_view other);
+
 // One owner's claims on stream keys (a communicator's, for the names its calls use), entered
 // in a process-wide table shared by every owner, so that names used by different communicators
 // of one process (the Reducer's lanes, a user's second communicator) are checked against each

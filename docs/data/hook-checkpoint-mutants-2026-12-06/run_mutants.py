@@ -86,6 +86,8 @@ def run(build, name):
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         log = (f"mutant: {name}: {broken}\ncommand: {' '.join(command)}\nexit code: "
                f"{result.returncode}\n\n{result.stdout}\n{result.stderr}")
+        # Paths relative to the repository and the home folder, as a user's checkout would show.
+        log = log.replace(REPO + os.sep, "").replace(REPO, ".").replace(os.path.expanduser("~"), "~")
         with open(os.path.join(HERE, f"{name}.txt"), "w") as out:
             out.write(log)
         verdict = "FAILED as it must" if result.returncode != 0 else "PASSED: the check missed it"
