@@ -218,13 +218,14 @@ void run_powersgd(Communicator& lane, std::span<const PowerSgdMatrix> matrices,
     try {
       error_feedback::ResidualStore& store = collectives::residuals_of(lane);
       store.set_resize_policy(spec.ef_resize);
+      const std::string who = "powersgd of '" + std::string(group_name) + "'";  // once per step
       for (std::size_t m = 0; m < matrices.size(); ++m) {
         const PowerSgdMatrix& matrix = matrices[m];
         const std::size_t rank = layouts[m].rank;
         if (rank == 0) continue;  // empty: no state, nothing to send
         if (spec.error_feedback) residuals[m] = store.residual(residual_key(matrix.name), matrix.data.size());
         const std::string key = q_key(matrix.name);
-        collectives::claim_random_stream(lane, spec.seed, key, "powersgd of '" + std::string(group_name) + "'");
+        collectives::claim_random_stream(lane, spec.seed, key, who);
         const bool fresh = !store.contains(key) || store.residual(key).size() != matrix.cols * rank;
         kept_q[m] = store.residual(key, matrix.cols * rank);
         if (fresh) draw_initial_q(kept_q[m], spec.seed, matrix.name, 0, kept_q[m].size());

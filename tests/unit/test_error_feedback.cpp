@@ -505,18 +505,22 @@ void fill_residual(ResidualStore& store, const std::string& name, std::size_t co
   for (std::size_t i = 0; i < count; ++i) values[i] = value(i);
 }
 
-TEST(ResidualStore, FoldIntoAddsEveryPlacedResidualAtItsElementsThroughChains) {
-  ResidualStore store(2, 0, ResizePolicy::error);
+// Two trees of placed residuals: x (8), x@hier at [2, 6) of x, sra-server:x@hier at [1, 3) of
+// x@hier; y with tree-root:y placed in it.
+void fill_chains(ResidualStore& store) {
   fill_residual(store, "x", 8, [](std::size_t i) { return 1.0f + static_cast<float>(i); });
-  // The hierarchical shard [2, 6) of x, and SRA's owner residual over [1, 3) of that shard.
   fill_residual(store, "x@hier", 4, [](std::size_t i) { return 100.0f * static_cast<float>(i + 1); });
   fill_residual(store, "sra-server:x@hier", 2, [](std::size_t i) { return 0.5f + static_cast<float>(i); });
   store.set_placement("x@hier", "x", 2);
   store.set_placement("sra-server:x@hier", "x@hier", 1);
-  // Placed elsewhere: untouched.
   fill_residual(store, "y", 3, [](std::size_t) { return 7.0f; });
   fill_residual(store, "tree-root:y", 3, [](std::size_t) { return 2.0f; });
   store.set_placement("tree-root:y", "y", 0);
+}
+
+TEST(ResidualStore, FoldIntoAddsEveryPlacedResidualAtItsElementsThroughChains) {
+  ResidualStore store(2, 0, ResizePolicy::error);
+  fill_chains(store);  // y's tree is placed elsewhere: untouched
 
   EXPECT_EQ(store.fold_into("x", 8), 2u);
   const std::vector<float> x(store.residual("x").begin(), store.residual("x").end());
@@ -530,19 +534,6 @@ TEST(ResidualStore, FoldIntoAddsEveryPlacedResidualAtItsElementsThroughChains) {
   EXPECT_EQ(store.residual("y")[0], 7.0f);
   // Folded residuals are released, and their placements with them: a second fold finds none.
   EXPECT_EQ(store.fold_into("x", 8), 0u);
-}
-
-// The chain of the test above: x (8), x@hier at [2, 6) of x, sra-server:x@hier at [1, 3) of
-// x@hier; y with tree-root:y placed in it.
-void fill_chains(ResidualStore& store) {
-  fill_residual(store, "x", 8, [](std::size_t i) { return 1.0f + static_cast<float>(i); });
-  fill_residual(store, "x@hier", 4, [](std::size_t i) { return 100.0f * static_cast<float>(i + 1); });
-  fill_residual(store, "sra-server:x@hier", 2, [](std::size_t i) { return 0.5f + static_cast<float>(i); });
-  store.set_placement("x@hier", "x", 2);
-  store.set_placement("sra-server:x@hier", "x@hier", 1);
-  fill_residual(store, "y", 3, [](std::size_t) { return 7.0f; });
-  fill_residual(store, "tree-root:y", 3, [](std::size_t) { return 2.0f; });
-  store.set_placement("tree-root:y", "y", 0);
 }
 
 TEST(ResidualStore, FoldedCopyIsWhatFoldIntoMakesAndChangesNothing) {
