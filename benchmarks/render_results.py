@@ -24,6 +24,7 @@ and then summarised. Each results.md section starts with the machine and the com
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -198,9 +199,17 @@ def render_overlap(record):
 
 
 def mean_std(values, digits):
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    """"mean ± std" of the finite values; a run that ended at NaN or ±Inf (a diverged loss) is
+    said, not averaged in."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return f"non-finite in all {len(values)} runs"
+    mean = statistics.fmean(finite)
+    std = statistics.stdev(finite) if len(finite) > 1 else 0.0
+    text = f"{mean:.{digits}f} ± {std:.{digits}f}"
+    if len(finite) < len(values):
+        text += f" ({len(values) - len(finite)} of {len(values)} runs non-finite, not counted)"
+    return text
 
 
 def convergence_final(record):
