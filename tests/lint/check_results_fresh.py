@@ -16,7 +16,7 @@ suite and what to run, when:
                                              unknown commit and a missing load fail; a change
                                              elsewhere passes
 Exit 77 (ctest: skipped, with the reason) when ROOT is not a git checkout (a source archive has
-no history to compare against).
+no history to compare against) or is a shallow clone (the measured commits may be cut off).
 """
 import importlib.util
 import json
@@ -144,6 +144,10 @@ def main():
     if git(root, "rev-parse", "--git-dir").returncode != 0:
         print(f"SKIP: {root} is not a git checkout: no history to tell which code the figures "
               f"describe")
+        return 77
+    if git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        print(f"SKIP: {root} is a shallow clone: the commits the figures were measured at may be "
+              f"missing from it (git fetch --unshallow gives the history this check needs)")
         return 77
     measured = load_measured(root)
     problems = problems_of(root, data_dir, measured)
