@@ -80,6 +80,17 @@ def problems_of(root, data_dir, measured):
     return problems
 
 
+def skip_reason(root):
+    """Why ROOT's history cannot tell which code the figures describe (exit 77), or None."""
+    if git(root, "rev-parse", "--git-dir").returncode != 0:
+        return (f"{root} is not a git checkout: no history to tell which code the figures "
+                f"describe")
+    if git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        return (f"{root} is a shallow clone: the commits the figures were measured at may be "
+                f"missing from it (git fetch --unshallow gives the history this check needs)")
+    return None
+
+
 def self_test():
     measured = {"fast": ["kernels", "bench.cpp"], "slow": ["collectives"]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,8 +138,15 @@ def self_test():
         (data / "slow.json").unlink()
         found = problems_of(root, data, measured)
         assert len(found) == 1 and "missing" in found[0], found
+        assert skip_reason(root) is None
+        shallow = Path(tmp) / "shallow"
+        assert git(root, "clone", "-q", "--depth", "1", f"file://{root}", str(shallow)).returncode == 0
+        assert "shallow clone" in (skip_reason(shallow) or ""), skip_reason(shallow)
+    with tempfile.TemporaryDirectory() as outside:  # not under the throw-away repository
+        assert "not a git checkout" in (skip_reason(outside) or ""), skip_reason(outside)
     print("self-test: fresh data passes; a measured change, a dirty tree, an unknown commit, a "
-          "missing load and a missing file fail; a change elsewhere passes")
+          "missing load and a missing file fail; a change elsewhere passes; a shallow clone and "
+          "a folder outside git are skipped")
 
 
 def main():
@@ -141,13 +159,9 @@ def main():
         return 2
     root = Path(args[0])
     data_dir = Path(args[2]) if args[1:2] == ["--data"] else root / "docs" / "data" / "reproduce"
-    if git(root, "rev-parse", "--git-dir").returncode != 0:
-        print(f"SKIP: {root} is not a git checkout: no history to tell which code the figures "
-              f"describe")
-        return 77
-    if git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true":
-        print(f"SKIP: {root} is a shallow clone: the commits the figures were measured at may be "
-              f"missing from it (git fetch --unshallow gives the history this check needs)")
+    reason = skip_reason(root)
+    if reason is not None:
+        print(f"SKIP: {reason}")
         return 77
     measured = load_measured(root)
     problems = problems_of(root, data_dir, measured)
