@@ -159,6 +159,14 @@ CollectiveStats allreduce_keyed_by_step(CommunicatorState& state, TensorView ten
   return run_allreduce(state, std::move(call));
 }
 
+CollectiveStats reduce_scatter_keyed_by_step(CommunicatorState& state, TensorView tensor,
+                                             std::string_view name, const CompressionSpec& spec,
+                                             ReduceOp op, std::uint32_t step) {
+  Call call = describe_call(CollectiveKind::reduce_scatter, tensor, name, op, spec);
+  call.explicit_step = step;
+  return run_reduce_scatter(state, std::move(call));
+}
+
 }  // namespace collectives
 
 Communicator Communicator::from_nccl(void* nccl_comm, CommunicatorOptions options) {

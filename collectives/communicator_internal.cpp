@@ -125,4 +125,10 @@ CollectiveStats allreduce_keyed_by_step(Communicator& communicator, TensorView t
   return allreduce_keyed_by_step(state_of(communicator), tensor, name, spec, op, step);
 }
 
+CollectiveStats reduce_scatter_keyed_by_step(Communicator& communicator, TensorView tensor,
+                                             std::string_view name, const CompressionSpec& spec,
+                                             ReduceOp op, std::uint32_t step) {
+  return reduce_scatter_keyed_by_step(state_of(communicator), tensor, name, spec, op, step);
+}
+
 }  // namespace gradzip::collectives

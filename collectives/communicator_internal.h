@@ -91,6 +91,11 @@ CollectiveStats allreduce_at_step(Communicator& communicator, TensorView tensor,
 CollectiveStats allreduce_keyed_by_step(Communicator& communicator, TensorView tensor,
                                         std::string_view name, const CompressionSpec& spec,
                                         ReduceOp op, std::uint32_t step);
+// The same for Communicator::reduce_scatter: the FSDP reduce-scatter passes its per-group
+// iteration, so that a resumed job draws what the uninterrupted one would have.
+CollectiveStats reduce_scatter_keyed_by_step(Communicator& communicator, TensorView tensor,
+                                             std::string_view name, const CompressionSpec& spec,
+                                             ReduceOp op, std::uint32_t step);
 
 // Claims, for `communicator`'s release window, the random stream that `name` draws from under
 // `seed` (collectives/random_streams.h): a different name in use in this process with the same

@@ -212,5 +212,9 @@ CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, s
 CollectiveStats allreduce_keyed_by_step(CommunicatorState& state, TensorView tensor,
                                         std::string_view name, const CompressionSpec& spec,
                                         ReduceOp op, std::uint32_t step);
+// reduce_scatter_keyed_by_step (collectives/communicator_internal.h) on the state itself.
+CollectiveStats reduce_scatter_keyed_by_step(CommunicatorState& state, TensorView tensor,
+                                             std::string_view name, const CompressionSpec& spec,
+                                             ReduceOp op, std::uint32_t step);
 
 }  // namespace gradzip::collectives

@@ -352,6 +352,29 @@ error feedback and the random streams); `spec` defaults to the communicator's de
 name's calls; step=N (the same on every rank): they count N instead, e.g. the training
 iteration, so that a job resumed from a checkpoint draws what the uninterrupted one would have.
 Returns what this rank did: algorithm, bytes, ratio, times.)")
+      .def(
+          "reduce_scatter",
+          [](Communicator& communicator, py::handle tensor, const std::string& name,
+             std::optional<std::string> spec, const std::string& op, std::optional<std::uint32_t> step) {
+            const TensorView view = view_of(tensor, true, "the tensor");
+            const ReduceOp reduce = reduce_op_of(op);
+            CollectiveStats stats;
+            {
+              py::gil_scoped_release release;
+              const CompressionSpec parsed =
+                  spec ? CompressionSpec::parse(*spec) : communicator.default_spec();
+              stats = step ? collectives::reduce_scatter_keyed_by_step(communicator, view, name,
+                                                                       parsed, reduce, *step)
+                           : communicator.reduce_scatter(view, name, parsed, reduce);
+            }
+            return stats_dict(stats);
+          },
+          py::arg("tensor"), py::arg("name"), py::arg("spec") = py::none(), py::arg("op") = "sum",
+          py::kw_only(), py::arg("step") = py::none(),
+          R"(Compressed reduce-scatter in place: `tensor` holds this rank's whole contribution; on
+return this rank's shard of it, elements [shard_begin(n, rank), shard_begin(n, rank + 1)), holds
+the reduced shard (the rest of `tensor` is unspecified). Names, spec, op and step as allreduce;
+error feedback keeps the residual of this rank's whole contribution under `name`.)")
       .def("save_residuals", &Communicator::save_residuals, py::arg("path"),
            py::call_guard<py::gil_scoped_release>())
       .def("load_residuals", &Communicator::load_residuals, py::arg("path"),

@@ -72,7 +72,8 @@ gradzip.Communicator(default_spec="none", *, transport="auto", process_group=Non
 transport "mpi" runs over MPI_COMM_WORLD (a `process_group` given must have its rank count);
 "torch" over torch.distributed: gradzip makes a gloo
 group of its own over the ranks of `process_group` (default: the world; collective: every rank
-of the job constructs its communicator together), so it works under torchrun with no MPI
+of the job constructs its communicator together, or for a group smaller than the job every rank
+of that group), so it works under torchrun with no MPI
 launcher, whatever backend the application's group uses. "auto" (the default) picks mpi under
 an MPI launcher, else torch when torch.distributed is initialised, else mpi (one process).
 `transport_name` says which ("mpi" or "torch"), `transport` describes it.

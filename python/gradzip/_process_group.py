@@ -126,7 +126,10 @@ class ProcessGroupEngine:
     @classmethod
     def over_group(cls, process_group, timeout_s):
         """An engine over the ranks of `process_group` (None: the default group) with a new gloo
-        group of its own. Collective over the default group: every rank of the job calls it."""
+        group of its own. Collective over the default group (every rank of the job calls it)
+        when the group spans the job; else over the group's ranks only (each rank of the job
+        makes the engine of its own group, e.g. FSDP's replicate groups; this needs
+        new_group(use_local_synchronization=True), PyTorch 2.1 or later)."""
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
             from . import _gradzip
@@ -138,7 +141,9 @@ class ProcessGroupEngine:
             raise error
         group = process_group if process_group is not None else dist.group.WORLD
         ranks = [_global_rank(dist, group, r) for r in range(dist.get_world_size(group))]
-        return cls(_new_gloo_group(dist, ranks, timeout_s, every_rank_calls=True), ranks, timeout_s)
+        spans_job = len(ranks) == dist.get_world_size()
+        return cls(_new_gloo_group(dist, ranks, timeout_s, every_rank_calls=spans_job), ranks,
+                   timeout_s)
 
     def split(self, color, key, timeout_s):
         """MPI_Comm_split over this engine's ranks: ranks with the same color form an engine,

@@ -58,6 +58,7 @@ import torch
 
 from . import _gradzip, _lifecycle, _world
 from . import Communicator
+from .fsdp import FSDPState, compress_fsdp  # FSDP2's compressed reduce-scatter
 
 
 def _run_task(task):

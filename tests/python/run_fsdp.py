@@ -1,0 +1,455 @@
+#!/usr/bin/python3
+"""gradzip.torch.compress_fsdp under torchrun: FSDP2 (fully_shard) with gradzip's reduce-scatter.
+
+A small transformer-shaped model (an input layer, two residual blocks with a LayerNorm and two
+Linear layers, a head with one output), each block and the root fully_shard'ed over a 1-D CPU
+mesh (gloo), AdamW. Checks, on every rank:
+
+  reference  spec "none": each step's sharded gradients equal FSDP's own reduce-scatter's and
+             the average of every rank's gradient that each rank computes itself on an
+             unsharded copy (bitwise with 2 ranks, where the sum of two is the same in any
+             order; else within the bound of summing W float32 values in another order), and
+             so do the parameters after AdamW.
+  conserve   every codec (error feedback on): per element of this rank's shard, the reduced
+             output equals the sum over ranks of what each rank handed in plus the residual it
+             held before minus the residual it holds after (every residual folded in), within
+             float32 rounding; and the output is not zero where the exact sum is not.
+  warmup     warmup=2: the first two steps equal the "none" run's bit for bit.
+  small      the head's bias has one element: with more ranks than elements its shard is empty
+             on every rank but one, and the run above covers it; the root group (every
+             parameter under min_bytes) is reduced uncompressed.
+  resume     (phases first / resume, new processes) N steps, save model shards, AdamW state and
+             the FSDPState's state_dict(), N more; the resumed job's parameters equal the
+             uninterrupted job's bit for bit, for every codec.
+  mismatch   rank 0 asks for qsgd, the others for sign: every rank gets gradzip.Error naming
+             the spec.
+
+With 4 ranks (or any even count from 4) the same checks run again under hybrid sharding: two
+"nodes" of nproc / 2 ranks, fully_shard over the node's 1-D mesh, compress_fsdp with
+replicate_group= the other mesh dimension; "none" is compared with FSDP's native hybrid
+sharding over the 2-D mesh, and the conservation holds across the replicate group.
+
+Exit 77 (ctest: skipped) when PY cannot import torch, its PyTorch has no fully_shard with a
+custom reduce-scatter, or there is no torchrun at --torchrun; 0 when every check passed; else 1.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+CODECS = ["fp16", "bf16", "qsgd:bits=4", "terngrad", "sign", "sign:algo=ring", "topk:ratio=0.05",
+          "randk:ratio=0.05"]
+FEATURES = 16
+
+
+def make_model(seed):
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(64)
+            self.up = nn.Linear(64, 256)
+            self.down = nn.Linear(256, 64)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(FEATURES, 64)
+            self.blocks = nn.ModuleList([Block(), Block()])
+            self.head = nn.Linear(64, 1)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x).squeeze(-1)
+
+    torch.manual_seed(seed)
+    return Model()
+
+
+def shard(model, mesh):
+    from torch.distributed.fsdp import fully_shard
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+class Layout:
+    """How the job is sharded: 1-D over every rank, or hybrid (2 "nodes" of world / 2 ranks:
+    FSDP shards over `shard_mesh` inside the node, gradzip all-reduces across `replicate`)."""
+
+    def __init__(self, world, hybrid):
+        from torch.distributed.device_mesh import init_device_mesh
+        self.hybrid = hybrid
+        if hybrid:
+            mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+            self.shard_mesh, self.replicate, self.full_mesh = mesh["shard"], mesh["replicate"], mesh
+        else:
+            self.shard_mesh, self.replicate = init_device_mesh("cpu", (world,)), None
+        self.shard_rank = self.shard_mesh.get_local_rank()
+        self.shard_size = self.shard_mesh.size()
+
+    def compress(self, model, spec, **options):
+        import gradzip.torch
+        return gradzip.torch.compress_fsdp(model, spec, replicate_group=self.replicate, **options)
+
+
+def batch(rank, step):
+    import torch
+    g = torch.Generator().manual_seed(7919 * step + rank)
+    x = torch.randn(8, FEATURES, generator=g)
+    return x, x.sum(dim=1).sin()
+
+
+def loss_of(model, rank, step):
+    import torch
+    x, y = batch(rank, step)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def local_shard(tensor, rank, world):
+    """Rank `rank`'s dim-0 shard of `tensor` as FSDP cuts it (ceil(rows / world) per rank)."""
+    rows = tensor.shape[0]
+    per = -(-rows // world)
+    return tensor[min(rank * per, rows):min((rank + 1) * per, rows)]
+
+
+def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None):
+    """Trains `steps` steps with compress_fsdp(spec) (spec None: FSDP's own reduce-scatter, and
+    under hybrid sharding FSDP's own hybrid sharding over the 2-D mesh); returns (per-step local
+    gradients by name, final local parameters by name)."""
+    import torch
+    if spec is None:
+        model = shard(make_model(0), layout.full_mesh if layout.hybrid else layout.shard_mesh)
+        state = None
+    else:
+        model = shard(make_model(0), layout.shard_mesh)
+        state = layout.compress(model, spec, warmup=warmup)
+    if observe is not None:
+        observe(state)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    grads = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_of(model, rank, step).backward()
+        grads.append({n: p.grad.to_local().detach().clone() for n, p in model.named_parameters()})
+        optimizer.step()
+    params = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+    if state is not None:
+        state.close()
+    return grads, params
+
+
+def check_reference(layout, rank, world, failures):
+    """spec none against each rank's own unsharded computation of the average gradient."""
+    import torch
+    steps = 3
+    grads, params = fsdp_run("none", layout, steps, rank, world)
+    fsdp_grads, fsdp_params = fsdp_run(None, layout, steps, rank, world)
+    shard_rank, shard_size = layout.shard_rank, layout.shard_size
+    plain = make_model(0)
+    optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    worst = 0.0
+    for step in range(steps):
+        per_rank = []
+        for r in range(world):
+            plain.zero_grad()
+            loss_of(plain, r, step).backward()
+            per_rank.append({n: p.grad.detach().clone() for n, p in plain.named_parameters()})
+        for name, p in plain.named_parameters():
+            total = per_rank[0][name].clone()
+            for r in range(1, world):
+                total += per_rank[r][name]
+            p.grad = total / world
+            expected = local_shard(p.grad, shard_rank, shard_size)
+            # Summing W float32 values in another order: at most (W - 1) roundings of at most
+            # 2^-24 of the running magnitude each; both results are then divided by W.
+            magnitude = sum(local_shard(g[name], shard_rank, shard_size).abs() for g in per_rank) / world
+            bound = (world - 1) * 2.0 ** -24 * magnitude * 1.01 + 1e-30
+            for against, reference in (("the unsharded average", expected),
+                                       ("FSDP's own reduce-scatter", fsdp_grads[step][name])):
+                got = grads[step][name]
+                if got.shape != reference.shape:
+                    failures.append(f"reference: step {step} {name}: shape {tuple(got.shape)}, "
+                                    f"{against} {tuple(reference.shape)}")
+                    continue
+                difference = (got - reference).abs()
+                ok = torch.equal(got, reference) if world == 2 else bool((difference <= bound).all())
+                worst = max(worst, float(difference.max()) if got.numel() else 0.0)
+                if not ok:
+                    failures.append(f"reference: step {step} {name}: differs from {against} by "
+                                    f"up to {float(difference.max()):.3g}")
+            if magnitude.numel() and float(magnitude.max()) > 0 and \
+                    float(grads[step][name].abs().max()) == 0:
+                failures.append(f"reference: step {step} {name}: gradient is all zero")
+        optimizer.step()
+    for name, p in plain.named_parameters():
+        expected = local_shard(p.detach(), shard_rank, shard_size)
+        if world == 2 and not (torch.equal(params[name], expected) and
+                               torch.equal(params[name], fsdp_params[name])):
+            failures.append(f"reference: parameter {name} after AdamW differs")
+    what = "hybrid sharding" if layout.hybrid else "reduce-scatter"
+    print(f"CHECK rank={rank} reference: spec none matches the unsharded average and FSDP's own "
+          f"{what} (max |difference| {worst:.3g}; bitwise with 2 ranks)", flush=True)
+
+
+def check_conservation(layout, rank, world, failures, codecs=CODECS):
+    """Every codec: what gradzip's call returns equals the sum over its group's ranks of (what
+    each handed in + the residual it held before - the residual it holds after), per element of
+    this rank's part. The reduce-scatter: this rank's row of every rank's contribution; hybrid
+    sharding: the node-reduced shard, summed across the replicate group."""
+    import torch
+    import torch.distributed as dist
+    from gradzip import fsdp as gradzip_fsdp
+
+    for spec in codecs:
+        records = []
+
+        def observe(state):
+            def residual(group):
+                count = state.rows * group.large_row_numel
+                return state.communicator.folded_residual(group.name, count) if group.large else None
+
+            if layout.hybrid:
+                original = state.all_reduce_shard
+
+                def recording(group, shard):
+                    before, rows = residual(group), shard.view(1, -1).float().clone()
+                    stats = original(group, shard)
+                    records.append((group, rows, before, residual(group), shard.float().clone()))
+                    return stats
+
+                state.all_reduce_shard = recording
+            else:
+                original = state.reduce_scatter
+
+                def recording(group, output, contribution, op):
+                    before = residual(group)
+                    rows = contribution.view(world, group.row_numel).float().clone()
+                    stats = original(group, output, contribution, op)
+                    records.append((group, rows, before, residual(group), output.float().clone()))
+                    return stats
+
+                state.reduce_scatter = recording
+
+        fsdp_run(f"{spec},ef=on", layout, 2, rank, world, observe=observe)
+        members = layout.replicate.get_group() if layout.hybrid else None
+        size = dist.get_world_size(members)
+        row = 0 if layout.hybrid else rank
+        worst, compressed_groups = 0.0, 0
+        for group, rows, before, after, output in records:
+            if not group.large:
+                continue
+            compressed_groups += 1
+            large = gradzip_fsdp._gather_columns(rows, group.large)
+            zeros = torch.zeros_like(large)
+            e_before = torch.from_numpy(before).view_as(large) if before is not None else zeros
+            e_after = torch.from_numpy(after).view_as(large) if after is not None else zeros
+            sent = large + e_before - e_after  # what this rank's contribution delivered
+            gathered = [torch.empty_like(sent) for _ in range(size)]
+            dist.all_gather(gathered, sent, group=members)
+            exact = [torch.empty_like(large) for _ in range(size)]
+            dist.all_gather(exact, large + e_before, group=members)
+            delivered = sum(g[row] for g in gathered)
+            wanted = sum(e[row] for e in exact)
+            got = gradzip_fsdp._gather_columns(output.view(1, -1), group.large)[0]
+            # Each delivered value is a decoded one up to the rounding of the residual's
+            # subtraction; the sums of `size` of them differ by their order's roundings.
+            scale = sum(g[row].abs() for g in gathered) + sum(e[row].abs() for e in exact)
+            bound = 4 * size * 2.0 ** -24 * scale + 1e-30
+            difference = (got - delivered).abs()
+            worst = max(worst, float(difference.max()))
+            if not bool((difference <= bound).all()):
+                failures.append(f"conserve {spec}: group {group.name}: output differs from the "
+                                f"delivered sum by {float(difference.max()):.3g}")
+            if float(got.abs().max()) == 0.0 and float(wanted.abs().max()) > 0:
+                failures.append(f"conserve {spec}: group {group.name}: output is all zero")
+        if compressed_groups == 0:
+            failures.append(f"conserve {spec}: no group was compressed")
+        print(f"CHECK rank={rank} conserve {spec}: {compressed_groups} compressed calls, "
+              f"max |output - delivered| {worst:.3g}", flush=True)
+
+
+def check_warmup(layout, rank, world, failures):
+    import torch
+    plain_grads, _ = fsdp_run("none", layout, 3, rank, world)
+    warm_grads, _ = fsdp_run("qsgd:bits=2,ef=on", layout, 3, rank, world, warmup=2)
+    for step in range(3):
+        same = all(torch.equal(warm_grads[step][n], plain_grads[step][n]) for n in plain_grads[step])
+        if step < 2 and not same:
+            failures.append(f"warmup: step {step} is not the uncompressed run's")
+        if step == 2 and same:
+            failures.append("warmup: step 2 (after warm-up) is still uncompressed")
+    print(f"CHECK rank={rank} warmup: 2 uncompressed steps, then compressed", flush=True)
+
+
+def local_optimizer_state(optimizer, model):
+    state = {}
+    for name, p in model.named_parameters():
+        entry = optimizer.state.get(p)
+        if entry:
+            state[name] = {k: (v.to_local() if hasattr(v, "to_local") else v).clone()
+                           for k, v in entry.items()}
+    return state
+
+
+def load_local_optimizer_state(optimizer, model, saved):
+    import torch
+    from torch.distributed.tensor import DTensor
+    for name, p in model.named_parameters():
+        if name not in saved:
+            continue
+        entry = {}
+        for key, value in saved[name].items():
+            if key == "step":
+                entry[key] = value.clone()
+            else:
+                entry[key] = DTensor.from_local(value.clone(), p.device_mesh, p.placements,
+                                                shape=p.shape, stride=p.stride())
+        optimizer.state[p] = entry
+
+
+def resume_phase(phase, directory, layout, rank, world, failures, specs, steps=3):
+    import torch
+    for index, spec in enumerate(specs):
+        model = shard(make_model(0 if phase == "first" else 5), layout.shard_mesh)
+        state = layout.compress(model, f"{spec},ef=on" if spec != "none" else spec)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        tag = "hybrid" if layout.hybrid else "flat"
+        checkpoint = os.path.join(directory, f"{tag}.spec{index}.rank{rank}.pt")
+        final = os.path.join(directory, f"{tag}.spec{index}.rank{rank}.final.pt")
+        first = 0
+        if phase == "resume":
+            saved = torch.load(checkpoint, weights_only=False)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.to_local().copy_(saved["model"][name])
+            load_local_optimizer_state(optimizer, model, saved["optimizer"])
+            state.load_state_dict(saved["gradzip"])
+            first = steps
+        for step in range(first, 2 * steps):
+            if phase == "first" and step == steps:
+                torch.save({"model": {n: p.to_local().detach().clone() for n, p in model.named_parameters()},
+                            "optimizer": local_optimizer_state(optimizer, model),
+                            "gradzip": state.state_dict()}, checkpoint)
+            optimizer.zero_grad()
+            loss_of(model, rank, step).backward()
+            optimizer.step()
+        params = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+        if phase == "first":
+            torch.save(params, final)
+        else:
+            expected = torch.load(final)
+            same = all(torch.equal(params[n], expected[n]) for n in expected)
+            worst = max(float((params[n] - expected[n]).abs().max()) if params[n].numel() else 0.0
+                        for n in expected)
+            print(f"RESUMED rank={rank} spec={spec}: {'bitwise equal' if same else 'DIFFERS'} "
+                  f"(max |difference| {worst:.3g})", flush=True)
+            if not same:
+                failures.append(f"resume {spec}: parameters differ by up to {worst:.3g}")
+        state.close()
+
+
+def check_mismatch(layout, rank, world, failures):
+    import gradzip
+    model = shard(make_model(0), layout.shard_mesh)
+    spec = "qsgd:bits=4,ef=on" if rank == 0 else "sign,ef=on"
+    layout.compress(model, spec)
+    try:
+        loss_of(model, rank, 0).backward()
+        failures.append("mismatch: specs differing across ranks were not refused")
+    except gradzip.Error as error:
+        if "spec" not in str(error):
+            failures.append(f"mismatch: the error does not name the spec: {error}")
+        print(f"CHECK rank={rank} mismatch: refused: {str(error)[:160]}", flush=True)
+
+
+RESUME_SPECS = ["none"] + CODECS
+HYBRID_CODECS = ["qsgd:bits=4", "sign", "topk:ratio=0.05"]
+HYBRID_RESUME_SPECS = ["none"] + HYBRID_CODECS
+
+
+def worker(phase, directory):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    hybrid = phase.startswith("hybrid")
+    layout = Layout(world, hybrid)
+    if phase in ("checks", "hybrid-checks"):
+        check_reference(layout, rank, world, failures)
+        check_conservation(layout, rank, world, failures, HYBRID_CODECS if hybrid else CODECS)
+        check_warmup(layout, rank, world, failures)
+        check_mismatch(layout, rank, world, failures)  # last: the group may be out of step after it
+    else:
+        resume_phase(phase.split("-")[-1], directory, layout, rank, world, failures,
+                     HYBRID_RESUME_SPECS if hybrid else RESUME_SPECS)
+    for failure in failures:
+        print(f"FAILED rank={rank} {failure}", flush=True)
+    print(f"DONE rank={rank} phase={phase} failures={len(failures)}", flush=True)
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--torchrun", required=True, help="the torchrun to start the jobs with")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--port", type=int, default=29911)
+    parser.add_argument("--worker", nargs=2, metavar=("PHASE", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker[0], args.worker[1])
+
+    probe = ("import torch; from torch.distributed.fsdp import FSDPModule; "
+             "assert hasattr(FSDPModule, 'set_custom_reduce_scatter')")
+    if not os.path.exists(args.python) or subprocess.run(
+            [args.python, "-c", probe], capture_output=True).returncode != 0:
+        print(f"SKIP: {args.python} has no PyTorch with FSDP2's set_custom_reduce_scatter "
+              "(scripts/install-deps.sh --torch-venv installs a current one)")
+        return 77
+    if not os.path.exists(args.torchrun):
+        print(f"SKIP: no torchrun at {args.torchrun} (scripts/install-deps.sh --torch-venv makes it)")
+        return 77
+    phases = ["checks", "first", "resume"]
+    resumed_specs = len(RESUME_SPECS)
+    if args.nproc >= 4 and args.nproc % 2 == 0:  # two "nodes" of nproc / 2 ranks
+        phases += ["hybrid-checks", "hybrid-first", "hybrid-resume"]
+        resumed_specs += len(HYBRID_RESUME_SPECS)
+    directory = tempfile.mkdtemp(prefix="gradzip-fsdp-")
+    resumed = 0
+    try:
+        for offset, phase in enumerate(phases):
+            command = [args.torchrun, "--nproc_per_node", str(args.nproc), "--master_port",
+                       str(args.port + offset), os.path.abspath(__file__), "--torchrun",
+                       args.torchrun, "--worker", phase, directory]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
+            output = result.stdout + result.stderr
+            print(output)
+            done = output.count(f"phase={phase} failures=0")
+            if result.returncode != 0 or done != args.nproc:
+                print(f"FAIL: the {phase} job exited {result.returncode}; {done} of {args.nproc} "
+                      "ranks passed every check")
+                return 1
+            resumed += output.count("bitwise equal")
+        expected = args.nproc * resumed_specs
+        print(f"{resumed} of {expected} (rank, spec) pairs resumed bit for bit")
+        return 0 if resumed == expected else 1
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
