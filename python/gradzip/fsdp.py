@@ -346,17 +346,20 @@ class FSDPState:
         between iterations (after backward, no reduce-scatter under way).
 
         "calls": group name -> reduce-scatters run; "groups": group name -> {"layout", "residual"
-        (the worker's), "placed": {residual name: (offset, values)}}; "residuals": parameter name
+        (the worker's, or None where the algorithm keeps none on this rank), "placed": {residual
+        name: (offset, values)}}; "residuals": parameter name
         -> its residual, every residual folded in; "world_size" (the communicator's); "shard"
         (hybrid sharding: this rank's (shard rank, shard size), else None); "auto_model": algo=auto's
         measured model inputs."""
         groups = {}
         for group in self.groups:
+            # An algorithm may keep only placed residuals on a rank (the tree's root has no
+            # worker residual): the group is saved whenever it holds either.
             worker = self.communicator.residual(group.name)
-            if worker is None:
-                continue
             placed = {key: (offset, self.communicator.residual(key))
                       for key, offset in self.communicator.placed_residuals(group.name)}
+            if worker is None and not placed:
+                continue
             groups[group.name] = {"layout": group.layout, "residual": worker, "placed": placed}
         return {"spec": self.spec, "warmup": self.warmup, "world_size": self.communicator.size,
                 "shard": self.shard,
@@ -389,7 +392,8 @@ class FSDPState:
             layout = None if saved is None else tuple(
                 (str(n), int(s), int(k)) for n, s, k in saved["layout"])
             if saved is not None and layout == group.layout:
-                self.communicator.set_residual(group.name, np.asarray(saved["residual"], np.float32))
+                if saved["residual"] is not None:
+                    self.communicator.set_residual(group.name, np.asarray(saved["residual"], np.float32))
                 for key, (offset, values) in saved["placed"].items():
                     self.communicator.set_residual(key, np.asarray(values, np.float32),
                                                    placed_in=group.name, offset=int(offset))

@@ -22,7 +22,7 @@ mesh (gloo), AdamW. Checks, on every rank:
              the FSDPState's state_dict(), N more; the resumed job's parameters equal the
              uninterrupted job's bit for bit, for every codec.
   mismatch   rank 0 asks for qsgd, the others for sign: every rank gets gradzip.Error naming
-             the spec.
+             the spec (under hybrid sharding the first node's ranks ask for qsgd).
 
 With 4 ranks (or any even count from 4) the same checks run again under hybrid sharding: two
 "nodes" of nproc / 2 ranks, fully_shard over the node's 1-D mesh, compress_fsdp with
@@ -42,6 +42,11 @@ import tempfile
 CODECS = ["fp16", "bf16", "qsgd:bits=4", "terngrad", "sign", "sign:algo=ring", "topk:ratio=0.05",
           "randk:ratio=0.05"]
 FEATURES = 16
+
+
+def with_ef(spec):
+    """The spec with error feedback on (spec grammar: codec[:key=value,...])."""
+    return spec + (",ef=on" if ":" in spec else ":ef=on")
 
 
 def make_model(seed):
@@ -69,7 +74,7 @@ def make_model(seed):
             x = self.embed(x)
             for block in self.blocks:
                 x = block(x)
-            return self.head(x).squeeze(-1)
+            return self.head(x).sum(dim=-1)  # one output: not a view (FSDP warns on views)
 
     torch.manual_seed(seed)
     return Model()
@@ -126,7 +131,8 @@ def local_shard(tensor, rank, world):
 def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None):
     """Trains `steps` steps with compress_fsdp(spec) (spec None: FSDP's own reduce-scatter, and
     under hybrid sharding FSDP's own hybrid sharding over the 2-D mesh); returns (per-step local
-    gradients by name, final local parameters by name)."""
+    gradients by name, final local parameters by name, per-step full parameters by name (before
+    the step's backward))."""
     import torch
     if spec is None:
         model = shard(make_model(0), layout.full_mesh if layout.hybrid else layout.shard_mesh)
@@ -137,8 +143,9 @@ def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None):
     if observe is not None:
         observe(state)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    grads = []
+    grads, full = [], []
     for step in range(steps):
+        full.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
         optimizer.zero_grad()
         loss_of(model, rank, step).backward()
         grads.append({n: p.grad.to_local().detach().clone() for n, p in model.named_parameters()})
@@ -146,20 +153,29 @@ def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None):
     params = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
     if state is not None:
         state.close()
-    return grads, params
+    return grads, params, full
 
 
 def check_reference(layout, rank, world, failures):
-    """spec none against each rank's own unsharded computation of the average gradient."""
+    """spec none against each rank's own unsharded computation of the average gradient and FSDP's
+    own reduction. With 2 ranks every step bitwise, and the parameters after AdamW. With more, the
+    sums run in other orders: each step's reference gradient is computed at the parameters the
+    gradzip run had (AdamW turns last-bit differences into visible ones, so the runs' parameters
+    part after the first step), and FSDP's own reduction is compared at the first step, where
+    both start from the same parameters."""
     import torch
     steps = 3
-    grads, params = fsdp_run("none", layout, steps, rank, world)
-    fsdp_grads, fsdp_params = fsdp_run(None, layout, steps, rank, world)
+    grads, params, full = fsdp_run("none", layout, steps, rank, world)
+    fsdp_grads, fsdp_params, _ = fsdp_run(None, layout, steps, rank, world)
     shard_rank, shard_size = layout.shard_rank, layout.shard_size
     plain = make_model(0)
     optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-2)
     worst = 0.0
     for step in range(steps):
+        if world > 2:
+            with torch.no_grad():
+                for name, p in plain.named_parameters():
+                    p.copy_(full[step][name])
         per_rank = []
         for r in range(world):
             plain.zero_grad()
@@ -171,12 +187,15 @@ def check_reference(layout, rank, world, failures):
                 total += per_rank[r][name]
             p.grad = total / world
             expected = local_shard(p.grad, shard_rank, shard_size)
-            # Summing W float32 values in another order: at most (W - 1) roundings of at most
-            # 2^-24 of the running magnitude each; both results are then divided by W.
+            # Two sums of W float32 values in different orders: each has at most W - 1 roundings
+            # of at most 2^-24 of sum |g|, then one division by W, so they differ by at most
+            # 2W x 2^-24 x (sum |g|) / W.
             magnitude = sum(local_shard(g[name], shard_rank, shard_size).abs() for g in per_rank) / world
-            bound = (world - 1) * 2.0 ** -24 * magnitude * 1.01 + 1e-30
-            for against, reference in (("the unsharded average", expected),
-                                       ("FSDP's own reduce-scatter", fsdp_grads[step][name])):
+            bound = 2 * world * 2.0 ** -24 * magnitude * 1.01 + 1e-30
+            references = [("the unsharded average", expected)]
+            if world == 2 or step == 0:
+                references.append(("FSDP's own reduction", fsdp_grads[step][name]))
+            for against, reference in references:
                 got = grads[step][name]
                 if got.shape != reference.shape:
                     failures.append(f"reference: step {step} {name}: shape {tuple(got.shape)}, "
@@ -241,7 +260,7 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
 
                 state.reduce_scatter = recording
 
-        fsdp_run(f"{spec},ef=on", layout, 2, rank, world, observe=observe)
+        fsdp_run(with_ef(spec), layout, 2, rank, world, observe=observe)
         members = layout.replicate.get_group() if layout.hybrid else None
         size = dist.get_world_size(members)
         row = 0 if layout.hybrid else rank
@@ -281,8 +300,8 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
 
 def check_warmup(layout, rank, world, failures):
     import torch
-    plain_grads, _ = fsdp_run("none", layout, 3, rank, world)
-    warm_grads, _ = fsdp_run("qsgd:bits=2,ef=on", layout, 3, rank, world, warmup=2)
+    plain_grads, _, _ = fsdp_run("none", layout, 3, rank, world)
+    warm_grads, _, _ = fsdp_run(with_ef("qsgd:bits=2"), layout, 3, rank, world, warmup=2)
     for step in range(3):
         same = all(torch.equal(warm_grads[step][n], plain_grads[step][n]) for n in plain_grads[step])
         if step < 2 and not same:
@@ -322,7 +341,7 @@ def resume_phase(phase, directory, layout, rank, world, failures, specs, steps=3
     import torch
     for index, spec in enumerate(specs):
         model = shard(make_model(0 if phase == "first" else 5), layout.shard_mesh)
-        state = layout.compress(model, f"{spec},ef=on" if spec != "none" else spec)
+        state = layout.compress(model, with_ef(spec) if spec != "none" else spec)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         tag = "hybrid" if layout.hybrid else "flat"
         checkpoint = os.path.join(directory, f"{tag}.spec{index}.rank{rank}.pt")
@@ -362,7 +381,11 @@ def resume_phase(phase, directory, layout, rank, world, failures, specs, steps=3
 def check_mismatch(layout, rank, world, failures):
     import gradzip
     model = shard(make_model(0), layout.shard_mesh)
-    spec = "qsgd:bits=4,ef=on" if rank == 0 else "sign,ef=on"
+    # The first rank of every group gradzip reduces over asks for another spec than the others:
+    # rank 0 of the job, or under hybrid sharding the first node's ranks (one in every
+    # replicate group), so that every group sees the mismatch.
+    first = rank < layout.shard_size if layout.hybrid else rank == 0
+    spec = "qsgd:bits=4,ef=on" if first else "sign:ef=on"
     layout.compress(model, spec)
     try:
         loss_of(model, rank, 0).backward()

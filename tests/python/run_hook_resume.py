@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """A job resumed from a DDP-hook checkpoint continues bit for bit like the uninterrupted job.
 
-For every codec with its default algorithm (and sign over the ring and SRA, whose per-hop and
-owner residuals a checkpoint must keep apart from the worker's), 2 ranks:
+For every codec with its default algorithm (and sign over the ring, SRA and the tree, qsgd over
+recursive halving/doubling, whose per-hop, owner and root residuals a checkpoint must keep apart
+from the worker's), 2 ranks:
 
   first job    trains 2N iterations; after N it saves the model's, the optimizer's and the
                GradzipState's state_dict() (torch.save), and at the end the parameters;
@@ -28,7 +29,8 @@ import sys
 import tempfile
 
 SPECS = ["none", "fp16", "bf16", "qsgd:bits=4", "terngrad", "sign", "sign:algo=ring",
-         "sign:algo=sra", "topk:ratio=0.01", "randk:ratio=0.01", "powersgd:rank=4"]
+         "sign:algo=sra", "sign:algo=tree", "qsgd:bits=4,algo=rhd", "topk:ratio=0.01",
+         "randk:ratio=0.01", "powersgd:rank=4"]
 
 
 def make_model(seed):
