@@ -14,6 +14,9 @@ mesh (gloo), AdamW. Checks, on every rank:
              output equals the sum over ranks of what each rank handed in plus the residual it
              held before minus the residual it holds after (every residual folded in), within
              float32 rounding; and the output is not zero where the exact sum is not.
+  mixed      FSDP's own reduction with MixedPrecisionPolicy(reduce_dtype=float16) against
+             gradzip's fp16 codec and against gradzip's `none` on the float16 input, within the
+             derived float16 rounding bound (check_mixed_precision's docstring).
   warmup     warmup=2: the first two steps equal the "none" run's bit for bit.
   small      the head's bias has one element: with more ranks than elements its shard is empty
              on every rank but one, and the run above covers it; the root group (every
@@ -80,11 +83,13 @@ def make_model(seed):
     return Model()
 
 
-def shard(model, mesh):
-    from torch.distributed.fsdp import fully_shard
+def shard(model, mesh, reduce_dtype=None):
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -128,17 +133,18 @@ def local_shard(tensor, rank, world):
     return tensor[min(rank * per, rows):min((rank + 1) * per, rows)]
 
 
-def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None):
+def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None, reduce_dtype=None):
     """Trains `steps` steps with compress_fsdp(spec) (spec None: FSDP's own reduce-scatter, and
     under hybrid sharding FSDP's own hybrid sharding over the 2-D mesh); returns (per-step local
     gradients by name, final local parameters by name, per-step full parameters by name (before
     the step's backward))."""
     import torch
     if spec is None:
-        model = shard(make_model(0), layout.full_mesh if layout.hybrid else layout.shard_mesh)
+        model = shard(make_model(0), layout.full_mesh if layout.hybrid else layout.shard_mesh,
+                      reduce_dtype)
         state = None
     else:
-        model = shard(make_model(0), layout.shard_mesh)
+        model = shard(make_model(0), layout.shard_mesh, reduce_dtype)
         state = layout.compress(model, spec, warmup=warmup)
     if observe is not None:
         observe(state)
@@ -298,6 +304,46 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
               f"max |output - delivered| {worst:.3g}", flush=True)
 
 
+def check_mixed_precision(layout, rank, world, failures):
+    """FSDP's own reduction with MixedPrecisionPolicy(reduce_dtype=float16) against gradzip's
+    fp16 codec (float32 gradients, float16 on the wire) and against gradzip's `none` handed the
+    float16 reduce-scatter input itself, at the first step (same parameters everywhere).
+
+    The bound, per element, with u = 2^-11 (float16's unit roundoff) and m = sum over ranks of
+    |g_r| / W: FSDP rounds each contribution to float16 (u |g_r| each) and each of its W - 1
+    float16 additions (u sum |g_r| at most), then its division: u (W + 1) m in all after dividing
+    by W; gradzip's fp16 rounds each contribution once and sums in float32: u m; `none` on
+    float16 input: FSDP's casts plus one rounding of the float32 sum, u 2 m. So the two differ by
+    at most u (W + 3) m, plus float16's subnormal spacing 2^-24 per rounding for tiny values."""
+    import torch
+    reference, _, _ = fsdp_run(None, layout, 1, rank, world, reduce_dtype=torch.float16)
+    plain = make_model(0)  # every rank's gradient at the first step's parameters, for m
+    magnitude = {}
+    for r in range(world):
+        plain.zero_grad()
+        loss_of(plain, r, 0).backward()
+        for name, p in plain.named_parameters():
+            magnitude[name] = magnitude.get(name, 0) + p.grad.abs() / world
+    for spec, reduce_dtype in (("fp16", None), ("none", torch.float16)):
+        grads, _, _ = fsdp_run(spec, layout, 1, rank, world, reduce_dtype=reduce_dtype)
+        worst = 0.0
+        for name, got in grads[0].items():
+            if got.numel() == 0:
+                continue
+            want = reference[0][name]
+            m = local_shard(magnitude[name], layout.shard_rank, layout.shard_size)
+            bound = (2.0 ** -11 * (world + 3) * m + (world + 3) * 2.0 ** -24) * 1.01
+            difference = (got - want).abs()
+            worst = max(worst, float(difference.max()))
+            if not bool((difference <= bound).all()):
+                failures.append(f"mixed precision {spec} (reduce dtype {reduce_dtype}): {name} "
+                                f"differs from FSDP's float16 reduction by {float(difference.max()):.3g}")
+            if float(want.abs().max()) > 0 and float(got.abs().max()) == 0:
+                failures.append(f"mixed precision {spec}: {name} is all zero")
+        print(f"CHECK rank={rank} mixed precision: {spec} (reduce dtype {reduce_dtype}) against "
+              f"FSDP's float16 reduction: max |difference| {worst:.3g}", flush=True)
+
+
 def check_warmup(layout, rank, world, failures):
     import torch
     plain_grads, _, _ = fsdp_run("none", layout, 3, rank, world)
@@ -412,6 +458,7 @@ def worker(phase, directory):
     if phase in ("checks", "hybrid-checks"):
         check_reference(layout, rank, world, failures)
         check_conservation(layout, rank, world, failures, HYBRID_CODECS if hybrid else CODECS)
+        check_mixed_precision(layout, rank, world, failures)
         check_warmup(layout, rank, world, failures)
         check_mismatch(layout, rank, world, failures)  # last: the group may be out of step after it
     else:
