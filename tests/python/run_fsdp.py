@@ -32,8 +32,11 @@ With 4 ranks (or any even count from 4) the same checks run again under hybrid s
 replicate_group= the other mesh dimension; "none" is compared with FSDP's native hybrid
 sharding over the 2-D mesh, and the conservation holds across the replicate group.
 
-Exit 77 (ctest: skipped) when PY cannot import torch, its PyTorch has no fully_shard with a
-custom reduce-scatter, or there is no torchrun at --torchrun; 0 when every check passed; else 1.
+Launchers: the real torchrun at --torchrun PATH, or --mpirun PATH (every rank --python PY; the
+default gradzip communicator then runs over MPI, torch.distributed's gloo over the variables
+the script sets from Open MPI's). Exit 77 (ctest: skipped) when PY cannot import torch, its
+PyTorch has no fully_shard with a custom reduce-scatter, or there is no torchrun at --torchrun;
+0 when every check passed; else 1.
 """
 import argparse
 import os
@@ -450,11 +453,18 @@ HYBRID_RESUME_SPECS = ["none"] + HYBRID_CODECS
 def worker(phase, directory):
     import torch.distributed as dist
 
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:  # under mpirun
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     failures = []
     hybrid = phase.startswith("hybrid")
     layout = Layout(world, hybrid)
+    if rank == 0:
+        import gradzip
+        print(f"TRANSPORT of the default communicator over the whole job: "
+              f"{gradzip.choose_transport('auto')}", flush=True)
     if phase in ("checks", "hybrid-checks"):
         check_reference(layout, rank, world, failures)
         check_conservation(layout, rank, world, failures, HYBRID_CODECS if hybrid else CODECS)
@@ -474,7 +484,9 @@ def worker(phase, directory):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable)
-    parser.add_argument("--torchrun", required=True, help="the torchrun to start the jobs with")
+    parser.add_argument("--torchrun", help="start the jobs with this torchrun")
+    parser.add_argument("--mpirun", help="start the jobs with this mpirun instead (each rank: "
+                        "--python PY; gradzip's default communicator then runs over MPI)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--port", type=int, default=29911)
     parser.add_argument("--worker", nargs=2, metavar=("PHASE", "DIR"), help=argparse.SUPPRESS)
@@ -489,7 +501,9 @@ def main():
         print(f"SKIP: {args.python} has no PyTorch with FSDP2's set_custom_reduce_scatter "
               "(scripts/install-deps.sh --torch-venv installs a current one)")
         return 77
-    if not os.path.exists(args.torchrun):
+    if (args.torchrun is None) == (args.mpirun is None):
+        parser.error("give exactly one of --torchrun and --mpirun")
+    if args.torchrun is not None and not os.path.exists(args.torchrun):
         print(f"SKIP: no torchrun at {args.torchrun} (scripts/install-deps.sh --torch-venv makes it)")
         return 77
     phases = ["checks", "first", "resume"]
@@ -501,9 +515,15 @@ def main():
     resumed = 0
     try:
         for offset, phase in enumerate(phases):
-            command = [args.torchrun, "--nproc_per_node", str(args.nproc), "--master_port",
-                       str(args.port + offset), os.path.abspath(__file__), "--torchrun",
-                       args.torchrun, "--worker", phase, directory]
+            script = [os.path.abspath(__file__), "--worker", phase, directory]
+            if args.torchrun is not None:
+                command = [args.torchrun, "--nproc_per_node", str(args.nproc), "--master_port",
+                           str(args.port + offset)] + script
+            else:  # torch.distributed's rendezvous from the variables below (worker())
+                command = [args.mpirun, "--oversubscribe", "--bind-to", "none", "-np",
+                           str(args.nproc), "-x", "MASTER_ADDR=127.0.0.1", "-x",
+                           f"MASTER_PORT={args.port + offset}", "-x", "OMP_NUM_THREADS=1",
+                           args.python] + script
             result = subprocess.run(command, capture_output=True, text=True, timeout=600,
                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
             output = result.stdout + result.stderr
