@@ -173,9 +173,10 @@ class FSDPState:
         _world.refuse_communicator_not_spanning(self.communicator.size, process_group,
                                                 who="gradzip.torch.compress_fsdp")
         self._process_group = process_group
-        self._checked_group = None  # the FSDP group whose rank numbering was checked
-        if dist.is_initialized():
-            self._check_group(process_group)
+        # The communicator must be the group gradzip reduces over, rank for rank: FSDP's shard
+        # group (the replicate group under hybrid sharding). Checked here, on every rank alike.
+        self._checked_group = None
+        self._check_group(replicate_group if self.hybrid else shard_group)
         names = {id(parameter): name for name, parameter in model.named_parameters()}
         self.groups = []
         self._closed = False

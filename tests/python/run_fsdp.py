@@ -24,6 +24,7 @@ mesh (gloo), AdamW. Checks, on every rank:
   resume     (phases first / resume, new processes) N steps, save model shards, AdamW state and
              the FSDPState's state_dict(), N more; the resumed job's parameters equal the
              uninterrupted job's bit for bit, for every codec.
+  spanning   a communicator over one rank is refused on every rank, naming the sizes.
   mismatch   rank 0 asks for qsgd, the others for sign: every rank gets gradzip.Error naming
              the spec (under hybrid sharding the first node's ranks ask for qsgd).
 
@@ -427,6 +428,24 @@ def resume_phase(phase, directory, layout, rank, world, failures, specs, steps=3
         state.close()
 
 
+def check_not_spanning(layout, rank, world, failures):
+    """A communicator over this rank alone, given to compress_fsdp: refused on every rank at
+    construction (gradzip.Error naming both sizes), never left to reduce each rank alone."""
+    import torch.distributed as dist
+    import gradzip
+    singles = [dist.new_group([r]) for r in range(world)]  # every rank makes every group
+    alone = gradzip.Communicator(transport="torch", process_group=singles[rank])
+    model = shard(make_model(0), layout.shard_mesh)
+    try:
+        layout.compress(model, "qsgd:bits=4", communicator=alone)
+        failures.append("not spanning: a one-rank communicator was accepted")
+    except gradzip.Error as error:
+        if "1 rank" not in str(error) and "of 1" not in str(error):
+            failures.append(f"not spanning: the error does not name the sizes: {error}")
+        print(f"CHECK rank={rank} not spanning: refused: {str(error)[:160]}", flush=True)
+    dist.barrier()
+
+
 def check_mismatch(layout, rank, world, failures):
     import gradzip
     model = shard(make_model(0), layout.shard_mesh)
@@ -470,6 +489,7 @@ def worker(phase, directory):
         check_conservation(layout, rank, world, failures, HYBRID_CODECS if hybrid else CODECS)
         check_mixed_precision(layout, rank, world, failures)
         check_warmup(layout, rank, world, failures)
+        check_not_spanning(layout, rank, world, failures)
         check_mismatch(layout, rank, world, failures)  # last: the group may be out of step after it
     else:
         resume_phase(phase.split("-")[-1], directory, layout, rank, world, failures,
