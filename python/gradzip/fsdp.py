@@ -61,6 +61,7 @@ import torch
 
 from . import _gradzip, _world
 from . import Communicator
+from ._stats import ring_bytes
 
 try:  # FSDP2's comm interface (PyTorch 2.6 and later); duck-typed without it
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
@@ -252,12 +253,12 @@ class FSDPState:
         step = self._calls[group.name]
         return step, ("none" if step < self.warmup else self.spec), step % 2 ** 32
 
-    def _finish(self, group, step, stats, small_stats):
+    def _finish(self, group, step, stats, small_stats, element_bytes):
+        """The group's stats dict: the compressed call's (else the uncompressed one's), its
+        sent_bytes covering both calls (a transport all-reduce counted as a ring)."""
+        calls = [s for s in (stats, small_stats) if s is not None]
+        stats = dict(calls[0], sent_bytes=sum(ring_bytes(s, element_bytes) for s in calls))
         if small_stats is not None:
-            if stats is None:
-                stats = small_stats
-            else:
-                stats["sent_bytes"] += small_stats["sent_bytes"]
             uncompressed = sum(entry.numel for entry, _, _ in group.small)
             stats["note"] = (stats["note"] + "; " if stats["note"] else "") + (
                 f"{len(group.small)} parameters under min_bytes ({uncompressed} elements) uncompressed")
@@ -296,7 +297,7 @@ class FSDPState:
             small_stats = self.communicator.reduce_scatter(
                 small.view(-1), f"{group.name}.uncompressed", "none", step=key)
             _scatter_columns(small[rank], out, group.small)
-        return self._finish(group, step, stats, small_stats)
+        return self._finish(group, step, stats, small_stats, contribution.element_size())
 
     def all_reduce_shard(self, group, shard):
         """Hybrid sharding: `shard` (this rank's node-reduced shard of the group, flat) summed in
@@ -320,7 +321,7 @@ class FSDPState:
             small_stats = self.communicator.allreduce(small.view(-1), f"{group.name}.uncompressed",
                                                       "none", step=key)
             _scatter_columns(small[0], flat, group.small)
-        return self._finish(group, step, stats, small_stats)
+        return self._finish(group, step, stats, small_stats, shard.element_size())
 
     # ---- checkpoints ---------------------------------------------------------------------------
 

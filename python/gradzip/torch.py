@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from . import _gradzip, _lifecycle, _world
+from ._stats import ring_bytes as _ring_bytes
 from . import Communicator
 from .fsdp import FSDPState, compress_fsdp  # FSDP2's compressed reduce-scatter
 
@@ -405,14 +406,6 @@ def _split_allreduce(state, buffer, index, layout, split, spec, step):
     stats["note"] = (stats["note"] + "; " if stats["note"] else "") + (
         f"{len(split.small)} parameters under min_bytes ({uncompressed} elements) uncompressed")
     return stats
-
-
-def _ring_bytes(stats, element_bytes=4):
-    """stats' sent bytes; MPI's own all-reduce (small tensors) reports none: a ring's count."""
-    if stats["algorithm"] != "mpi":
-        return stats["sent_bytes"]
-    ranks = stats["ranks"]
-    return 2 * (ranks - 1) * stats["count"] * element_bytes // ranks
 
 
 def _powersgd_allreduce(state, buffer, index, layout, step):
