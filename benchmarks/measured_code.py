@@ -28,4 +28,6 @@ MEASURED = {
     "convergence": _COLLECTIVES + ["pipeline", "examples", "benchmarks/convergence.sh"],
     "peers": _COLLECTIVES + _CLUSTER + ["pipeline", "python", "benchmarks/peers/ddp_peers.py"],
     "cost_model": _COLLECTIVES + _CLUSTER + ["benchmarks/allreduce_bench.cpp", "benchmarks/model"],
+    "fsdp": _COLLECTIVES + _CLUSTER + ["python", "benchmarks/fsdp"],
+    "fsdp_hybrid": _COLLECTIVES + _CLUSTER + ["python", "benchmarks/fsdp"],
 }

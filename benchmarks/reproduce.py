@@ -35,6 +35,12 @@ Suites:
                      (none, fp16, qsgd-4, sign, top-k 1%, PowerSGD-4, algo=auto) on a 24.2M-
                      parameter model (--quick: 1.9M), step time and bytes; needs root and a
                      Python with torch (see torch_python)
+  fsdp               benchmarks/fsdp/fsdp_train.py in the emulated cluster (4 ranks, 1 Gbit/s):
+                     FSDP2's own reduce-scatter against compress_fsdp (none, fp16, qsgd-4, top-k
+                     1%) on a byte-level transformer with AdamW: loss curves, bytes, step time
+  fsdp_hybrid        the same as hybrid sharding over 2 nodes of 2 ranks (1 Gbit/s between
+                     nodes): FSDP's native hybrid sharding against gradzip's compressed
+                     all-reduce across nodes, on a wider model: step time and bytes
   cost_model         the cost model's validation and projection: the all-reduces of
                      VALIDATION_CODECS in the emulated cluster at P = 2, 3, 4, then
                      `gradzip-bench model --validate ... --json` (every row's error, median,
@@ -125,6 +131,30 @@ def suites(build, quick, python):
                                ["--steps", "10", "--warmup", "3", "--timed", "7"]),
                              "--batch", "64", "--test-images", "0", "--json", "{json}"],
                   True, {"PYTHONPATH": os.path.join(build, "python")}),
+        # FSDP2 (fully_shard) with FSDP's own reduction against compress_fsdp's codecs on a
+        # byte-level transformer with AdamW (benchmarks/fsdp/fsdp_train.py), every configuration
+        # in one job from the same model and data order. fsdp: 1-D sharding over 4 ranks, each
+        # in its own namespace (loss curves, bytes, step time). fsdp_hybrid: 2 nodes of 2 ranks
+        # (the ranks of a node share its namespace and loopback; 1 Gbit/s between nodes), FSDP's
+        # native hybrid sharding against gradzip's compressed all-reduce across nodes, on a wider
+        # model with a small batch, so that the link matters (step time and bytes).
+        "fsdp": (3,
+                 cluster + ["--ranks", "4", "--rate", "1gbit", "--exec", "--", python,
+                            os.path.join(ROOT, "benchmarks", "fsdp", "fsdp_train.py"),
+                            *(["--steps", "20", "--eval-every", "10", "--width", "128"] if quick else
+                              ["--steps", "100", "--eval-every", "20"]),
+                            "--batch", "16", "--context", "64", "--json", "{json}"],
+                 True, {"PYTHONPATH": os.path.join(build, "python")}),
+        "fsdp_hybrid": (3,
+                        cluster + ["--ranks", "4", "--ranks-per-node", "2", "--rate", "1gbit",
+                                   "--exec", "--", python,
+                                   os.path.join(ROOT, "benchmarks", "fsdp", "fsdp_train.py"),
+                                   "--nodes", "2",
+                                   *(["--steps", "8", "--width", "256"] if quick else
+                                     ["--steps", "40", "--width", "512"]),
+                                   "--warmup", "3", "--eval-every", "1000", "--batch", "8",
+                                   "--context", "32", "--json", "{json}"],
+                        True, {"PYTHONPATH": os.path.join(build, "python")}),
         # A round: the validation all-reduces in the emulated cluster at P = 2, 3, 4 (1 Gbit/s),
         # then `gradzip-bench model` compares the model with those rows (γ measured here, the
         # link not fitted: the tc rate times TCP's payload share, α = 15 us) and projects
