@@ -144,6 +144,23 @@ py::dict stats_dict(const CollectiveStats& stats) {
   return d;
 }
 
+// What the in-place collectives' bindings share: `tensor`'s view, the op, the spec (the
+// communicator's default when none is given; parsed without the GIL, so a bad one throws
+// there), `call(view, spec, op)` run without the GIL, and its stats as a dict.
+template <typename Call>
+py::dict run_in_place(Communicator& communicator, py::handle tensor,
+                      const std::optional<std::string>& spec, const std::string& op, Call&& call) {
+  const TensorView view = view_of(tensor, true, "the tensor");
+  const ReduceOp reduce = reduce_op_of(op);
+  CollectiveStats stats;
+  {
+    py::gil_scoped_release release;
+    const CompressionSpec parsed = spec ? CompressionSpec::parse(*spec) : communicator.default_spec();
+    stats = call(view, parsed, reduce);
+  }
+  return stats_dict(stats);
+}
+
 // A link of algo=auto's model as the Python tuple (latency_s, bytes_per_s,
 // exchange_bytes_per_s, collective_latency_s), and back (auto_model_state).
 py::tuple link_tuple(const error_feedback::SavedLink& link) {
@@ -328,21 +345,12 @@ said on stderr); 0 keeps everything.)")
           "allreduce",
           [](Communicator& communicator, py::handle tensor, const std::string& name,
              std::optional<std::string> spec, const std::string& op, std::optional<std::uint32_t> step) {
-            const TensorView view = view_of(tensor, true, "the tensor");
-            const ReduceOp reduce = reduce_op_of(op);
-            CollectiveStats stats;
-            {
-              py::gil_scoped_release release;
-              if (step) {
-                const CompressionSpec parsed =
-                    spec ? CompressionSpec::parse(*spec) : communicator.default_spec();
-                stats = collectives::allreduce_keyed_by_step(communicator, view, name, parsed, reduce, *step);
-              } else {
-                stats = spec ? communicator.allreduce(view, name, *spec, reduce)
-                             : communicator.allreduce(view, name, reduce);
-              }
-            }
-            return stats_dict(stats);
+            return run_in_place(communicator, tensor, spec, op,
+                                [&](TensorView view, const CompressionSpec& parsed, ReduceOp reduce) {
+                                  return step ? collectives::allreduce_keyed_by_step(
+                                                    communicator, view, name, parsed, reduce, *step)
+                                              : communicator.allreduce(view, name, parsed, reduce);
+                                });
           },
           py::arg("tensor"), py::arg("name"), py::arg("spec") = py::none(), py::arg("op") = "sum",
           py::kw_only(), py::arg("step") = py::none(),
@@ -356,18 +364,12 @@ Returns what this rank did: algorithm, bytes, ratio, times.)")
           "reduce_scatter",
           [](Communicator& communicator, py::handle tensor, const std::string& name,
              std::optional<std::string> spec, const std::string& op, std::optional<std::uint32_t> step) {
-            const TensorView view = view_of(tensor, true, "the tensor");
-            const ReduceOp reduce = reduce_op_of(op);
-            CollectiveStats stats;
-            {
-              py::gil_scoped_release release;
-              const CompressionSpec parsed =
-                  spec ? CompressionSpec::parse(*spec) : communicator.default_spec();
-              stats = step ? collectives::reduce_scatter_keyed_by_step(communicator, view, name,
-                                                                       parsed, reduce, *step)
-                           : communicator.reduce_scatter(view, name, parsed, reduce);
-            }
-            return stats_dict(stats);
+            return run_in_place(communicator, tensor, spec, op,
+                                [&](TensorView view, const CompressionSpec& parsed, ReduceOp reduce) {
+                                  return step ? collectives::reduce_scatter_keyed_by_step(
+                                                    communicator, view, name, parsed, reduce, *step)
+                                              : communicator.reduce_scatter(view, name, parsed, reduce);
+                                });
           },
           py::arg("tensor"), py::arg("name"), py::arg("spec") = py::none(), py::arg("op") = "sum",
           py::kw_only(), py::arg("step") = py::none(),
