@@ -331,6 +331,75 @@ def render_peers(record):
     return lines
 
 
+def fsdp_caption(result):
+    if result["spec"] is not None:
+        return f"gradzip `{result['spec']}`"
+    return ("FSDP's native hybrid sharding (gloo)" if result["nodes"] > 1
+            else "FSDP's own reduce-scatter (gloo)")
+
+
+def fsdp_rows(record):
+    """[(caption, [result of each round], [speedup over fsdp_default in each round],
+    [bytes over fsdp_default's in each round])] in the run's order."""
+    table, baseline = {}, {}
+    for i, r in enumerate(record["rounds"]):
+        for result in r["rows"]["results"]:
+            table.setdefault(result["configuration"], []).append((i, result))
+            if result["configuration"] == "fsdp_default":
+                baseline[i] = result
+    rows = []
+    for entries in table.values():
+        results = [result for _, result in entries]
+        speedups = [baseline[i]["step_time_s"] / result["step_time_s"] for i, result in entries
+                    if i in baseline and result["step_time_s"]]
+        relative = [result["bytes_per_step"] / baseline[i]["bytes_per_step"] for i, result in entries
+                    if i in baseline and baseline[i]["bytes_per_step"]]
+        rows.append((fsdp_caption(results[0]), results, speedups, relative))
+    return rows
+
+
+def fsdp_setup(record):
+    first = record["rounds"][0]["rows"]
+    settings = first["settings"]
+    ranks = first["results"][0]["ranks"]
+    nodes = settings["nodes"]
+    where = (f"{ranks} ranks, each in its own network namespace behind a 1 Gbit/s link" if nodes == 1
+             else f"{nodes} nodes of {ranks // nodes} ranks (a node's ranks share its namespace "
+                  f"and loopback; 1 Gbit/s between nodes)")
+    return (f"PyTorch {first.get('torch', '?')} FSDP2 (`fully_shard`, gloo), {where}, on "
+            f"{record['machine']['cores']} cores shared by the ranks; a byte-level transformer "
+            f"({settings['layers']} blocks, width {settings['width']}, {settings['heads']} heads, "
+            f"context {settings['context']}) on {first['corpus_bytes'] / 1e3:.0f} KB of licence "
+            f"text, AdamW, global batch {settings['batch']}, {settings['steps']} steps")
+
+
+def render_fsdp(record):
+    lines = preamble(record)
+    first = record["rounds"][0]["rows"]
+    settings = first["settings"]
+    hybrid = settings["nodes"] > 1
+    reduced = ("the all-reduce of the shards across nodes" if hybrid else "the reduce-scatter")
+    evals = [step for step, _ in first["results"][0]["valid_loss"]]
+    lines += [fsdp_setup(record) + f". Step time: per round the median of steps "
+              f"{settings['warmup']}–{settings['steps'] - 1} of the slowest rank's step (forward, "
+              f"backward with the gradient reduction, clipping, AdamW); `speedup`: FSDP's own "
+              f"step over this one's, in the same round. `MiB/step`: what one rank hands to the "
+              f"network per step in {reduced} (gradzip: its stats; FSDP: gloo's ring by "
+              f"formula); the parameter all-gathers are FSDP's own in every row and not counted. "
+              f"Validation loss (nats per byte, 16 held-out batches) after the steps given; the "
+              f"runs are deterministic, so the rounds agree on it.", ""]
+    header = "| configuration | step (s) | speedup | MiB/step | bytes vs FSDP |" + "".join(
+        f" valid loss @{step} |" for step in evals)
+    lines += [header, "|" + "---|" * (5 + len(evals))]
+    for caption, results, speedups, relative in fsdp_rows(record):
+        losses = "".join(f" {loss:.4f} |" for _, loss in results[0]["valid_loss"])
+        lines.append(
+            f"| {caption} | {spread([r['step_time_s'] for r in results], 3)} | {spread(speedups)} "
+            f"| {spread([r['bytes_per_step'] / 2 ** 20 for r in results])} | {spread(relative, 4)} "
+            f"|{losses}")
+    return lines
+
+
 def quantile(values, q):
     """The q-quantile of values as gradzip-bench model reports it (sorted[min(n-1, n*q)])."""
     ordered = sorted(values)
@@ -460,6 +529,8 @@ RENDERERS = {
     "overlap": render_overlap,
     "convergence": render_convergence,
     "peers": render_peers,
+    "fsdp": render_fsdp,
+    "fsdp_hybrid": render_fsdp,
     "cost_model": render_cost_model,
 }
 
@@ -523,9 +594,24 @@ def readme_cost_model(record):
     return lines
 
 
+def readme_fsdp(record):
+    lines = [f"{'Quick' if record['quick'] else 'Full'} run: {fsdp_setup(record)}; "
+             f"{len(record['rounds'])} rounds, median [min–max] of the step time. Data "
+             f"`docs/data/reproduce/{record['suite']}.json`, {record['machine']['date'][:10]}.", "",
+             "| configuration | step (s) | speedup vs FSDP | MiB/rank/step | final valid loss |",
+             "|---|---:|---:|---:|---:|"]
+    for caption, results, speedups, _ in fsdp_rows(record):
+        lines.append(f"| {caption} | {spread([r['step_time_s'] for r in results])} "
+                     f"| {spread(speedups)} | {spread([r['bytes_per_step'] / 2 ** 20 for r in results])} "
+                     f"| {results[0]['valid_loss'][-1][1]:.4f} |")
+    return lines
+
+
 README_RENDERERS = {
     "convergence": readme_convergence,
     "peers": readme_peers,
+    "fsdp": readme_fsdp,
+    "fsdp_hybrid": readme_fsdp,
     "cost_model": readme_cost_model,
 }
 
