@@ -166,14 +166,13 @@ class FSDPState:
             if process_group is None:
                 process_group = shard_group
             self.shard = None
-        if communicator is None:
-            world = dist.get_world_size() if dist.is_initialized() else None
-            transport = "auto" if world is None or dist.get_world_size(process_group) == world else "torch"
-            communicator = Communicator(transport=transport, process_group=process_group)
+        if communicator is None:  # a group smaller than the job: over torch.distributed
+            spans_job = dist.get_world_size(process_group) == dist.get_world_size()
+            communicator = Communicator(transport="auto" if spans_job else "torch",
+                                        process_group=process_group)
         self.communicator = communicator
         _world.refuse_communicator_not_spanning(self.communicator.size, process_group,
                                                 who="gradzip.torch.compress_fsdp")
-        self._process_group = process_group
         # The communicator must be the group gradzip reduces over, rank for rank: FSDP's shard
         # group (the replicate group under hybrid sharding). Checked here, on every rank alike.
         self._checked_group = None
@@ -203,8 +202,7 @@ class FSDPState:
                 module.set_all_reduce_hook(_AllReduceHook(self, group))
             else:
                 module.set_custom_reduce_scatter(_GradzipReduceScatter(self, group))
-        self._by_name = {group.name: group for group in self.groups}
-        if len(self._by_name) != len(self.groups):
+        if len({group.name for group in self.groups}) != len(self.groups):
             raise ValueError("gradzip.torch.compress_fsdp: two fully_shard'ed modules hold the same "
                              "parameters")
         # rows of what one call reduces: the world's contributions, or the one shard (hybrid)
@@ -281,23 +279,9 @@ class FSDPState:
                          f"{group.row_numel}, got {contribution.numel()} into {output.numel()} "
                          "(parameters without gradients in this backward are not supported; "
                          "FSDP's set_reduce_scatter_unused_params(True) keeps the layout)")
-        step, spec, key = self._begin(group)
         rows = contribution.view(world, group.row_numel)
-        out = output.view(group.row_numel)
-        small_stats, stats = None, None
-        if not group.small:  # one call (warm-up calls too: the residual keeps its shape)
-            stats = self.communicator.reduce_scatter(contribution.view(-1), group.name, spec, step=key)
-            out.copy_(rows[rank])
-        else:
-            if group.large:
-                large = _gather_columns(rows, group.large)
-                stats = self.communicator.reduce_scatter(large.view(-1), group.name, spec, step=key)
-                _scatter_columns(large[rank], out, group.large)
-            small = _gather_columns(rows, group.small)
-            small_stats = self.communicator.reduce_scatter(
-                small.view(-1), f"{group.name}.uncompressed", "none", step=key)
-            _scatter_columns(small[rank], out, group.small)
-        return self._finish(group, step, stats, small_stats, contribution.element_size())
+        collective = self.communicator.reduce_scatter
+        return self._reduce(group, rows, rank, output.view(group.row_numel), collective)
 
     def all_reduce_shard(self, group, shard):
         """Hybrid sharding: `shard` (this rank's node-reduced shard of the group, flat) summed in
@@ -306,22 +290,31 @@ class FSDPState:
             raise _error(f"gradzip.torch.compress_fsdp: group '{group.name}' expects a shard of "
                          f"{group.row_numel} elements, got {shard.numel()} (parameters without "
                          "gradients in this backward are not supported)")
-        step, spec, key = self._begin(group)
         flat = shard.view(group.row_numel)
+        return self._reduce(group, flat.view(1, group.row_numel), 0, flat,
+                            self.communicator.allreduce)
+
+    def _reduce(self, group, rows, mine, out, collective):
+        """One call of the group: `collective(flat, name, spec, step=)` (the communicator's
+        reduce-scatter or all-reduce, whose result for this rank is row `mine` of `rows`) over
+        `rows` (rows x group.row_numel), that row written to `out`. With parameters under
+        min_bytes, their columns go packed in an uncompressed call and the others' in the
+        compressed one; otherwise one call (warm-up calls too: the residual keeps its shape)."""
+        step, spec, key = self._begin(group)
         small_stats, stats = None, None
         if not group.small:
-            stats = self.communicator.allreduce(flat, group.name, spec, step=key)
+            stats = collective(rows.view(-1), group.name, spec, step=key)
+            if out.data_ptr() != rows[mine].data_ptr():
+                out.copy_(rows[mine])
         else:
-            rows = flat.view(1, group.row_numel)
             if group.large:
                 large = _gather_columns(rows, group.large)
-                stats = self.communicator.allreduce(large.view(-1), group.name, spec, step=key)
-                _scatter_columns(large[0], flat, group.large)
+                stats = collective(large.view(-1), group.name, spec, step=key)
+                _scatter_columns(large[mine], out, group.large)
             small = _gather_columns(rows, group.small)
-            small_stats = self.communicator.allreduce(small.view(-1), f"{group.name}.uncompressed",
-                                                      "none", step=key)
-            _scatter_columns(small[0], flat, group.small)
-        return self._finish(group, step, stats, small_stats, shard.element_size())
+            small_stats = collective(small.view(-1), f"{group.name}.uncompressed", "none", step=key)
+            _scatter_columns(small[mine], out, group.small)
+        return self._finish(group, step, stats, small_stats, rows.element_size())
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
