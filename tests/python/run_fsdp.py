@@ -254,7 +254,8 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
                 def recording(group, shard):
                     before, rows = residual(group), shard.view(1, -1).float().clone()
                     stats = original(group, shard)
-                    records.append((group, rows, before, residual(group), shard.float().clone()))
+                    records.append((group, rows, before, residual(group), shard.float().clone(),
+                                    stats["algorithm"]))
                     return stats
 
                 state.all_reduce_shard = recording
@@ -265,7 +266,8 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
                     before = residual(group)
                     rows = contribution.view(world, group.row_numel).float().clone()
                     stats = original(group, output, contribution, op)
-                    records.append((group, rows, before, residual(group), output.float().clone()))
+                    records.append((group, rows, before, residual(group), output.float().clone(),
+                                    stats["algorithm"]))
                     return stats
 
                 state.reduce_scatter = recording
@@ -274,8 +276,9 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
         members = layout.replicate.get_group() if layout.hybrid else None
         size = dist.get_world_size(members)
         row = 0 if layout.hybrid else rank
-        worst, compressed_groups = 0.0, 0
-        for group, rows, before, after, output in records:
+        worst, compressed_groups, algorithms = 0.0, 0, set()
+        for group, rows, before, after, output, algorithm in records:
+            algorithms.add(algorithm)
             if not group.large:
                 continue
             compressed_groups += 1
@@ -298,14 +301,17 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
             difference = (got - delivered).abs()
             worst = max(worst, float(difference.max()))
             if not bool((difference <= bound).all()):
-                failures.append(f"conserve {spec}: group {group.name}: output differs from the "
-                                f"delivered sum by {float(difference.max()):.3g}")
+                at = int((difference - bound).argmax())
+                failures.append(f"conserve {spec}: group {group.name} ({algorithm}): output differs "
+                                f"from the delivered sum by {float(difference.max()):.3g} (element "
+                                f"{at}: output {float(got[at]):.9g}, delivered "
+                                f"{float(delivered[at]):.9g}, bound {float(bound[at]):.3g})")
             if float(got.abs().max()) == 0.0 and float(wanted.abs().max()) > 0:
                 failures.append(f"conserve {spec}: group {group.name}: output is all zero")
         if compressed_groups == 0:
             failures.append(f"conserve {spec}: no group was compressed")
-        print(f"CHECK rank={rank} conserve {spec}: {compressed_groups} compressed calls, "
-              f"max |output - delivered| {worst:.3g}", flush=True)
+        print(f"CHECK rank={rank} conserve {spec}: {compressed_groups} compressed calls "
+              f"({', '.join(sorted(algorithms))}), max |output - delivered| {worst:.3g}", flush=True)
 
 
 def check_mixed_precision(layout, rank, world, failures):
@@ -467,6 +473,7 @@ def check_mismatch(layout, rank, world, failures):
 RESUME_SPECS = ["none"] + CODECS
 HYBRID_CODECS = ["qsgd:bits=4", "sign", "topk:ratio=0.05"]
 HYBRID_RESUME_SPECS = ["none"] + HYBRID_CODECS
+
 
 
 def worker(phase, directory):
