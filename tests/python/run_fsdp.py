@@ -291,13 +291,19 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
             dist.all_gather(gathered, sent, group=members)
             exact = [torch.empty_like(large) for _ in range(size)]
             dist.all_gather(exact, large + e_before, group=members)
+            kept = [torch.empty_like(large) for _ in range(size)]
+            dist.all_gather(kept, e_after.abs(), group=members)
             delivered = sum(g[row] for g in gathered)
             wanted = sum(e[row] for e in exact)
             got = gradzip_fsdp._gather_columns(output.view(1, -1), group.large)[0]
-            # Each delivered value is a decoded one up to the rounding of the residual's
-            # subtraction; the sums of `size` of them differ by their order's roundings.
-            scale = sum(g[row].abs() for g in gathered) + sum(e[row].abs() for e in exact)
-            bound = 4 * size * 2.0 ** -24 * scale + 1e-30
+            # Float32 roundings, u = 2^-24 each: every residual is (c + e) - d for a decoded d,
+            # |d| <= |c + e| + |e_after|, rounded once; an algorithm that re-encodes a partial sum
+            # (SRA's owner, the tree's root, the ring's hops) rounds once more at that sum's
+            # magnitude, at most the sum of the |d|; the `size` decoded values are summed in some
+            # order (size - 1 roundings), and the output is rounded at |output|. So |output -
+            # delivered| <= (2 size + 4) u (sum over ranks of |c + e| + |e_after|, + |output|).
+            scale = (sum(e[row].abs() for e in exact) + sum(k[row] for k in kept) + got.abs())
+            bound = (2 * size + 4) * 2.0 ** -24 * scale + 1e-30
             difference = (got - delivered).abs()
             worst = max(worst, float(difference.max()))
             if not bool((difference <= bound).all()):
