@@ -236,6 +236,7 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
     each handed in + the residual it held before - the residual it holds after), per element of
     this rank's part. The reduce-scatter: this rank's row of every rank's contribution; hybrid
     sharding: the node-reduced shard, summed across the replicate group."""
+    import numpy as np
     import torch
     import torch.distributed as dist
     from gradzip import fsdp as gradzip_fsdp
@@ -245,8 +246,24 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
 
         def observe(state):
             def residual(group):
+                """(the folded residual, the sum of |each residual| placed where it folds): the
+                bound needs the magnitudes, which a worker and an owner residual of opposite
+                signs hide once folded."""
+                if not group.large:
+                    return None
                 count = state.rows * group.large_row_numel
-                return state.communicator.folded_residual(group.name, count) if group.large else None
+                communicator = state.communicator
+                folded = communicator.folded_residual(group.name, count)
+                if folded is None:
+                    return None
+                magnitude = np.zeros(count, dtype=np.float32)
+                worker = communicator.residual(group.name)
+                if worker is not None:
+                    magnitude[:worker.size] += np.abs(worker[:count])
+                for key, offset in communicator.placed_residuals(group.name):
+                    placed = np.abs(communicator.residual(key))
+                    magnitude[offset:offset + placed.size] += placed[:max(0, count - offset)]
+                return folded, magnitude
 
             if layout.hybrid:
                 original = state.all_reduce_shard
@@ -284,25 +301,32 @@ def check_conservation(layout, rank, world, failures, codecs=CODECS):
             compressed_groups += 1
             large = gradzip_fsdp._gather_columns(rows, group.large)
             zeros = torch.zeros_like(large)
-            e_before = torch.from_numpy(before).view_as(large) if before is not None else zeros
-            e_after = torch.from_numpy(after).view_as(large) if after is not None else zeros
+            e_before = torch.from_numpy(before[0]).view_as(large) if before is not None else zeros
+            e_after = torch.from_numpy(after[0]).view_as(large) if after is not None else zeros
+            e_before_magnitude = (torch.from_numpy(before[1]).view_as(large) if before is not None
+                                  else zeros)
+            e_after_magnitude = (torch.from_numpy(after[1]).view_as(large) if after is not None
+                                 else zeros)
             sent = large + e_before - e_after  # what this rank's contribution delivered
             gathered = [torch.empty_like(sent) for _ in range(size)]
             dist.all_gather(gathered, sent, group=members)
             exact = [torch.empty_like(large) for _ in range(size)]
             dist.all_gather(exact, large + e_before, group=members)
+            handed = [torch.empty_like(large) for _ in range(size)]
+            dist.all_gather(handed, large.abs() + e_before_magnitude, group=members)
             kept = [torch.empty_like(large) for _ in range(size)]
-            dist.all_gather(kept, e_after.abs(), group=members)
+            dist.all_gather(kept, e_after_magnitude, group=members)
             delivered = sum(g[row] for g in gathered)
             wanted = sum(e[row] for e in exact)
             got = gradzip_fsdp._gather_columns(output.view(1, -1), group.large)[0]
-            # Float32 roundings, u = 2^-24 each: every residual is (c + e) - d for a decoded d,
-            # |d| <= |c + e| + |e_after|, rounded once; an algorithm that re-encodes a partial sum
+            # Float32 roundings, u = 2^-24 each, at the magnitudes of each residual separately (a
+            # worker and an owner residual of opposite signs fold to less than either): every
+            # residual is (c + e) - d for a decoded d, |d| <= |c| + |e| + |e_after|, rounded once; an algorithm that re-encodes a partial sum
             # (SRA's owner, the tree's root, the ring's hops) rounds once more at that sum's
             # magnitude, at most the sum of the |d|; the `size` decoded values are summed in some
             # order (size - 1 roundings), and the output is rounded at |output|. So |output -
-            # delivered| <= (2 size + 4) u (sum over ranks of |c + e| + |e_after|, + |output|).
-            scale = (sum(e[row].abs() for e in exact) + sum(k[row] for k in kept) + got.abs())
+            # delivered| <= (2 size + 4) u (sum over ranks of |c| + |e| + |e_after|, + |output|).
+            scale = (sum(h[row] for h in handed) + sum(k[row] for k in kept) + got.abs())
             bound = (2 * size + 4) * 2.0 ** -24 * scale + 1e-30
             difference = (got - delivered).abs()
             worst = max(worst, float(difference.max()))
@@ -477,7 +501,7 @@ def check_mismatch(layout, rank, world, failures):
 
 
 RESUME_SPECS = ["none"] + CODECS
-HYBRID_CODECS = ["qsgd:bits=4", "sign", "topk:ratio=0.05"]
+HYBRID_CODECS = ["qsgd:bits=4", "qsgd:bits=4,algo=sra", "sign", "topk:ratio=0.05"]
 HYBRID_RESUME_SPECS = ["none"] + HYBRID_CODECS
 
 
