@@ -142,7 +142,7 @@ def suites(build, quick, python):
                  cluster + ["--ranks", "4", "--rate", "1gbit", "--exec", "--", python,
                             os.path.join(ROOT, "benchmarks", "fsdp", "fsdp_train.py"),
                             *(["--steps", "20", "--eval-every", "10", "--width", "128"] if quick else
-                              ["--steps", "100", "--eval-every", "20"]),
+                              ["--steps", "60", "--eval-every", "15"]),
                             "--batch", "16", "--context", "64", "--json", "{json}"],
                  True, {"PYTHONPATH": os.path.join(build, "python")}),
         "fsdp_hybrid": (3,
@@ -151,7 +151,7 @@ def suites(build, quick, python):
                                    os.path.join(ROOT, "benchmarks", "fsdp", "fsdp_train.py"),
                                    "--nodes", "2",
                                    *(["--steps", "8", "--width", "256"] if quick else
-                                     ["--steps", "40", "--width", "512"]),
+                                     ["--steps", "24", "--width", "512"]),
                                    "--warmup", "3", "--eval-every", "1000", "--batch", "8",
                                    "--context", "32", "--json", "{json}"],
                         True, {"PYTHONPATH": os.path.join(build, "python")}),
