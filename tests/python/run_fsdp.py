@@ -666,7 +666,8 @@ def check_mismatch(layout, rank, world, failures):
 
 
 RESUME_SPECS = ["none"] + CODECS
-HYBRID_CODECS = ["qsgd:bits=4", "qsgd:bits=4,algo=sra", "sign", "topk:ratio=0.05"]
+HYBRID_CODECS = ["fp16", "qsgd:bits=4", "qsgd:bits=4,algo=sra", "terngrad", "sign", "topk:ratio=0.05",
+                 "randk:ratio=0.05"]
 HYBRID_RESUME_SPECS = ["none"] + HYBRID_CODECS
 
 
