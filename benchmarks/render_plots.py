@@ -11,6 +11,8 @@ suite whose JSON is there:
                (benchmarks/plot_convergence.py draws them)
   peers        peers.png: per configuration the median over the rounds of the step time and of
                the bytes per step (benchmarks/peers/plot_peers.py)
+  fsdp         fsdp_loss.png: per configuration the validation loss against the step and
+               against the cumulative bytes one rank sent (benchmarks/plot_fsdp.py)
   cost_model   projection.png: the projected speedup of algo=auto's choice over the dense f32
                and 16-bit all-reduce at 1, 10 and 100 Gbit/s, the median over the rounds
                (benchmarks/model/plot_projection.py)
@@ -30,8 +32,10 @@ for folder in (HERE, os.path.join(HERE, "peers"), os.path.join(HERE, "model")):
     sys.path.insert(0, folder)
 
 import plot_convergence  # noqa: E402
+import plot_fsdp  # noqa: E402
 import plot_peers  # noqa: E402
 import plot_projection  # noqa: E402
+import render_results  # noqa: E402
 
 
 def convergence_runs(record):
@@ -111,6 +115,14 @@ def main():
         plot_peers.plot(peers_medians(record), os.path.join(args.img, "peers.png"),
                         f"1 Gbit/s emulated links, median of {len(record['rounds'])} rounds")
         drawn.append("peers.png")
+    record = load("fsdp")
+    if record is not None:
+        settings = record["rounds"][0]["rows"]["settings"]
+        plot_fsdp.plot(plot_fsdp.curves(record, render_results.fsdp_caption),
+                       os.path.join(args.img, "fsdp_loss.png"),
+                       f"FSDP2, {record['rounds'][0]['rows']['results'][0]['ranks']} ranks, "
+                       f"byte-level transformer (width {settings['width']}), AdamW")
+        drawn.append("fsdp_loss.png")
     record = load("cost_model")
     if record is not None:
         rows = projection_rows(record)

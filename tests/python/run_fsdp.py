@@ -17,6 +17,13 @@ mesh (gloo), AdamW. Checks, on every rank:
   mixed      FSDP's own reduction with MixedPrecisionPolicy(reduce_dtype=float16) against
              gradzip's fp16 codec and against gradzip's `none` on the float16 input, within the
              derived float16 rounding bound (check_mixed_precision's docstring).
+  bfloat16   MixedPrecisionPolicy(reduce_dtype=bfloat16) under `none`, and the bf16 codec,
+             against the exact average within bfloat16's derived rounding bound.
+  async      the reduce-scatter called with async_op=True returns a Work that waits, with the
+             synchronous call's bits (1-D sharding; under hybrid sharding it is FSDP's own).
+  unused     a parameter without a gradient: refused on every rank naming the cause; with
+             set_reduce_scatter_unused_params(True) `none` equals FSDP's own reduction and a
+             compressed run leaves the unused gradients zero.
   warmup     warmup=2: the first two steps equal the "none" run's bit for bit.
   small      the head's bias has one element: with more ranks than elements its shard is empty
              on every rank but one, and the run above covers it; the root group (every
@@ -66,9 +73,10 @@ def make_model(seed):
             self.norm = nn.LayerNorm(64)
             self.up = nn.Linear(64, 256)
             self.down = nn.Linear(256, 64)
+            self.skip_norm = False  # True: the norm's parameters get no gradient (check_unused)
 
         def forward(self, x):
-            return x + self.down(torch.relu(self.up(self.norm(x))))
+            return x + self.down(torch.relu(self.up(x if self.skip_norm else self.norm(x))))
 
     class Model(nn.Module):
         def __init__(self):
@@ -137,18 +145,24 @@ def local_shard(tensor, rank, world):
     return tensor[min(rank * per, rows):min((rank + 1) * per, rows)]
 
 
-def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None, reduce_dtype=None):
+def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None, reduce_dtype=None,
+             prepare=None):
     """Trains `steps` steps with compress_fsdp(spec) (spec None: FSDP's own reduce-scatter, and
     under hybrid sharding FSDP's own hybrid sharding over the 2-D mesh); returns (per-step local
     gradients by name, final local parameters by name, per-step full parameters by name (before
-    the step's backward))."""
+    the step's backward)). `prepare(model)`, when given, runs on the sharded model before
+    compress_fsdp."""
     import torch
     if spec is None:
         model = shard(make_model(0), layout.full_mesh if layout.hybrid else layout.shard_mesh,
                       reduce_dtype)
+        if prepare is not None:
+            prepare(model)
         state = None
     else:
         model = shard(make_model(0), layout.shard_mesh, reduce_dtype)
+        if prepare is not None:
+            prepare(model)
         state = layout.compress(model, spec, warmup=warmup)
     if observe is not None:
         observe(state)
@@ -158,7 +172,8 @@ def fsdp_run(spec, layout, steps, rank, world, warmup=0, observe=None, reduce_dt
         full.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
         optimizer.zero_grad()
         loss_of(model, rank, step).backward()
-        grads.append({n: p.grad.to_local().detach().clone() for n, p in model.named_parameters()})
+        grads.append({n: p.grad.to_local().detach().clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
         optimizer.step()
     params = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
     if state is not None:
@@ -384,6 +399,156 @@ def check_mixed_precision(layout, rank, world, failures):
               f"FSDP's float16 reduction: max |difference| {worst:.3g}", flush=True)
 
 
+def average_gradients(rank, world, layout, prepare=None):
+    """(each parameter's exact average over ranks of the first step's gradient, this rank's
+    shard; the mean over ranks of |gradient|, the same shard), from unsharded copies (after
+    `prepare(model)` when given)."""
+    import torch
+    per_rank = []
+    plain = make_model(0)
+    if prepare is not None:
+        prepare(plain)
+    for r in range(world):
+        plain.zero_grad()
+        loss_of(plain, r, 0).backward()
+        per_rank.append({n: (p.grad if p.grad is not None else torch.zeros_like(p)).double()
+                         for n, p in plain.named_parameters()})
+    average, magnitude = {}, {}
+    for name in per_rank[0]:
+        cut = lambda t: local_shard(t, layout.shard_rank, layout.shard_size)  # noqa: E731
+        average[name] = cut(sum(g[name] for g in per_rank) / world)
+        magnitude[name] = cut(sum(g[name].abs() for g in per_rank) / world)
+    return average, magnitude
+
+
+def check_bfloat16(layout, rank, world, failures):
+    """MixedPrecisionPolicy(reduce_dtype=bfloat16) under gradzip's `none`, and gradzip's bf16
+    codec on float32 gradients, against the exact average of the first step's gradients (FSDP's
+    own bfloat16 reduction over gloo would average with ReduceOp.AVG, which gloo lacks, so the
+    exact average is the reference).
+
+    The bound, per element, with u = 2^-8 (bfloat16's unit roundoff) and m = the mean over ranks
+    of |g_r|: a bfloat16 reduce dtype rounds each contribution (u m after the division), FSDP's
+    own bfloat16 reduce-scatter inside a node under hybrid sharding rounds each of its additions
+    (at most u (W - 1) m), gradzip sums in float32 (W 2^-24 m) and rounds the sum back to
+    bfloat16 (u m), and FSDP divides in bfloat16 (u m): at most (u (W + 2) + W 2^-24) m. The
+    bf16 codec rounds each contribution once and sums and divides in float32, inside that."""
+    import torch
+    average, magnitude = average_gradients(rank, world, layout)
+    for spec, reduce_dtype in (("none", torch.bfloat16), ("bf16", None)):
+        grads, _, _ = fsdp_run(spec, layout, 1, rank, world, reduce_dtype=reduce_dtype)
+        worst = 0.0
+        for name, got in grads[0].items():
+            if got.numel() == 0:
+                continue
+            if got.dtype != torch.float32:
+                failures.append(f"bfloat16 {spec}: {name}'s gradient is {got.dtype}, not float32")
+            bound = (2.0 ** -8 * (world + 2) + world * 2.0 ** -24) * magnitude[name] * 1.01 + 1e-38
+            difference = (got.double() - average[name]).abs()
+            worst = max(worst, float(difference.max()))
+            if not bool((difference <= bound).all()):
+                failures.append(f"bfloat16 {spec} (reduce dtype {reduce_dtype}): {name} differs "
+                                f"from the exact average by {float(difference.max()):.3g}")
+            if float(average[name].abs().max()) > 0 and float(got.abs().max()) == 0:
+                failures.append(f"bfloat16 {spec}: {name} is all zero")
+        print(f"CHECK rank={rank} bfloat16: {spec} (reduce dtype {reduce_dtype}) against the exact "
+              f"average: max |difference| {worst:.3g}", flush=True)
+
+
+def check_async(layout, rank, world, failures):
+    """FSDP's ReduceScatter interface with async_op=True: the call returns a Work whose wait()
+    succeeds, and the output is the same bits as the synchronous call's on an identical state
+    (spec none), and the exact row sum within float32's reordering bound."""
+    import torch
+    import torch.distributed as dist
+    outputs = []
+    for async_op in (False, True):
+        model = shard(make_model(0), layout.shard_mesh)
+        state = layout.compress(model, "none")
+        comm = model.blocks[0]._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm
+        numel = comm._group.row_numel
+        g = torch.Generator().manual_seed(rank + 1)
+        contribution = torch.randn(world * numel, generator=g)
+        output = comm.allocate((numel,), dtype=torch.float32, device=torch.device("cpu"))
+        # The input is FSDP's scratch: gradzip reduces in it, so the call gets a copy.
+        work = comm(output, contribution.clone(), layout.shard_mesh.get_group(),
+                    dist.ReduceOp.SUM, async_op=async_op)
+        if async_op:
+            if work is None:
+                failures.append("async: async_op=True returned no Work")
+            else:
+                work.wait()
+                if not work.is_completed():
+                    failures.append("async: the Work is not completed after wait()")
+        elif work is not None:
+            failures.append("async: async_op=False returned a Work")
+        outputs.append(output.clone())
+        state.close()
+    rows = [torch.empty_like(contribution) for _ in range(world)]
+    dist.all_gather(rows, contribution, group=layout.shard_mesh.get_group())
+    exact = sum(r.view(world, -1)[rank].double() for r in rows)
+    magnitude = sum(r.view(world, -1)[rank].abs().double() for r in rows)
+    bound = 2 * world * 2.0 ** -24 * magnitude * 1.01
+    if not torch.equal(outputs[0], outputs[1]):
+        failures.append("async: the async_op=True output differs from the synchronous call's")
+    difference = (outputs[1].double() - exact).abs()
+    if not bool((difference <= bound).all()):
+        failures.append(f"async: output differs from the exact row sum by {float(difference.max()):.3g}")
+    print(f"CHECK rank={rank} async: async_op=True waits and equals the synchronous call "
+          f"(|output - exact| <= {float(difference.max()):.3g})", flush=True)
+
+
+def check_unused(layout, rank, world, failures):
+    """A parameter without a gradient in a backward (block 0's norm skipped). FSDP's default
+    leaves it out of the reduction, which changes the group's layout: refused on every rank
+    with gradzip.Error naming it. With set_reduce_scatter_unused_params(True) (and the explicit
+    reduce dtype FSDP then requires) the layout is kept: `none` equals FSDP's own reduction under
+    the same settings (bitwise with 2 ranks, else within check_reference's reordering bound at
+    the first step), and a compressed spec trains with the unused parameters' gradients zero."""
+    import torch
+    import gradzip
+
+    def skip(model):
+        model.blocks[0].skip_norm = True
+
+    try:
+        fsdp_run("qsgd:bits=4,ef=on", layout, 1, rank, world, prepare=skip)
+        failures.append("unused: a parameter without a gradient was not refused")
+    except gradzip.Error as error:
+        if "without gradients" not in str(error):
+            failures.append(f"unused: the error does not name the cause: {error}")
+        print(f"CHECK rank={rank} unused: refused: {str(error)[:160]}", flush=True)
+
+    def keep_layout(model):
+        skip(model)
+        model.set_reduce_scatter_unused_params(True)
+
+    mine, _, _ = fsdp_run("none", layout, 2, rank, world, reduce_dtype=torch.float32,
+                          prepare=keep_layout)
+    theirs, _, _ = fsdp_run(None, layout, 2, rank, world, reduce_dtype=torch.float32,
+                            prepare=keep_layout)
+    _, magnitude = average_gradients(rank, world, layout, prepare=skip)
+    for step in range(2 if world == 2 else 1):
+        for name, want in theirs[step].items():
+            got = mine[step].get(name)
+            if got is None or got.shape != want.shape:
+                failures.append(f"unused: step {step} {name}: no gradient or another shape")
+                continue
+            bound = 2 * world * 2.0 ** -24 * magnitude[name].float() * 1.01 + 1e-30
+            ok = torch.equal(got, want) if world == 2 else bool(((got - want).abs() <= bound).all())
+            if not ok:
+                failures.append(f"unused: step {step} {name} differs from FSDP's own reduction")
+    compressed, _, _ = fsdp_run("qsgd:bits=4,ef=on", layout, 2, rank, world,
+                                reduce_dtype=torch.float32, prepare=keep_layout)
+    for name, got in compressed[1].items():
+        if name.startswith("blocks.0.norm.") and got.numel() and float(got.abs().max()) != 0:
+            failures.append(f"unused: {name} has a nonzero gradient under qsgd")
+    if "blocks.0.norm.weight" not in compressed[1]:
+        failures.append("unused: the unused norm got no (zero) gradient with the layout kept")
+    print(f"CHECK rank={rank} unused: with set_reduce_scatter_unused_params(True) none equals "
+          f"FSDP's own reduction, qsgd trains with the unused gradients zero", flush=True)
+
+
 def check_warmup(layout, rank, world, failures):
     import torch
     plain_grads, _, _ = fsdp_run("none", layout, 3, rank, world)
@@ -501,7 +666,8 @@ def check_mismatch(layout, rank, world, failures):
 
 
 RESUME_SPECS = ["none"] + CODECS
-HYBRID_CODECS = ["qsgd:bits=4", "qsgd:bits=4,algo=sra", "sign", "topk:ratio=0.05"]
+HYBRID_CODECS = ["fp16", "qsgd:bits=4", "qsgd:bits=4,algo=sra", "terngrad", "sign", "topk:ratio=0.05",
+                 "randk:ratio=0.05"]
 HYBRID_RESUME_SPECS = ["none"] + HYBRID_CODECS
 
 
@@ -525,6 +691,10 @@ def worker(phase, directory):
         check_reference(layout, rank, world, failures)
         check_conservation(layout, rank, world, failures, HYBRID_CODECS if hybrid else CODECS)
         check_mixed_precision(layout, rank, world, failures)
+        check_bfloat16(layout, rank, world, failures)
+        if not hybrid:  # under hybrid sharding the reduce-scatter is FSDP's own
+            check_async(layout, rank, world, failures)
+        check_unused(layout, rank, world, failures)
         check_warmup(layout, rank, world, failures)
         check_not_spanning(layout, rank, world, failures)
         check_mismatch(layout, rank, world, failures)  # last: the group may be out of step after it
