@@ -19,6 +19,13 @@ _CORE = ["include", "kernels", "compressors", "error_feedback", "CMakeLists.txt"
          "benchmarks/bench_support.h"]
 _COLLECTIVES = _CORE + ["collectives"]
 _CLUSTER = ["benchmarks/emulated_cluster.sh"]
+# The Python package without the DDP hook (gradzip/torch.py only re-exports compress_fsdp; its
+# code runs in the peers suite, not in the FSDP ones).
+_PYTHON_FSDP = ["python/CMakeLists.txt", "python/gradzip_module.cpp",
+                "python/process_group_transport.cpp", "python/process_group_transport.h",
+                "python/gradzip/__init__.py", "python/gradzip/_lifecycle.py",
+                "python/gradzip/_process_group.py", "python/gradzip/_stats.py",
+                "python/gradzip/_world.py", "python/gradzip/fsdp.py"]
 
 MEASURED = {
     "codecs": _CORE + ["benchmarks/codecs_bench.cpp"],
@@ -28,6 +35,6 @@ MEASURED = {
     "convergence": _COLLECTIVES + ["pipeline", "examples", "benchmarks/convergence.sh"],
     "peers": _COLLECTIVES + _CLUSTER + ["pipeline", "python", "benchmarks/peers/ddp_peers.py"],
     "cost_model": _COLLECTIVES + _CLUSTER + ["benchmarks/allreduce_bench.cpp", "benchmarks/model"],
-    "fsdp": _COLLECTIVES + _CLUSTER + ["python", "benchmarks/fsdp"],
-    "fsdp_hybrid": _COLLECTIVES + _CLUSTER + ["python", "benchmarks/fsdp"],
+    "fsdp": _COLLECTIVES + _CLUSTER + _PYTHON_FSDP + ["benchmarks/fsdp"],
+    "fsdp_hybrid": _COLLECTIVES + _CLUSTER + _PYTHON_FSDP + ["benchmarks/fsdp"],
 }

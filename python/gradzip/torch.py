@@ -59,7 +59,20 @@ import torch
 from . import _gradzip, _lifecycle, _world
 from ._stats import ring_bytes as _ring_bytes
 from . import Communicator
-from .fsdp import FSDPState, compress_fsdp  # FSDP2's compressed reduce-scatter
+try:  # FSDP2's compressed reduce-scatter (gradzip/fsdp.py), re-exported here
+    from .fsdp import FSDPState, compress_fsdp
+except Exception as _error_importing_fsdp:  # noqa: BLE001
+    # A PyTorch whose torch.distributed.fsdp does not import (PyTorch 1.13 under Python 3.11
+    # raises ValueError from a dataclass there) still gets the DDP hook; compress_fsdp then
+    # says why it is missing.
+    _FSDP_MISSING = (f"gradzip.torch.compress_fsdp needs PyTorch's FSDP2 (fully_shard, PyTorch "
+                     f"2.6 or later); importing it failed here: {_error_importing_fsdp!r}")
+    FSDPState = None
+
+    def compress_fsdp(*args, **kwargs):
+        error = _gradzip.Error(_FSDP_MISSING)
+        error.code = "unsupported"
+        raise error
 
 
 def _run_task(task):
