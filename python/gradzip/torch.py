@@ -45,6 +45,14 @@ gradient is never averaged over other ranks than the training's.
   I"), each gradzip call in it and the call's encode / communicate / decode stages, with bytes.
   Rank R writes PATH with "{rank}" replaced by R, or with ".rank<R>" before the extension when
   there are several ranks.
+- momentum_correction=M (Deep Gradient Compression's momentum correction, Lin et al. 2018):
+  each rank's gradient is replaced by its own momentum u = M u + g before it is reduced, and the
+  optimizer runs without momentum (torch.optim.SGD(..., momentum=0)). Uncompressed, SGD on the
+  average of the ranks' u is SGD with momentum M on the averaged gradient (the average of the
+  u is the momentum of the averages); with error feedback the residual then holds momentum
+  that was not sent instead of raw gradients that the optimizer's momentum would amplify when
+  they arrive late. Weight decay given to the optimizer acts on the averaged update, outside
+  the momentum. The momentum is kept per parameter name (state_dict() holds it).
 - spec powersgd:rank=R: each parameter of two or more dimensions (rows = shape[0]) is reduced
   by PowerSGD as a rows x (numel / rows) matrix, its residual and Q kept per parameter name
   (so bucket rebuilds need nothing, and state_dict() holds them by parameter name); other
@@ -91,6 +99,9 @@ class GradzipState:
     process_group: the torch.distributed group DDP reduces over (default: the world).
     timeline, timeline_first_step, timeline_steps: the timeline's file and iterations (module
         docstring); GRADZIP_TIMELINE and GRADZIP_TIMELINE_STEPS override them.
+    momentum_correction: the momentum factor M in [0, 1) kept per rank before the reduction
+        (module docstring); 0 (the default) hands DDP's gradients over unchanged. Give the
+        optimizer momentum=0 with it.
 
     The communicator must span that group: gradzip.Error when its rank count differs from the
     group's size (checked here when torch.distributed is initialised or WORLD_SIZE is set, else
@@ -98,11 +109,16 @@ class GradzipState:
     """
 
     def __init__(self, model, spec="none", warmup=0, communicator=None, process_group=None,
-                 timeline=None, timeline_first_step=1, timeline_steps=1):
+                 timeline=None, timeline_first_step=1, timeline_steps=1, momentum_correction=0.0):
         self.spec = _gradzip.parse_spec(spec)
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = int(warmup)
+        momentum_correction = float(momentum_correction)
+        if not 0.0 <= momentum_correction < 1.0:
+            raise ValueError(f"momentum_correction must be in [0, 1), got {momentum_correction}")
+        self.momentum_correction = momentum_correction
+        self._momentum = {}  # parameter name -> this rank's momentum (momentum_correction > 0)
         if communicator is None:
             communicator = Communicator(process_group=process_group)
         self.communicator = communicator
@@ -207,6 +223,22 @@ class GradzipState:
         digest = hashlib.sha1("|".join(f"{n}:{k}" for n, _, k in layout).encode()).hexdigest()[:12]
         return f"ddp.bucket{index}.{digest}"
 
+    def _correct_momentum(self, buffer, layout):
+        """Replaces each parameter's gradient in the bucket's buffer by this rank's momentum
+        u = M u + g (momentum_correction). Runs in the hook's caller, before the bucket is
+        handed to the communication thread."""
+        for parameter, offset, numel in layout:
+            gradient = buffer[offset:offset + numel]
+            velocity = self._momentum.get(parameter)
+            if velocity is not None and (velocity.device != gradient.device
+                                         or velocity.dtype != gradient.dtype):
+                velocity = self._momentum[parameter] = velocity.to(gradient)  # a loaded one
+            if velocity is None:
+                velocity = self._momentum[parameter] = gradient.detach().clone()
+            else:
+                velocity.mul_(self.momentum_correction).add_(gradient)
+            gradient.copy_(velocity)
+
     def _parameter_residuals(self, fold):
         """The residual slice of every parameter in the current buckets, by parameter name.
 
@@ -308,6 +340,10 @@ class GradzipState:
         state = {"spec": self.spec, "warmup": self.warmup, "iteration": self.iteration,
                  "residuals": residuals, "buckets": buckets, "layouts": dict(layouts),
                  "auto_model": self.communicator.auto_model_state()}
+        if self.momentum_correction:
+            state["momentum_correction"] = self.momentum_correction
+            state["momentum"] = {name: velocity.cpu().numpy().copy()
+                                 for name, velocity in self._momentum.items()}
         if self._powersgd:
             powersgd = {}
             for name in self._shapes:
@@ -335,7 +371,13 @@ class GradzipState:
         if _gradzip.parse_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.torch: the checkpoint's spec '{state['spec']}' is not this "
                              f"state's '{self.spec}'")
+        saved_momentum = float(state.get("momentum_correction", 0.0))
+        if saved_momentum != self.momentum_correction:
+            raise ValueError(f"gradzip.torch: the checkpoint's momentum_correction {saved_momentum} "
+                             f"is not this state's {self.momentum_correction}")
         self.iteration = int(state["iteration"])
+        self._momentum = {name: torch.from_numpy(np.asarray(values, dtype=np.float32).copy())
+                          for name, values in state.get("momentum", {}).items()}
         for name, _ in self._layouts.values():
             self.communicator.drop_residuals(name)
         self._layouts = {}  # every bucket re-assembles its residuals from the checkpoint
@@ -563,6 +605,8 @@ def hook(state, bucket):
     buffer = bucket.buffer()
     index = bucket.index()
     layout = state._layout_of(bucket)
+    if state.momentum_correction:
+        state._correct_momentum(buffer, layout)
     spec = "none" if state.iteration < state.warmup else state.spec
     step = state.iteration % 2 ** 32  # keys the random draws (a 32-bit counter word)
     last = bucket.is_last()

@@ -715,3 +715,83 @@ def test_short_topk_training_run_reduces_the_loss(process_group, rank, size, dig
     if size > 1:
         apart = digests(comm, alone.tobytes())
         assert len(set(apart)) == size, "the no-communication control should end with different replicas"
+
+
+def test_momentum_correction_without_compression_is_sgd_momentum(process_group, comm, rank, size):
+    # momentum_correction=M, spec none: each rank hands u_r = M u_r + g_r to the average, so the
+    # reduced gradient is the average of the u_r, which is exactly the momentum buffer b of SGD
+    # with momentum M on the averaged gradient (b = M b + mean g). The reference model's
+    # parameters are copied into the hooked model after every step, so both see the same
+    # gradients; what differs is rounding: per rank 2u(|M u_r| + |g_r|) for u_r, the average's
+    # (P - 1) u V (V = sum_r |u_r| / P), the reference's (P - 1) u A and 2u (|M b| + |mean g|),
+    # all within (P + 6) u V, plus M times the previous step's difference. A hook that ignores
+    # the option (reduced gradient = mean g) or counts the momentum twice misses this by
+    # M |b_prev|, orders of magnitude above it.
+    M = 0.9
+    reference = DDP(make_net(11), bucket_cap_mb=0.5)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=M)
+    hooked_model = make_net(11)
+    hooked = DDP(hooked_model, bucket_cap_mb=0.5)
+    state = gradzip.torch.GradzipState(hooked_model, "none", momentum_correction=M,
+                                       communicator=gradzip.Communicator())
+    hooked.register_comm_hook(state, gradzip.torch.hook)
+    bound = None
+    for i in range(4):  # iteration 0 on DDP's first buckets, the others on the rebuilt ones
+        step(reference, rank, i)
+        step(hooked, rank, i)
+        optimizer.step()
+        buffers = torch.cat([optimizer.state[p]["momentum_buffer"].reshape(-1)
+                             for p in reference.module.parameters()])
+        got = torch.cat([p.grad.reshape(-1) for p in hooked.module.parameters()])
+        names = [n for n, _ in hooked_model.named_parameters()]
+        v = sum_over_ranks(comm, [state._momentum[n].abs() / size for n in names], f"mc.abs{i}")
+        bound = (size + 6) * U * v * 1.01 + (M * bound if bound is not None else 0)
+        assert torch.count_nonzero(buffers) > 0
+        excess = (got - buffers).abs() - bound
+        assert torch.all(excess <= 0), f"iteration {i}: max excess {excess.max().item()}"
+        with torch.no_grad():
+            for p, q in zip(reference.module.parameters(), hooked.module.parameters()):
+                q.copy_(p)
+    state.close()
+
+
+def test_momentum_correction_resumes_bit_for_bit_from_the_state_dict(process_group, rank, size):
+    # top-k with error feedback and momentum correction: a run checkpointed after 3 iterations
+    # (model, and the hook's state_dict with the ranks' momenta and residuals) and resumed in a
+    # new DDP, state and communicator must end bit for bit where the uninterrupted run ends. A
+    # checkpoint without the momenta restarts u from the gradient and lands elsewhere.
+    spec, M = "topk:ratio=0.01,ef=on,min_bytes=0,algo=sparse", 0.9
+
+    def run(iterations, first=0, checkpoint=None):
+        model = make_net(12)
+        if checkpoint is not None:
+            model.load_state_dict(checkpoint["model"])
+        ddp = DDP(model, bucket_cap_mb=0.5)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)  # the momentum is the hook's
+        state = gradzip.torch.GradzipState(model, spec, momentum_correction=M,
+                                           communicator=gradzip.Communicator())
+        if checkpoint is not None:
+            state.load_state_dict(checkpoint["hook"])
+        ddp.register_comm_hook(state, gradzip.torch.hook)
+        for i in range(first, first + iterations):
+            step(ddp, rank, i)
+            optimizer.step()
+        saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                 "hook": state.state_dict()}
+        state.close()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), saved
+
+    whole, _ = run(6)
+    _, saved = run(3)
+    assert saved["hook"]["momentum_correction"] == M
+    assert set(saved["hook"]["momentum"]) == {n for n, _ in make_net(12).named_parameters()}
+    resumed, _ = run(3, first=3, checkpoint=saved)
+    assert torch.equal(whole, resumed), f"max difference {(whole - resumed).abs().max().item()}"
+    forgotten = dict(saved["hook"], momentum={})
+    amnesiac, _ = run(3, first=3, checkpoint=dict(saved, hook=forgotten))
+    assert not torch.equal(whole, amnesiac), "the momenta should matter to the resumed run"
+    model = make_net(12)
+    with pytest.raises(ValueError, match="momentum_correction"):
+        gradzip.torch.GradzipState(model, spec, communicator=gradzip.Communicator()).load_state_dict(saved["hook"])
+    with pytest.raises(ValueError, match="momentum_correction"):
+        gradzip.torch.GradzipState(model, spec, momentum_correction=1.0)
