@@ -41,6 +41,14 @@ Suites:
   fsdp_hybrid        the same as hybrid sharding over 2 nodes of 2 ranks (1 Gbit/s between
                      nodes): FSDP's native hybrid sharding against gradzip's compressed
                      all-reduce across nodes, on a wider model: step time and bytes
+  lm, cnn            benchmarks/convergence_ddp/ddp_train.py: convergence through the DDP hook
+                     (lm: a byte-level GPT with AdamW on Debian's fortunes; cnn: a CNN with SGD +
+                     momentum on Fashion-MNIST), every configuration (PyTorch's DDP, fp16 and
+                     PowerSGD hooks, gradzip's codecs and the remedies), 4 ranks under torchrun
+                     over loopback, one round per seed (1, 2, 3); then the same configurations'
+                     step times in the emulated cluster (4 ranks, 1 Gbit/s) for the time to
+                     accuracy. --quick: the first 150 steps of a few configurations. Needs root
+                     and a Python with torch
   cost_model         the cost model's validation and projection: the all-reduces of
                      VALIDATION_CODECS in the emulated cluster at P = 2, 3, 4, then
                      `gradzip-bench model --validate ... --json` (every row's error, median,
@@ -155,6 +163,21 @@ def suites(build, quick, python):
                                    "--warmup", "3", "--eval-every", "1000", "--batch", "8",
                                    "--context", "32", "--json", "{json}"],
                         True, {"PYTHONPATH": os.path.join(build, "python")}),
+        # Convergence through the DDP hook (benchmarks/convergence_ddp/ddp_train.py), one round
+        # per seed: every configuration trained under torchrun (4 ranks on loopback; gradzip over
+        # torch.distributed), then their step times in the emulated cluster (4 ranks, 1 Gbit/s,
+        # gradzip over MPI), whose JSON carries the convergence run's (--attach).
+        **{workload: (3, [
+            [python, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", "29731",
+             os.path.join(ROOT, "benchmarks", "convergence_ddp", "ddp_train.py"),
+             "--workload", workload, "--seed", "{seed}", *(["--quick"] if quick else []),
+             "--json", "{scratch}/convergence.json"],
+            cluster + ["--ranks", "4", "--rate", "1gbit", "--exec", "--", python,
+                       os.path.join(ROOT, "benchmarks", "convergence_ddp", "ddp_train.py"),
+                       "--workload", workload, "--seed", "{seed}", "--timing",
+                       *(["--quick", "--warmup", "2", "--timed", "3"] if quick else []),
+                       "--attach", "convergence={scratch}/convergence.json", "--json", "{json}"]],
+            True, {"PYTHONPATH": os.path.join(build, "python")}) for workload in ("lm", "cnn")},
         # A round: the validation all-reduces in the emulated cluster at P = 2, 3, 4 (1 Gbit/s),
         # then `gradzip-bench model` compares the model with those rows (γ measured here, the
         # link not fitted: the tc rate times TCP's payload share, α = 15 us) and projects

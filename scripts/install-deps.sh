@@ -41,6 +41,7 @@ packages=(
   libeigen3-dev                     # Eigen: PowerSGD's dense products (pipeline/), the MLP example
   zlib1g-dev                        # reading the gzip-compressed IDX files of Fashion-MNIST
   dataset-fashion-mnist             # the real data of the convergence experiments and the demo
+  fortunes                          # English text (2.6 MB) for the language-model convergence runs
   python3 python3-matplotlib        # helper scripts, convergence plots
   python3-venv                      # --torch-venv: the PyPI PyTorch environment
   python3-dev pybind11-dev          # the Python module (python/)

@@ -795,3 +795,74 @@ def test_momentum_correction_resumes_bit_for_bit_from_the_state_dict(process_gro
         gradzip.torch.GradzipState(model, spec, communicator=gradzip.Communicator()).load_state_dict(saved["hook"])
     with pytest.raises(ValueError, match="momentum_correction"):
         gradzip.torch.GradzipState(model, spec, momentum_correction=1.0)
+
+
+def _momenta(gradients, b1):
+    """U_t = b1 U_(t-1) + G_t in float32, as the hook with momentum_correction=b1 hands them on."""
+    u, out = torch.zeros_like(gradients[0]), []
+    for g in gradients:
+        u = b1 * u + g
+        out.append(u.clone())
+    return out
+
+
+def _gradients(steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    # coordinates of very different scales, as in a network (Adam's reason to exist)
+    scale = torch.logspace(-4, 0, 64)
+    return [torch.randn(64, generator=g) * scale for _ in range(steps)]
+
+
+def test_frozen_variance_adamw_before_the_freeze_is_adamw():
+    # Fed the momenta U_t of gradients G_t, with freeze_step beyond the run, it must take AdamW's
+    # steps on G_t. Each step moves a parameter by at most lr (1 + weight decay); the two
+    # computations differ in rounding only: the recovered G_t = U_t - b1 U_(t-1) carries an
+    # error of a few u |U| <= a few u |G| / (1 - b1), relative 1e-5 at most here, which moves
+    # a step by as much; 20 steps: 20 * lr * 1e-4 covers it with margin. Missing bias
+    # corrections or a wrong b2 change the steps by a sizeable fraction of lr.
+    from gradzip.optim import FrozenVarianceAdamW
+    steps, lr, betas = 20, 1e-2, (0.9, 0.95)
+    gradients = _gradients(steps, 3)
+    start = torch.randn(64, generator=torch.Generator().manual_seed(4))
+    reference, ours = start.clone().requires_grad_(), start.clone().requires_grad_()
+    adamw = torch.optim.AdamW([reference], lr=lr, betas=betas, eps=1e-8, weight_decay=0.1)
+    frozen = FrozenVarianceAdamW([ours], lr=lr, betas=betas, eps=1e-8, weight_decay=0.1,
+                                 freeze_step=steps)
+    for g, u in zip(gradients, _momenta(gradients, betas[0])):
+        reference.grad, ours.grad = g.clone(), u.clone()
+        adamw.step()
+        frozen.step()
+    assert not torch.equal(reference, start)
+    difference = (reference - ours).abs().max().item()
+    assert difference <= steps * lr * 1e-4, difference
+
+
+def test_frozen_variance_adamw_freezes_its_second_moment():
+    # freeze_step 5 of 12 steps: the second moment stays exactly what the first 5 recovered
+    # gradients made it, and every step is lr * m_hat / (sqrt(v_hat) + eps) with v_hat frozen
+    # (bias-corrected at step 5), checked against that formula evaluated in float64.
+    from gradzip.optim import FrozenVarianceAdamW
+    steps, freeze, lr, (b1, b2), eps = 12, 5, 1e-2, (0.9, 0.95), 1e-8
+    gradients = _gradients(steps, 5)
+    p = torch.zeros(64, requires_grad=True)
+    optimizer = FrozenVarianceAdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=0.0,
+                                    freeze_step=freeze)
+    expected = torch.zeros(64, dtype=torch.float64)
+    m = v = torch.zeros(64, dtype=torch.float64)
+    for t, (g, u) in enumerate(zip(gradients, _momenta(gradients, b1)), start=1):
+        p.grad = u.clone()
+        optimizer.step()
+        g64 = g.to(torch.float64)
+        m = b1 * m + (1 - b1) * g64
+        if t <= freeze:
+            v = b2 * v + (1 - b2) * g64 * g64
+        if t == freeze:
+            frozen = optimizer.state[p]["second_moment"].clone()
+        if t > freeze:
+            assert torch.equal(optimizer.state[p]["second_moment"], frozen), t
+        v_hat = v / (1 - b2 ** min(t, freeze))
+        expected -= lr * (m / (1 - b1 ** t)) / (v_hat.sqrt() + eps)
+    difference = (p.detach().to(torch.float64) - expected).abs().max().item()
+    assert difference <= steps * lr * 1e-4, difference
+    with pytest.raises(ValueError, match="freeze_step"):
+        FrozenVarianceAdamW([p], freeze_step=0)
