@@ -13,6 +13,9 @@ suite whose JSON is there:
                the bytes per step (benchmarks/peers/plot_peers.py)
   fsdp         fsdp_loss.png: per configuration the validation loss against the step and
                against the cumulative bytes one rank sent (benchmarks/plot_fsdp.py)
+  lm, cnn      lm_convergence.png, cnn_convergence.png: per configuration the validation loss
+               (lm) or test accuracy (cnn), mean over the seeds, against the step and against the
+               cumulative bytes one rank sent (benchmarks/ddp_convergence_report.py)
   cost_model   projection.png: the projected speedup of algo=auto's choice over the dense f32
                and 16-bit all-reduce at 1, 10 and 100 Gbit/s, the median over the rounds
                (benchmarks/model/plot_projection.py)
@@ -31,6 +34,7 @@ ROOT = os.path.dirname(HERE)
 for folder in (HERE, os.path.join(HERE, "peers"), os.path.join(HERE, "model")):
     sys.path.insert(0, folder)
 
+import ddp_convergence_report  # noqa: E402
 import plot_convergence  # noqa: E402
 import plot_fsdp  # noqa: E402
 import plot_peers  # noqa: E402
@@ -123,6 +127,11 @@ def main():
                        f"FSDP2, {record['rounds'][0]['rows']['results'][0]['ranks']} ranks, "
                        f"byte-level transformer (width {settings['width']}), AdamW")
         drawn.append("fsdp_loss.png")
+    for suite in ("lm", "cnn"):
+        record = load(suite)
+        if record is not None:
+            ddp_convergence_report.plot(record, os.path.join(args.img, f"{suite}_convergence.png"))
+            drawn.append(f"{suite}_convergence.png")
     record = load("cost_model")
     if record is not None:
         rows = projection_rows(record)

@@ -29,7 +29,8 @@ import os
 import statistics
 import sys
 
-from plot_convergence import human_bytes  # benchmarks/, next to this script
+import ddp_convergence_report  # benchmarks/, next to this script
+from plot_convergence import human_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -535,6 +536,10 @@ def render_cost_model(record):
     return lines
 
 
+def render_ddp_convergence(record):
+    return preamble(record, "Figures: as the table's caption says.") + ddp_convergence_report.render(record)
+
+
 def timed_steps(first):
     return f"steps {first['warmup']}–{first['warmup'] + first['timed'] - 1}"
 
@@ -549,6 +554,8 @@ RENDERERS = {
     "fsdp": render_fsdp,
     "fsdp_hybrid": render_fsdp,
     "cost_model": render_cost_model,
+    "lm": render_ddp_convergence,
+    "cnn": render_ddp_convergence,
 }
 
 
@@ -633,6 +640,8 @@ README_RENDERERS = {
     "fsdp": readme_fsdp,
     "fsdp_hybrid": readme_fsdp,
     "cost_model": readme_cost_model,
+    "lm": ddp_convergence_report.readme,
+    "cnn": ddp_convergence_report.readme,
 }
 
 
