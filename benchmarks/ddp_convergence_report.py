@@ -20,6 +20,8 @@ seed is shown as reaching it in k of 3.
 import math
 import statistics
 
+from spread_text import spread  # benchmarks/, next to this module
+
 CAPTIONS = {
     "ddp_default": "DDP default all-reduce (gloo)",
     "torch_fp16": "PyTorch `fp16_compress_hook`",
@@ -132,17 +134,6 @@ def mean_std(values, digits, scale=1.0):
     text = f"{statistics.fmean(finite):.{digits}f} ± {statistics.stdev(finite) if len(finite) > 1 else 0.0:.{digits}f}"
     if len(finite) < len(values):
         text += f" ({len(values) - len(finite)} of {len(values)} diverged)"
-    return text
-
-
-def spread(values, digits=2):
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    middle, low, high = statistics.median(values), min(values), max(values)
-    text = f"{middle:.{digits}f}"
-    if f"{low:.{digits}f}" != f"{high:.{digits}f}":
-        text += f" [{low:.{digits}f}–{high:.{digits}f}]"
     return text
 
 

@@ -31,6 +31,7 @@ import sys
 
 import ddp_convergence_report  # benchmarks/, next to this script
 from plot_convergence import human_bytes
+from spread_text import spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,18 +42,6 @@ def begin_marker(suite):
 
 def end_marker(suite):
     return f"<!-- end generated: {suite} -->"
-
-
-def spread(values, digits=2):
-    """'median [min-max]' of a list of numbers, or the one value when all are equal."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    middle, low, high = statistics.median(values), min(values), max(values)
-    text = f"{middle:.{digits}f}"
-    if f"{low:.{digits}f}" != f"{high:.{digits}f}":
-        text += f" [{low:.{digits}f}–{high:.{digits}f}]"
-    return text
 
 
 def preamble(record, figures="Figures: median over the rounds [min–max]."):
