@@ -7,9 +7,9 @@ as "convergence" (curves, final metrics, bytes per step). render_results.py call
 docs/results.md and readme() for README.md; render_plots.py calls plot().
 
 Time to target: the target is the metric DDP's default all-reduce reaches at the last
-evaluation at or before three quarters of its steps, the mean over the seeds, so that DDP's
-default reaches it with a quarter of the run to spare and a configuration that learns a little
-slower can still reach it. A configuration's steps to the target (per seed: the first
+evaluation at or before three quarters of its steps, the worst over the seeds, so that DDP's
+default reaches it in every seed with a quarter of the run to spare and a configuration that
+learns a little slower can still reach it. A configuration's steps to the target (per seed: the first
 evaluation at least as good; evaluations come every eval_every steps, so the count is rounded
 up to one) times its step time in the emulated cluster (median over the rounds) is its time to
 the target; a remedy that runs its first steps uncompressed (_warm, _fv) pays gradzip `none`'s
@@ -87,7 +87,12 @@ class Summary:
             curve = self.results["ddp_default"][seed]["curve"]
             eligible = [p for p in curve if p["step"] <= 0.75 * self.steps]
             values.append(eligible[-1][self.metric])
-        return statistics.fmean(values)
+        return min(values) if self.higher else max(values)
+
+    def paired_difference(self, label, scale):
+        """Per seed, the final metric minus DDP default's of the same seed (same initial model,
+        same data order), times scale."""
+        return [scale * (self.final(label, s) - self.final("ddp_default", s)) for s in self.seeds]
 
     def target_step(self):
         curve = self.results["ddp_default"][self.seeds[0]]["curve"]
@@ -191,16 +196,20 @@ def render(record):
              "(benchmarks/emulated_cluster.sh, 4 ranks, gradzip over MPI), the median over the "
              "rounds of the slowest rank's median step. Time to target: steps to reach the "
              f"{target_name} DDP's default reaches at step {summary.target_step()} "
-             f"({target:.{digits[0]}f}, mean over the seeds) times the step time (see "
-             "benchmarks/ddp_convergence_report.py), mean over the seeds that reach it.", ""]
-    lines += ["| configuration | " + " | ".join(names) + " | bytes vs DDP | step (s) | "
-              "time to target (s) | vs DDP |", "|---|" + "---|" * (len(names) + 4)]
+             f"({target:.{digits[0]}f}, the worst of the seeds) times the step time (see "
+             "benchmarks/ddp_convergence_report.py), mean over the seeds that reach it; `vs DDP`: "
+             "DDP default's time to target over this one's. `Δ vs DDP`: the final metric minus "
+             "DDP default's with the same seed (same initial model and data order), mean ± std "
+             "over the seeds: the seeds' common part cancels.", ""]
+    lines += ["| configuration | " + " | ".join(names) + " | Δ vs DDP | bytes vs DDP | step (s) | "
+              "time to target (s) | vs DDP |", "|---|" + "---|" * (len(names) + 5)]
     for label in summary.labels:
         result = summary.results[label][summary.seeds[0]]
         cells = [mean_std([get(label, s) for s in summary.seeds], d, scale)
                  for get, d, scale in zip(getters, digits, scales)]
         step_time = summary.step_time(label)
         lines.append(f"| {caption(result)} | " + " | ".join(cells)
+                     + f" | {mean_std(summary.paired_difference(label, scales[0]), digits[0])}"
                      + f" | {spread(summary.bytes_ratio(label), 4)} "
                      + f"| {spread(summary.step_times.get(label, []), 3) if step_time else '–'} "
                      + f"| {time_cell(summary, label)} | {speedup_cell(summary, label)} |")
@@ -212,15 +221,19 @@ def readme(record):
     summary = Summary(record)
     names, getters, digits, scales = metric_columns(summary)
     target = summary.target * (100 if summary.higher else 1)
-    lines = [f"{'Quick' if record['quick'] else 'Full'} run: {setup(summary, record)}. Target: "
-             f"{target:.{digits[0]}f}, what DDP's default reaches at step {summary.target_step()}. "
-             f"Data `docs/data/reproduce/{record['suite']}.json`, {record['machine']['date'][:10]}.",
-             "", f"| configuration | {names[0]} | bytes vs DDP | time to target (s) | vs DDP |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [f"{'Quick' if record['quick'] else 'Full'} run: {setup(summary, record)}. Mean ± "
+             f"std over the seeds; `Δ vs DDP` paired by seed (same initial model and data order). "
+             f"Target: {target:.{digits[0]}f}, what DDP's default reaches at step "
+             f"{summary.target_step()} in every seed; time to target with the step time behind "
+             f"1 Gbit/s links. Data `docs/data/reproduce/{record['suite']}.json`, "
+             f"{record['machine']['date'][:10]}.",
+             "", f"| configuration | {names[0]} | Δ vs DDP | bytes vs DDP | time to target (s) | vs DDP |",
+             "|---|---:|---:|---:|---:|---:|"]
     for label in summary.labels:
         result = summary.results[label][summary.seeds[0]]
         lines.append(f"| {caption(result)} "
                      f"| {mean_std([getters[0](label, s) for s in summary.seeds], digits[0], scales[0])} "
+                     f"| {mean_std(summary.paired_difference(label, scales[0]), digits[0])} "
                      f"| {spread(summary.bytes_ratio(label), 4)} | {time_cell(summary, label)} "
                      f"| {speedup_cell(summary, label)} |")
     return lines
