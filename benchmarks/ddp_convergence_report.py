@@ -20,7 +20,7 @@ seed is shown as reaching it in k of 3.
 import math
 import statistics
 
-from spread_text import spread  # benchmarks/, next to this module
+from spread_text import mean_std, spread  # benchmarks/, next to this module
 
 CAPTIONS = {
     "ddp_default": "DDP default all-reduce (gloo)",
@@ -81,12 +81,13 @@ class Summary:
             return math.nan
         return result["final"][key or self.metric]
 
+    def _target_point(self, seed):
+        """DDP default's last evaluation at or before three quarters of the steps."""
+        curve = self.results["ddp_default"][seed]["curve"]
+        return [p for p in curve if p["step"] <= 0.75 * self.steps][-1]
+
     def _target(self):
-        values = []
-        for seed in self.seeds:
-            curve = self.results["ddp_default"][seed]["curve"]
-            eligible = [p for p in curve if p["step"] <= 0.75 * self.steps]
-            values.append(eligible[-1][self.metric])
+        values = [self._target_point(seed)[self.metric] for seed in self.seeds]
         return min(values) if self.higher else max(values)
 
     def paired_difference(self, label, scale):
@@ -95,8 +96,7 @@ class Summary:
         return [scale * (self.final(label, s) - self.final("ddp_default", s)) for s in self.seeds]
 
     def target_step(self):
-        curve = self.results["ddp_default"][self.seeds[0]]["curve"]
-        return [p for p in curve if p["step"] <= 0.75 * self.steps][-1]["step"]
+        return self._target_point(self.seeds[0])["step"]
 
     def steps_to_target(self, label, seed):
         result = self.results[label].get(seed)
@@ -130,16 +130,6 @@ class Summary:
             dense = min(steps, dense_steps)
             seconds.append(dense * (dense_time or step_time) + (steps - dense) * step_time)
         return seconds, len(self.seeds)
-
-
-def mean_std(values, digits, scale=1.0):
-    finite = [scale * v for v in values if math.isfinite(v)]
-    if not finite:
-        return "diverged"
-    text = f"{statistics.fmean(finite):.{digits}f} ± {statistics.stdev(finite) if len(finite) > 1 else 0.0:.{digits}f}"
-    if len(finite) < len(values):
-        text += f" ({len(values) - len(finite)} of {len(values)} diverged)"
-    return text
 
 
 def setup(summary, record):
@@ -205,7 +195,7 @@ def render(record):
               "time to target (s) | vs DDP |", "|---|" + "---|" * (len(names) + 5)]
     for label in summary.labels:
         result = summary.results[label][summary.seeds[0]]
-        cells = [mean_std([get(label, s) for s in summary.seeds], d, scale)
+        cells = [mean_std([scale * get(label, s) for s in summary.seeds], d)
                  for get, d, scale in zip(getters, digits, scales)]
         step_time = summary.step_time(label)
         lines.append(f"| {caption(result)} | " + " | ".join(cells)
@@ -232,7 +222,7 @@ def readme(record):
     for label in summary.labels:
         result = summary.results[label][summary.seeds[0]]
         lines.append(f"| {caption(result)} "
-                     f"| {mean_std([getters[0](label, s) for s in summary.seeds], digits[0], scales[0])} "
+                     f"| {mean_std([scales[0] * getters[0](label, s) for s in summary.seeds], digits[0])} "
                      f"| {mean_std(summary.paired_difference(label, scales[0]), digits[0])} "
                      f"| {spread(summary.bytes_ratio(label), 4)} | {time_cell(summary, label)} "
                      f"| {speedup_cell(summary, label)} |")

@@ -24,14 +24,13 @@ and then summarised. Each results.md section starts with the machine and the com
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 
 import ddp_convergence_report  # benchmarks/, next to this script
 from plot_convergence import human_bytes
-from spread_text import spread
+from spread_text import mean_std, spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -186,20 +185,6 @@ def render_overlap(record):
             f"| {spread([r['compression_ratio'] for r in rows])} "
             f"| {'before the last mark' if early else 'NOT before the last mark'} |")
     return lines
-
-
-def mean_std(values, digits):
-    """"mean ± std" of the finite values; a run that ended at NaN or ±Inf (a diverged loss) is
-    said, not averaged in."""
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return f"non-finite in all {len(values)} runs"
-    mean = statistics.fmean(finite)
-    std = statistics.stdev(finite) if len(finite) > 1 else 0.0
-    text = f"{mean:.{digits}f} ± {std:.{digits}f}"
-    if len(finite) < len(values):
-        text += f" ({len(values) - len(finite)} of {len(values)} runs non-finite, not counted)"
-    return text
 
 
 def convergence_final(record):
