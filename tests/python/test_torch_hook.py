@@ -813,56 +813,107 @@ def _gradients(steps, seed):
     return [torch.randn(64, generator=g) * scale for _ in range(steps)]
 
 
-def test_frozen_variance_adamw_before_the_freeze_is_adamw():
+@pytest.mark.parametrize("max_grad_norm", [None, 0.5])
+def test_frozen_variance_adamw_before_the_freeze_is_adamw(max_grad_norm):
     # Fed the momenta U_t of gradients G_t, with freeze_step beyond the run, it must take AdamW's
-    # steps on G_t. Each step moves a parameter by at most lr (1 + weight decay); the two
-    # computations differ in rounding only: the recovered G_t = U_t - b1 U_(t-1) carries an
-    # error of a few u |U| <= a few u |G| / (1 - b1), relative 1e-5 at most here, which moves
-    # a step by as much; 20 steps: 20 * lr * 1e-4 covers it with margin. Missing bias
-    # corrections or a wrong b2 change the steps by a sizeable fraction of lr.
+    # steps on G_t, and with max_grad_norm AdamW's steps on G_t after clip_grad_norm_ over both
+    # tensors together (two parameter groups: the norm spans them). Each step moves a parameter
+    # by at most lr (1 + weight decay); the two computations differ in rounding only: the
+    # recovered G_t = U_t - b1 U_(t-1) carries an error of a few u |U| <= a few u |G| / (1 - b1),
+    # relative 1e-5 at most here, which moves a step by as much; 20 steps: 20 * lr * 1e-4 covers
+    # it with margin. Missing bias corrections, a wrong b2, clipping each tensor on its own or
+    # not at all change the steps by a sizeable fraction of lr.
     from gradzip.optim import FrozenVarianceAdamW
     steps, lr, betas = 20, 1e-2, (0.9, 0.95)
-    gradients = _gradients(steps, 3)
-    start = torch.randn(64, generator=torch.Generator().manual_seed(4))
-    reference, ours = start.clone().requires_grad_(), start.clone().requires_grad_()
-    adamw = torch.optim.AdamW([reference], lr=lr, betas=betas, eps=1e-8, weight_decay=0.1)
-    frozen = FrozenVarianceAdamW([ours], lr=lr, betas=betas, eps=1e-8, weight_decay=0.1,
-                                 freeze_step=steps)
-    for g, u in zip(gradients, _momenta(gradients, betas[0])):
-        reference.grad, ours.grad = g.clone(), u.clone()
+    gradients = [_gradients(steps, 3), _gradients(steps, 6)]
+    starts = [torch.randn(64, generator=torch.Generator().manual_seed(s)) for s in (4, 7)]
+    reference = [s.clone().requires_grad_() for s in starts]
+    ours = [s.clone().requires_grad_() for s in starts]
+    adamw = torch.optim.AdamW([{"params": [reference[0]], "weight_decay": 0.1},
+                               {"params": [reference[1]], "weight_decay": 0.0}],
+                              lr=lr, betas=betas, eps=1e-8)
+    frozen = FrozenVarianceAdamW([{"params": [ours[0]], "weight_decay": 0.1},
+                                  {"params": [ours[1]], "weight_decay": 0.0}],
+                                 lr=lr, betas=betas, eps=1e-8, freeze_step=steps,
+                                 max_grad_norm=max_grad_norm, variance_floor=0.0)
+    momenta = [_momenta(gradients[0], betas[0]), _momenta(gradients[1], betas[0])]
+    for t in range(steps):
+        for i in range(2):
+            reference[i].grad, ours[i].grad = gradients[i][t].clone(), momenta[i][t].clone()
+        if max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(reference, max_grad_norm)
+            assert norm > 2 * max_grad_norm  # the clipping acts at every step
         adamw.step()
         frozen.step()
-    assert not torch.equal(reference, start)
-    difference = (reference - ours).abs().max().item()
-    assert difference <= steps * lr * 1e-4, difference
+    for r, o, s in zip(reference, ours, starts):
+        assert not torch.equal(r, s)
+        difference = (r - o).abs().max().item()
+        assert difference <= steps * lr * 1e-4, difference
 
 
-def test_frozen_variance_adamw_freezes_its_second_moment():
-    # freeze_step 5 of 12 steps: the second moment stays exactly what the first 5 recovered
-    # gradients made it, and every step is lr * m_hat / (sqrt(v_hat) + eps) with v_hat frozen
-    # (bias-corrected at step 5), checked against that formula evaluated in float64.
+@pytest.mark.parametrize("max_grad_norm,variance_floor", [(None, 0.0), (0.5, 0.01)])
+def test_frozen_variance_adamw_freezes_its_second_moment(max_grad_norm, variance_floor):
+    # freeze_step 5 of 12 steps: the second moment stays exactly what the first 5 (clipped)
+    # recovered gradients made it, floored at variance_floor x its mean, and every step is
+    # lr * m_hat / (sqrt(v_hat) + eps), with m from the clipped gradients up to the freeze and
+    # (1 - b1) U_t (unclipped) after it, v_hat frozen (bias-corrected at step 5); checked
+    # against that formula evaluated in float64 (bound as in the test above).
     from gradzip.optim import FrozenVarianceAdamW
     steps, freeze, lr, (b1, b2), eps = 12, 5, 1e-2, (0.9, 0.95), 1e-8
     gradients = _gradients(steps, 5)
     p = torch.zeros(64, requires_grad=True)
     optimizer = FrozenVarianceAdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=0.0,
-                                    freeze_step=freeze)
+                                    freeze_step=freeze, max_grad_norm=max_grad_norm,
+                                    variance_floor=variance_floor)
     expected = torch.zeros(64, dtype=torch.float64)
     m = v = torch.zeros(64, dtype=torch.float64)
     for t, (g, u) in enumerate(zip(gradients, _momenta(gradients, b1)), start=1):
         p.grad = u.clone()
         optimizer.step()
         g64 = g.to(torch.float64)
-        m = b1 * m + (1 - b1) * g64
         if t <= freeze:
+            if max_grad_norm is not None:
+                g64 = g64 * min(1.0, max_grad_norm / (g64.norm().item() + 1e-6))
+            m = b1 * m + (1 - b1) * g64
             v = b2 * v + (1 - b2) * g64 * g64
-        if t == freeze:
-            frozen = optimizer.state[p]["second_moment"].clone()
-        if t > freeze:
+            if t == freeze:
+                below = int((v < variance_floor * v.mean()).sum())
+                v = v.clamp(min=variance_floor * v.mean().item())
+                frozen = optimizer.state[p]["second_moment"].clone()
+                assert set(optimizer.state[p]) == {"step", "second_moment"}  # the rest released
+            m_hat = m / (1 - b1 ** t)
+        else:
             assert torch.equal(optimizer.state[p]["second_moment"], frozen), t
+            m_hat = (1 - b1) * u.to(torch.float64) / (1 - b1 ** t)
         v_hat = v / (1 - b2 ** min(t, freeze))
-        expected -= lr * (m / (1 - b1 ** t)) / (v_hat.sqrt() + eps)
+        expected -= lr * m_hat / (v_hat.sqrt() + eps)
+    if variance_floor:
+        assert below > 0  # the floor acted on some coordinates
     difference = (p.detach().to(torch.float64) - expected).abs().max().item()
     assert difference <= steps * lr * 1e-4, difference
-    with pytest.raises(ValueError, match="freeze_step"):
-        FrozenVarianceAdamW([p], freeze_step=0)
+
+
+def test_frozen_variance_adamw_floor_is_a_fraction_of_the_mean():
+    # Two optimizers on the same momenta, one without the floor: at the freeze the floored
+    # second moment is exactly max(v, floor * mean(v)) of the unfloored one, per tensor (the
+    # second tensor, 1000x larger, gets its own floor); and it is then frozen.
+    from gradzip.optim import FrozenVarianceAdamW
+    steps, freeze, floor = 4, 3, 0.01
+    gradients = _gradients(steps, 9)
+    momenta = _momenta(gradients, 0.9)
+    params = {f: [torch.zeros(64, requires_grad=True) for _ in range(2)] for f in (0.0, floor)}
+    optimizers = {f: FrozenVarianceAdamW(params[f], lr=1e-3, betas=(0.9, 0.95), freeze_step=freeze,
+                                         max_grad_norm=None, variance_floor=f) for f in params}
+    for u in momenta:
+        for f in params:
+            params[f][0].grad, params[f][1].grad = u.clone(), 1000 * u
+            optimizers[f].step()
+    for plain_p, floored_p in zip(params[0.0], params[floor]):
+        plain = optimizers[0.0].state[plain_p]["second_moment"]
+        floored = optimizers[floor].state[floored_p]["second_moment"]
+        assert (plain < floor * plain.mean()).any()
+        assert torch.equal(floored, torch.clamp(plain, min=floor * plain.mean()))
+    for bad, match in (({"freeze_step": 0}, "freeze_step"), ({"max_grad_norm": 0.0}, "max_grad_norm"),
+                       ({"variance_floor": -1.0}, "variance_floor")):
+        with pytest.raises(ValueError, match=match):
+            FrozenVarianceAdamW([torch.zeros(1, requires_grad=True)], **bad)
