@@ -43,8 +43,7 @@ MEASURED = {
     "overlap": _COLLECTIVES + _CLUSTER + ["pipeline", "benchmarks/overlap_bench.cpp"],
     "convergence": _COLLECTIVES + ["pipeline", "examples", "benchmarks/convergence.sh"],
     "peers": _COLLECTIVES + _CLUSTER + ["pipeline"] + _PYTHON_HOOK + ["benchmarks/peers/ddp_peers.py"],
-    # lm, reproduce.py's other DDP-hook suite, joins this table with its first committed data
-    # (docs/data/reproduce/lm.json): a listed suite without data fails the lint.
+    "lm": _COLLECTIVES + _CLUSTER + ["pipeline"] + _PYTHON_HOOK + _PYTHON_OPTIM + _DDP_TRAIN,
     "cnn": _COLLECTIVES + _CLUSTER + ["pipeline"] + _PYTHON_HOOK + _DDP_TRAIN,
     "cost_model": _COLLECTIVES + _CLUSTER + ["benchmarks/allreduce_bench.cpp", "benchmarks/model"],
     "fsdp": _COLLECTIVES + _CLUSTER + _PYTHON_FSDP + ["benchmarks/fsdp"],
