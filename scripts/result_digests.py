@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Digests of every codec x algorithm's all-reduce results on fixed inputs: run it under mpirun
-with two builds (PYTHONPATH=<build>/python) and compare the outputs to show that a refactor
-changed no byte.
+"""Digests of every codec x algorithm's all-reduce and reduce-scatter results on fixed inputs: run
+it under mpirun with two builds (PYTHONPATH=<build>/python) and compare the outputs to show that a
+refactor changed no byte (scripts/prove_refactor.py does so for ranks 1 to 4).
 
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH=build/python \\
         mpirun -np 4 --oversubscribe /usr/bin/python3 scripts/result_digests.py > new.txt
 
-Rank 0 prints one line per (spec, op, call): the SHA-256 of the result bytes on every rank
-(they must agree), of this rank's residuals after the call, the algorithm the stats name and
-the bytes rank 0 sent. Three calls per spec, so error feedback's residuals take part.
+Rank 0 prints one line per (collective, spec, op, call): the SHA-256 of the result bytes on every
+rank (they must agree for an all-reduce; a reduce-scatter's differ, each rank holding its shard),
+of each rank's residuals after the call, the algorithm the stats name and the bytes rank 0 sent,
+or the error a spec gets. Three calls per spec, so error feedback's residuals, warm-up and ramps
+take part. The specs cover every codec, the pipelined segments, the dense fallback, warm-up and
+the top-k ramp; the algorithms every row of algo=.
 """
 import hashlib
 
@@ -18,7 +21,8 @@ import gradzip
 
 CODECS = ["none", "fp16", "bf16", "qsgd:bits=4", "qsgd:bits=2,ef=on", "sign", "sign:ef=off",
           "topk:ratio=0.01", "topk:ratio=0.05,approx=on", "topk:ratio=0.01,values=fp16",
-          "randk:ratio=0.05"]
+          "randk:ratio=0.05", "terngrad", "qsgd:bits=8,segment=4096", "fp16:segment=0",
+          "topk:ratio=0.01,ramp=2", "sign:warmup=1", "topk:ratio=0.02,fallback=dense"]
 ALGORITHMS = ["auto", "ring", "sra", "sparse", "rhd", "tree", "hier,ranks_per_node=1"]
 
 
@@ -51,6 +55,25 @@ def main():
                     residuals = comm_gather_digest(comm, mine, f"{name}.{call}.residual")
                     lines.append(f"{spec} {op} call {call}: result {sorted(set(results))} "
                                  f"residuals {residuals} {outcome}")
+    for codec in CODECS:
+        spec = f"{codec},min_bytes=0" if ":" in codec else f"{codec}:min_bytes=0"
+        for op in ("sum", "average"):
+            name = f"digest.reduce_scatter.{spec}.{op}"
+            for call in range(3):
+                x = np.random.default_rng(7000 + 1000 * rank + call).standard_normal(50_021).astype(np.float32)
+                try:
+                    stats = comm.reduce_scatter(x, name, spec, op=op)
+                    outcome = f"{stats['algorithm']} sent {stats['sent_bytes']}"
+                    shard = x[comm.shard_begin(x.size, rank):comm.shard_begin(x.size, rank + 1)]
+                except gradzip.Error as error:
+                    outcome = f"error {str(error).splitlines()[0][:80]}"
+                    shard = x
+                shards = comm_gather_digest(comm, digest(shard), f"{name}.{call}")
+                residual = comm.residual(name)
+                mine = digest(residual) if residual is not None else "-"
+                residuals = comm_gather_digest(comm, mine, f"{name}.{call}.residual")
+                lines.append(f"reduce_scatter {spec} {op} call {call}: shards {shards} "
+                             f"residuals {residuals} {outcome}")
     if rank == 0:
         print(f"{size} ranks")
         print("\n".join(lines))

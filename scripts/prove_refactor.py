@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Proves that a refactor of the C++ product code changed no byte and no speed, so that the
+suites measured before it still describe the code after it.
+
+    python3 scripts/prove_refactor.py BEFORE [--after REV] [--rounds R] [--out DIR]
+
+BEFORE and AFTER (default HEAD) are commits; each is checked out into a temporary git worktree
+and built there (Release, through ccache as scripts/configure-and-build.sh does). Then:
+  - same bytes: scripts/result_digests.py (AFTER's copy, for both builds) under mpirun with
+    1, 2, 3 and 4 ranks: the digests of every codec x algorithm's all-reduce and reduce-scatter
+    results and residuals must be identical between the builds;
+  - same speed: R rounds (default 5), BEFORE and AFTER interleaved within each round (the order
+    alternating between rounds), of `gradzip-bench allreduce` (4 ranks, 64 KiB and 4 MiB, the
+    default codecs) and `gradzip-bench codecs` (4 Mi elements).
+Everything is written to DIR (default docs/data/refactor-proofs/<date>-<after, 12 digits>):
+proof.json (the commits, the measured paths the refactor changed, the machine, each round's load
+average), digests/{before,after}-npP.txt and bench/{allreduce,codecs}-{before,after}-R.json.
+Commit DIR: tests/lint/check_results_fresh.py then carries a suite measured at BEFORE (or at any
+commit whose measured code equals BEFORE's) over to AFTER when verify() accepts the proof.
+
+verify() is the rule, shared with the lint, recomputed from the raw files (never from a verdict
+written in proof.json):
+  1. BEFORE is an ancestor of AFTER, both in this checkout's history;
+  2. every path the refactor changed among the paths any suite measures lies under
+     REFACTORABLE: the C++ library and its build, which the digests exercise. A change to the
+     Reducer (pipeline/), the Python package, a benchmark driver or the emulated cluster is not
+     covered by these digests and needs the suites run again;
+  3. the digests of 1, 2, 3 and 4 ranks exist for both builds, each with its "P ranks" header
+     and at least MIN_DIGEST_LINES calls, and are byte-identical between the builds;
+  4. speed: for every benchmark row (all-reduce time per spec and size; encode and decode time
+     per codec) the median over rounds of the paired ratio AFTER / BEFORE is within
+     [1 / ROW_TOLERANCE, ROW_TOLERANCE], and the geometric mean of those medians over all rows
+     within [1 / MEAN_TOLERANCE, MEAN_TOLERANCE]. One row on this 2-core machine moves by 10-50%
+     between rounds at 64 KiB (oversubscribed MPI), so a single row can only catch a gross
+     slowdown; the mean over some 40 rows catches a systematic one of a few percent.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REFACTORABLE = ["include", "kernels", "compressors", "error_feedback", "collectives",
+                "CMakeLists.txt", "cmake"]
+RANK_COUNTS = [1, 2, 3, 4]
+MIN_DIGEST_LINES = 700
+ROW_TOLERANCE = 1.25
+MEAN_TOLERANCE = 1.03
+ALLREDUCE_SIZES = [65536, 4194304]
+CODEC_ELEMENTS = 4194304
+
+
+def git(root, *args, check=False):
+    result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise SystemExit(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+def under(path, prefixes):
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def measured_paths(root):
+    """The union of every suite's measured paths (benchmarks/measured_code.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("measured_code",
+                                                  Path(root) / "benchmarks" / "measured_code.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return sorted({p for paths in module.MEASURED.values() for p in paths})
+
+
+def changed_measured_paths(root, before, after, measured):
+    diff = git(root, "diff", "--name-only", before, after, "--", *measured)
+    return diff.stdout.split()
+
+
+def bench_times(rows, kind):
+    """{row key: time} of one benchmark JSON: all-reduce seconds per (spec, ranks, size); codec
+    encode and decode seconds per byte (1 / throughput) per (codec, size)."""
+    times = {}
+    for row in rows:
+        if kind == "allreduce":
+            times[f"allreduce {row['spec']} ranks={row['ranks']} bytes={row['bytes']}"] = row["time_s"]
+        else:
+            for direction in ("encode", "decode"):
+                times[f"codecs {row['codec']} size={row['size']} {direction}"] = 1.0 / row[f"{direction}_gbps"]
+    return times
+
+
+def speed_rows(bench_dir, rounds):
+    """{row: [AFTER / BEFORE ratio of each round]} from bench/{kind}-{version}-{round}.json."""
+    ratios = {}
+    for kind in ("allreduce", "codecs"):
+        for r in range(1, rounds + 1):
+            before = bench_times(json.loads((bench_dir / f"{kind}-before-{r}.json").read_text()), kind)
+            after = bench_times(json.loads((bench_dir / f"{kind}-after-{r}.json").read_text()), kind)
+            if set(before) != set(after):
+                raise ValueError(f"round {r} of {kind}: the builds measured different rows "
+                                 f"({sorted(set(before) ^ set(after))[:3]})")
+            for key in before:
+                ratios.setdefault(key, []).append(after[key] / before[key])
+    return ratios
+
+
+def verify(root, proof_dir, refactorable=REFACTORABLE, measured=None):
+    """(proof dict or None, [problems]): whether the proof in proof_dir shows that its AFTER
+    commit computes the same bytes at the same speed as its BEFORE commit (the module docstring's
+    rule). measured: the paths the suites measure (default: benchmarks/measured_code.py)."""
+    proof_dir = Path(proof_dir)
+    name = proof_dir.name
+    try:
+        proof = json.loads((proof_dir / "proof.json").read_text())
+        before, after, rounds = proof["before"], proof["after"], int(proof["rounds"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return None, [f"proof {name}: proof.json unreadable ({error})"]
+    problems = []
+    for commit in (before, after):
+        if git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            return proof, [f"proof {name}: commit {commit[:12]} is not in this checkout's history"]
+    if git(root, "merge-base", "--is-ancestor", before, after).returncode != 0:
+        problems.append(f"proof {name}: before {before[:12]} is not an ancestor of after {after[:12]}")
+    measured = measured if measured is not None else measured_paths(root)
+    uncovered = [p for p in changed_measured_paths(root, before, after, measured)
+                 if not under(p, refactorable)]
+    if uncovered:
+        problems.append(f"proof {name}: the refactor changed measured paths the digests do not "
+                        f"cover ({', '.join(uncovered[:5])}); those suites must be run again")
+    for ranks in RANK_COUNTS:
+        texts = []
+        for version in ("before", "after"):
+            path = proof_dir / "digests" / f"{version}-np{ranks}.txt"
+            text = path.read_text() if path.exists() else ""
+            lines = text.splitlines()
+            if not lines or lines[0] != f"{ranks} ranks" or len(lines) - 1 < MIN_DIGEST_LINES:
+                problems.append(f"proof {name}: {path.name} is missing or not a digest of "
+                                f"{ranks} ranks with at least {MIN_DIGEST_LINES} calls")
+            texts.append(lines)
+        if texts[0] and texts[1] and texts[0] != texts[1]:
+            differing = next(i for i, (a, b) in enumerate(zip(texts[0] + [""], texts[1] + [""]))
+                             if a != b)
+            problems.append(f"proof {name}: the digests of {ranks} ranks differ from line "
+                            f"{differing + 1}: '{(texts[0] + [''])[differing][:90]}'")
+    try:
+        ratios = speed_rows(proof_dir / "bench", rounds)
+    except (OSError, ValueError, KeyError, ZeroDivisionError) as error:
+        return proof, problems + [f"proof {name}: the benchmark files are unreadable ({error})"]
+    if not ratios or rounds < 3:
+        return proof, problems + [f"proof {name}: needs at least 3 rounds of benchmark rows"]
+    medians = {key: statistics.median(values) for key, values in ratios.items()}
+    for key, ratio in sorted(medians.items()):
+        if not 1 / ROW_TOLERANCE <= ratio <= ROW_TOLERANCE:
+            problems.append(f"proof {name}: {key}: after / before = {ratio:.3f} (median of "
+                            f"{rounds} rounds), outside [{1 / ROW_TOLERANCE:.3f}, {ROW_TOLERANCE}]")
+    mean = math.exp(statistics.fmean(math.log(r) for r in medians.values()))
+    if not 1 / MEAN_TOLERANCE <= mean <= MEAN_TOLERANCE:
+        problems.append(f"proof {name}: the geometric mean of after / before over {len(medians)} "
+                        f"rows is {mean:.4f}, outside [{1 / MEAN_TOLERANCE:.4f}, {MEAN_TOLERANCE}]")
+    return proof, problems
+
+
+def speed_summary(proof_dir, rounds):
+    ratios = speed_rows(Path(proof_dir) / "bench", rounds)
+    lines = []
+    for key, values in sorted(ratios.items()):
+        lines.append(f"  {key}: median {statistics.median(values):.3f} "
+                     f"[{min(values):.3f}-{max(values):.3f}]")
+    mean = math.exp(statistics.fmean(math.log(statistics.median(v)) for v in ratios.values()))
+    return lines, mean
+
+
+def build(root, commit, workdir):
+    """A Release build of `commit` (the Python module and gradzip-bench) in a worktree."""
+    tree = workdir / commit[:12]
+    git(root, "worktree", "add", "--detach", str(tree), commit, check=True)
+    env = dict(os.environ)
+    log = workdir / f"build-{commit[:12]}.log"
+    with open(log, "w") as out:
+        done = subprocess.run(["bash", "scripts/configure-and-build.sh", "--target", "_gradzip",
+                               "--target", "gradzip-bench"], cwd=tree, env=env, stdout=out,
+                              stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"building {commit[:12]} failed (log: {log})")
+    return tree / "build"
+
+
+def mpirun(ranks, command, env):
+    base = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
+    if "PYTHONPATH" in env:
+        base += ["-x", "PYTHONPATH"]
+    return subprocess.run(base + command, env=env, capture_output=True, text=True, timeout=900)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("before")
+    parser.add_argument("--after", default="HEAD")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    before = git(ROOT, "rev-parse", "--verify", f"{args.before}^{{commit}}", check=True).stdout.strip()
+    after = git(ROOT, "rev-parse", "--verify", f"{args.after}^{{commit}}", check=True).stdout.strip()
+    out = Path(args.out) if args.out else (
+        ROOT / "docs" / "data" / "refactor-proofs" / f"{datetime.date.today()}-{after[:12]}")
+    (out / "digests").mkdir(parents=True, exist_ok=True)
+    (out / "bench").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    workdir = Path(tempfile.mkdtemp(prefix="gradzip-proof-"))
+    builds = {}
+    try:
+        for version, commit in (("before", before), ("after", after)):
+            print(f"building {version} {commit[:12]} in {workdir}", flush=True)
+            builds[version] = build(ROOT, commit, workdir)
+        digest_script = builds["after"].parent / "scripts" / "result_digests.py"
+        for ranks in RANK_COUNTS:
+            for version in ("before", "after"):
+                run_env = dict(env, PYTHONPATH=str(builds[version] / "python"))
+                done = mpirun(ranks, [python, str(digest_script)], run_env)
+                if done.returncode != 0:
+                    raise SystemExit(f"digests of {version}, {ranks} ranks failed:\n{done.stderr[-2000:]}")
+                (out / "digests" / f"{version}-np{ranks}.txt").write_text(done.stdout)
+            same = (out / "digests" / f"before-np{ranks}.txt").read_text() == \
+                (out / "digests" / f"after-np{ranks}.txt").read_text()
+            print(f"digests, {ranks} ranks: {'identical' if same else 'DIFFERENT'}", flush=True)
+        loads = []
+        for r in range(1, args.rounds + 1):
+            order = ("before", "after") if r % 2 else ("after", "before")
+            load_before = list(os.getloadavg())
+            for version in order:
+                bench = str(builds[version] / "bin" / "gradzip-bench")
+                sizes = [a for s in ALLREDUCE_SIZES for a in ("--size", str(s))]
+                done = mpirun(4, [bench, "allreduce", *sizes, "--iters", "20", "--json",
+                                  str(out / "bench" / f"allreduce-{version}-{r}.json")], env)
+                if done.returncode != 0:
+                    raise SystemExit(f"allreduce bench of {version} failed:\n{done.stderr[-2000:]}")
+                done = subprocess.run([bench, "codecs", "--size", str(CODEC_ELEMENTS), "--repeat",
+                                       "5", "--json", str(out / "bench" / f"codecs-{version}-{r}.json")],
+                                      capture_output=True, text=True, timeout=900)
+                if done.returncode != 0:
+                    raise SystemExit(f"codecs bench of {version} failed:\n{done.stderr[-2000:]}")
+            loads.append({"round": r, "order": list(order), "load_average_before": load_before,
+                          "load_average_after": list(os.getloadavg())})
+            print(f"round {r} of {args.rounds} done (load {loads[-1]['load_average_after'][0]:.2f})",
+                  flush=True)
+    finally:
+        for version, build_dir in builds.items():
+            git(ROOT, "worktree", "remove", "--force", str(build_dir.parent))
+        git(ROOT, "worktree", "prune")
+        shutil.rmtree(workdir, ignore_errors=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown")
+    proof = {
+        "before": before, "after": after, "rounds": args.rounds,
+        "changed_measured_paths": changed_measured_paths(ROOT, before, after, measured_paths(ROOT)),
+        "machine": {"cpu": cpu, "cores": os.cpu_count(), "date": str(datetime.date.today())},
+        "rank_counts": RANK_COUNTS, "allreduce_sizes": ALLREDUCE_SIZES,
+        "codec_elements": CODEC_ELEMENTS, "round_loads": loads,
+        "command": f"python3 scripts/prove_refactor.py {before[:12]} --after {after[:12]} "
+                   f"--rounds {args.rounds}",
+    }
+    (out / "proof.json").write_text(json.dumps(proof, indent=1) + "\n")
+    lines, mean = speed_summary(out, args.rounds)
+    print("after / before, median [min-max] of the rounds' paired ratios:")
+    print("\n".join(lines))
+    print(f"geometric mean over {len(lines)} rows: {mean:.4f}")
+    _, problems = verify(ROOT, out)
+    for problem in problems:
+        print(f"REJECTED {problem}")
+    print(f"{out}: {'accepted' if not problems else 'rejected'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
