@@ -9,12 +9,19 @@ suite and what to run, when:
   - the recorded commit is not in this checkout's history;
   - a commit after the recorded one changed a path the suite measures (MEASURED): the figures
     would describe code that no longer exists (the commits and files are listed).
+A refactor proven to change no byte and no speed carries the figures over it: each folder of
+docs/data/refactor-proofs/ written by scripts/prove_refactor.py BEFORE --after AFTER and accepted
+by its verify() (digests of 1-4 ranks identical, benchmark rounds within its tolerances, only
+REFACTORABLE paths changed) moves a suite measured at a commit whose measured code equals
+BEFORE's to AFTER, and the check goes on from there. A proof that verify() rejects fails the check.
 
   check_results_fresh.py ROOT [--data DIR]   the self-test, then the check of ROOT
   check_results_fresh.py --self-test         a throw-away git repository: fresh data passes;
                                              a change to a measured path, a dirty tree, an
                                              unknown commit and a missing load fail; a change
-                                             elsewhere passes
+                                             elsewhere passes; a proven refactor passes, and
+                                             proofs with other digests, a slowdown or a path
+                                             outside the refactorable ones fail
 Exit 77 (ctest: skipped, with the reason) when ROOT is not a git checkout (a source archive has
 no history to compare against) or is a shallow clone (the measured commits may be cut off).
 """
@@ -39,9 +46,58 @@ def load_measured(root):
     return module.MEASURED
 
 
-def problems_of(root, data_dir, measured):
-    """Every reason a suite's figures are not those of the code at HEAD, as lines."""
-    problems = []
+def load_prover():
+    """scripts/prove_refactor.py of the checkout this lint belongs to (its verify() is the rule)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "prove_refactor.py"
+    spec = importlib.util.spec_from_file_location("prove_refactor", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def checked_proofs(root, proofs_dir, measured, refactorable=None):
+    """([accepted proofs, each with its folder name under "dir"], [problems of rejected ones])."""
+    if not Path(proofs_dir).is_dir():
+        return [], []
+    prover = load_prover()
+    every_measured_path = sorted({p for paths in measured.values() for p in paths})
+    accepted, problems = [], []
+    for folder in sorted(Path(proofs_dir).iterdir()):
+        if not folder.is_dir():
+            continue
+        proof, found = prover.verify(root, folder, refactorable or prover.REFACTORABLE,
+                                     every_measured_path)
+        if found:
+            problems.extend(found)
+        else:
+            accepted.append(dict(proof, dir=folder.name))
+    return accepted, problems
+
+
+def carried_over_refactors(root, commit, paths, proofs):
+    """(commit, [proof folders]): where the accepted proofs carry figures measured at `commit`:
+    a proof whose BEFORE has the same measured code (`paths`) as `commit` and whose AFTER comes
+    after `commit` moves them to its AFTER, repeatedly."""
+    used = []
+    moved = True
+    while moved:
+        moved = False
+        for proof in proofs:
+            if proof["dir"] in used:
+                continue
+            same_code = git(root, "diff", "--quiet", commit, proof["before"], "--", *paths).returncode == 0
+            later = git(root, "merge-base", "--is-ancestor", commit, proof["after"]).returncode == 0
+            if same_code and later:
+                commit, moved = proof["after"], True
+                used.append(proof["dir"])
+    return commit, used
+
+
+def problems_of(root, data_dir, measured, proofs_dir=None, refactorable=None):
+    """Every reason a suite's figures are not those of the code at HEAD, as lines ("suite: ..."
+    or "proof FOLDER: ...")."""
+    proofs_dir = proofs_dir or Path(root) / "docs" / "data" / "refactor-proofs"
+    proofs, problems = checked_proofs(root, proofs_dir, measured, refactorable)
     for suite, paths in measured.items():
         path = Path(data_dir) / f"{suite}.json"
         redo = f"run: bash benchmarks/reproduce.sh --only {suite}"
@@ -67,6 +123,10 @@ def problems_of(root, data_dir, measured):
             problems.append(f"{suite}: the recorded commit {commit[:12]} is not in this "
                             f"checkout's history ({redo})")
             continue
+        measured_at = commit[:12]
+        commit, carried_by = carried_over_refactors(root, commit, paths, proofs)
+        if carried_by:
+            measured_at = f"{measured_at}, carried to {commit[:12]} by {', '.join(carried_by)}"
         later = git(root, "log", "--format=%h %s", f"{commit}..HEAD", "--", *paths)
         if later.returncode != 0:
             problems.append(f"{suite}: git log failed: {later.stderr.strip()}")
@@ -74,7 +134,7 @@ def problems_of(root, data_dir, measured):
             commits = later.stdout.strip().splitlines()
             files = git(root, "diff", "--name-only", commit, "HEAD", "--", *paths).stdout.split()
             shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
-            problems.append(f"{suite}: measured at {commit[:12]}; {len(commits)} later commit(s) "
+            problems.append(f"{suite}: measured at {measured_at}; {len(commits)} later commit(s) "
                             f"changed what it measures ({shown}), the latest "
                             f"'{commits[0]}' ({redo})")
     return problems
@@ -89,6 +149,74 @@ def skip_reason(root):
         return (f"{root} is a shallow clone: the commits the figures were measured at may be "
                 f"missing from it (git fetch --unshallow gives the history this check needs)")
     return None
+
+
+def write_proof(folder, before, after, digest_edit=False, slowdown=1.0, slow_row=1.0):
+    """A proof folder as scripts/prove_refactor.py writes it, with made-up but well-formed data:
+    digest_edit changes one line of the 3-rank digest after the refactor; slowdown multiplies
+    every AFTER time, slow_row the first all-reduce row's only."""
+    prover = load_prover()
+    (folder / "digests").mkdir(parents=True)
+    (folder / "bench").mkdir()
+    for ranks in prover.RANK_COUNTS:
+        lines = [f"{ranks} ranks"] + [f"spec {i} call: result ['{i:016x}']"
+                                      for i in range(prover.MIN_DIGEST_LINES)]
+        (folder / "digests" / f"before-np{ranks}.txt").write_text("\n".join(lines) + "\n")
+        if digest_edit and ranks == 3:
+            lines[5] = lines[5].replace("result", "result differs")
+        (folder / "digests" / f"after-np{ranks}.txt").write_text("\n".join(lines) + "\n")
+    for r in range(1, 4):
+        noise = 1.0 + 0.04 * (r - 2)  # rounds 4% apart, the same for both builds
+        for version, factor in (("before", 1.0), ("after", slowdown)):
+            allreduce = [{"spec": f"codec{i}", "ranks": 4, "bytes": 65536,
+                          "time_s": 1e-4 * (i + 1) * noise * factor * (slow_row if i == 0 and version == "after" else 1.0)}
+                         for i in range(6)]
+            codecs = [{"codec": f"codec{i}", "size": 4194304, "encode_gbps": 10.0 / (noise * factor),
+                       "decode_gbps": 20.0 / (noise * factor)} for i in range(6)]
+            (folder / "bench" / f"allreduce-{version}-{r}.json").write_text(json.dumps(allreduce))
+            (folder / "bench" / f"codecs-{version}-{r}.json").write_text(json.dumps(codecs))
+    (folder / "proof.json").write_text(json.dumps({"before": before, "after": after, "rounds": 3}))
+
+
+def proof_self_test(root, data, measured, commit_file, record):
+    """A refactor of a measured path is carried by an accepted proof; proofs with other digests,
+    a slowdown or a change outside the refactorable paths are rejected and the suite is stale."""
+    import shutil
+    proofs = root / "proofs"
+    refactorable = ["kernels", "collectives"]
+    rev = lambda: git(root, "rev-parse", "HEAD").stdout.strip()
+    measured_at = rev()
+    record("fast", measured_at)
+    record("slow", measured_at)
+    commit_file("kernels/a.cpp", "3")  # the refactor
+    refactored = rev()
+    commit_file("docs/c.md", "3")  # a later change elsewhere
+    check = lambda: problems_of(root, data, measured, proofs, refactorable)
+    found = check()
+    assert len(found) == 1 and found[0].startswith("fast:"), found
+    write_proof(proofs / "good", measured_at, refactored)
+    assert check() == [], check()
+    commit_file("kernels/a.cpp", "4")  # a change after the proven refactor is stale again
+    found = check()
+    assert len(found) == 1 and "carried to" in found[0] and "by good" in found[0], found
+    record("fast", rev())
+    for name, kwargs, expected in (("digest", {"digest_edit": True}, "digests of 3 ranks differ"),
+                                   ("slower", {"slowdown": 1.05}, "geometric mean"),
+                                   ("one-row", {"slow_row": 1.4}, "allreduce codec0"),
+                                   ("faster", {"slowdown": 1 / 1.05}, "geometric mean")):
+        shutil.rmtree(proofs)
+        write_proof(proofs / name, measured_at, refactored, **kwargs)
+        found = check()
+        assert len(found) == 1 and found[0].startswith(f"proof {name}:") and expected in found[0], found
+    shutil.rmtree(proofs)
+    before_bench = rev()
+    record("fast", before_bench)
+    commit_file("bench.cpp", "2")  # measured by "fast", not refactorable: the digests miss it
+    write_proof(proofs / "driver", before_bench, rev())
+    found = check()
+    assert any(f.startswith("proof driver:") and "bench.cpp" in f for f in found), found
+    assert any(f.startswith("fast:") for f in found), found
+    shutil.rmtree(proofs)
 
 
 def self_test():
@@ -138,6 +266,8 @@ def self_test():
         (data / "slow.json").unlink()
         found = problems_of(root, data, measured)
         assert len(found) == 1 and "missing" in found[0], found
+        record("slow", head)
+        proof_self_test(root, data, measured, commit_file, record)
         assert skip_reason(root) is None
         shallow = Path(tmp) / "shallow"
         assert git(root, "clone", "-q", "--depth", "1", f"file://{root}", str(shallow)).returncode == 0
@@ -146,7 +276,9 @@ def self_test():
         assert "not a git checkout" in (skip_reason(outside) or ""), skip_reason(outside)
     print("self-test: fresh data passes; a measured change, a dirty tree, an unknown commit, a "
           "missing load and a missing file fail; a change elsewhere passes; a shallow clone and "
-          "a folder outside git are skipped")
+          "a folder outside git are skipped; a proven refactor is carried over, a proof with "
+          "other digests, a 5% slowdown or speed-up, one row 40% slower or a driver change is "
+          "rejected")
 
 
 def main():
@@ -167,8 +299,9 @@ def main():
     problems = problems_of(root, data_dir, measured)
     for problem in problems:
         print(f"STALE {problem}")
-    print(f"{len(measured) - len({p.split(':')[0] for p in problems})} of {len(measured)} suites "
-          f"measured at the code they describe")
+    stale = {p.split(":")[0] for p in problems if not p.startswith("proof ")}
+    print(f"{len(measured) - len(stale)} of {len(measured)} suites measured at the code they "
+          f"describe")
     return 1 if problems else 0
 
 
