@@ -200,13 +200,14 @@ ShardedChoice choose_reduce_scatter(const CompressionSpec& spec, std::uint32_t s
     choice.note = warmup_note(spec, step);
     return choice;
   }
-  const bool sra = spec.algo == Algorithm::sra ||
-                   (spec.algo == Algorithm::auto_select &&
-                    default_flat_algorithm(spec.codec) == Algorithm::sra);
-  choice.algorithm = sra ? Algorithm::sra : Algorithm::ring;
-  choice.name = sra ? "sra" : "ring";
-  if (spec.algo == Algorithm::sparse || spec.algo == Algorithm::hier ||
-      spec.algo == Algorithm::rhd || spec.algo == Algorithm::tree)
+  // algo= (auto: the codec's default algorithm) when its row runs as a reduce-scatter, else
+  // the ring.
+  const Algorithm wanted =
+      spec.algo == Algorithm::auto_select ? default_flat_algorithm(spec.codec) : spec.algo;
+  const bool runs_wanted = algorithm_row(wanted).run_reduce_scatter != nullptr;
+  choice.algorithm = runs_wanted ? wanted : Algorithm::ring;
+  choice.name = std::string(algorithm_name(*choice.algorithm));
+  if (spec.algo != Algorithm::auto_select && !runs_wanted)
     choice.note = detail::concat("algo=", algorithm_name(spec.algo),
                                  " has no reduce-scatter: ring");
   return choice;

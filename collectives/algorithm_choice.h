@@ -115,8 +115,9 @@ AllreduceChoice choose_allreduce(const CompressionSpec& spec, std::size_t count,
                                  const AutoModel* model = nullptr);
 
 struct ShardedChoice {
-  // Reduce-scatter: ring or sra. All-gather: none (compressed_allgather is the all-gather
-  // collective's only algorithm and has no algo= value).
+  // Reduce-scatter: an algorithm whose row has run_reduce_scatter (ring or sra). All-gather:
+  // none (compressed_allgather is the all-gather collective's only algorithm and has no algo=
+  // value).
   std::optional<Algorithm> algorithm;
   bool warmup = false;                    // true: run with codec none, without error feedback
   std::string name;                       // CollectiveStats::algorithm

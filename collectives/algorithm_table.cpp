@@ -13,8 +13,8 @@ using A = AlgorithmId;
 
 // In AlgorithmId's order (checked below).
 const std::array<AlgorithmRow, 7> kRows{{
-    {A::ring, "ring", Algorithm::ring, &ring_allreduce, &estimate_ring, {}},
-    {A::sra, "sra", Algorithm::sra, &sra_allreduce, &estimate_sra, {}},
+    {A::ring, "ring", Algorithm::ring, &ring_allreduce, &estimate_ring, {}, &ring_reduce_scatter},
+    {A::sra, "sra", Algorithm::sra, &sra_allreduce, &estimate_sra, {}, &sra_reduce_scatter},
     {A::sparse, "sparse", Algorithm::sparse, &sparse_allreduce, &estimate_sparse, {}},
     {A::randk, "randk", std::nullopt, &randk_allreduce, &estimate_randk, {}},
     // Halving/doubling parses the concatenated messages it forwards by their headers, and the
@@ -40,6 +40,8 @@ const AlgorithmRow& algorithm_row(AlgorithmId path) noexcept {
   const auto index = static_cast<std::size_t>(path);
   return kRows[index < kRows.size() ? index : 0];
 }
+
+std::span<const AlgorithmRow> algorithm_rows() noexcept { return kRows; }
 
 const AlgorithmRow* find_algorithm_row(std::string_view name) noexcept {
   if (name == kSparseDenseSwitchName) return &algorithm_row(AlgorithmId::sparse);

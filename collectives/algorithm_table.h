@@ -1,13 +1,15 @@
 // The all-reduce paths the library runs, one row each (algorithm_table.cpp): the flat
 // algorithms, random-k's shared-index path and the hierarchical composition, keyed by
 // AlgorithmId (collectives/algorithm_id.h). A row says the path's name (what
-// CollectiveStats::algorithm reports and the model prints), the algo= value that selects it,
-// the function that runs it on a ReduceJob, its cost estimate, and whether it can run on
-// device memory. Adding an algorithm adds its file, its estimate (collectives/cost_model.cpp)
-// and a row here.
+// CollectiveStats::algorithm reports, the model prints and algo= accepts: the spec parser and
+// algorithm_name read it here), the algo= value that selects it, the function that runs it on
+// a ReduceJob, its cost estimate, whether it can run on device memory and whether the sharded
+// collectives run it. Its message tags are in collectives/message_tags.h. Adding an algorithm
+// adds its file, its estimate (collectives/cost_model.cpp), its enumerators and a row here.
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "collectives/cost_model.h"
@@ -31,9 +33,15 @@ struct AlgorithmRow {
   // Why a CUDA tensor's call on this path is staged through host memory, or empty when the
   // path runs on device memory (over NCCL or a CUDA-aware MPI).
   std::string_view host_only_reason;
+  // Runs its reduce-scatter on the job (each rank's shard reduced in place; FSDP's sharded
+  // gradients), or null: reduce_scatter runs the ring instead, with a note
+  // (choose_reduce_scatter).
+  void (*run_reduce_scatter)(ReduceJob& job) = nullptr;
 };
 
 const AlgorithmRow& algorithm_row(AlgorithmId path) noexcept;
+// Every row, in AlgorithmId's order.
+std::span<const AlgorithmRow> algorithm_rows() noexcept;
 
 // What CollectiveStats::algorithm reports for a call that went through the transport's own
 // uncompressed sum instead of a path of the table (warm-up, algo=auto under min_bytes, the

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/algorithm_choice.h"
+#include "collectives/algorithm_table.h"
 #include "collectives/call.h"
 #include "collectives/call_memory.h"
 #include "collectives/codec_table.h"
@@ -108,10 +109,7 @@ CollectiveStats run_reduce_scatter(CommunicatorState& state, Call call) {
     const CallMemory memory = open_call_memory(state, call, 0, count, route, stats);
     divide_for_average(memory, call.op);
     ReduceJob job = make_job(state, spec, memory, std::string(call.name), call.name, step, stats);
-    if (choice.algorithm == Algorithm::sra)
-      sra_reduce_scatter(job);
-    else
-      ring_reduce_scatter(job);
+    algorithm_row(*choice.algorithm).run_reduce_scatter(job);
     const Transport& transport = *memory.transport;
     close_call_memory(memory, call.tensor, shard_begin(count, transport.size(), transport.rank()),
                       shard_begin(count, transport.size(), transport.rank() + 1));

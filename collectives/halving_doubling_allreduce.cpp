@@ -70,16 +70,17 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/job_encoder.h"
+#include "collectives/message_tags.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
 namespace {
 
-constexpr int kFoldTag = 110;
-constexpr int kHalvingTag = 111;
-constexpr int kDoublingTag = 112;
-constexpr int kUnfoldTag = 113;
+constexpr int kFoldTag = tag_of(MessageTag::rhd_fold);
+constexpr int kHalvingTag = tag_of(MessageTag::rhd_halving);
+constexpr int kDoublingTag = tag_of(MessageTag::rhd_doubling);
+constexpr int kUnfoldTag = tag_of(MessageTag::rhd_unfold);
 
 // The message memory of a call, kept per thread from call to call so that later calls do not
 // fault in fresh pages (see the ring's RingWorkspace). One call at a time per thread.

@@ -12,13 +12,14 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/message_tags.h"
 #include "gradzip/error.h"
 #include "kernels/tunables.h"
 
 namespace gradzip::collectives {
 namespace {
 
-constexpr int kCalibrationTag = 130;
+constexpr int kCalibrationTag = tag_of(MessageTag::link_calibration);
 
 // Median seconds of `rounds` runs of `body` (after one unmeasured run that sets up the
 // connections).

@@ -55,14 +55,15 @@
 #include "collectives/collective_job.h"
 #include "collectives/device_memory.h"
 #include "collectives/job_encoder.h"
+#include "collectives/message_tags.h"
 #include "collectives/ring_common.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
 namespace {
 
-constexpr int kReduceScatterTag = 100;
-constexpr int kAllgatherTag = 101;
+constexpr int kReduceScatterTag = tag_of(MessageTag::ring_reduce_scatter);
+constexpr int kAllgatherTag = tag_of(MessageTag::ring_allgather);
 
 // One ring all-reduce (or reduce-scatter) call: the chunk geometry, the encoder and the
 // message buffers, set up once; reduce_scatter() and allgather() move the bytes.

@@ -55,6 +55,7 @@
 #include "collectives/collective_job.h"
 #include "collectives/device_memory.h"
 #include "collectives/job_encoder.h"
+#include "collectives/message_tags.h"
 #include "collectives/ring_common.h"
 #include "collectives/segment_plan.h"
 #include "compressors/wire_format.h"
@@ -63,15 +64,15 @@
 namespace gradzip::collectives {
 namespace {
 
-// Tags of their own (the unsegmented ring uses 100-101, halving/doubling 110-113, the tree
-// 120-121, the pipelined SRA 140-141). The all-gather alternates two tags by step parity: a
-// rank sends its own chunk's segments (the right neighbour's step 0) interleaved with the
-// forwards of the segments it receives at its step 0 (the neighbour's step 1), and a receive
-// matches the sends of its (peer, tag) in posting order, so consecutive steps need different
-// tags; sends of steps two apart never interleave (step s + 2's forwards start after step s's
-// last), so two tags suffice.
-constexpr int kReduceScatterTag = 150;
-constexpr int kAllgatherTag[2] = {151, 152};
+// Tags of their own (collectives/message_tags.h). The all-gather alternates two tags by step
+// parity: a rank sends its own chunk's segments (the right neighbour's step 0) interleaved with
+// the forwards of the segments it receives at its step 0 (the neighbour's step 1), and a
+// receive matches the sends of its (peer, tag) in posting order, so consecutive steps need
+// different tags; sends of steps two apart never interleave (step s + 2's forwards start after
+// step s's last), so two tags suffice.
+constexpr int kReduceScatterTag = tag_of(MessageTag::ring_segment_reduce_scatter);
+constexpr int kAllgatherTag[2] = {tag_of(MessageTag::ring_segment_allgather_even),
+                                 tag_of(MessageTag::ring_segment_allgather_odd)};
 
 std::size_t idx(int c) { return static_cast<std::size_t>(c); }
 

@@ -61,6 +61,7 @@
 #include "collectives/algorithm_table.h"
 #include "collectives/collective_job.h"
 #include "collectives/job_encoder.h"
+#include "collectives/message_tags.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
 
@@ -146,7 +147,7 @@ bool pipelines_allgather(const ReduceJob& job) {
          !job.transport.waits_complete_whole_batches();
 }
 
-constexpr int kSparseMessageTag = 150;  // the other algorithms use 100-141
+constexpr int kSparseMessageTag = tag_of(MessageTag::sparse_message);
 
 // Steps 2 and 3 with the decodes overlapping the transfers: every rank posts a receive of the
 // codec's bound (max_encoded_bytes(n)) from each other rank and sends its own message to each;

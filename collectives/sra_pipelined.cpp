@@ -61,6 +61,7 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/job_encoder.h"
+#include "collectives/message_tags.h"
 #include "collectives/segment_plan.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
@@ -68,10 +69,10 @@
 namespace gradzip::collectives {
 namespace {
 
-// Tags of their own (the ring uses 100-101, halving/doubling 110-113, the tree 120-121), so
-// that no message of another algorithm can match these receives.
-constexpr int kContributionTag = 140;  // segment messages to their chunk's owner
-constexpr int kOwnerTag = 141;         // the owners' messages of the reduced segments
+// Tags of their own (collectives/message_tags.h), so that no message of another algorithm can
+// match these receives.
+constexpr int kContributionTag = tag_of(MessageTag::sra_contribution);  // to a chunk's owner
+constexpr int kOwnerTag = tag_of(MessageTag::sra_owner);  // the owners' reduced segments
 
 // A message's place in the call's one buffer: `capacity` bytes from `offset`.
 struct Slot {

@@ -32,13 +32,14 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/job_encoder.h"
+#include "collectives/message_tags.h"
 #include "gradzip/error.h"
 
 namespace gradzip::collectives {
 namespace {
 
-constexpr int kReduceTag = 120;
-constexpr int kBroadcastTag = 121;
+constexpr int kReduceTag = tag_of(MessageTag::tree_reduce);
+constexpr int kBroadcastTag = tag_of(MessageTag::tree_broadcast);
 
 }  // namespace
 

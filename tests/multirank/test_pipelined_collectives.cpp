@@ -15,6 +15,7 @@
 
 #include "collectives/collective_job.h"
 #include "collectives/job_encoder.h"
+#include "collectives/message_tags.h"
 #include "collectives/segment_plan.h"
 #include "collectives/transport/mpi/mpi_transport.h"
 #include "compressors/wire_format.h"
@@ -28,8 +29,10 @@
 namespace gradzip {
 namespace {
 
+using collectives::MessageTag;
 using collectives::MpiTransport;
 using collectives::shard_begin;
+using collectives::tag_of;
 using error_feedback::ResidualStore;
 using testing::TagDamagingTransport;
 
@@ -43,7 +46,7 @@ struct Pipelined {
   std::size_t (*segments)(const collectives::ReduceJob&);  // its segments per chunk for a job
   std::size_t max_segments;  // its cap on segments per chunk
   int min_ranks;             // the fewest ranks it pipelines with
-  std::vector<int> first_phase_tags, second_phase_tags;  // its tags (the .cpp's constants)
+  std::vector<int> first_phase_tags, second_phase_tags;  // its tags (collectives/message_tags.h)
   bool server_residual;                        // SRA's owner keeps a residual too
 };
 
@@ -51,10 +54,14 @@ const std::vector<Pipelined>& algorithms() {
   static const std::vector<Pipelined> all{
       {"ring", &collectives::ring_allreduce, &collectives::ring_reduce_scatter,
        &collectives::ring_pipeline_segments, collectives::kMaxRingSegmentsPerChunk,
-       collectives::kMinRanksForPipelinedRing, {150}, {151, 152}, false},
+       collectives::kMinRanksForPipelinedRing,
+       {tag_of(MessageTag::ring_segment_reduce_scatter)},
+       {tag_of(MessageTag::ring_segment_allgather_even), tag_of(MessageTag::ring_segment_allgather_odd)},
+       false},
       {"sra", &collectives::sra_allreduce, &collectives::sra_reduce_scatter,
        [](const collectives::ReduceJob& job) { return collectives::pipeline_segments(job); },
-       collectives::kMaxSegmentsPerChunk, 2, {140}, {141}, true}};
+       collectives::kMaxSegmentsPerChunk, 2, {tag_of(MessageTag::sra_contribution)},
+       {tag_of(MessageTag::sra_owner)}, true}};
   return all;
 }
 

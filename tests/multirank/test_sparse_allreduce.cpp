@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/collective_job.h"
+#include "collectives/message_tags.h"
 #include "collectives/transport/mpi/mpi_transport.h"
 #include "compressors/wire_format.h"
 #include "error_feedback/error_feedback_codec.h"
@@ -402,7 +403,7 @@ TEST(SparseAllgatherErrors, AnOutOfRangeIndexThrowsMalformedMessageOnEveryRank) 
   EXPECT_NE(text.find("topk"), std::string::npos) << text;
 }
 
-// The pipelined exchange: the last rank's messages (tag 150, sparse_allreduce.cpp's) arrive with
+// The pipelined exchange: the last rank's messages (MessageTag::sparse_message) arrive with
 // their first index set to 2^32 - 1, or 64 bytes longer than any message of the tensor. Every
 // other rank holds the failure until the transfers are done, and the status all-gather makes
 // the last rank (which received nothing bad) throw too, naming the others.
@@ -410,7 +411,7 @@ class PipelinedDamageTransport final : public DamagingTransport {
  public:
   PipelinedDamageTransport(Transport& inner, bool too_long) : DamagingTransport(inner), too_long_(too_long) {}
   Request isend(int peer, int tag, std::span<const std::byte> data) override {
-    if (tag != 150 || rank() != size() - 1) return inner().isend(peer, tag, data);
+    if (tag != collectives::tag_of(collectives::MessageTag::sparse_message) || rank() != size() - 1) return inner().isend(peer, tag, data);
     std::vector<std::byte>& copy = copies_.emplace_back(data.begin(), data.end());
     if (too_long_) {
       copy.resize(copy.size() + 64, std::byte{0});
