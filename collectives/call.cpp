@@ -61,7 +61,7 @@ void check_arguments(const Call& call) {
 // The call check's memory field (collectives/call_check.h).
 std::uint64_t memory_field(const CommunicatorState& state, const TensorView& tensor) {
   if (tensor.device.kind == DeviceKind::cpu) return 0;
-  return 1 + static_cast<std::uint64_t>(state.cuda_path());
+  return 1 + static_cast<std::uint64_t>(state.transports().cuda_path());
 }
 
 // A CUDA tensor's call that may run stream-ordered (over NCCL): its input check is deferred.
@@ -69,7 +69,7 @@ std::uint64_t memory_field(const CommunicatorState& state, const TensorView& ten
 // check before it runs (settle_input_check).
 bool may_run_stream_ordered(const CommunicatorState& state, const Call& call) {
   return call.tensor.device.kind == DeviceKind::cuda && call.spec &&
-         state.cuda_path() != CudaPath::staged && nccl_transport_built();
+         state.transports().cuda_path() != CudaPath::staged && nccl_transport_built();
 }
 
 // This rank's counts to every rank: Call::nonfinite and beyond_wire_range as the call check
@@ -130,7 +130,7 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
                  call.tensor.device.kind == DeviceKind::cpu
                      ? std::string("in host memory")
                      : detail::concat("on cuda:", call.tensor.device.index));
-      if (const std::optional<std::string> other = state.claim_random_stream(call.spec->seed, call.name)) {
+      if (const std::optional<std::string> other = state.names().claim_random_stream(call.spec->seed, call.name)) {
         GZ_THROW(ErrorCode::invalid_argument, collective_kind_name(call.kind), " of '", call.name,
                  "': ", stream_conflict(call.spec->seed, call.name, *other));
       }
@@ -182,8 +182,8 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
       call.error = error;
     }
   }
-  state.start_call();
-  const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.call_number_of(call.name);
+  state.names().start_call();
+  const std::uint32_t step = call.explicit_step ? *call.explicit_step : state.names().call_number_of(call.name);
   call.nonfinite =
       check_call(state.transport(),
                  CallDescription{call.kind, call.name, call.tensor.count, call.tensor.dtype, call.op,
@@ -191,7 +191,7 @@ std::uint32_t begin_call(CommunicatorState& state, Call& call) {
                                  call.error ? &*call.error : nullptr, mine.count, mine.first,
                                  beyond},
                  &call.beyond_wire_range);
-  if (!call.explicit_step) state.count_call(call.name);
+  if (!call.explicit_step) state.names().count_call(call.name);
   return step;
 }
 

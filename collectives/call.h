@@ -133,8 +133,8 @@ CollectiveStats run_call(CommunicatorState& state, Call& call, Body&& body) {
   // number among the communicator's calls (begin_call's start_call opens calls_started() + 1).
   const OperationScope operation(CurrentOperation{
       collective_kind_name(call.kind), call.name,
-      call.explicit_step ? *call.explicit_step : state.call_number_of(call.name),
-      state.calls_started() + 1, "the call check"});
+      call.explicit_step ? *call.explicit_step : state.names().call_number_of(call.name),
+      state.names().calls_started() + 1, "the call check"});
   {
     StageTimer total(stats, Stage::total);
     const std::uint32_t step = begin_call(state, call);

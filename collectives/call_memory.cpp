@@ -22,8 +22,8 @@ CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec
                why);
     return CudaRoute{CudaRoute::Kind::staged, std::move(why)};
   };
-  if (state.cuda_path() == CudaPath::staged) return staged("cuda_path is staged");
-  GZ_REQUIRE(state.cuda_path() != CudaPath::nccl || nccl_transport_built(), ErrorCode::unsupported,
+  if (state.transports().cuda_path() == CudaPath::staged) return staged("cuda_path is staged");
+  GZ_REQUIRE(state.transports().cuda_path() != CudaPath::nccl || nccl_transport_built(), ErrorCode::unsupported,
              "cuda_path is nccl, but this gradzip was built without NCCL");
   if (algorithm) {
     const AlgorithmRow& row =
@@ -37,7 +37,7 @@ CudaRoute cuda_route(const CommunicatorState& state, const CompressionSpec& spec
                                    " messages vary in size, which the ring over NCCL cannot receive"));
     return CudaRoute{CudaRoute::Kind::nccl, ""};
   }
-  if (state.cuda_path() == CudaPath::automatic &&
+  if (state.transports().cuda_path() == CudaPath::automatic &&
       state.transport().moves_device_memory())
     return CudaRoute{CudaRoute::Kind::cuda_aware_mpi, ""};
   return staged("this build has no NCCL and MPI is not CUDA-aware");
@@ -51,7 +51,7 @@ CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::siz
   memory.host = tensor;
   if (tensor.device.kind == DeviceKind::cuda && route.kind != CudaRoute::Kind::staged) {
     const bool nccl = route.kind == CudaRoute::Kind::nccl;
-    if (nccl) memory.transport = &state.nccl_transport(tensor.device.index);
+    if (nccl) memory.transport = &state.transports().nccl_transport(tensor.device.index);
     if (nccl && memory.transport->orders_with_streams()) {
       // Stream-ordered: the transport's stream follows the work stream (the legacy default
       // stream, so earlier work of blocking streams too, as the contract says), no wait.
@@ -77,14 +77,14 @@ CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::siz
                                  nccl ? "over NCCL" : "over CUDA-aware MPI");
     float* const data = tensor.dtype == DType::f32
                             ? static_cast<float*>(tensor.data)
-                            : state.device_f32_scratch(tensor.device.index, tensor.count);
+                            : state.scratch().device_f32(tensor.device.index, tensor.count);
     if (tensor.dtype != DType::f32) widen_on_device(tensor, begin, end, data);
     memory.data = {data, tensor.count};
     return memory;
   }
   if (tensor.device.kind == DeviceKind::cuda) {
     const std::size_t element = dtype_size(tensor.dtype);
-    std::vector<std::byte>& staging = state.host_staging();
+    std::vector<std::byte>& staging = state.scratch().host_staging();
     if (staging.size() < tensor.size_bytes()) staging.resize(tensor.size_bytes());
     if (end > begin) {
       copy_device_to_host(staging.data() + begin * element,
@@ -99,7 +99,7 @@ CallMemory open_call_memory(CommunicatorState& state, const Call& call, std::siz
     memory.data = {static_cast<float*>(memory.host.data), tensor.count};
     return memory;
   }
-  std::vector<float>& scratch = state.f32_scratch();
+  std::vector<float>& scratch = state.scratch().f32();
   if (scratch.size() < tensor.count) scratch.resize(tensor.count);
   if (end > begin) kernels::cpu::load_as_f32(memory.host, begin, end - begin, scratch.data() + begin);
   memory.data = {scratch.data(), tensor.count};
@@ -150,7 +150,7 @@ ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const 
   }
   const RandomStream stream = random_stream_of(spec.seed, name);
   const EncodeContext ctx{stream.key, step, stream.tensor_id, 0};
-  ReduceJob job{*memory.transport, state.codec_for(spec), memory.data, std::move(residual_key),
+  ReduceJob job{*memory.transport, state.codecs().codec_for(spec), memory.data, std::move(residual_key),
                 residuals, ctx, stats, memory.device};
   job.segment_bytes = spec.segment_bytes;
   job.stream_ordered = memory.ordered != nullptr;
@@ -160,7 +160,7 @@ ReduceJob make_job(CommunicatorState& state, const CompressionSpec& spec, const 
 
 bool runs_stream_ordered(CommunicatorState& state, const TensorView& tensor, const CudaRoute& route) {
   return tensor.device.kind == DeviceKind::cuda && route.kind == CudaRoute::Kind::nccl &&
-         state.nccl_transport(tensor.device.index).orders_with_streams();
+         state.transports().nccl_transport(tensor.device.index).orders_with_streams();
 }
 
 CudaRoute route_of(const CommunicatorState& state, const TensorView& tensor,

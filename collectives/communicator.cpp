@@ -31,29 +31,18 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
     if (run_input_policies(state, call, step, stats)) return;
     const CompressionSpec& spec = *call.spec;
     const std::size_t count = call.tensor.count;
-    // algo=auto's model: the link and γ are measured at the first call that needs them (every
+    // algo=auto's model: its inputs are measured at the first call that needs them (every
     // rank reaches this point in the same call with the same spec, count and step: the call
-    // check compared them), then kept.
-    // A cached choice is used in place (its name and note are copied once, into the stats);
-    // nothing in this call changes the cache.
+    // check compared them), then kept, and so is its choice, used here in place (its name and
+    // note are copied once, into the stats; nothing in this call changes the cache).
     AllreduceChoice fixed;
     const AllreduceChoice* chosen = nullptr;
     if (!auto_uses_model(spec, count, step, state.transport().size(),
                          call.tensor.device.kind == DeviceKind::cuda)) {
       fixed = choose_allreduce(spec, count, step);
       chosen = &fixed;
-    } else if ((chosen = state.cached_auto_choice(call.spec_text, count)) == nullptr) {
-      set_operation_phase("algo=auto's calibration of the link and the codec");
-      // The model's pipelined paths only where this transport runs them (its across-node
-      // groups are splits of it, alike).
-      LinkModel link = state.model_link();
-      link.pipelined = transport_pipelines(state.transport());
-      AutoModel model{state.codec_for(spec), state.model_codec_cost(spec), link,
-                      state.transport().size(), state.model_hierarchy(spec.ranks_per_node)};
-      if (model.hierarchy) model.hierarchy->across.pipelined = link.pipelined;
-      set_operation_phase("the data exchange");
-      chosen = &state.cache_auto_choice(call.spec_text, count,
-                                        choose_allreduce(spec, count, step, &model));
+    } else {
+      chosen = &state.auto_model().choice(spec, call.spec_text, count, step);
     }
     const AllreduceChoice& choice = *chosen;
     stats.algorithm = choice.name;
@@ -90,7 +79,7 @@ CollectiveStats run_allreduce(CommunicatorState& state, Call call) {
       if (choice.path == AllreducePath::flat) {
         run_flat_allreduce(job, choice.algorithm);
       } else {
-        CommunicatorState::NodeTransports& node = state.node_transports(spec.ranks_per_node);
+        TransportSet::NodeTransports& node = state.transports().node_transports(spec.ranks_per_node);
         hierarchical_allreduce(job, *node.intra, *node.inter, choice.algorithm);
       }
     }

@@ -32,8 +32,8 @@ std::vector<Communicator> make_lane_communicators(Communicator& user, int count,
   }
   const bool measure = any_auto && transport.size() > 1;
   if (measure) {
-    user_state.model_link();
-    for (std::uint32_t ranks_per_node : node_sizes) user_state.model_hierarchy(ranks_per_node);
+    user_state.auto_model().link();
+    for (std::uint32_t ranks_per_node : node_sizes) user_state.auto_model().hierarchy(ranks_per_node);
   }
 
   std::vector<Communicator> lanes;
@@ -43,20 +43,21 @@ std::vector<Communicator> make_lane_communicators(Communicator& user, int count,
     std::unique_ptr<Transport> duplicate = transport.split(0, transport.rank());
     duplicate->set_idle_waits(true);
     CommunicatorOptions options;
-    options.cuda_path = user_state.cuda_path();
+    options.cuda_path = user_state.transports().cuda_path();
     // A lane's names are fixed for its owner's life and all used every step; their state goes
     // with it.
     options.release_unused_after_calls = 0;
     // The user communicator's deadline and timeout action (the split inherits them too).
-    const DeadlinePolicy& policy = user_state.deadline_policy();
+    const DeadlinePolicy& policy = user_state.transports().deadline_policy();
     options.timeout_seconds = policy.seconds;
     options.on_timeout = policy.action;
     lanes.push_back(make_communicator(std::move(duplicate), options));
     CommunicatorState& lane = state_of(lanes.back());
-    if (const std::optional<LinkModel>& link = user_state.known_link()) lane.set_link(*link);
+    if (const std::optional<LinkModel>& link = user_state.auto_model().known_link())
+      lane.auto_model().set_link(*link);
     if (measure)
       for (std::uint32_t ranks_per_node : node_sizes)
-        lane.set_hierarchy(ranks_per_node, user_state.model_hierarchy(ranks_per_node));
+        lane.auto_model().set_hierarchy(ranks_per_node, user_state.auto_model().hierarchy(ranks_per_node));
   }
   return lanes;
 }
@@ -81,7 +82,7 @@ std::string transport_description(Communicator& communicator) {
 }
 
 const DeadlinePolicy& deadline_policy_of(Communicator& communicator) {
-  return state_of(communicator).deadline_policy();
+  return state_of(communicator).transports().deadline_policy();
 }
 
 [[noreturn]] void abort_job(Communicator& communicator) {
@@ -96,21 +97,21 @@ error_feedback::ResidualStore& residuals_of(Communicator& communicator) {
 
 void claim_random_stream(Communicator& communicator, std::uint64_t seed, std::string_view name,
                          std::string_view who) {
-  if (const std::optional<std::string> other = state_of(communicator).claim_random_stream(seed, name)) {
+  if (const std::optional<std::string> other = state_of(communicator).names().claim_random_stream(seed, name)) {
     GZ_THROW(ErrorCode::invalid_argument, who, ": ", stream_conflict(seed, name, *other));
   }
 }
 
 AutoModelInputs auto_model_inputs(Communicator& communicator) {
-  return state_of(communicator).auto_model_inputs();
+  return state_of(communicator).auto_model().inputs();
 }
 
 void adopt_auto_model_inputs(Communicator& communicator, const AutoModelInputs& inputs) {
-  state_of(communicator).adopt_auto_model_inputs(inputs);
+  state_of(communicator).auto_model().adopt(inputs);
 }
 
 void prepare_device_transport(Communicator& communicator, int device) {
-  state_of(communicator).prepare_device_transport(device);
+  state_of(communicator).transports().prepare_device_transport(device);
 }
 
 CollectiveStats allreduce_at_step(Communicator& communicator, TensorView tensor,

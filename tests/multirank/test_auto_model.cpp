@@ -49,7 +49,7 @@ TEST(AutoModel, GivenLinkIsUsedAsGivenAndNothingIsMeasured) {
   options.link_gbps = 8;  // 1e9 bytes per second
   options.link_exchange_gbps = 4;
   Communicator comm = Communicator::world(options);
-  const auto& link = collectives::state_of(comm).known_link();
+  const auto& link = collectives::state_of(comm).auto_model().known_link();
   ASSERT_TRUE(link.has_value());
   EXPECT_DOUBLE_EQ(link->latency_s, 25e-6);
   EXPECT_DOUBLE_EQ(link->bytes_per_s, 1e9);
@@ -85,7 +85,7 @@ TEST(AutoModel, MalformedLinksAreRefusedNamingTheFieldAndTheVariableWins) {
   options.link_gbps = 1;
   Communicator comm = Communicator::world(options);
   unsetenv("GRADZIP_LINK");
-  const auto& link = collectives::state_of(comm).known_link();
+  const auto& link = collectives::state_of(comm).auto_model().known_link();
   ASSERT_TRUE(link.has_value());
   EXPECT_DOUBLE_EQ(link->latency_s, 30e-6);
   EXPECT_DOUBLE_EQ(link->bytes_per_s, 2e9);
@@ -100,18 +100,18 @@ TEST(AutoModel, TheLinkIsMeasuredOnlyByTheFirstCallThatNeedsTheModel) {
   comm.allreduce(host_view(data.data(), 16), "small", "qsgd");
   comm.allreduce(host_view(data.data(), data.size()), "pinned", "qsgd:algo=sra,min_bytes=0");
   comm.allreduce(host_view(data.data(), data.size()), "randk", "randk:min_bytes=0");
-  EXPECT_FALSE(state.known_link().has_value());
+  EXPECT_FALSE(state.auto_model().known_link().has_value());
   const CollectiveStats stats =
       comm.allreduce(host_view(data.data(), data.size()), "auto", "qsgd:min_bytes=0");
   if (world_size() == 1) {
     // One rank has no link: the codec's default, no model.
-    EXPECT_FALSE(state.known_link().has_value());
+    EXPECT_FALSE(state.auto_model().known_link().has_value());
     EXPECT_EQ(stats.algorithm, "sra");
     return;
   }
-  ASSERT_TRUE(state.known_link().has_value());
+  ASSERT_TRUE(state.auto_model().known_link().has_value());
   // Agreed bit for bit, and the note names the model's times.
-  const std::vector<std::uint64_t> bits = bits_of(*state.known_link());
+  const std::vector<std::uint64_t> bits = bits_of(*state.auto_model().known_link());
   EXPECT_TRUE(testing::identical_on_all_ranks(std::as_bytes(std::span<const std::uint64_t>(bits))));
   EXPECT_NE(stats.note.find("auto: model ms: sra "), std::string::npos) << stats.note;
   EXPECT_NE(stats.note.find(", tree "), std::string::npos) << stats.note;
@@ -154,8 +154,8 @@ TEST(AutoModel, ACheckpointCarriesTheModelInputsToTheRestartedRun) {
   data = input;
   EXPECT_EQ(restarted.allreduce(host_view(data.data(), data.size()), "y", spec).algorithm, "sra");
   restarted.load_residuals(path);
-  EXPECT_EQ(bits_of(*collectives::state_of(restarted).known_link()),
-            bits_of(*collectives::state_of(saving).known_link()));
+  EXPECT_EQ(bits_of(*collectives::state_of(restarted).auto_model().known_link()),
+            bits_of(*collectives::state_of(saving).auto_model().known_link()));
   std::vector<float> a = input, b = input;
   const CollectiveStats continued = saving.allreduce(host_view(a.data(), a.size()), "w", spec);
   const CollectiveStats resumed = restarted.allreduce(host_view(b.data(), b.size()), "w", spec);
@@ -196,9 +196,9 @@ error_feedback::CheckpointModelInputs expect_checkpoint_carries_model(Communicat
   if (restored == nullptr) restored = &fresh.emplace(Communicator::world());
   restored->load_residuals(path);
   const error_feedback::CheckpointModelInputs saved =
-      collectives::to_checkpoint_model_inputs(collectives::state_of(comm).auto_model_inputs());
+      collectives::to_checkpoint_model_inputs(collectives::state_of(comm).auto_model().inputs());
   const error_feedback::CheckpointModelInputs loaded =
-      collectives::to_checkpoint_model_inputs(collectives::state_of(*restored).auto_model_inputs());
+      collectives::to_checkpoint_model_inputs(collectives::state_of(*restored).auto_model().inputs());
   EXPECT_EQ(loaded, saved);
   return saved;
 }
@@ -211,7 +211,7 @@ TEST(AutoModel, NodeStructuresAreMeasuredOnceAndCheckpointed) {
   std::vector<float> data = testing::gaussian_contribution(8192, world_rank(), 9);
   const CollectiveStats stats =
       comm.allreduce(host_view(data.data(), data.size()), "n", "fp16:min_bytes=0,ranks_per_node=2");
-  const std::optional<collectives::AutoHierarchy>& hierarchy = state.model_hierarchy(2);
+  const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_model().hierarchy(2);
   if (!expect_nodes_of_two_exactly_when_formed(stats, hierarchy)) return;
   EXPECT_NE(stats.note.find("nodes of 2: inside "), std::string::npos) << stats.note;
   const std::vector<std::uint64_t> bits = bits_of(hierarchy->across);
@@ -235,7 +235,7 @@ TEST(AutoModel, AReducerMeasuresTheModelOnceOnTheUsersCommunicator) {
   options.lanes = 2;
   Reducer reducer(comm, options);
   const error_feedback::CheckpointModelInputs measured =
-      collectives::to_checkpoint_model_inputs(collectives::state_of(comm).auto_model_inputs());
+      collectives::to_checkpoint_model_inputs(collectives::state_of(comm).auto_model().inputs());
   if (ranks == 1) {
     EXPECT_EQ(measured, error_feedback::CheckpointModelInputs{}) << "one rank: nothing to measure";
     return;
@@ -289,7 +289,7 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   std::vector<float> data = input;
   CollectiveStats stats = one_host.allreduce(host_view(data.data(), data.size()), "h", spec);
   if (ranks > 1) {
-    EXPECT_FALSE(collectives::state_of(one_host).model_hierarchy(0).has_value());
+    EXPECT_FALSE(collectives::state_of(one_host).auto_model().hierarchy(0).has_value());
   }
   EXPECT_EQ(stats.note.find(", hier "), std::string::npos) << stats.note;
 
@@ -299,7 +299,7 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   stats = pairs.allreduce(host_view(data.data(), data.size()), "h", spec);
   EXPECT_TRUE(testing::identical_on_all_ranks(std::span<const float>(data)));
   if (ranks == 1) return;  // one rank: no model at all
-  const std::optional<collectives::AutoHierarchy>& hierarchy = state.model_hierarchy(0);
+  const std::optional<collectives::AutoHierarchy>& hierarchy = state.auto_model().hierarchy(0);
   if (!expect_nodes_of_two_exactly_when_formed(stats, hierarchy)) return;
   EXPECT_TRUE(hierarchy->shared_memory);
   EXPECT_NE(stats.note.find("nodes of 2 (shared memory): inside "), std::string::npos) << stats.note;
@@ -309,7 +309,7 @@ TEST(AutoModel, NodesOfRanksThatShareMemoryAreOfferedToTheModel) {
   ASSERT_TRUE(saved.hierarchies.contains(0));
   EXPECT_EQ(saved.hierarchies.at(0).node_size, 2u);
   const std::optional<collectives::AutoHierarchy>& carried =
-      collectives::state_of(restored).model_hierarchy(0);
+      collectives::state_of(restored).auto_model().hierarchy(0);
   ASSERT_TRUE(carried.has_value());
   EXPECT_EQ(carried->nodes.ranks_per_node, 2);
   EXPECT_TRUE(carried->shared_memory);
@@ -365,7 +365,7 @@ TEST(AutoModel, AMalformedModelCounterInACheckpointIsRefusedNamingIt) {
   detected["gradzip.auto/hier/0/ranks_per_node"] = std::bit_cast<std::uint64_t>(2.0);
   save(detected);
   comm.load_residuals(path);
-  const std::optional<collectives::AutoHierarchy>& loaded = collectives::state_of(comm).model_hierarchy(0);
+  const std::optional<collectives::AutoHierarchy>& loaded = collectives::state_of(comm).auto_model().hierarchy(0);
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->nodes.ranks_per_node, 2);
 }

@@ -147,14 +147,14 @@ TEST(Nonfinite, AllreducePropagateAndSkip) {
         EXPECT_EQ(propagating_after, propagating_before);
         EXPECT_EQ(nonfinite_residuals(propagating_after), 0u);
 
-        const std::uint32_t step = collectives::state_of(skipping).call_number_of(name);
+        const std::uint32_t step = collectives::state_of(skipping).names().call_number_of(name);
         const CollectiveStats sb = skipping.allreduce(host_view(b.data(), kCount), name, skip_spec);
         EXPECT_TRUE(sb.skipped);
         EXPECT_EQ(sb.algorithm, "skip");
         EXPECT_NE(sb.note.find("non-finite input on " + bad_ranks_text()), std::string::npos) << sb.note;
         EXPECT_TRUE(testing::same_bits(b, std::vector<float>(kCount, 0.0f)));
         EXPECT_EQ(snapshot(skipping), skipping_before);
-        EXPECT_EQ(collectives::state_of(skipping).call_number_of(name), step + 1);
+        EXPECT_EQ(collectives::state_of(skipping).names().call_number_of(name), step + 1);
 
         // 3. Finite again: the bad call left no trace in either.
         a = input(3);

@@ -70,24 +70,24 @@ TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
   if (world_size() > 1) {
     EXPECT_TRUE(a_keys.count("sra-server:grad_x")) << "server residual";
   }
-  EXPECT_EQ(state.call_number_of("grad_x"), 2u);
+  EXPECT_EQ(state.names().call_number_of("grad_x"), 2u);
   ::testing::internal::CaptureStderr();
   for (int call = 2; call < 8; ++call) reduce(comm, "grad_y", 1000, 10 + call, kSraSpec);
   EXPECT_EQ(keys_of(comm, "grad_x"), a_keys) << "unused for 6 calls (< 2 windows): still kept";
-  EXPECT_EQ(state.call_number_of("grad_x"), 2u);
+  EXPECT_EQ(state.names().call_number_of("grad_x"), 2u);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "nothing released, nothing said";
-  EXPECT_EQ(state.released_residuals(), 0u);
+  EXPECT_EQ(state.names().released_residuals(), 0u);
   ::testing::internal::CaptureStderr();
   reduce(comm, "grad_y", 1000, 30, kSraSpec);  // call 8 ends the window [4, 8)
   const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(keys_of(comm, "grad_x").empty());
   // Not silent: the release is said once, naming the residuals and how to keep them.
-  EXPECT_EQ(state.released_residuals(), a_keys.size());
+  EXPECT_EQ(state.names().released_residuals(), a_keys.size());
   for (const char* part : {"gradzip: warning: released the error-feedback residuals of",
                            "'grad_x'", "release_unused_after_calls = 0", "4 calls"})
     EXPECT_NE(said.find(part), std::string::npos) << "missing '" << part << "' in: " << said;
-  EXPECT_EQ(state.call_number_of("grad_x"), 0u) << "its call number is released too";
-  EXPECT_EQ(state.call_number_of("grad_y"), 7u);
+  EXPECT_EQ(state.names().call_number_of("grad_x"), 0u) << "its call number is released too";
+  EXPECT_EQ(state.names().call_number_of("grad_y"), 7u);
   EXPECT_FALSE(keys_of(comm, "grad_y").empty());
 
   // "grad_x" comes back as new: call number 0 on every rank (the call check compares it), a zero
@@ -104,7 +104,7 @@ TEST(ResidualRelease, ANameUnusedForAWholeWindowIsReleasedAtTheWindowsEnd) {
   ::testing::internal::CaptureStderr();
   for (int call = 0; call < 10; ++call) reduce(comm, "grad_y", 1000, 40 + call, kSraSpec);
   EXPECT_TRUE(keys_of(comm, "grad_x").empty());
-  EXPECT_GT(state.released_residuals(), a_keys.size());
+  EXPECT_GT(state.names().released_residuals(), a_keys.size());
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
@@ -194,7 +194,7 @@ TEST(ResidualRelease, ZeroKeepsEverything) {
   reduce(comm, "old", 500, 1, kSraSpec);
   for (int call = 0; call < 40; ++call) reduce(comm, "new", 500, 2 + call, kSraSpec);
   EXPECT_TRUE(keys_of(comm, "old").count("old"));
-  EXPECT_EQ(collectives::state_of(comm).call_number_of("old"), 1u);
+  EXPECT_EQ(collectives::state_of(comm).names().call_number_of("old"), 1u);
 }
 
 TEST(ResidualRelease, ResidualMemoryFollowsAChangingTensorSet) {
@@ -259,7 +259,7 @@ TEST(CommunicatorCheckpoint, ARestoredCommunicatorContinuesByteIdentically) {
     }
   }
   EXPECT_TRUE(cold_differs) << "the comparison above could pass without the checkpoint";
-  EXPECT_EQ(collectives::state_of(restored).call_number_of("t0"), 10u);
+  EXPECT_EQ(collectives::state_of(restored).names().call_number_of("t0"), 10u);
 }
 
 TEST(CommunicatorCheckpoint, AnotherWorldSizeIsRefusedNamingBoth) {
@@ -282,7 +282,7 @@ TEST(CommunicatorCheckpoint, AnotherWorldSizeIsRefusedNamingBoth) {
     EXPECT_NE(text.find("world of " + std::to_string(world_size() + 1) + " ranks"), std::string::npos) << text;
     EXPECT_NE(text.find("world of " + std::to_string(world_size())), std::string::npos) << text;
   }
-  EXPECT_EQ(collectives::state_of(comm).call_number_of("w"), 0u) << "a refused load changes nothing";
+  EXPECT_EQ(collectives::state_of(comm).names().call_number_of("w"), 0u) << "a refused load changes nothing";
 }
 
 }  // namespace
