@@ -14,7 +14,8 @@ and built there (Release, through ccache as scripts/configure-and-build.sh does)
     default codecs) and `gradzip-bench codecs` (4 Mi elements).
 Everything is written to DIR (default docs/data/refactor-proofs/<date>-<after, 12 digits>):
 proof.json (the commits, the measured paths the refactor changed, the machine, each round's load
-average), digests/{before,after}-npP.txt and bench/{allreduce,codecs}-{before,after}-R.json.
+average), digests/{before,after}-npP.txt, bench/{allreduce,codecs}-{before,after}-R.json and
+summary.txt (what it printed: the digests' verdicts and every row's ratios).
 Commit DIR: tests/lint/check_results_fresh.py then carries a suite measured at BEFORE (or at any
 commit whose measured code equals BEFORE's) over to AFTER when verify() accepts the proof.
 
@@ -274,13 +275,18 @@ def main():
     }
     (out / "proof.json").write_text(json.dumps(proof, indent=1) + "\n")
     lines, mean = speed_summary(out, args.rounds)
-    print("after / before, median [min-max] of the rounds' paired ratios:")
-    print("\n".join(lines))
-    print(f"geometric mean over {len(lines)} rows: {mean:.4f}")
     _, problems = verify(ROOT, out)
-    for problem in problems:
-        print(f"REJECTED {problem}")
-    print(f"{out}: {'accepted' if not problems else 'rejected'}")
+    same = [f"digests, {ranks} ranks: " + ("identical" if (out / "digests" / f"before-np{ranks}.txt").read_text()
+                                          == (out / "digests" / f"after-np{ranks}.txt").read_text()
+                                          else "DIFFERENT") for ranks in RANK_COUNTS]
+    summary = [f"{proof['command']}", *same,
+               "after / before, median [min-max] of the rounds' paired ratios:", *lines,
+               f"geometric mean over {len(lines)} rows: {mean:.4f}",
+               *[f"REJECTED {problem}" for problem in problems],
+               "accepted" if not problems else "rejected"]
+    (out / "summary.txt").write_text("\n".join(summary) + "\n")
+    print("\n".join(summary[len(same) + 1:]))
+    print(f"{out}: written")
     return 1 if problems else 0
 
 
