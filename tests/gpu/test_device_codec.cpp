@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,6 +25,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/stream_ordered_call.h"
+#include "tests/fuzz/fuzz_specs.h"
 
 namespace gradzip {
 namespace {
@@ -32,14 +34,17 @@ using gpu_test::DeviceArray;
 using gpu_test::DeviceTest;
 using gpu_test::kNoDifference;
 
-const std::vector<std::string> kSpecs = {
-    "none",          "fp16",           "bf16",
-    "qsgd:bits=4,bucket=512", "qsgd:bits=1,bucket=7", "qsgd:bits=8,bucket=100000",
-    "sign",          "sign:bucket=13",
-    "topk:ratio=0.01", "topk:ratio=0.3,values=fp16", "topk:ratio=0.01,approx=on",
-    "randk:ratio=0.01", "randk:ratio=0.5,values=fp16",
-    "terngrad",      "terngrad:bucket=7",
-};
+// Every spec of the codec conformance list (tests/fuzz/fuzz_specs.h, which covers every element
+// codec of the registry: tests/unit/test_codec_conformance.cpp checks that), then defaults and
+// cases of their own (a bucket longer than the largest count, top-k's and random-k's 1%).
+const std::vector<std::string> kSpecs = [] {
+  std::vector<std::string> specs(std::begin(fuzz::kFuzzSpecs), std::end(fuzz::kFuzzSpecs));
+  for (const char* own : {"qsgd:bits=4,bucket=512", "qsgd:bits=1,bucket=7",
+                          "qsgd:bits=8,bucket=100000", "sign", "topk:ratio=0.01",
+                          "topk:ratio=0.01,approx=on", "randk:ratio=0.01", "terngrad"})
+    specs.emplace_back(own);
+  return specs;
+}();
 const std::vector<std::size_t> kCounts = {0, 1, 7, (std::size_t{1} << 20) + 3};
 
 Device cuda0() { return Device{DeviceKind::cuda, 0}; }

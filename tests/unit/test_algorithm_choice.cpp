@@ -10,6 +10,7 @@
 
 #include "collectives/algorithm_choice.h"
 #include "collectives/cost_model.h"
+#include "compressors/codec_descriptor.h"
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "tests/unit/test_support.h"
@@ -23,9 +24,13 @@ using collectives::choose_allgather;
 using collectives::choose_allreduce;
 using collectives::choose_reduce_scatter;
 
-constexpr CodecKind kElementCodecs[] = {CodecKind::none, CodecKind::fp16, CodecKind::bf16,
-                                        CodecKind::qsgd, CodecKind::sign, CodecKind::topk,
-                                        CodecKind::randk, CodecKind::terngrad};
+// Every element codec of the registry (compressors/codec_descriptor.h).
+const std::vector<CodecKind> kElementCodecs = [] {
+  std::vector<CodecKind> kinds;
+  for (const compressors::CodecDescriptor& row : compressors::codec_descriptors())
+    if (row.wire) kinds.push_back(row.kind);
+  return kinds;
+}();
 constexpr Algorithm kAlgorithms[] = {Algorithm::auto_select, Algorithm::ring, Algorithm::sra,
                                      Algorithm::sparse, Algorithm::hier, Algorithm::rhd,
                                      Algorithm::tree};

@@ -18,15 +18,14 @@
 #include "gradzip/error.h"
 #include "gradzip/tensor_view.h"
 #include "kernels/cpu/cpu_features.h"
+#include "tests/fuzz/fuzz_specs.h"
 
 namespace gradzip::testing {
 
-// Every codec variant the edge-case and regression tests sweep: each codec, each bit width of
-// qsgd, top-k exact / approximate / fp16 values, random-k f32 / fp16 values.
-inline constexpr const char* kAllCodecs[] = {
-    "none",        "fp16", "bf16",           "qsgd:bits=1",      "qsgd:bits=2", "qsgd:bits=4",
-    "qsgd:bits=8", "sign", "topk",           "topk:approx=on",   "topk:values=fp16",
-    "randk",       "randk:values=fp16", "terngrad",    "terngrad:bucket=7"};
+// Every codec variant the edge-case and regression tests sweep: the codec conformance list
+// (tests/fuzz/fuzz_specs.h; tests/unit/test_codec_conformance.cpp checks that it covers every
+// element codec of the registry), so a new codec is swept here with no edit.
+inline constexpr const auto& kAllCodecs = fuzz::kFuzzSpecs;
 
 // The element counts every codec is tested over: empty, one, two, seven, a thousand, and one
 // just above 2^20 (the vector loops' tails and the multi-bucket paths).
