@@ -8,13 +8,18 @@ BEFORE and AFTER (default HEAD) are commits; each is checked out into a temporar
 and built there (Release, through ccache as scripts/configure-and-build.sh does). Then:
   - same bytes: scripts/result_digests.py (AFTER's copy, for both builds) under mpirun with
     1, 2, 3 and 4 ranks: the digests of every codec x algorithm's all-reduce and reduce-scatter
-    results and residuals must be identical between the builds;
+    results and residuals must be identical between the builds; and the Reducer's:
+    scripts/reducer_digests/ (AFTER's copy, built against each build installed) runs the
+    Reducer over buckets, chunks, two lanes, warm-up, ramp, rules and PowerSGD for four steps
+    and prints the digests of every tensor and each group's spec, algorithms and bytes;
   - same speed: R rounds (default 5), BEFORE and AFTER interleaved within each round (the order
     alternating between rounds), of `gradzip-bench allreduce` (4 ranks, 64 KiB and 4 MiB, the
-    default codecs) and `gradzip-bench codecs` (4 Mi elements).
+    default codecs), `gradzip-bench codecs` (4 Mi elements) and `gradzip-bench overlap` (4
+    ranks, the small model: the Reducer alone and overlapped with backward).
 Everything is written to DIR (default docs/data/refactor-proofs/<date>-<after, 12 digits>):
 proof.json (the commits, the measured paths the refactor changed, the machine, each round's load
-average), digests/{before,after}-npP.txt, bench/{allreduce,codecs}-{before,after}-R.json and
+average), digests/{before,after}-npP.txt, digests/reducer-{before,after}-npP.txt,
+bench/{allreduce,codecs,overlap}-{before,after}-R.json and
 summary.txt (what it printed: the digests' verdicts and every row's ratios).
 Commit DIR: tests/lint/check_results_fresh.py then carries a suite measured at BEFORE (or at any
 commit whose measured code equals BEFORE's) over to AFTER when verify() accepts the proof.
@@ -23,15 +28,18 @@ verify() is the rule, shared with the lint, recomputed from the raw files (never
 written in proof.json):
   1. BEFORE is an ancestor of AFTER, both in this checkout's history;
   2. every path the refactor changed among the paths any suite measures lies under
-     REFACTORABLE: the C++ library and its build, which the digests exercise. A change to the
-     Reducer (pipeline/), the Python package, a benchmark driver or the emulated cluster is not
-     covered by these digests and needs the suites run again;
+     REFACTORABLE: the C++ library and its build, which the digests exercise, and pipeline/
+     (the Reducer) when the proof has the Reducer's digests. A change to the Python package, a
+     benchmark driver or the emulated cluster is not covered by these digests and needs the
+     suites run again;
   3. the digests of 1, 2, 3 and 4 ranks exist for both builds, each with its "P ranks" header
-     and at least MIN_DIGEST_LINES calls, and are byte-identical between the builds;
+     and at least MIN_DIGEST_LINES calls, and are byte-identical between the builds; so are the
+     Reducer's where the proof has them (proofs written before they existed have none);
   4. speed: each benchmark row (all-reduce time per spec and size; encode and decode time per
-     codec) gives one paired ratio AFTER / BEFORE per round. No row may have every round's ratio
-     above ROW_TOLERANCE (or every one below its inverse), and the geometric mean over all rows
-     of each row's median ratio must lie within [1 / MEAN_TOLERANCE, MEAN_TOLERANCE]. On a
+     codec; the Reducer's step alone and overlapped) gives one paired ratio AFTER / BEFORE per
+     round. No row may have every round's ratio above ROW_TOLERANCE (or every one below its
+     inverse), and the geometric mean over all rows of each row's median ratio must lie within
+     [1 / MEAN_TOLERANCE, MEAN_TOLERANCE]. On a
      2-core machine one row's paired ratio moves by 20-50% between rounds even for identical
      code (a dry run of two builds of the same code: 0.48-1.66 for all-reduce rows, 0.65-1.35
      for codec rows, 3 rounds), so a single row can only catch a gross slowdown that every round
@@ -52,8 +60,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 REFACTORABLE = ["include", "kernels", "compressors", "error_feedback", "collectives",
                 "CMakeLists.txt", "cmake"]
+REDUCER_PATHS = ["pipeline"]
 RANK_COUNTS = [1, 2, 3, 4]
 MIN_DIGEST_LINES = 700
+MIN_REDUCER_DIGEST_LINES = 500
 ROW_TOLERANCE = 1.25
 MEAN_TOLERANCE = 1.03
 ALLREDUCE_SIZES = [65536, 4194304]
@@ -88,10 +98,14 @@ def changed_measured_paths(root, before, after, measured):
 
 def bench_times(rows, kind):
     """{row key: time} of one benchmark JSON: all-reduce seconds per (spec, ranks, size); codec
-    encode and decode seconds per byte (1 / throughput) per (codec, size)."""
+    encode and decode seconds per byte (1 / throughput) per (codec, size); the Reducer's step
+    alone and overlapped with backward per spec (overlap)."""
     times = {}
     for row in rows:
-        if kind == "allreduce":
+        if kind == "overlap":
+            for metric in ("comm_s", "overlapped_s"):
+                times[f"overlap {row['spec']} ranks={row['ranks']} {metric}"] = row[metric]
+        elif kind == "allreduce":
             times[f"allreduce {row['spec']} ranks={row['ranks']} bytes={row['bytes']}"] = row["time_s"]
         else:
             for direction in ("encode", "decode"):
@@ -100,9 +114,11 @@ def bench_times(rows, kind):
 
 
 def speed_rows(bench_dir, rounds):
-    """{row: [AFTER / BEFORE ratio of each round]} from bench/{kind}-{version}-{round}.json."""
+    """{row: [AFTER / BEFORE ratio of each round]} from bench/{kind}-{version}-{round}.json
+    (overlap only where the proof has it: proofs written before it was added have none)."""
     ratios = {}
-    for kind in ("allreduce", "codecs"):
+    kinds = ["allreduce", "codecs"] + (["overlap"] if (bench_dir / "overlap-before-1.json").exists() else [])
+    for kind in kinds:
         for r in range(1, rounds + 1):
             before = bench_times(json.loads((bench_dir / f"{kind}-before-{r}.json").read_text()), kind)
             after = bench_times(json.loads((bench_dir / f"{kind}-after-{r}.json").read_text()), kind)
@@ -132,25 +148,30 @@ def verify(root, proof_dir, refactorable=REFACTORABLE, measured=None):
     if git(root, "merge-base", "--is-ancestor", before, after).returncode != 0:
         problems.append(f"proof {name}: before {before[:12]} is not an ancestor of after {after[:12]}")
     measured = measured if measured is not None else measured_paths(root)
+    reducer_files = [proof_dir / "digests" / f"reducer-{version}-np{ranks}.txt"
+                     for ranks in RANK_COUNTS for version in ("before", "after")]
+    has_reducer = any(path.exists() for path in reducer_files)
+    covered = list(refactorable) + (REDUCER_PATHS if has_reducer else [])
     uncovered = [p for p in changed_measured_paths(root, before, after, measured)
-                 if not under(p, refactorable)]
+                 if not under(p, covered)]
     if uncovered:
         problems.append(f"proof {name}: the refactor changed measured paths the digests do not "
                         f"cover ({', '.join(uncovered[:5])}); those suites must be run again")
-    for ranks in RANK_COUNTS:
+    kinds = [("", MIN_DIGEST_LINES)] + ([("reducer-", MIN_REDUCER_DIGEST_LINES)] if has_reducer else [])
+    for (prefix, min_lines), ranks in ((kind, ranks) for kind in kinds for ranks in RANK_COUNTS):
         texts = []
         for version in ("before", "after"):
-            path = proof_dir / "digests" / f"{version}-np{ranks}.txt"
+            path = proof_dir / "digests" / f"{prefix}{version}-np{ranks}.txt"
             text = path.read_text() if path.exists() else ""
             lines = text.splitlines()
-            if not lines or lines[0] != f"{ranks} ranks" or len(lines) - 1 < MIN_DIGEST_LINES:
+            if not lines or lines[0] != f"{ranks} ranks" or len(lines) - 1 < min_lines:
                 problems.append(f"proof {name}: {path.name} is missing or not a digest of "
-                                f"{ranks} ranks with at least {MIN_DIGEST_LINES} calls")
+                                f"{ranks} ranks with at least {min_lines} lines")
             texts.append(lines)
         if texts[0] and texts[1] and texts[0] != texts[1]:
             differing = next(i for i, (a, b) in enumerate(zip(texts[0] + [""], texts[1] + [""]))
                              if a != b)
-            problems.append(f"proof {name}: the digests of {ranks} ranks differ from line "
+            problems.append(f"proof {name}: the {prefix}digests of {ranks} ranks differ from line "
                             f"{differing + 1}: '{(texts[0] + [''])[differing][:90]}'")
     try:
         ratios = speed_rows(proof_dir / "bench", rounds)
@@ -196,6 +217,21 @@ def build(root, commit, workdir):
     return tree / "build"
 
 
+def build_reducer_digests(build_dir, source, workdir, version):
+    """scripts/reducer_digests (from `source`, AFTER's copy) built against `build_dir` installed
+    into a prefix of its own; returns the program."""
+    prefix, out = workdir / f"prefix-{version}", workdir / f"reducer-{version}"
+    log = workdir / f"reducer-{version}.log"
+    with open(log, "w") as sink:
+        for command in (["cmake", "--install", str(build_dir), "--prefix", str(prefix)],
+                        ["cmake", "-S", str(source), "-B", str(out), f"-DCMAKE_PREFIX_PATH={prefix}",
+                         "-DCMAKE_BUILD_TYPE=Release"],
+                        ["cmake", "--build", str(out)]):
+            if subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode != 0:
+                raise SystemExit(f"building the Reducer's digests against {version} failed (log: {log})")
+    return out / "reducer_digests"
+
+
 def mpirun(ranks, command, env):
     base = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
     if "PYTHONPATH" in env:
@@ -237,6 +273,19 @@ def main():
             same = (out / "digests" / f"before-np{ranks}.txt").read_text() == \
                 (out / "digests" / f"after-np{ranks}.txt").read_text()
             print(f"digests, {ranks} ranks: {'identical' if same else 'DIFFERENT'}", flush=True)
+        reducer_source = builds["after"].parent / "scripts" / "reducer_digests"
+        programs = {version: build_reducer_digests(builds[version], reducer_source, workdir, version)
+                    for version in ("before", "after")}
+        for ranks in RANK_COUNTS:
+            for version in ("before", "after"):
+                done = mpirun(ranks, [str(programs[version])], dict(env))
+                if done.returncode != 0:
+                    raise SystemExit(f"Reducer digests of {version}, {ranks} ranks failed:\n"
+                                     f"{done.stderr[-2000:]}")
+                (out / "digests" / f"reducer-{version}-np{ranks}.txt").write_text(done.stdout)
+            same = (out / "digests" / f"reducer-before-np{ranks}.txt").read_text() == \
+                (out / "digests" / f"reducer-after-np{ranks}.txt").read_text()
+            print(f"Reducer digests, {ranks} ranks: {'identical' if same else 'DIFFERENT'}", flush=True)
         loads = []
         for r in range(1, args.rounds + 1):
             order = ("before", "after") if r % 2 else ("after", "before")
@@ -248,6 +297,10 @@ def main():
                                   str(out / "bench" / f"allreduce-{version}-{r}.json")], env)
                 if done.returncode != 0:
                     raise SystemExit(f"allreduce bench of {version} failed:\n{done.stderr[-2000:]}")
+                done = mpirun(4, [bench, "overlap", "--model", "small", "--iters", "10", "--json",
+                                  str(out / "bench" / f"overlap-{version}-{r}.json")], env)
+                if done.returncode != 0:
+                    raise SystemExit(f"overlap bench of {version} failed:\n{done.stderr[-2000:]}")
                 done = subprocess.run([bench, "codecs", "--size", str(CODEC_ELEMENTS), "--repeat",
                                        "5", "--json", str(out / "bench" / f"codecs-{version}-{r}.json")],
                                       capture_output=True, text=True, timeout=900)
@@ -276,9 +329,10 @@ def main():
     (out / "proof.json").write_text(json.dumps(proof, indent=1) + "\n")
     lines, mean = speed_summary(out, args.rounds)
     _, problems = verify(ROOT, out)
-    same = [f"digests, {ranks} ranks: " + ("identical" if (out / "digests" / f"before-np{ranks}.txt").read_text()
-                                          == (out / "digests" / f"after-np{ranks}.txt").read_text()
-                                          else "DIFFERENT") for ranks in RANK_COUNTS]
+    same = [f"{label}digests, {ranks} ranks: " +
+            ("identical" if (out / "digests" / f"{prefix}before-np{ranks}.txt").read_text()
+             == (out / "digests" / f"{prefix}after-np{ranks}.txt").read_text() else "DIFFERENT")
+            for label, prefix in (("", ""), ("Reducer ", "reducer-")) for ranks in RANK_COUNTS]
     summary = [f"{proof['command']}", *same,
                "after / before, median [min-max] of the rounds' paired ratios:", *lines,
                f"geometric mean over {len(lines)} rows: {mean:.4f}",

@@ -151,10 +151,12 @@ def skip_reason(root):
     return None
 
 
-def write_proof(folder, before, after, digest_edit=False, slowdown=1.0, slow_row=1.0):
+def write_proof(folder, before, after, digest_edit=False, slowdown=1.0, slow_row=1.0,
+                reducer=None):
     """A proof folder as scripts/prove_refactor.py writes it, with made-up but well-formed data:
     digest_edit changes one line of the 3-rank digest after the refactor; slowdown multiplies
-    every AFTER time, slow_row the first all-reduce row's only."""
+    every AFTER time, slow_row the first all-reduce row's only; reducer "same" or "differ"
+    adds the Reducer's digests, equal or with one line changed after the refactor."""
     prover = load_prover()
     (folder / "digests").mkdir(parents=True)
     (folder / "bench").mkdir()
@@ -165,6 +167,13 @@ def write_proof(folder, before, after, digest_edit=False, slowdown=1.0, slow_row
         if digest_edit and ranks == 3:
             lines[5] = lines[5].replace("result", "result differs")
         (folder / "digests" / f"after-np{ranks}.txt").write_text("\n".join(lines) + "\n")
+        if reducer:
+            lines = [f"{ranks} ranks"] + [f"spec step {i} tensor {i:016x}"
+                                          for i in range(prover.MIN_REDUCER_DIGEST_LINES)]
+            (folder / "digests" / f"reducer-before-np{ranks}.txt").write_text("\n".join(lines) + "\n")
+            if reducer == "differ" and ranks == 2:
+                lines[9] += " changed"
+            (folder / "digests" / f"reducer-after-np{ranks}.txt").write_text("\n".join(lines) + "\n")
     for r in range(1, 4):
         noise = 1.0 + 0.04 * (r - 2)  # rounds 4% apart, the same for both builds
         for version, factor in (("before", 1.0), ("after", slowdown)):
@@ -217,10 +226,23 @@ def proof_self_test(root, data, measured, commit_file, record):
     assert any(f.startswith("proof driver:") and "bench.cpp" in f for f in found), found
     assert any(f.startswith("fast:") for f in found), found
     shutil.rmtree(proofs)
+    # The Reducer (pipeline/): covered only by a proof with the Reducer's digests, equal.
+    before_reducer = rev()
+    record("slow", before_reducer)
+    commit_file("pipeline/r.cpp", "2")
+    for reducer, accepted in ((None, False), ("differ", False), ("same", True)):
+        write_proof(proofs / "reducer", before_reducer, rev(), reducer=reducer)
+        found = check()
+        if accepted:
+            assert not any(f.startswith(("proof", "slow")) for f in found), found
+        else:
+            assert any(f.startswith("proof reducer:") for f in found), found
+            assert any(f.startswith("slow:") for f in found), found
+        shutil.rmtree(proofs)
 
 
 def self_test():
-    measured = {"fast": ["kernels", "bench.cpp"], "slow": ["collectives"]}
+    measured = {"fast": ["kernels", "bench.cpp"], "slow": ["collectives", "pipeline"]}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         data = root / "data"
@@ -278,7 +300,7 @@ def self_test():
           "missing load and a missing file fail; a change elsewhere passes; a shallow clone and "
           "a folder outside git are skipped; a proven refactor is carried over, a proof with "
           "other digests, a 5% slowdown or speed-up, one row 40% slower or a driver change is "
-          "rejected")
+          "rejected; a Reducer change is carried only by equal Reducer digests")
 
 
 def main():
