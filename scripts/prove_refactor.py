@@ -38,12 +38,16 @@ written in proof.json):
   4. speed: each benchmark row (all-reduce time per spec and size; encode and decode time per
      codec; the Reducer's step alone and overlapped) gives one paired ratio AFTER / BEFORE per
      round. No row may have every round's ratio above ROW_TOLERANCE (or every one below its
-     inverse), and the geometric mean over all rows of each row's median ratio must lie within
-     [1 / MEAN_TOLERANCE, MEAN_TOLERANCE]. On a
-     2-core machine one row's paired ratio moves by 20-50% between rounds even for identical
-     code (a dry run of two builds of the same code: 0.48-1.66 for all-reduce rows, 0.65-1.35
-     for codec rows, 3 rounds), so a single row can only catch a gross slowdown that every round
-     shows; the mean over some 40 rows catches a systematic one of a few percent.
+     inverse). The change over all rows is M, the geometric mean of the rows' median ratios,
+     with a standard error SE (of log M) from the spread of the rounds' own geometric means over
+     the rows; the proof fails when the change is shown to exceed MEAN_TOLERANCE either way at
+     two standard errors: log M - 2 SE > log MEAN_TOLERANCE, or log M + 2 SE < -log
+     MEAN_TOLERANCE. On a 2-core machine one row's paired ratio moves by 20-50% between rounds
+     even for identical code (two builds of the same code: 0.48-1.66 for all-reduce rows, 0.65-1.35
+     for codec rows, 0.63-1.23 for the overlap rows), and a whole round by 5-10% (the rounds'
+     geometric means 0.90-1.06), so a single row can only catch a gross slowdown that every
+     round shows, and the mean one of a few percent with 5 rounds (a 10% slowdown with the
+     spread above: log M - 2 SE = log 1.10 - 2 x 0.027, beyond log 1.03).
 """
 import argparse
 import datetime
@@ -184,12 +188,26 @@ def verify(root, proof_dir, refactorable=REFACTORABLE, measured=None):
             problems.append(f"proof {name}: {key}: after / before = {min(values):.3f}-"
                             f"{max(values):.3f} in {rounds} rounds, every one outside "
                             f"[{1 / ROW_TOLERANCE:.3f}, {ROW_TOLERANCE}]")
-    medians = {key: statistics.median(values) for key, values in ratios.items()}
-    mean = math.exp(statistics.fmean(math.log(r) for r in medians.values()))
-    if not 1 / MEAN_TOLERANCE <= mean <= MEAN_TOLERANCE:
-        problems.append(f"proof {name}: the geometric mean of after / before over {len(medians)} "
-                        f"rows is {mean:.4f}, outside [{1 / MEAN_TOLERANCE:.4f}, {MEAN_TOLERANCE}]")
+    mean, error = mean_change(ratios)
+    limit = math.log(MEAN_TOLERANCE)
+    if math.log(mean) - 2 * error > limit or math.log(mean) + 2 * error < -limit:
+        problems.append(f"proof {name}: over {len(ratios)} rows after / before = {mean:.4f} "
+                        f"(geometric mean of the rows' medians; two standard errors: "
+                        f"{math.exp(math.log(mean) - 2 * error):.4f}-"
+                        f"{math.exp(math.log(mean) + 2 * error):.4f}), a change beyond "
+                        f"{MEAN_TOLERANCE} either way")
     return proof, problems
+
+
+def mean_change(ratios):
+    """(M, SE): M = the geometric mean over rows of each row's median ratio; SE = the standard
+    error of log M, from the spread of the rounds' geometric means over the rows (0 for one
+    round)."""
+    mean = math.exp(statistics.fmean(math.log(statistics.median(v)) for v in ratios.values()))
+    rounds = len(next(iter(ratios.values())))
+    per_round = [statistics.fmean(math.log(v[r]) for v in ratios.values()) for r in range(rounds)]
+    error = statistics.stdev(per_round) / math.sqrt(rounds) if rounds > 1 else 0.0
+    return mean, error
 
 
 def speed_summary(proof_dir, rounds):
@@ -198,8 +216,8 @@ def speed_summary(proof_dir, rounds):
     for key, values in sorted(ratios.items()):
         lines.append(f"  {key}: median {statistics.median(values):.3f} "
                      f"[{min(values):.3f}-{max(values):.3f}]")
-    mean = math.exp(statistics.fmean(math.log(statistics.median(v)) for v in ratios.values()))
-    return lines, mean
+    mean, error = mean_change(ratios)
+    return lines, mean, error
 
 
 def build(root, commit, workdir):
@@ -327,7 +345,7 @@ def main():
                    f"--rounds {args.rounds}",
     }
     (out / "proof.json").write_text(json.dumps(proof, indent=1) + "\n")
-    lines, mean = speed_summary(out, args.rounds)
+    lines, mean, error = speed_summary(out, args.rounds)
     _, problems = verify(ROOT, out)
     same = [f"{label}digests, {ranks} ranks: " +
             ("identical" if (out / "digests" / f"{prefix}before-np{ranks}.txt").read_text()
@@ -335,7 +353,8 @@ def main():
             for label, prefix in (("", ""), ("Reducer ", "reducer-")) for ranks in RANK_COUNTS]
     summary = [f"{proof['command']}", *same,
                "after / before, median [min-max] of the rounds' paired ratios:", *lines,
-               f"geometric mean over {len(lines)} rows: {mean:.4f}",
+               f"geometric mean over {len(lines)} rows: {mean:.4f} (two standard errors: "
+               f"{math.exp(math.log(mean) - 2 * error):.4f}-{math.exp(math.log(mean) + 2 * error):.4f})",
                *[f"REJECTED {problem}" for problem in problems],
                "accepted" if not problems else "rejected"]
     (out / "summary.txt").write_text("\n".join(summary) + "\n")
