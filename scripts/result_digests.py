@@ -44,15 +44,8 @@ def main():
                 name = f"digest.{spec}.{op}"
                 for call in range(3):
                     x = np.random.default_rng(1000 * rank + call).standard_normal(50_021).astype(np.float32)
-                    try:
-                        stats = comm.allreduce(x, name, spec, op=op)
-                        outcome = f"{stats['algorithm']} sent {stats['sent_bytes']}"
-                    except gradzip.Error as error:
-                        outcome = f"error {str(error).splitlines()[0][:80]}"
-                    results = comm_gather_digest(comm, digest(x), f"{name}.{call}")
-                    residual = comm.residual(name)
-                    mine = digest(residual) if residual is not None else "-"
-                    residuals = comm_gather_digest(comm, mine, f"{name}.{call}.residual")
+                    results, residuals, outcome = digested_call(
+                        comm, comm.allreduce, x, name, spec, op, call, lambda: x)
                     lines.append(f"{spec} {op} call {call}: result {sorted(set(results))} "
                                  f"residuals {residuals} {outcome}")
     for codec in CODECS:
@@ -61,22 +54,31 @@ def main():
             name = f"digest.reduce_scatter.{spec}.{op}"
             for call in range(3):
                 x = np.random.default_rng(7000 + 1000 * rank + call).standard_normal(50_021).astype(np.float32)
-                try:
-                    stats = comm.reduce_scatter(x, name, spec, op=op)
-                    outcome = f"{stats['algorithm']} sent {stats['sent_bytes']}"
-                    shard = x[comm.shard_begin(x.size, rank):comm.shard_begin(x.size, rank + 1)]
-                except gradzip.Error as error:
-                    outcome = f"error {str(error).splitlines()[0][:80]}"
-                    shard = x
-                shards = comm_gather_digest(comm, digest(shard), f"{name}.{call}")
-                residual = comm.residual(name)
-                mine = digest(residual) if residual is not None else "-"
-                residuals = comm_gather_digest(comm, mine, f"{name}.{call}.residual")
+                shards, residuals, outcome = digested_call(
+                    comm, comm.reduce_scatter, x, name, spec, op, call,
+                    lambda: x[comm.shard_begin(x.size, rank):comm.shard_begin(x.size, rank + 1)])
                 lines.append(f"reduce_scatter {spec} {op} call {call}: shards {shards} "
                              f"residuals {residuals} {outcome}")
     if rank == 0:
         print(f"{size} ranks")
         print("\n".join(lines))
+
+
+def digested_call(comm, collective, x, name, spec, op, call, result_of):
+    """Runs collective(x, name, spec, op=op) and returns every rank's digest of result_of() (x
+    itself after a failed call), every rank's digest of its residual of `name` ("-": none) and
+    what the call did: its algorithm and bytes sent, or the first line of its error."""
+    try:
+        stats = collective(x, name, spec, op=op)
+        outcome = f"{stats['algorithm']} sent {stats['sent_bytes']}"
+        result = result_of()
+    except gradzip.Error as error:
+        outcome = f"error {str(error).splitlines()[0][:80]}"
+        result = x
+    results = comm_gather_digest(comm, digest(result), f"{name}.{call}")
+    residual = comm.residual(name)
+    mine = digest(residual) if residual is not None else "-"
+    return results, comm_gather_digest(comm, mine, f"{name}.{call}.residual"), outcome
 
 
 def comm_gather_digest(comm, text, name):
