@@ -114,31 +114,26 @@ void sign_decode_add(const SignPayload& payload, float* acc) noexcept;
 //                             is bit 0 (first % 8 == 0); count % 16 == 0.
 //   sign_decode_add_short_16: acc[k] += the same value.
 // `bits` and `scales` may sit at any alignment.
+// sign_cpu_vector.h defines them for both from one template.
+#define GZ_SIGN_VECTOR_DECLARATIONS                                                              \
+  void sign_pack_bits_64(const float* x, std::size_t count, std::uint8_t* bits) noexcept;      \
+  void sign_accumulate_16(const float* x, std::size_t count, float* lanes) noexcept;           \
+  void sign_decode_16(float scale, const std::uint8_t* bits, std::size_t count,                 \
+                      float* out) noexcept;                                                     \
+  void sign_decode_add_16(float scale, const std::uint8_t* bits, std::size_t count,             \
+                          float* acc) noexcept;                                                 \
+  bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,            \
+                            std::byte* scales) noexcept;                                        \
+  void sign_decode_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,     \
+                            const std::uint8_t* bits, std::size_t count, float* out) noexcept;  \
+  void sign_decode_add_short_16(const std::byte* scales, std::size_t bucket, std::size_t first, \
+                                const std::uint8_t* bits, std::size_t count, float* acc) noexcept;
 namespace avx2 {
-void sign_pack_bits_64(const float* x, std::size_t count, std::uint8_t* bits) noexcept;
-void sign_accumulate_16(const float* x, std::size_t count, float* lanes) noexcept;
-void sign_decode_16(float scale, const std::uint8_t* bits, std::size_t count, float* out) noexcept;
-void sign_decode_add_16(float scale, const std::uint8_t* bits, std::size_t count,
-                        float* acc) noexcept;
-bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
-                          std::byte* scales) noexcept;
-void sign_decode_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,
-                          const std::uint8_t* bits, std::size_t count, float* out) noexcept;
-void sign_decode_add_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,
-                              const std::uint8_t* bits, std::size_t count, float* acc) noexcept;
+GZ_SIGN_VECTOR_DECLARATIONS
 }  // namespace avx2
 namespace avx512 {
-void sign_pack_bits_64(const float* x, std::size_t count, std::uint8_t* bits) noexcept;
-void sign_accumulate_16(const float* x, std::size_t count, float* lanes) noexcept;
-void sign_decode_16(float scale, const std::uint8_t* bits, std::size_t count, float* out) noexcept;
-void sign_decode_add_16(float scale, const std::uint8_t* bits, std::size_t count,
-                        float* acc) noexcept;
-bool sign_short_scales_16(const float* x, std::size_t bucket, std::size_t buckets,
-                          std::byte* scales) noexcept;
-void sign_decode_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,
-                          const std::uint8_t* bits, std::size_t count, float* out) noexcept;
-void sign_decode_add_short_16(const std::byte* scales, std::size_t bucket, std::size_t first,
-                              const std::uint8_t* bits, std::size_t count, float* acc) noexcept;
+GZ_SIGN_VECTOR_DECLARATIONS
 }  // namespace avx512
+#undef GZ_SIGN_VECTOR_DECLARATIONS
 
 }  // namespace gradzip::kernels::cpu
