@@ -14,12 +14,13 @@ and built there (Release, through ccache as scripts/configure-and-build.sh does)
     and prints the digests of every tensor and each group's spec, algorithms and bytes;
   - same speed: R rounds (default 5), BEFORE and AFTER interleaved within each round (the order
     alternating between rounds), of `gradzip-bench allreduce` (4 ranks, 64 KiB and 4 MiB, the
-    default codecs), `gradzip-bench codecs` (4 Mi elements) and `gradzip-bench overlap` (4
-    ranks, the small model: the Reducer alone and overlapped with backward).
+    default codecs), `gradzip-bench codecs` (4 Mi elements; on an AVX-512 CPU also with
+    --isa avx2, so that both vector paths are timed) and `gradzip-bench overlap` (4 ranks, the
+    small model: the Reducer alone and overlapped with backward).
 Everything is written to DIR (default docs/data/refactor-proofs/<date>-<after, 12 digits>):
 proof.json (the commits, the measured paths the refactor changed, the machine, each round's load
 average), digests/{before,after}-npP.txt, digests/reducer-{before,after}-npP.txt,
-bench/{allreduce,codecs,overlap}-{before,after}-R.json and
+bench/{allreduce,codecs,codecs-avx2,overlap}-{before,after}-R.json and
 summary.txt (what it printed: the digests' verdicts and every row's ratios).
 Commit DIR: tests/lint/check_results_fresh.py then carries a suite measured at BEFORE (or at any
 commit whose measured code equals BEFORE's) over to AFTER when verify() accepts the proof.
@@ -106,7 +107,11 @@ def bench_times(rows, kind):
     alone and overlapped with backward per spec (overlap)."""
     times = {}
     for row in rows:
-        if kind == "overlap":
+        if kind == "codecs-avx2":
+            for direction in ("encode", "decode"):
+                times[f"codecs {row['codec']} size={row['size']} {direction} isa=avx2"] = \
+                    1.0 / row[f"{direction}_gbps"]
+        elif kind == "overlap":
             for metric in ("comm_s", "overlapped_s"):
                 times[f"overlap {row['spec']} ranks={row['ranks']} {metric}"] = row[metric]
         elif kind == "allreduce":
@@ -121,7 +126,8 @@ def speed_rows(bench_dir, rounds):
     """{row: [AFTER / BEFORE ratio of each round]} from bench/{kind}-{version}-{round}.json
     (overlap only where the proof has it: proofs written before it was added have none)."""
     ratios = {}
-    kinds = ["allreduce", "codecs"] + (["overlap"] if (bench_dir / "overlap-before-1.json").exists() else [])
+    kinds = ["allreduce", "codecs"] + [kind for kind in ("codecs-avx2", "overlap")
+                                       if (bench_dir / f"{kind}-before-1.json").exists()]
     for kind in kinds:
         for r in range(1, rounds + 1):
             before = bench_times(json.loads((bench_dir / f"{kind}-before-{r}.json").read_text()), kind)
@@ -305,6 +311,7 @@ def main():
                 (out / "digests" / f"reducer-after-np{ranks}.txt").read_text()
             print(f"Reducer digests, {ranks} ranks: {'identical' if same else 'DIFFERENT'}", flush=True)
         loads = []
+        avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
         for r in range(1, args.rounds + 1):
             order = ("before", "after") if r % 2 else ("after", "before")
             load_before = list(os.getloadavg())
@@ -315,6 +322,13 @@ def main():
                                   str(out / "bench" / f"allreduce-{version}-{r}.json")], env)
                 if done.returncode != 0:
                     raise SystemExit(f"allreduce bench of {version} failed:\n{done.stderr[-2000:]}")
+                if avx512:  # the AVX2 kernels too, on a CPU whose default is AVX-512
+                    done = subprocess.run([bench, "codecs", "--size", str(CODEC_ELEMENTS), "--repeat", "5",
+                                           "--isa", "avx2", "--json",
+                                           str(out / "bench" / f"codecs-avx2-{version}-{r}.json")],
+                                          capture_output=True, text=True, timeout=900)
+                    if done.returncode != 0:
+                        raise SystemExit(f"codecs bench (avx2) of {version} failed:\n{done.stderr[-2000:]}")
                 done = mpirun(4, [bench, "overlap", "--model", "small", "--iters", "10", "--json",
                                   str(out / "bench" / f"overlap-{version}-{r}.json")], env)
                 if done.returncode != 0:
