@@ -226,6 +226,15 @@ def proof_self_test(root, data, measured, commit_file, record):
     assert any(f.startswith("proof driver:") and "bench.cpp" in f for f in found), found
     assert any(f.startswith("fast:") for f in found), found
     shutil.rmtree(proofs)
+    # A driver whose only change is an #include line (a header moved) is covered.
+    commit_file("bench.cpp", '#include "kernels/a.h"\nint main() {}\n')
+    before_include = rev()
+    record("fast", before_include)
+    commit_file("bench.cpp", '#include "kernels/moved/a.h"\nint main() {}\n')
+    write_proof(proofs / "moved", before_include, rev())
+    assert check() == [], check()
+    shutil.rmtree(proofs)
+    record("fast", rev())
     # The Reducer (pipeline/): covered only by a proof with the Reducer's digests, equal.
     before_reducer = rev()
     record("slow", before_reducer)
@@ -300,7 +309,8 @@ def self_test():
           "missing load and a missing file fail; a change elsewhere passes; a shallow clone and "
           "a folder outside git are skipped; a proven refactor is carried over, a proof with "
           "other digests, a 5% slowdown or speed-up, one row 40% slower or a driver change is "
-          "rejected; a Reducer change is carried only by equal Reducer digests")
+          "rejected; a Reducer change is carried only by equal Reducer digests; a driver that only "
+          "changed an #include is carried")
 
 
 def main():
