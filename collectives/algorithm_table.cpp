@@ -12,7 +12,7 @@ namespace {
 using A = AlgorithmId;
 
 // In AlgorithmId's order (checked below).
-const std::array<AlgorithmRow, 7> kRows{{
+constexpr std::array<AlgorithmRow, 7> kRows{{
     {A::ring, "ring", Algorithm::ring, &ring_allreduce, &estimate_ring, {}, &ring_reduce_scatter},
     {A::sra, "sra", Algorithm::sra, &sra_allreduce, &estimate_sra, {}, &sra_reduce_scatter},
     {A::sparse, "sparse", Algorithm::sparse, &sparse_allreduce, &estimate_sparse, {}},
@@ -27,12 +27,16 @@ const std::array<AlgorithmRow, 7> kRows{{
      "the hierarchical all-reduce runs on host memory"},
 }};
 
+// Row i describes AlgorithmId i, so an id indexes its row, and no two rows share a name.
 constexpr bool rows_in_order() {
-  return static_cast<int>(A::ring) == 0 && static_cast<int>(A::sra) == 1 &&
-         static_cast<int>(A::sparse) == 2 && static_cast<int>(A::randk) == 3 &&
-         static_cast<int>(A::rhd) == 4 && static_cast<int>(A::tree) == 5 && static_cast<int>(A::hier) == 6;
+  for (std::size_t i = 0; i < kRows.size(); ++i) {
+    if (static_cast<std::size_t>(kRows[i].path) != i) return false;
+    for (std::size_t j = 0; j < i; ++j)
+      if (kRows[j].name == kRows[i].name) return false;
+  }
+  return true;
 }
-static_assert(rows_in_order(), "kRows must follow AlgorithmId's order");
+static_assert(rows_in_order(), "kRows: row i must describe AlgorithmId i, with a name of its own");
 
 }  // namespace
 
