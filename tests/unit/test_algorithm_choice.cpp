@@ -5,10 +5,12 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "collectives/algorithm_choice.h"
+#include "collectives/algorithm_table.h"
 #include "collectives/cost_model.h"
 #include "compressors/codec_descriptor.h"
 #include "gradzip/codec.h"
@@ -56,6 +58,26 @@ CompressionSpec spec_of(CodecKind codec, Algorithm algo, std::size_t min_bytes =
   spec.algo = algo;
   spec.min_bytes = min_bytes;
   return spec;
+}
+
+// An algorithm's name is spelled twice: in the spec parser (compressors/compression_spec.cpp,
+// which make_codec needs without the collectives) and in its row. Every row with an algo= value
+// must name it as the parser does, the parser must map that name back to the value, every
+// algo= value but auto must have exactly one row, and no two rows may share a name.
+TEST(AlgorithmChoice, TheRowsNameTheirAlgoValuesAsTheParserDoes) {
+  std::set<Algorithm> with_rows;
+  std::set<std::string> names;
+  for (const collectives::AlgorithmRow& row : collectives::algorithm_rows()) {
+    EXPECT_TRUE(names.insert(std::string(row.name)).second) << row.name << " named twice";
+    if (!row.spec_value) continue;
+    EXPECT_EQ(row.name, algorithm_name(*row.spec_value));
+    EXPECT_EQ(CompressionSpec::parse("none:algo=" + std::string(row.name)).algo, *row.spec_value)
+        << row.name;
+    EXPECT_TRUE(with_rows.insert(*row.spec_value).second) << row.name;
+  }
+  for (const Algorithm algo : kAlgorithms)
+    if (algo != Algorithm::auto_select) EXPECT_EQ(with_rows.count(algo), 1u) << algorithm_name(algo);
+  EXPECT_EQ(with_rows.size() + 1, std::size(kAlgorithms)) << "an algo= value this test does not list";
 }
 
 TEST(AlgorithmChoice, AllreduceTableForEveryCodecAlgorithmAndSize) {

@@ -1,7 +1,6 @@
 // Parser and printer of compression spec strings (grammar in include/gradzip/compression_spec.h).
-// It reads the two registries below it: codec names, their keys and error-feedback defaults come
-// from the codec descriptors (compressors/codec_descriptor.cpp), the algo= names from the
-// algorithm rows (collectives/algorithm_table.cpp); every key's parser and printer is here.
+// Codec names, their keys and error-feedback defaults come from compressors/codec_descriptor.cpp;
+// every key's parser and printer is here.
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -11,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "collectives/algorithm_table.h"
 #include "compressors/codec_descriptor.h"
 #include "gradzip/compression_spec.h"
 #include "gradzip/error.h"
@@ -93,28 +91,6 @@ T parse_choice(std::string_view spec, std::string_view key, std::string_view val
   bad_value(spec, key, value, "one of: " + join(names));
 }
 
-// The algo= values: "auto", then every algorithm row's that has one, in Algorithm's order.
-std::vector<std::pair<std::string_view, Algorithm>> algorithm_choices() {
-  std::vector<std::pair<std::string_view, Algorithm>> choices{{"auto", Algorithm::auto_select}};
-  for (const collectives::AlgorithmRow& row : collectives::algorithm_rows())
-    if (row.spec_value) choices.emplace_back(row.name, *row.spec_value);
-  std::sort(choices.begin() + 1, choices.end(),
-            [](const auto& a, const auto& b) { return a.second < b.second; });
-  return choices;
-}
-
-Algorithm parse_algorithm(std::string_view spec, std::string_view key, std::string_view value) {
-  // "allgather" is the sparse all-reduce's former name, still accepted.
-  if (value == "allgather") value = "sparse";
-  const auto choices = algorithm_choices();
-  std::vector<std::string_view> names;
-  for (const auto& [name, algorithm] : choices) {
-    if (name == value) return algorithm;
-    names.push_back(name);
-  }
-  bad_value(spec, key, value, "one of: " + join(names));
-}
-
 }  // namespace
 
 std::string_view codec_kind_name(CodecKind kind) noexcept {
@@ -124,9 +100,15 @@ std::string_view codec_kind_name(CodecKind kind) noexcept {
 }
 
 std::string_view algorithm_name(Algorithm algo) noexcept {
-  if (algo == Algorithm::auto_select) return "auto";
-  for (const collectives::AlgorithmRow& row : collectives::algorithm_rows())
-    if (row.spec_value == algo) return row.name;
+  switch (algo) {
+    case Algorithm::auto_select: return "auto";
+    case Algorithm::ring: return "ring";
+    case Algorithm::sra: return "sra";
+    case Algorithm::sparse: return "sparse";
+    case Algorithm::hier: return "hier";
+    case Algorithm::rhd: return "rhd";
+    case Algorithm::tree: return "tree";
+  }
   return "unknown";
 }
 
@@ -208,7 +190,15 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
       result.ef_resize = parse_choice<ResizePolicy>(
           spec, key, value, {{"error", ResizePolicy::error}, {"reset", ResizePolicy::reset}});
     } else if (key == "algo") {
-      result.algo = parse_algorithm(spec, key, value);
+      // "allgather" is the sparse all-reduce's former name, still accepted.
+      result.algo = parse_choice<Algorithm>(spec, key, value == "allgather" ? "sparse" : value,
+                                            {{"auto", Algorithm::auto_select},
+                                             {"ring", Algorithm::ring},
+                                             {"sra", Algorithm::sra},
+                                             {"sparse", Algorithm::sparse},
+                                             {"hier", Algorithm::hier},
+                                             {"rhd", Algorithm::rhd},
+                                             {"tree", Algorithm::tree}});
     } else if (key == "warmup") {
       result.warmup = static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, UINT32_MAX));
     } else if (key == "min_bytes") {
