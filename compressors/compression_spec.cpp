@@ -80,9 +80,23 @@ double parse_ratio(std::string_view spec, std::string_view key, std::string_view
   return result;
 }
 
-template <typename T>
+// The algo= values and their names, in Algorithm's order: what the parser accepts and
+// algorithm_name prints. The collectives' algorithm rows repeat the names (the parser stays
+// here so that make_codec needs no collectives); tests/unit/test_algorithm_choice.cpp checks
+// that they agree.
+constexpr std::array<std::pair<std::string_view, Algorithm>, 7> kAlgorithmNames{{
+    {"auto", Algorithm::auto_select},
+    {"ring", Algorithm::ring},
+    {"sra", Algorithm::sra},
+    {"sparse", Algorithm::sparse},
+    {"hier", Algorithm::hier},
+    {"rhd", Algorithm::rhd},
+    {"tree", Algorithm::tree},
+}};
+
+template <typename T, typename Choices = std::initializer_list<std::pair<std::string_view, T>>>
 T parse_choice(std::string_view spec, std::string_view key, std::string_view value,
-               std::initializer_list<std::pair<std::string_view, T>> choices) {
+               const Choices& choices) {
   std::vector<std::string_view> names;
   for (const auto& [name, result] : choices) {
     if (name == value) return result;
@@ -100,15 +114,8 @@ std::string_view codec_kind_name(CodecKind kind) noexcept {
 }
 
 std::string_view algorithm_name(Algorithm algo) noexcept {
-  switch (algo) {
-    case Algorithm::auto_select: return "auto";
-    case Algorithm::ring: return "ring";
-    case Algorithm::sra: return "sra";
-    case Algorithm::sparse: return "sparse";
-    case Algorithm::hier: return "hier";
-    case Algorithm::rhd: return "rhd";
-    case Algorithm::tree: return "tree";
-  }
+  for (const auto& [name, value] : kAlgorithmNames)
+    if (value == algo) return name;
   return "unknown";
 }
 
@@ -192,13 +199,7 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
     } else if (key == "algo") {
       // "allgather" is the sparse all-reduce's former name, still accepted.
       result.algo = parse_choice<Algorithm>(spec, key, value == "allgather" ? "sparse" : value,
-                                            {{"auto", Algorithm::auto_select},
-                                             {"ring", Algorithm::ring},
-                                             {"sra", Algorithm::sra},
-                                             {"sparse", Algorithm::sparse},
-                                             {"hier", Algorithm::hier},
-                                             {"rhd", Algorithm::rhd},
-                                             {"tree", Algorithm::tree}});
+                                            kAlgorithmNames);
     } else if (key == "warmup") {
       result.warmup = static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, UINT32_MAX));
     } else if (key == "min_bytes") {
