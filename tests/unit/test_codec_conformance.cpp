@@ -11,6 +11,7 @@
 //   - every instruction set writes the same bytes and decodes to the same bits as the scalar
 //     code (skipped, with the reason, on a CPU without that set);
 //   - decode_add adds exactly the decode; subtract_decoded subtracts exactly the decode;
+//   - f16 and bf16 tensors encode like their f32 widening and decode to the rounded f32 decode;
 //   - malformed messages (every truncation of the header, a short or long payload, a bad magic,
 //     another codec's byte, a wrong output count) are refused with malformed_message or
 //     invalid_argument and leave the output untouched.
@@ -188,6 +189,30 @@ TEST_P(ConformanceOnEachIsa, DecodeAddAndSubtractDecodedApplyExactlyTheDecode) {
       EXPECT_TRUE(same_bits(added, expected_sum)) << "decode_add";
       codec->subtract_decoded(message, subtracted.data(), count);
       EXPECT_TRUE(same_bits(subtracted, expected_difference)) << "subtract_decoded";
+    }
+  }
+}
+
+// f16 and bf16 tensors encode to the bytes of their exact f32 widening, and decode into an f16 /
+// bf16 output rounds the f32 decode to nearest even (HostTensor's rounding).
+TEST_P(ConformanceOnEachIsa, HalfTensorsEncodeLikeTheirWideningAndDecodeRounded) {
+  ScopedIsa isa(GetParam());
+  for (const char* text : fuzz::kFuzzSpecs) {
+    const std::unique_ptr<Codec> codec = make_codec(text);
+    for (const DType dtype : {DType::f16, DType::bf16}) {
+      for (const std::size_t count : {std::size_t{7}, std::size_t{65539}}) {
+        SCOPED_TRACE(std::string(text) + ", " + std::string(dtype_name(dtype)) + ", " +
+                     std::to_string(count) + " elements");
+        const testing::HostTensor half(dtype, input_for(count));
+        const std::vector<float> widened = half.to_f32();
+        const std::vector<std::byte> message =
+            testing::encode_message(*codec, half.view(), context_for(count));
+        EXPECT_EQ(message, encode(*codec, widened, context_for(count)));
+        testing::HostTensor out(dtype, count);
+        codec->decode(message, out.view());
+        const testing::HostTensor expected(dtype, testing::decode_to_f32(*codec, message, count));
+        EXPECT_TRUE(same_bits(out.to_f32(), expected.to_f32()));
+      }
     }
   }
 }
