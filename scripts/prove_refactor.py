@@ -89,14 +89,19 @@ def under(path, prefixes):
     return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
 
 
-def measured_paths(root):
-    """The union of every suite's measured paths (benchmarks/measured_code.py)."""
+def load_measured(root):
+    """benchmarks/measured_code.py's MEASURED of the checkout at `root`: {suite: [paths]}."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("measured_code",
                                                   Path(root) / "benchmarks" / "measured_code.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return sorted({p for paths in module.MEASURED.values() for p in paths})
+    return module.MEASURED
+
+
+def measured_paths(root):
+    """The union of every suite's measured paths (benchmarks/measured_code.py)."""
+    return sorted({p for paths in load_measured(root).values() for p in paths})
 
 
 def changed_measured_paths(root, before, after, measured):
@@ -121,18 +126,16 @@ def bench_times(rows, kind):
     alone and overlapped with backward per spec (overlap)."""
     times = {}
     for row in rows:
-        if kind == "codecs-avx2":
-            for direction in ("encode", "decode"):
-                times[f"codecs {row['codec']} size={row['size']} {direction} isa=avx2"] = \
-                    1.0 / row[f"{direction}_gbps"]
-        elif kind == "overlap":
+        if kind == "overlap":
             for metric in ("comm_s", "overlapped_s"):
                 times[f"overlap {row['spec']} ranks={row['ranks']} {metric}"] = row[metric]
         elif kind == "allreduce":
             times[f"allreduce {row['spec']} ranks={row['ranks']} bytes={row['bytes']}"] = row["time_s"]
-        else:
+        else:  # codecs, or codecs-avx2: the same rows with the AVX2 kernels forced
+            suffix = " isa=avx2" if kind == "codecs-avx2" else ""
             for direction in ("encode", "decode"):
-                times[f"codecs {row['codec']} size={row['size']} {direction}"] = 1.0 / row[f"{direction}_gbps"]
+                times[f"codecs {row['codec']} size={row['size']} {direction}{suffix}"] = \
+                    1.0 / row[f"{direction}_gbps"]
     return times
 
 
@@ -240,6 +243,12 @@ def speed_summary(proof_dir, rounds):
     return lines, mean, error
 
 
+def same_digests(out, prefix, ranks):
+    """Whether digests/{prefix}before-npP.txt and {prefix}after-npP.txt are identical."""
+    return (out / "digests" / f"{prefix}before-np{ranks}.txt").read_text() == \
+        (out / "digests" / f"{prefix}after-np{ranks}.txt").read_text()
+
+
 def build(root, commit, workdir):
     """A Release build of `commit` (the Python module and gradzip-bench) in a worktree."""
     tree = workdir / commit[:12]
@@ -308,9 +317,8 @@ def main():
                 if done.returncode != 0:
                     raise SystemExit(f"digests of {version}, {ranks} ranks failed:\n{done.stderr[-2000:]}")
                 (out / "digests" / f"{version}-np{ranks}.txt").write_text(done.stdout)
-            same = (out / "digests" / f"before-np{ranks}.txt").read_text() == \
-                (out / "digests" / f"after-np{ranks}.txt").read_text()
-            print(f"digests, {ranks} ranks: {'identical' if same else 'DIFFERENT'}", flush=True)
+            print(f"digests, {ranks} ranks: "
+                  f"{'identical' if same_digests(out, '', ranks) else 'DIFFERENT'}", flush=True)
         reducer_source = builds["after"].parent / "scripts" / "reducer_digests"
         programs = {version: build_reducer_digests(builds[version], reducer_source, workdir, version)
                     for version in ("before", "after")}
@@ -321,9 +329,8 @@ def main():
                     raise SystemExit(f"Reducer digests of {version}, {ranks} ranks failed:\n"
                                      f"{done.stderr[-2000:]}")
                 (out / "digests" / f"reducer-{version}-np{ranks}.txt").write_text(done.stdout)
-            same = (out / "digests" / f"reducer-before-np{ranks}.txt").read_text() == \
-                (out / "digests" / f"reducer-after-np{ranks}.txt").read_text()
-            print(f"Reducer digests, {ranks} ranks: {'identical' if same else 'DIFFERENT'}", flush=True)
+            print(f"Reducer digests, {ranks} ranks: "
+                  f"{'identical' if same_digests(out, 'reducer-', ranks) else 'DIFFERENT'}", flush=True)
         loads = []
         avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
         for r in range(1, args.rounds + 1):
@@ -336,22 +343,17 @@ def main():
                                   str(out / "bench" / f"allreduce-{version}-{r}.json")], env)
                 if done.returncode != 0:
                     raise SystemExit(f"allreduce bench of {version} failed:\n{done.stderr[-2000:]}")
-                if avx512:  # the AVX2 kernels too, on a CPU whose default is AVX-512
-                    done = subprocess.run([bench, "codecs", "--size", str(CODEC_ELEMENTS), "--repeat", "5",
-                                           "--isa", "avx2", "--json",
-                                           str(out / "bench" / f"codecs-avx2-{version}-{r}.json")],
-                                          capture_output=True, text=True, timeout=900)
-                    if done.returncode != 0:
-                        raise SystemExit(f"codecs bench (avx2) of {version} failed:\n{done.stderr[-2000:]}")
                 done = mpirun(4, [bench, "overlap", "--model", "small", "--iters", "10", "--json",
                                   str(out / "bench" / f"overlap-{version}-{r}.json")], env)
                 if done.returncode != 0:
                     raise SystemExit(f"overlap bench of {version} failed:\n{done.stderr[-2000:]}")
-                done = subprocess.run([bench, "codecs", "--size", str(CODEC_ELEMENTS), "--repeat",
-                                       "5", "--json", str(out / "bench" / f"codecs-{version}-{r}.json")],
-                                      capture_output=True, text=True, timeout=900)
-                if done.returncode != 0:
-                    raise SystemExit(f"codecs bench of {version} failed:\n{done.stderr[-2000:]}")
+                # The codecs at the CPU's own ISA and, on an AVX-512 CPU, with the AVX2 kernels too.
+                for kind, isa in [("codecs", [])] + ([("codecs-avx2", ["--isa", "avx2"])] if avx512 else []):
+                    done = subprocess.run([bench, "codecs", "--size", str(CODEC_ELEMENTS), "--repeat", "5",
+                                           *isa, "--json", str(out / "bench" / f"{kind}-{version}-{r}.json")],
+                                          capture_output=True, text=True, timeout=900)
+                    if done.returncode != 0:
+                        raise SystemExit(f"{kind} bench of {version} failed:\n{done.stderr[-2000:]}")
             loads.append({"round": r, "order": list(order), "load_average_before": load_before,
                           "load_average_after": list(os.getloadavg())})
             print(f"round {r} of {args.rounds} done (load {loads[-1]['load_average_after'][0]:.2f})",
@@ -376,8 +378,7 @@ def main():
     lines, mean, error = speed_summary(out, args.rounds)
     _, problems = verify(ROOT, out)
     same = [f"{label}digests, {ranks} ranks: " +
-            ("identical" if (out / "digests" / f"{prefix}before-np{ranks}.txt").read_text()
-             == (out / "digests" / f"{prefix}after-np{ranks}.txt").read_text() else "DIFFERENT")
+            ("identical" if same_digests(out, prefix, ranks) else "DIFFERENT")
             for label, prefix in (("", ""), ("Reducer ", "reducer-")) for ranks in RANK_COUNTS]
     summary = [f"{proof['command']}", *same,
                "after / before, median [min-max] of the rounds' paired ratios:", *lines,

@@ -38,14 +38,6 @@ def git(root, *args):
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
 
 
-def load_measured(root):
-    spec = importlib.util.spec_from_file_location("measured_code",
-                                                  Path(root) / "benchmarks" / "measured_code.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.MEASURED
-
-
 def load_prover():
     """scripts/prove_refactor.py of the checkout this lint belongs to (its verify() is the rule)."""
     path = Path(__file__).resolve().parents[2] / "scripts" / "prove_refactor.py"
@@ -327,7 +319,7 @@ def main():
     if reason is not None:
         print(f"SKIP: {reason}")
         return 77
-    measured = load_measured(root)
+    measured = load_prover().load_measured(root)
     problems = problems_of(root, data_dir, measured)
     for problem in problems:
         print(f"STALE {problem}")
