@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -60,12 +59,6 @@ std::vector<float> input_for(std::size_t count) { return testing::gaussian(count
 std::vector<std::byte> encode(const Codec& codec, const std::vector<float>& values,
                               const EncodeContext& ctx) {
   return testing::encode_message(codec, host_view(values.data(), values.size()), ctx);
-}
-
-std::uint64_t read_u64(const std::vector<std::byte>& message, std::size_t offset) {
-  std::uint64_t value = 0;
-  std::memcpy(&value, message.data() + offset, sizeof value);
-  return value;
 }
 
 // decode and decode_add both refuse `message` for an output of `count` elements with an error
@@ -120,9 +113,11 @@ TEST_P(ConformanceOnEachIsa, RoundTripWithinTheRowsBoundsAndCosineFloor) {
       const std::vector<std::byte> message = encode(*codec, y, context_for(count));
       ASSERT_LE(message.size(), codec->max_encoded_bytes(count));
       ASSERT_GE(message.size(), compressors::kWireHeaderBytes);
-      EXPECT_EQ(static_cast<std::uint8_t>(message[5]), static_cast<std::uint8_t>(*row.wire));
-      EXPECT_EQ(read_u64(message, 8), count);
-      EXPECT_EQ(read_u64(message, 16), message.size() - compressors::kWireHeaderBytes);
+      // The header as every decoder reads it (magic and version checked there).
+      const compressors::WireHeader header = compressors::read_header(message, "conformance");
+      EXPECT_EQ(header.codec, *row.wire);
+      EXPECT_EQ(header.count, count);
+      EXPECT_EQ(header.payload_bytes, message.size() - compressors::kWireHeaderBytes);
       const std::vector<float> decoded = testing::decode_to_f32(*codec, message, count);
       double y_max = 0;
       for (const float v : y) y_max = std::max(y_max, std::fabs(static_cast<double>(v)));
