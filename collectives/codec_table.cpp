@@ -23,62 +23,49 @@ constexpr std::array kTopkRunnable{A::sparse, A::ring, A::rhd, A::tree};
 constexpr std::array kTopkAuto{A::sparse, A::tree};
 constexpr std::array kRandkPaths{A::randk};
 
-// A row with its paths; the traits are set by the caller.
-CodecRow paths(CodecKind codec, A default_path, std::span<const A> runnable,
-               std::span<const A> auto_choices) {
+// A codec's row: its paths from its family, its traits from its compressors row.
+CodecRow row_of(const compressors::CodecDescriptor& codec) {
   CodecRow row;
-  row.codec = codec;
-  row.default_path = default_path;
-  row.runnable = runnable;
-  row.auto_choices = auto_choices;
+  row.codec = codec.kind;
+  switch (codec.paths) {
+    case compressors::CollectivePaths::dense:
+    case compressors::CollectivePaths::whole_matrix:
+      // PowerSGD runs in the Reducer; its row says so and otherwise reads like the uncompressed
+      // one, which is what its dense parameters use.
+      row.default_path = A::ring;
+      row.runnable = kDenseRunnable;
+      row.auto_choices = kDenseRunnable;
+      break;
+    case compressors::CollectivePaths::bucket_quantiser:
+      row.default_path = A::sra;
+      row.runnable = kQuantisedRunnable;
+      row.auto_choices = kQuantisedAuto;
+      break;
+    case compressors::CollectivePaths::top_selection:
+      row.default_path = A::sparse;
+      row.runnable = kTopkRunnable;
+      row.auto_choices = kTopkAuto;
+      break;
+    case compressors::CollectivePaths::shared_selection:
+      row.default_path = A::randk;
+      row.runnable = kRandkPaths;
+      row.auto_choices = kRandkPaths;
+      row.shared_indices = true;
+      break;
+  }
+  row.element_codec = codec.paths != compressors::CollectivePaths::whole_matrix;
+  row.wire_values = codec.wire_values;
+  row.values_key = codec.values_key;
+  row.size_varies_with_approx = codec.size_varies_with_approx;
+  row.segment_cut = codec.segment_cut;
   return row;
 }
 
-// Indexed by CodecKind, one row per codec of compressors/codec_descriptor.cpp. A codec given no
-// row below is a build mistake: the first lookup names it and aborts, rather than letting it
-// run as `none`'s row (tests/unit/test_codec_table.cpp checks every row's content).
+// Indexed by CodecKind, one row per codec of compressors/codec_descriptor.h.
 std::vector<CodecRow> make_table() {
-  const std::size_t codecs = compressors::codec_descriptors().size();
-  std::vector<CodecRow> table(codecs);
-  std::vector<bool> given(codecs, false);
-  const auto set = [&table, &given](CodecRow row) {
-    const auto index = static_cast<std::size_t>(row.codec);
-    table[index] = row;
-    given[index] = true;
-  };
-  for (const CodecKind codec : {CodecKind::none, CodecKind::fp16, CodecKind::bf16, CodecKind::powersgd}) {
-    CodecRow row = paths(codec, A::ring, kDenseRunnable, kDenseRunnable);
-    row.wire_values = codec == CodecKind::fp16 ? DType::f16 : codec == CodecKind::bf16 ? DType::bf16 : DType::f32;
-    // PowerSGD runs in the Reducer; its row says so and otherwise reads like the uncompressed
-    // one, which is what its dense parameters use.
-    row.element_codec = codec != CodecKind::powersgd;
-    row.segment_cut = row.element_codec ? SegmentCut::any_element : SegmentCut::never;
-    set(row);
-  }
-  for (const CodecKind codec : {CodecKind::qsgd, CodecKind::sign, CodecKind::terngrad}) {
-    CodecRow row = paths(codec, A::sra, kQuantisedRunnable, kQuantisedAuto);
-    row.segment_cut = codec == CodecKind::terngrad ? SegmentCut::buckets_of_trit_codes
-                                                   : SegmentCut::buckets_of_bit_codes;
-    set(row);
-  }
-
-  CodecRow topk = paths(CodecKind::topk, A::sparse, kTopkRunnable, kTopkAuto);
-  topk.values_key = true;
-  topk.size_varies_with_approx = true;
-  set(topk);
-
-  CodecRow randk = paths(CodecKind::randk, A::randk, kRandkPaths, kRandkPaths);
-  randk.shared_indices = true;
-  randk.values_key = true;
-  set(randk);
-  for (std::size_t index = 0; index < codecs; ++index) {
-    if (given[index]) continue;
-    std::fprintf(stderr,
-                 "gradzip internal error: codec '%.*s' has no row in collectives/codec_table.cpp\n",
-                 static_cast<int>(compressors::codec_descriptors()[index].name.size()),
-                 compressors::codec_descriptors()[index].name.data());
-    std::abort();
-  }
+  std::vector<CodecRow> table;
+  for (const compressors::CodecDescriptor& codec : compressors::codec_descriptors())
+    table.push_back(row_of(codec));
   return table;
 }
 

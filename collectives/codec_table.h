@@ -1,7 +1,8 @@
-// How the collectives run each codec: one row per codec (codec_table.cpp), the one place that
-// says which algorithm algo=auto runs for it, which algorithms can run it, what it carries on
-// the wire, and the traits algorithms branch on. Adding a codec adds a row here; nothing else in
-// collectives/ switches over CodecKind for these facts.
+// How the collectives run each codec: one row per codec (codec_table.cpp), built from the
+// codec's compressors row (its family of paths and traits, compressors/codec_descriptor.h): the
+// one place that says which algorithm algo=auto runs for it, which algorithms can run it, what
+// it carries on the wire, and the traits algorithms branch on. Nothing else in collectives/
+// switches over CodecKind for these facts.
 #pragma once
 
 #include <cstddef>
@@ -10,21 +11,14 @@
 #include <string_view>
 
 #include "collectives/cost_model.h"
+#include "compressors/codec_descriptor.h"
 #include "gradzip/compression_spec.h"
 
 namespace gradzip::collectives {
 
-// Where a pipelined algorithm may cut a chunk into segments (collectives/segment_plan.h) so that
-// the segments' messages carry, headers aside, exactly the bytes of the chunk's one message and
-// decode to the same values.
-enum class SegmentCut : std::uint8_t {
-  never,         // the encode looks at the whole chunk (top-k's and random-k's selections)
-  any_element,   // element by element (the casts): any boundary
-  buckets_of_bit_codes,    // one scale per bucket, codes of <= 8 bits bit-packed (qsgd, sign):
-                           // lcm(bucket, 8) elements, whole buckets ending on a whole byte
-  buckets_of_trit_codes,   // one scale per bucket, five ternary codes a byte (terngrad):
-                           // lcm(bucket, 5) elements
-};
+// Where a pipelined algorithm may cut a chunk into segments: the codec's row says
+// (compressors/codec_descriptor.h).
+using compressors::SegmentCut;
 
 struct CodecRow {
   CodecKind codec = CodecKind::none;

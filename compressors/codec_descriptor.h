@@ -1,37 +1,90 @@
-// The compressors layer's one row per codec (codec_descriptor.cpp): its spec name and keys, its
-// error-feedback default, the codec byte of its messages and the factory of its host codec.
-// The spec parser (compression_spec.cpp), make_codec (registry.cpp), the wire format's codec
-// names (wire_format.cpp) and the CUDA routing (cuda/device_codec.cpp, whose rows are keyed by
-// the codec byte) read it; none of them switches over CodecKind.
+// A codec's row: everything the library knows about a codec besides its identity (its name,
+// CodecKind and codec byte, which gradzip/codec_list.h gives once): its spec keys and their
+// rules, its error-feedback default, the factory of its host codec, the traits the collectives
+// branch on, and the error oracles the tests and benchmarks build their bounds from.
 //
-// The collectives keep a second row per codec (collectives/codec_table.cpp: the algorithms that
-// run it and the traits they branch on), because compressors/ may not import collectives/.
-// Adding a codec: its enum value (gradzip/compression_spec.h), its wire id (wire_format.h),
-// one row here, one in collectives/codec_table.cpp and, with CUDA kernels, one in
-// cuda/device_codec.cpp (docs/architecture.md has the checklist).
+// Each codec defines its row as `<name>_codec_row` (declared below from the list): the codecs
+// with a folder in theirs (compressors/<codec>/), the others in compressors/codec_rows.cpp. The
+// table (codec_descriptors(), codec_descriptor.cpp) copies each row and fills in its identity
+// from the list, so a row never spells its own name or codec byte. The spec parser
+// (compression_spec.cpp), make_codec (registry.cpp), the wire format's codec names
+// (wire_format.cpp), the collectives' codec table (collectives/codec_table.cpp) and the CUDA
+// routing (cuda/device_codec.cpp) read the table; none of them switches over CodecKind.
+// docs/architecture.md has the add-a-codec checklist.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string_view>
 
+#include "compressors/spec_keys.h"
 #include "compressors/wire_format.h"
 #include "gradzip/codec.h"
+#include "gradzip/codec_list.h"
 
 namespace gradzip::compressors {
 
+// Which collective paths run a codec (collectives/codec_table.cpp maps each family to its
+// algorithms and to what algo=auto runs).
+enum class CollectivePaths : std::uint8_t {
+  dense,              // every element travels (none, the casts): the ring by default, any flat
+                      // algorithm
+  bucket_quantiser,   // a scale per bucket and low-bit codes (qsgd, sign, terngrad): SRA by
+                      // default; the ring and halving/doubling re-encode partial sums
+  top_selection,      // the k largest entries (top-k): the sparse all-reduce by default
+  shared_selection,   // k entries at indices every rank draws from the shared seed (random-k):
+                      // its shared-index path only
+  whole_matrix,       // compresses matrices inside the Reducer (powersgd): no collective runs it
+};
+
+// Where a pipelined algorithm may cut a chunk into segments (collectives/segment_plan.h) so that
+// the segments' messages carry, headers aside, exactly the bytes of the chunk's one message and
+// decode to the same values.
+enum class SegmentCut : std::uint8_t {
+  never,         // the encode looks at the whole chunk (top-k's and random-k's selections)
+  any_element,   // element by element (the casts): any boundary
+  buckets_of_bit_codes,    // one scale per bucket, codes of <= 8 bits bit-packed (qsgd, sign):
+                           // lcm(bucket, 8) elements, whole buckets ending on a whole byte
+  buckets_of_trit_codes,   // one scale per bucket, five ternary codes a byte (terngrad):
+                           // lcm(bucket, 5) elements
+};
+
 struct CodecDescriptor {
+  // Identity, filled in by the table from gradzip/codec_list.h (a row leaves these unset): the
+  // kind, the spec's codec name, and the codec byte of its messages (none for a codec without
+  // messages of its own).
   CodecKind kind = CodecKind::none;
-  std::string_view name;                   // the spec's codec name, e.g. "qsgd"
-  std::span<const std::string_view> keys;  // its own spec keys, in to_string()'s order
+  std::string_view name{};
+  std::optional<WireCodec> wire{};
+
+  // Its own spec keys, in to_string()'s order (the shared keys follow them).
+  std::span<const CodecKey> keys{};
+  // Rules between keys and the canonical form, run after every key is parsed: throws
+  // ErrorCode::invalid_spec naming `text`; `given` holds the keys the string named. Null: none.
+  void (*check_spec)(CompressionSpec& spec, std::string_view text,
+                     const std::set<std::string_view>& given) = nullptr;
   bool error_feedback_default = false;     // ef= when the spec does not say
-  // An element codec: the codec byte of its messages and its host codec's factory (make_codec
-  // adds the CUDA routing). A codec that compresses whole matrices inside the Reducer
-  // (powersgd) has neither, and `why_no_element_codec` is make_codec's error text.
-  std::optional<WireCodec> wire;
+  // An element codec: its host codec's factory (make_codec adds the CUDA routing). A codec that
+  // compresses whole matrices inside the Reducer (powersgd) has none, and `why_no_element_codec`
+  // is make_codec's error text.
   std::unique_ptr<Codec> (*make_host)(const CompressionSpec& spec) = nullptr;
+  std::string_view why_no_element_codec{};
+
+  // What the collectives read (collectives/codec_table.h).
+  CollectivePaths paths = CollectivePaths::dense;
+  // The 16-bit type its wire values narrow to (f32: none): fp16 and bf16 always; with
+  // `values_key`, the values= key decides (top-k, random-k). The wire-range check guards
+  // against saturation.
+  DType wire_values = DType::f32;
+  bool values_key = false;
+  // Messages differ in size between ranks for the same count with approx=on (top-k).
+  bool size_varies_with_approx = false;
+  SegmentCut segment_cut = SegmentCut::never;
+
   // The largest |D(E(y))_i - y_i| of one encode and decode of values with |y_j| <= y_max (for
   // bucket codecs: the values of y_i's bucket), f32 rounding included: what the benchmarks'
   // error bounds are built from. Null for a codec without an element codec.
@@ -44,8 +97,12 @@ struct CodecDescriptor {
   // average). 1 for an all-zero y. What the benchmarks' and tests' cosine floors
   // (allreduce_cosine_floor) are built from. Null for a codec without an element codec.
   double (*cosine_estimate)(const CompressionSpec& spec, std::span<const float> y) = nullptr;
-  std::string_view why_no_element_codec;
 };
+
+// Each codec's row, defined where the codec lives (see above).
+#define GRADZIP_DECLARE_CODEC_ROW(name, wire_id) extern const CodecDescriptor name##_codec_row;
+GRADZIP_CODECS(GRADZIP_DECLARE_CODEC_ROW)
+#undef GRADZIP_DECLARE_CODEC_ROW
 
 // The least cosine similarity with the exact sum that a compressed all-reduce may show, given
 // `single_cosine` (the smallest cosine_estimate of the ranks' inputs) and `compressions` (how many
@@ -72,7 +129,7 @@ inline constexpr std::size_t kCosineMinElementsPerRank = 1024;
 // zero, 0 when only one is (so an all-zero result fails any floor above 0).
 double cosine_similarity(std::span<const float> actual, std::span<const double> exact) noexcept;
 
-// Every row, in CodecKind order (the spec grammar's order).
+// Every row, in CodecKind order (the spec grammar's order), identities filled in.
 std::span<const CodecDescriptor> codec_descriptors() noexcept;
 
 // The row of `kind`; throws ErrorCode::internal for a value without one.

@@ -1,9 +1,8 @@
 // Parser and printer of compression spec strings (grammar in include/gradzip/compression_spec.h).
-// Codec names, their keys and error-feedback defaults come from compressors/codec_descriptor.cpp;
-// every key's parser and printer is here.
+// Codec names, their keys (each key's parser and printer) and rules come from the codecs' rows
+// (compressors/codec_descriptor.h); the shared keys' parsers and printers are here.
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cmath>
 #include <set>
 #include <span>
@@ -19,30 +18,31 @@ namespace {
 
 using compressors::CodecDescriptor;
 using compressors::codec_descriptors;
+using compressors::parse_spec_choice;  // the shared keys parse as the codecs' keys do
+using compressors::parse_spec_unsigned;
 
 constexpr std::array<std::string_view, 10> kSharedKeys = {
     "ef",   "ef_resize",      "algo",      "warmup",   "min_bytes",
     "seed", "ranks_per_node", "nonfinite", "fallback", "segment"};
 
-std::string join(std::span<const std::string_view> items) {
-  std::string out;
-  for (std::string_view item : items) {
-    if (!out.empty()) out += ", ";
-    out += item;
-  }
-  return out;
-}
-
 std::string accepted_codecs() {
   std::vector<std::string_view> names;
   for (const CodecDescriptor& row : codec_descriptors()) names.push_back(row.name);
-  return join(names);
+  return compressors::join_names(names);
 }
 
 std::string accepted_keys(const CodecDescriptor& entry) {
-  std::vector<std::string_view> keys(entry.keys.begin(), entry.keys.end());
+  std::vector<std::string_view> keys;
+  for (const compressors::CodecKey& key : entry.keys) keys.push_back(key.name);
   keys.insert(keys.end(), kSharedKeys.begin(), kSharedKeys.end());
-  return join(keys);
+  return compressors::join_names(keys);
+}
+
+// The row's key named `name`, or null.
+const compressors::CodecKey* find_key(const CodecDescriptor& entry, std::string_view name) {
+  for (const compressors::CodecKey& key : entry.keys)
+    if (key.name == name) return &key;
+  return nullptr;
 }
 
 std::string_view trim(std::string_view text) {
@@ -50,34 +50,6 @@ std::string_view trim(std::string_view text) {
   while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
   while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
   return text;
-}
-
-[[noreturn]] void bad_value(std::string_view spec, std::string_view key, std::string_view value,
-                            std::string_view expected) {
-  GZ_THROW(ErrorCode::invalid_spec, "compression spec '", spec, "': bad value '", value,
-           "' for key '", key, "'; expected ", expected);
-}
-
-std::uint64_t parse_unsigned(std::string_view spec, std::string_view key, std::string_view value,
-                             std::uint64_t min, std::uint64_t max) {
-  std::uint64_t result = 0;
-  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), result);
-  if (error != std::errc() || end != value.data() + value.size() || result < min || result > max) {
-    bad_value(spec, key, value,
-              detail::concat("an integer in [", min, ", ", max, "]"));
-  }
-  return result;
-}
-
-double parse_ratio(std::string_view spec, std::string_view key, std::string_view value) {
-  // std::from_chars for double is in libstdc++ 11+.
-  double result = 0.0;
-  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), result);
-  if (error != std::errc() || end != value.data() + value.size() || !std::isfinite(result) ||
-      !(result > 0.0) || result > 1.0) {
-    bad_value(spec, key, value, "a number in (0, 1]");
-  }
-  return result;
 }
 
 // The algo= values and their names, in Algorithm's order: what the parser accepts and
@@ -93,17 +65,6 @@ constexpr std::array<std::pair<std::string_view, Algorithm>, 7> kAlgorithmNames{
     {"rhd", Algorithm::rhd},
     {"tree", Algorithm::tree},
 }};
-
-template <typename T, typename Choices = std::initializer_list<std::pair<std::string_view, T>>>
-T parse_choice(std::string_view spec, std::string_view key, std::string_view value,
-               const Choices& choices) {
-  std::vector<std::string_view> names;
-  for (const auto& [name, result] : choices) {
-    if (name == value) return result;
-    names.push_back(name);
-  }
-  bad_value(spec, key, value, "one of: " + join(names));
-}
 
 }  // namespace
 
@@ -167,58 +128,44 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
     const std::string_view key = trim(option.substr(0, equals));
     const std::string_view value = trim(option.substr(equals + 1));
 
-    const bool codec_key = std::find(entry->keys.begin(), entry->keys.end(), key) != entry->keys.end();
+    const compressors::CodecKey* codec_key = find_key(*entry, key);
     const bool shared_key = std::find(kSharedKeys.begin(), kSharedKeys.end(), key) != kSharedKeys.end();
-    GZ_REQUIRE(codec_key || shared_key, ErrorCode::invalid_spec, "compression spec '", spec,
+    GZ_REQUIRE(codec_key != nullptr || shared_key, ErrorCode::invalid_spec, "compression spec '", spec,
                "': unknown key '", key, "' for codec '", entry->name,
                "'; accepted keys: ", accepted_keys(*entry));
     GZ_REQUIRE(seen.insert(key).second, ErrorCode::invalid_spec, "compression spec '", spec,
                "': key '", key, "' given twice");
 
-    if (key == "bits") {
-      result.bits = static_cast<int>(parse_unsigned(spec, key, value, 1, 8));
-    } else if (key == "bucket") {
-      result.bucket = parse_unsigned(spec, key, value, 1, std::uint64_t{1} << 31);
-    } else if (key == "ratio") {
-      result.ratio = parse_ratio(spec, key, value);
-    } else if (key == "k") {
-      result.k = parse_unsigned(spec, key, value, 1, UINT64_MAX);
-    } else if (key == "approx") {
-      result.approx = parse_choice<bool>(spec, key, value, {{"on", true}, {"off", false}});
-    } else if (key == "values") {
-      result.values = parse_choice<DType>(spec, key, value, {{"fp32", DType::f32}, {"fp16", DType::f16}});
-    } else if (key == "ramp") {
-      result.ramp = static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, UINT32_MAX));
-    } else if (key == "rank") {
-      result.rank = static_cast<int>(parse_unsigned(spec, key, value, 1, 1024));
+    if (codec_key != nullptr) {
+      codec_key->parse(result, value, spec);
     } else if (key == "ef") {
-      result.error_feedback = parse_choice<bool>(spec, key, value, {{"on", true}, {"off", false}});
+      result.error_feedback = parse_spec_choice<bool>(spec, key, value, {{"on", true}, {"off", false}});
     } else if (key == "ef_resize") {
-      result.ef_resize = parse_choice<ResizePolicy>(
+      result.ef_resize = parse_spec_choice<ResizePolicy>(
           spec, key, value, {{"error", ResizePolicy::error}, {"reset", ResizePolicy::reset}});
     } else if (key == "algo") {
       // "allgather" is the sparse all-reduce's former name, still accepted.
-      result.algo = parse_choice<Algorithm>(spec, key, value == "allgather" ? "sparse" : value,
-                                            kAlgorithmNames);
+      result.algo = parse_spec_choice<Algorithm>(spec, key, value == "allgather" ? "sparse" : value,
+                                                 kAlgorithmNames);
     } else if (key == "warmup") {
-      result.warmup = static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, UINT32_MAX));
+      result.warmup = static_cast<std::uint32_t>(parse_spec_unsigned(spec, key, value, 0, UINT32_MAX));
     } else if (key == "min_bytes") {
-      result.min_bytes = parse_unsigned(spec, key, value, 0, UINT64_MAX);
+      result.min_bytes = parse_spec_unsigned(spec, key, value, 0, UINT64_MAX);
     } else if (key == "seed") {
-      result.seed = parse_unsigned(spec, key, value, 0, UINT64_MAX);
+      result.seed = parse_spec_unsigned(spec, key, value, 0, UINT64_MAX);
     } else if (key == "ranks_per_node") {
       result.ranks_per_node =
-          static_cast<std::uint32_t>(parse_unsigned(spec, key, value, 0, 1u << 20));
+          static_cast<std::uint32_t>(parse_spec_unsigned(spec, key, value, 0, 1u << 20));
     } else if (key == "nonfinite") {
-      result.nonfinite = parse_choice<NonfinitePolicy>(spec, key, value,
+      result.nonfinite = parse_spec_choice<NonfinitePolicy>(spec, key, value,
                                                        {{"propagate", NonfinitePolicy::propagate},
                                                         {"error", NonfinitePolicy::error},
                                                         {"skip", NonfinitePolicy::skip}});
     } else if (key == "fallback") {
-      result.fallback = parse_choice<FallbackPolicy>(
+      result.fallback = parse_spec_choice<FallbackPolicy>(
           spec, key, value, {{"off", FallbackPolicy::off}, {"dense", FallbackPolicy::dense}});
     } else if (key == "segment") {
-      result.segment_bytes = parse_unsigned(spec, key, value, 0, UINT64_MAX);
+      result.segment_bytes = parse_spec_unsigned(spec, key, value, 0, UINT64_MAX);
     } else {
       GZ_THROW(ErrorCode::internal, "compression spec: key '", key, "' accepted but not handled");
     }
@@ -226,16 +173,7 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }
-  GZ_REQUIRE(!(seen.count("ratio") && seen.count("k")), ErrorCode::invalid_spec,
-             "compression spec '", spec, "': give ratio or k, not both");
-  // 1-bit qsgd decodes every element to +-(bucket maximum): its error is as large as the
-  // signal, and feeding it back grows the maximum every step (measured: the residual reaches
-  // 1e28 in 100 steps). `sign` scales by the mean |g| instead and is the 1-bit codec for EF.
-  GZ_REQUIRE(!(result.codec == CodecKind::qsgd && result.bits == 1 && result.error_feedback),
-             ErrorCode::invalid_spec, "compression spec '", spec,
-             "': qsgd with bits=1 and ef=on diverges (each element's error is up to twice the "
-             "bucket maximum, and error feedback amplifies it); use 'sign' for 1-bit with error "
-             "feedback, or ef=off");
+  if (entry->check_spec != nullptr) entry->check_spec(result, spec, seen);
   // fallback=dense is a choice algo=auto's cost model makes; an explicit algorithm is the
   // user's, and PowerSGD runs in the Reducer, where no single collective chooses.
   GZ_REQUIRE(result.fallback == FallbackPolicy::off || result.algo == Algorithm::auto_select,
@@ -246,7 +184,6 @@ CompressionSpec CompressionSpec::parse(std::string_view text) {
              ErrorCode::invalid_spec, "compression spec '", spec,
              "': fallback=dense is a collective's choice and powersgd runs in the Reducer, not "
              "in a single collective");
-  if (seen.count("k")) result.ratio = 0.01;  // canonical: k decides, ratio keeps its default
   return result;
 }
 
@@ -254,19 +191,9 @@ std::string CompressionSpec::to_string() const {
   const CodecDescriptor& entry = compressors::codec_descriptor(codec);
   std::string out(entry.name);
   std::vector<std::string> options;
-  for (std::string_view key : entry.keys) {
-    if (key == "bits") options.push_back(detail::concat("bits=", bits));
-    if (key == "bucket") options.push_back(detail::concat("bucket=", bucket));
-    if (key == "ratio" && k == 0) {
-      char buffer[64];
-      const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, ratio);
-      options.push_back("ratio=" + std::string(buffer, error == std::errc() ? end : buffer));
-    }
-    if (key == "k" && k != 0) options.push_back(detail::concat("k=", k));
-    if (key == "approx") options.push_back(approx ? "approx=on" : "approx=off");
-    if (key == "values") options.push_back(values == DType::f16 ? "values=fp16" : "values=fp32");
-    if (key == "ramp") options.push_back(detail::concat("ramp=", ramp));
-    if (key == "rank") options.push_back(detail::concat("rank=", rank));
+  for (const compressors::CodecKey& key : entry.keys) {
+    std::string option = key.print(*this);
+    if (!option.empty()) options.push_back(std::move(option));
   }
   options.push_back(error_feedback ? "ef=on" : "ef=off");
   options.push_back(ef_resize == ResizePolicy::reset ? "ef_resize=reset" : "ef_resize=error");

@@ -21,6 +21,7 @@
 #include <span>
 #include <string_view>
 
+#include "gradzip/codec_list.h"
 #include "kernels/randk_math.h"
 
 namespace gradzip::compressors {
@@ -29,18 +30,12 @@ inline constexpr std::uint32_t kWireMagic = 0x505A4447u;
 inline constexpr std::uint8_t kWireVersion = 1;
 inline constexpr std::size_t kWireHeaderBytes = 32;
 
-// The codec byte of a message. Each element codec's row in compressors/codec_descriptor.cpp names
-// its id; an id is never reused for another layout.
-enum class WireCodec : std::uint8_t {
-  none = 1,
-  fp16 = 2,
-  bf16 = 3,
-  qsgd = 4,
-  sign = 5,
-  topk = 6,
-  randk = 7,
-  terngrad = 8,
-};
+// The codec byte of a message: one enumerator per codec of gradzip/codec_list.h, whose line
+// gives its value. 0 (powersgd's) means the codec sends no messages of its own: no header
+// carries it, and read_header refuses it as it refuses any byte without a codec.
+#define GRADZIP_WIRE_CODEC(name, wire_id) name = wire_id,
+enum class WireCodec : std::uint8_t { GRADZIP_CODECS(GRADZIP_WIRE_CODEC) };
+#undef GRADZIP_WIRE_CODEC
 
 // The spec name of the codec whose messages carry `codec` ("unknown" for an id without a row).
 std::string_view wire_codec_name(WireCodec codec) noexcept;

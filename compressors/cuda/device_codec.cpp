@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "compressors/codec_descriptor.h"
+#include "compressors/cuda/device_codec_row.h"
 #include "compressors/cuda/device_support.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
@@ -81,12 +82,6 @@ void widen_half_payload(const std::byte* d_payload, std::size_t count, bool bf16
 
 
 // ---- encode ------------------------------------------------------------------------------------
-
-// Each codec's device encoder: writes the payload of `spec`'s message for the f32 values
-// d_in[0, n) at d_payload and returns the header (which the caller copies in front of it).
-using DeviceEncoder = WireHeader (*)(const CompressionSpec& spec, const float* d_in, std::size_t n,
-                                     const EncodeContext& ctx, std::byte* d_payload,
-                                     const std::string& op);
 
 WireHeader encode_none(const CompressionSpec& /*spec*/, const float* d_in, std::size_t n,
                        const EncodeContext& /*ctx*/, std::byte* d_payload, const std::string& op) {
@@ -234,12 +229,6 @@ WireHeader encode_randk(const CompressionSpec& spec, const float* d_in, std::siz
 
 // ---- decode ------------------------------------------------------------------------------------
 
-struct DecodeTarget {
-  float* data = nullptr;  // f32 values: the output itself, or scratch widened into it
-  std::size_t count = 0;
-  bool accumulate = false;
-};
-
 std::string describe_qsgd_status(int status) {
   return status == cuda::kQsgdStatusNonzeroCode
              ? "a bucket with a non-finite scale holds a non-zero code (expected every code of such a bucket to be 0)"
@@ -265,14 +254,6 @@ std::size_t expected_cast_payload(const WireHeader& header, std::size_t element_
              header.count, " elements (expected ", element_bytes, " per element)");
   return static_cast<std::size_t>(header.payload_bytes);
 }
-
-// Each codec's device decoder: checks the codec-specific header fields the host decoder
-// checks, then decodes the payload into `target`. `prefix` holds the first bytes of the message
-// (the header and, for randk, its key). Returns with the work stream synchronised (each ends
-// with its one wait), or in a stream-ordered call with the work queued.
-using DeviceDecoder = void (*)(const WireHeader& header, std::span<const std::byte> prefix,
-                               const std::byte* d_payload, const DecodeTarget& target,
-                               const std::string& op);
 
 void decode_none(const WireHeader& header, std::span<const std::byte> /*prefix*/,
                  const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
@@ -453,81 +434,74 @@ void decode_terngrad(const WireHeader& header, std::span<const std::byte> /*pref
   status.check();  // synchronous calls: the one wait; stream-ordered: nothing
 }
 
-// The CUDA routing: one row per element codec, found by its codec byte (the codec's row in
-// compressors/codec_descriptor.cpp gives that). A codec without a row here refuses CUDA tensors.
-struct DeviceCodecRow {
-  WireCodec wire;
-  DeviceEncoder encode;
-  DeviceDecoder decode;
-  // fp16 / bf16: a decode (not decode_add) into a tensor of this dtype copies the payload, as
-  // the host codec does.
-  std::optional<DType> copied_payload_dtype;
-};
+// ---- fixed headers -----------------------------------------------------------------------------
 
-const DeviceCodecRow kDeviceCodecs[] = {
-    {WireCodec::none, encode_none, decode_none, std::nullopt},
-    {WireCodec::fp16, encode_fp16, decode_fp16, DType::f16},
-    {WireCodec::bf16, encode_bf16, decode_bf16, DType::bf16},
-    {WireCodec::qsgd, encode_qsgd, decode_qsgd, std::nullopt},
-    {WireCodec::sign, encode_sign, decode_sign, std::nullopt},
-    {WireCodec::topk, encode_topk, decode_topk, std::nullopt},
-    {WireCodec::randk, encode_randk, decode_randk, std::nullopt},
-    {WireCodec::terngrad, encode_terngrad, decode_terngrad, std::nullopt},
-};
+std::optional<WireHeader> fixed_none(const CompressionSpec&, std::size_t n) {
+  return WireHeader{WireCodec::none, 0, 0, n, n * sizeof(float), 0};
+}
+std::optional<WireHeader> fixed_fp16(const CompressionSpec&, std::size_t n) {
+  return WireHeader{WireCodec::fp16, 0, 0, n, n * 2, 0};
+}
+std::optional<WireHeader> fixed_bf16(const CompressionSpec&, std::size_t n) {
+  return WireHeader{WireCodec::bf16, 0, 0, n, n * 2, 0};
+}
+std::optional<WireHeader> fixed_qsgd(const CompressionSpec& spec, std::size_t n) {
+  return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n,
+                    cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket), spec.bucket};
+}
+std::optional<WireHeader> fixed_sign(const CompressionSpec& spec, std::size_t n) {
+  return WireHeader{WireCodec::sign, 0, 1, n, cuda::sign_payload_bytes(n, spec.bucket),
+                    spec.bucket};
+}
+std::optional<WireHeader> fixed_terngrad(const CompressionSpec& spec, std::size_t n) {
+  if (!kernels::terngrad_layout_fits(n, spec.bucket)) return std::nullopt;
+  return WireHeader{WireCodec::terngrad, 0, 0, n,
+                    kernels::terngrad_layout(n, spec.bucket).payload_bytes(), spec.bucket};
+}
+// Exact top-k only: approximate top-k's entry count varies.
+std::optional<WireHeader> fixed_topk(const CompressionSpec& spec, std::size_t n) {
+  if (spec.approx) return std::nullopt;
+  const std::size_t k = spec.k_for(n);
+  const bool wide = n > kTopkMaxNarrowCount;
+  const bool half = spec.values == DType::f16;
+  std::uint8_t flags = wide ? kTopkWideIndices : 0;
+  if (half) flags |= kTopkHalfValues;
+  return WireHeader{WireCodec::topk, flags, 0, n, k * ((wide ? 8 : 4) + (half ? 2 : 4)), k};
+}
 
-// The device row of each codec byte (null: no CUDA routing), built once.
-const std::array<const DeviceCodecRow*, 256>& device_rows_by_wire_id() {
-  static const std::array<const DeviceCodecRow*, 256> rows = [] {
-    std::array<const DeviceCodecRow*, 256> by_id{};
-    for (const DeviceCodecRow& row : kDeviceCodecs)
-      by_id[static_cast<std::uint8_t>(row.wire)] = &row;
-    return by_id;
-  }();
-  return rows;
+// ---- rows ----------------------------------------------------------------------------------------
+
+constexpr DeviceCodecRow kNoneDevice{encode_none, decode_none, std::nullopt, fixed_none};
+constexpr DeviceCodecRow kFp16Device{encode_fp16, decode_fp16, DType::f16, fixed_fp16};
+constexpr DeviceCodecRow kBf16Device{encode_bf16, decode_bf16, DType::bf16, fixed_bf16};
+constexpr DeviceCodecRow kQsgdDevice{encode_qsgd, decode_qsgd, std::nullopt, fixed_qsgd};
+constexpr DeviceCodecRow kSignDevice{encode_sign, decode_sign, std::nullopt, fixed_sign};
+constexpr DeviceCodecRow kTopkDevice{encode_topk, decode_topk, std::nullopt, fixed_topk};
+// Random-k's key travels in the message: no fixed header (device_decode_own compares it).
+constexpr DeviceCodecRow kRandkDevice{encode_randk, decode_randk, std::nullopt, nullptr};
+constexpr DeviceCodecRow kTerngradDevice{encode_terngrad, decode_terngrad, std::nullopt,
+                                         fixed_terngrad};
+
+// Each codec's row, in CodecKind order (null: no device path), built once from the list.
+const DeviceCodecRow* device_row_of(CodecKind kind) {
+#define GRADZIP_DEVICE_ROW_ENTRY(name, wire_id) name##_device_row,
+  static const std::array rows{GRADZIP_CODECS(GRADZIP_DEVICE_ROW_ENTRY)};
+#undef GRADZIP_DEVICE_ROW_ENTRY
+  const auto index = static_cast<std::size_t>(kind);
+  return index < rows.size() ? rows[index] : nullptr;
 }
 
 const DeviceCodecRow& device_row(const CompressionSpec& spec, const std::string& op) {
-  const CodecDescriptor& codec = codec_descriptor(spec.codec);
-  const DeviceCodecRow* row =
-      codec.wire ? device_rows_by_wire_id()[static_cast<std::uint8_t>(*codec.wire)] : nullptr;
+  const DeviceCodecRow* row = device_row_of(spec.codec);
   GZ_REQUIRE(row != nullptr, ErrorCode::unsupported, op, ": spec '", spec.to_string(),
              "' has no device codec");
   return *row;
 }
 
-// The header of every message `spec` writes for n elements, when it follows from them alone
-// (the codecs whose message size is fixed): what a stream-ordered decode compares the received
-// header with on the device. nullopt for random-k (its key travels in the message) and
-// approximate top-k (its entry count varies).
-std::optional<WireHeader> fixed_header(const CompressionSpec& spec, WireCodec wire, std::size_t n) {
-  switch (wire) {
-    case WireCodec::none:
-      return WireHeader{WireCodec::none, 0, 0, n, n * sizeof(float), 0};
-    case WireCodec::fp16:
-    case WireCodec::bf16:
-      return WireHeader{wire, 0, 0, n, n * 2, 0};
-    case WireCodec::qsgd:
-      return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n,
-                        cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket), spec.bucket};
-    case WireCodec::sign:
-      return WireHeader{WireCodec::sign, 0, 1, n, cuda::sign_payload_bytes(n, spec.bucket),
-                        spec.bucket};
-    case WireCodec::terngrad:
-      if (!kernels::terngrad_layout_fits(n, spec.bucket)) return std::nullopt;
-      return WireHeader{WireCodec::terngrad, 0, 0, n,
-                        kernels::terngrad_layout(n, spec.bucket).payload_bytes(), spec.bucket};
-    case WireCodec::topk: {
-      if (spec.approx) return std::nullopt;
-      const std::size_t k = spec.k_for(n);
-      const bool wide = n > kTopkMaxNarrowCount;
-      const bool half = spec.values == DType::f16;
-      std::uint8_t flags = wide ? kTopkWideIndices : 0;
-      if (half) flags |= kTopkHalfValues;
-      return WireHeader{WireCodec::topk, flags, 0, n, k * ((wide ? 8 : 4) + (half ? 2 : 4)), k};
-    }
-    default:
-      return std::nullopt;
-  }
+// The row's fixed header of `spec`'s messages of n elements, or nullopt.
+std::optional<WireHeader> fixed_header(const DeviceCodecRow& row, const CompressionSpec& spec,
+                                       std::size_t n) {
+  return row.fixed_header != nullptr ? row.fixed_header(spec, n) : std::nullopt;
 }
 
 std::array<std::byte, kWireHeaderBytes> header_bytes_of(const WireHeader& header) {
@@ -547,6 +521,17 @@ std::string describe_header_mismatch(int /*status*/) {
 }
 
 }  // namespace
+
+// The rows of the codecs without a folder of their own (compressors/cuda/device_codec_row.h).
+const DeviceCodecRow* const none_device_row = &kNoneDevice;
+const DeviceCodecRow* const fp16_device_row = &kFp16Device;
+const DeviceCodecRow* const bf16_device_row = &kBf16Device;
+const DeviceCodecRow* const qsgd_device_row = &kQsgdDevice;
+const DeviceCodecRow* const sign_device_row = &kSignDevice;
+const DeviceCodecRow* const topk_device_row = &kTopkDevice;
+const DeviceCodecRow* const randk_device_row = &kRandkDevice;
+const DeviceCodecRow* const powersgd_device_row = nullptr;  // the Reducer's matrices only
+const DeviceCodecRow* const terngrad_device_row = &kTerngradDevice;
 
 bool device_codecs_built() noexcept { return true; }
 
@@ -645,12 +630,7 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
   cuda::require_device_pointer(out.data(), g.device.index, op, "the output message buffer");
   const auto* d_grad = static_cast<const float*>(g.data);
   if (sparse) return encode_sparse_with_feedback(codec, d_grad, n, d_residual, out, ctx, op);
-  const WireCodec wire = sign       ? WireCodec::sign
-                         : qsgd     ? WireCodec::qsgd
-                         : terngrad ? WireCodec::terngrad
-                         : bf16 ? WireCodec::bf16
-                                : WireCodec::fp16;
-  const std::optional<WireHeader> header = fixed_header(spec, wire, n);
+  const std::optional<WireHeader> header = fixed_header(device_row(spec, op), spec, n);
   GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for ", spec.to_string());
   if (sign) {
     if (!cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket,
@@ -703,7 +683,7 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
   WireHeader header;
   const std::optional<WireHeader> fixed =
-      cuda::stream_ordered() ? fixed_header(spec, row.wire, out.count) : std::nullopt;
+      cuda::stream_ordered() ? fixed_header(row, spec, out.count) : std::nullopt;
   if (fixed) {
     // Stream-ordered: the header this spec writes for out.count elements, compared with the
     // received one on the device (the size, the host knows).
@@ -727,7 +707,7 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
     }
     header = check_header_for(
         read_header_copy(std::span<const std::byte>(prefix).first(prefix_bytes), in.size(), op),
-        row.wire, out.count, op);
+        *codec_descriptor(spec.codec).wire, out.count, op);
   }
   const std::byte* d_payload = in.data() + kWireHeaderBytes;
 

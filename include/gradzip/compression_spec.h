@@ -73,11 +73,15 @@
 #include <string>
 #include <string_view>
 
+#include "gradzip/codec_list.h"
 #include "gradzip/dtype.h"
 
 namespace gradzip {
 
-enum class CodecKind : std::uint8_t { none, fp16, bf16, qsgd, sign, topk, randk, powersgd, terngrad };
+// One enumerator per codec of gradzip/codec_list.h, in its order.
+#define GRADZIP_CODEC_KIND(name, wire_id) name,
+enum class CodecKind : std::uint8_t { GRADZIP_CODECS(GRADZIP_CODEC_KIND) };
+#undef GRADZIP_CODEC_KIND
 // sparse: the sparse all-reduce (every rank's whole compressed message all-gathered, the decoded
 // messages summed; top-k's default). `allgather` is its former name, kept so that existing code
 // compiles.

@@ -76,7 +76,9 @@ TEST(AlgorithmChoice, TheRowsNameTheirAlgoValuesAsTheParserDoes) {
     EXPECT_TRUE(with_rows.insert(*row.spec_value).second) << row.name;
   }
   for (const Algorithm algo : kAlgorithms)
-    if (algo != Algorithm::auto_select) EXPECT_EQ(with_rows.count(algo), 1u) << algorithm_name(algo);
+    if (algo != Algorithm::auto_select) {
+      EXPECT_EQ(with_rows.count(algo), 1u) << algorithm_name(algo);
+    }
   EXPECT_EQ(with_rows.size() + 1, std::size(kAlgorithms)) << "an algo= value this test does not list";
 }
 

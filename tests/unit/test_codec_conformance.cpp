@@ -96,7 +96,9 @@ TEST(CodecConformance, RegistryIsCovered) {
                                         << "' has no spec in tests/fuzz/fuzz_specs.h";
   // Without an element codec (powersgd) a row says why, and make_codec says it.
   for (const CodecDescriptor& row : compressors::codec_descriptors())
-    if (!row.wire) EXPECT_FALSE(row.why_no_element_codec.empty()) << row.name;
+    if (!row.wire) {
+      EXPECT_FALSE(row.why_no_element_codec.empty()) << row.name;
+    }
 }
 
 class ConformanceOnEachIsa : public testing::PerIsaTest {};

@@ -22,19 +22,26 @@ using compressors::find_wire_descriptor;
 using compressors::WireCodec;
 using testing::error_code_of;
 
-// The public enum's values, written out: a value added without a row fails here.
-constexpr CodecKind kEveryCodec[] = {CodecKind::none, CodecKind::fp16,  CodecKind::bf16,
-                                     CodecKind::qsgd, CodecKind::sign,  CodecKind::topk,
-                                     CodecKind::randk, CodecKind::powersgd, CodecKind::terngrad};
+// gradzip/codec_list.h, read by the test itself: each codec's name and codec byte, in order.
+struct ListedCodec {
+  std::string_view name;
+  int wire_id;
+};
+#define GRADZIP_LISTED_CODEC(name, wire_id) ListedCodec{#name, wire_id},
+constexpr ListedCodec kListedCodecs[] = {GRADZIP_CODECS(GRADZIP_LISTED_CODEC)};
+#undef GRADZIP_LISTED_CODEC
 
 TEST(CodecDescriptor, OneRowPerCodecInEnumOrder) {
-  ASSERT_EQ(codec_descriptors().size(), std::size(kEveryCodec));
+  // Row i is the list's line i, with the list's name and codec byte (0: no messages).
+  ASSERT_EQ(codec_descriptors().size(), std::size(kListedCodecs));
   std::set<std::string_view> names;
   std::set<int> wire_ids;
-  for (std::size_t i = 0; i < std::size(kEveryCodec); ++i) {
+  for (std::size_t i = 0; i < std::size(kListedCodecs); ++i) {
     const CodecDescriptor& row = codec_descriptors()[i];
     SCOPED_TRACE(std::string(row.name));
-    EXPECT_EQ(row.kind, kEveryCodec[i]);
+    EXPECT_EQ(static_cast<std::size_t>(row.kind), i);
+    EXPECT_EQ(row.name, kListedCodecs[i].name);
+    EXPECT_EQ(row.wire ? static_cast<int>(*row.wire) : 0, kListedCodecs[i].wire_id);
     EXPECT_EQ(&codec_descriptor(row.kind), &row);
     EXPECT_EQ(find_codec_descriptor(row.name), &row);
     EXPECT_EQ(codec_kind_name(row.kind), row.name);
@@ -69,15 +76,15 @@ TEST(CodecDescriptor, TheParserTakesNamesKeysAndDefaultsFromTheRows) {
                             &message),
               ErrorCode::invalid_spec);
     std::string expected = "accepted keys: ";
-    for (const std::string_view key : row.keys) expected += std::string(key) + ", ";
+    for (const compressors::CodecKey& key : row.keys) expected += std::string(key.name) + ", ";
     expected += "ef, ef_resize";
     EXPECT_NE(message.find(expected), std::string::npos) << message;
     // to_string writes the row's keys in the row's order, before the shared ones.
     const std::string canonical = spec.to_string();
     std::size_t at = canonical.find(':');
-    for (const std::string_view key : row.keys) {
-      if (key == "k") continue;  // written instead of ratio only when given
-      const std::size_t found = canonical.find(std::string(key) + "=", at);
+    for (const compressors::CodecKey& key : row.keys) {
+      if (key.name == "k") continue;  // written instead of ratio only when given
+      const std::size_t found = canonical.find(std::string(key.name) + "=", at);
       ASSERT_NE(found, std::string::npos) << canonical;
       at = found;
     }

@@ -1,0 +1,323 @@
+// The rows of the codecs that have no folder of their own (compressors/codec_descriptor.h):
+// their spec keys, rules, factories, collective traits and error oracles.
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compressors/codec_descriptor.h"
+#include "compressors/registry.h"
+#include "gradzip/error.h"
+
+namespace gradzip::compressors {
+namespace {
+
+// Unit roundoff of f32: an add or a cast to f32 errs by at most this much of the result.
+constexpr double kF32Unit = 0x1p-24;
+
+// The error bounds (CodecDescriptor::error_bound), from each codec's definition:
+//   none        exact
+//   fp16        round to nearest even: 2^-11 |y| for normal results, 2^-25 absolute below
+//   bf16        2^-8 |y|
+//   qsgd:bits=b levels scale * q / s, s = 2^(b-1) - 1, scale = the bucket's max |y| <= y_max:
+//               stochastic rounding lands on a neighbouring level, |err| <= scale / s (b = 1:
+//               the levels are -scale and +scale, |err| <= 2 scale); plus the f32 rounding of
+//               q * scale / s
+//   terngrad    qsgd's 2-bit levels {-scale, 0, +scale}: |err| <= scale, plus f32 rounding
+//   sign        decodes to +-mean|y| of the bucket: |err| <= |y| + mean <= 2 y_max
+//   topk, randk a dropped element errs by |y| <= y_max, a kept one by 0 (f32 values) or by the
+//               f16 rounding (values=fp16, < y_max)
+double exact_bound(const CompressionSpec&, double) { return 0; }
+double fp16_bound(const CompressionSpec&, double y_max) { return 0x1p-11 * y_max + 0x1p-25; }
+double bf16_bound(const CompressionSpec&, double y_max) { return 0x1p-8 * y_max; }
+double qsgd_bound(const CompressionSpec& spec, double y_max) {
+  const double levels = spec.bits == 1 ? 0.5 : static_cast<double>((1 << (spec.bits - 1)) - 1);
+  return y_max / levels + 4 * kF32Unit * y_max;
+}
+double terngrad_bound(const CompressionSpec&, double y_max) { return y_max + 4 * kF32Unit * y_max; }
+double sign_bound(const CompressionSpec&, double y_max) { return 2 * y_max; }
+double sparse_bound(const CompressionSpec&, double y_max) { return y_max; }
+
+// The cosine estimates (CodecDescriptor::cosine_estimate), from each codec's definition. They
+// read y only. Sums are in f64.
+double squared_norm(std::span<const float> y) {
+  double sum = 0;
+  for (const float v : y) sum += static_cast<double>(v) * v;
+  return sum;
+}
+
+// cos(y + e, y) >= sqrt(1 - d^2) whenever |e| <= d |y| with d < 1 (the sine of the angle is at
+// most d).
+double cosine_of_relative_error(double relative) {
+  return relative < 1 ? std::sqrt(1 - relative * relative) : 0.0;
+}
+
+double exact_cosine(const CompressionSpec&, std::span<const float>) { return 1; }
+
+// |err_i| <= 2^-11 |y_i| + 2^-25 (fp16_bound), so |err| <= 2^-11 |y| + 2^-25 sqrt(n).
+double fp16_cosine(const CompressionSpec&, std::span<const float> y) {
+  const double norm = std::sqrt(squared_norm(y));
+  if (norm == 0) return 1;
+  return cosine_of_relative_error(0x1p-11 + 0x1p-25 * std::sqrt(static_cast<double>(y.size())) /
+                                                norm);
+}
+
+double bf16_cosine(const CompressionSpec&, std::span<const float>) {
+  return cosine_of_relative_error(0x1p-8);
+}
+
+// Unbiased stochastic rounding, per bucket, to the levels -scale + j * spacing (bits = 1:
+// spacing 2 scale from -scale) or +-q * spacing (spacing = scale / s): a value a fraction f of
+// the way between two levels gets variance f (1 - f) spacing^2, and the rounding errors are
+// uncorrelated with y, so E |D(E(y))|^2 = |y|^2 + variance and cos ~ 1 / sqrt(1 + variance/|y|^2).
+double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, int bits) {
+  const double levels = bits == 1 ? 1.0 : static_cast<double>((1 << (bits - 1)) - 1);
+  double energy = 0, variance = 0;
+  for (std::size_t begin = 0; begin < y.size(); begin += bucket) {
+    const std::span<const float> part = y.subspan(begin, std::min(bucket, y.size() - begin));
+    double scale = 0;
+    for (const float v : part) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+    if (scale == 0) continue;
+    const double spacing = bits == 1 ? 2 * scale : scale / levels;
+    for (const float v : part) {
+      const double position =
+          bits == 1 ? (v + scale) / spacing : std::fabs(static_cast<double>(v)) / spacing;
+      const double fraction = position - std::floor(position);
+      energy += static_cast<double>(v) * v;
+      variance += fraction * (1 - fraction) * spacing * spacing;
+    }
+  }
+  return energy == 0 ? 1.0 : 1 / std::sqrt(1 + variance / energy);
+}
+
+double qsgd_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  return stochastic_levels_cosine(y, spec.bucket, spec.bits);
+}
+
+double terngrad_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  return stochastic_levels_cosine(y, spec.bucket, 2);  // qsgd's 2-bit levels
+}
+
+// Each bucket decodes to m sign(y), m = mean |y|: <D, y> = m sum |y| = d m^2 = |D|^2, so
+// cos = |D| / |y| = sqrt(sum over buckets of d m^2) / |y|.
+double sign_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  double energy = 0, kept = 0;
+  for (std::size_t begin = 0; begin < y.size(); begin += spec.bucket) {
+    const std::span<const float> part = y.subspan(begin, std::min(spec.bucket, y.size() - begin));
+    double magnitude = 0;
+    for (const float v : part) {
+      magnitude += std::fabs(static_cast<double>(v));
+      energy += static_cast<double>(v) * v;
+    }
+    kept += magnitude * magnitude / static_cast<double>(part.size());
+  }
+  return energy == 0 ? 1.0 : std::sqrt(kept / energy);
+}
+
+// Exact top-k keeps the k largest |y|: cos = sqrt(their share of |y|^2). approx=on keeps the
+// exact top m for some m >= ceil(k/2) (compressors/topk.cpp), so the estimate uses ceil(k/2).
+double topk_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  const double energy = squared_norm(y);
+  if (energy == 0) return 1;
+  std::size_t kept = std::min(spec.k_for(y.size()), y.size());
+  if (spec.approx) kept = (kept + 1) / 2;
+  std::vector<float> magnitudes(y.size());
+  std::transform(y.begin(), y.end(), magnitudes.begin(), [](float v) { return std::fabs(v); });
+  std::nth_element(magnitudes.begin(), magnitudes.begin() + static_cast<std::ptrdiff_t>(kept),
+                   magnitudes.end(), std::greater<>());
+  double kept_energy = 0;
+  for (std::size_t i = 0; i < kept; ++i)
+    kept_energy += static_cast<double>(magnitudes[i]) * magnitudes[i];
+  return std::sqrt(kept_energy / energy);
+}
+
+// k indices drawn without regard to the values keep k/n of |y|^2 on average.
+double randk_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  if (y.empty()) return 1;
+  const double kept = static_cast<double>(std::min(spec.k_for(y.size()), y.size()));
+  return std::sqrt(kept / static_cast<double>(y.size()));
+}
+
+// ---- keys --------------------------------------------------------------------------------------
+
+std::string print_number(std::string_view key, double value) {
+  char buffer[64];
+  const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(key) + "=" + std::string(buffer, error == std::errc() ? end : buffer);
+}
+
+constexpr CodecKey kBitsKey{
+    "bits",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.bits = static_cast<int>(parse_spec_unsigned(text, "bits", value, 1, 8));
+    },
+    [](const CompressionSpec& spec) { return detail::concat("bits=", spec.bits); }};
+constexpr CodecKey kBucketKey{
+    "bucket",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.bucket = parse_spec_unsigned(text, "bucket", value, 1, std::uint64_t{1} << 31);
+    },
+    [](const CompressionSpec& spec) { return detail::concat("bucket=", spec.bucket); }};
+// ratio and k: whichever decides is written (k when given, else the ratio).
+constexpr CodecKey kRatioKey{
+    "ratio",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.ratio = parse_spec_ratio(text, "ratio", value);
+    },
+    [](const CompressionSpec& spec) {
+      return spec.k == 0 ? print_number("ratio", spec.ratio) : std::string();
+    }};
+constexpr CodecKey kCountKey{
+    "k",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.k = parse_spec_unsigned(text, "k", value, 1, UINT64_MAX);
+    },
+    [](const CompressionSpec& spec) {
+      return spec.k != 0 ? detail::concat("k=", spec.k) : std::string();
+    }};
+constexpr CodecKey kApproxKey{
+    "approx",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.approx = parse_spec_choice<bool>(text, "approx", value, {{"on", true}, {"off", false}});
+    },
+    [](const CompressionSpec& spec) {
+      return std::string(spec.approx ? "approx=on" : "approx=off");
+    }};
+constexpr CodecKey kValuesKey{
+    "values",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.values = parse_spec_choice<DType>(text, "values", value,
+                                             {{"fp32", DType::f32}, {"fp16", DType::f16}});
+    },
+    [](const CompressionSpec& spec) {
+      return std::string(spec.values == DType::f16 ? "values=fp16" : "values=fp32");
+    }};
+constexpr CodecKey kRampKey{
+    "ramp",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.ramp = static_cast<std::uint32_t>(parse_spec_unsigned(text, "ramp", value, 0, UINT32_MAX));
+    },
+    [](const CompressionSpec& spec) { return detail::concat("ramp=", spec.ramp); }};
+constexpr CodecKey kRankKey{
+    "rank",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.rank = static_cast<int>(parse_spec_unsigned(text, "rank", value, 1, 1024));
+    },
+    [](const CompressionSpec& spec) { return detail::concat("rank=", spec.rank); }};
+
+constexpr std::array<CodecKey, 2> kQsgdKeys{kBitsKey, kBucketKey};
+constexpr std::array<CodecKey, 1> kBucketOnly{kBucketKey};
+constexpr std::array<CodecKey, 5> kTopkKeys{kRatioKey, kCountKey, kApproxKey, kValuesKey, kRampKey};
+constexpr std::array<CodecKey, 4> kRandkKeys{kRatioKey, kCountKey, kValuesKey, kRampKey};
+constexpr std::array<CodecKey, 1> kPowersgdKeys{kRankKey};
+
+// 1-bit qsgd decodes every element to +-(bucket maximum): its error is as large as the
+// signal, and feeding it back grows the maximum every step (measured: the residual reaches
+// 1e28 in 100 steps). `sign` scales by the mean |g| instead and is the 1-bit codec for EF.
+void check_qsgd_spec(CompressionSpec& spec, std::string_view text,
+                     const std::set<std::string_view>&) {
+  GZ_REQUIRE(!(spec.bits == 1 && spec.error_feedback), ErrorCode::invalid_spec,
+             "compression spec '", text,
+             "': qsgd with bits=1 and ef=on diverges (each element's error is up to twice the "
+             "bucket maximum, and error feedback amplifies it); use 'sign' for 1-bit with error "
+             "feedback, or ef=off");
+}
+
+// ratio or k, not both; when k is given, the ratio keeps its default (the canonical form).
+void check_selection_spec(CompressionSpec& spec, std::string_view text,
+                          const std::set<std::string_view>& given) {
+  GZ_REQUIRE(!(given.count("ratio") && given.count("k")), ErrorCode::invalid_spec,
+             "compression spec '", text, "': give ratio or k, not both");
+  if (given.count("k")) spec.ratio = 0.01;
+}
+
+}  // namespace
+
+// ---- rows --------------------------------------------------------------------------------------
+
+constinit const CodecDescriptor none_codec_row{
+    .make_host = make_none_codec,
+    .paths = CollectivePaths::dense,
+    .segment_cut = SegmentCut::any_element,
+    .error_bound = exact_bound,
+    .cosine_estimate = exact_cosine,
+};
+constinit const CodecDescriptor fp16_codec_row{
+    .make_host = make_fp16_codec,
+    .paths = CollectivePaths::dense,
+    .wire_values = DType::f16,
+    .segment_cut = SegmentCut::any_element,
+    .error_bound = fp16_bound,
+    .cosine_estimate = fp16_cosine,
+};
+constinit const CodecDescriptor bf16_codec_row{
+    .make_host = make_bf16_codec,
+    .paths = CollectivePaths::dense,
+    .wire_values = DType::bf16,
+    .segment_cut = SegmentCut::any_element,
+    .error_bound = bf16_bound,
+    .cosine_estimate = bf16_cosine,
+};
+constinit const CodecDescriptor qsgd_codec_row{
+    .keys = kQsgdKeys,
+    .check_spec = check_qsgd_spec,
+    .make_host = make_qsgd_codec,
+    .paths = CollectivePaths::bucket_quantiser,
+    .segment_cut = SegmentCut::buckets_of_bit_codes,
+    .error_bound = qsgd_bound,
+    .cosine_estimate = qsgd_cosine,
+};
+constinit const CodecDescriptor sign_codec_row{
+    .keys = kBucketOnly,
+    .error_feedback_default = true,
+    .make_host = make_sign_codec,
+    .paths = CollectivePaths::bucket_quantiser,
+    .segment_cut = SegmentCut::buckets_of_bit_codes,
+    .error_bound = sign_bound,
+    .cosine_estimate = sign_cosine,
+};
+constinit const CodecDescriptor topk_codec_row{
+    .keys = kTopkKeys,
+    .check_spec = check_selection_spec,
+    .error_feedback_default = true,
+    .make_host = make_topk_codec,
+    .paths = CollectivePaths::top_selection,
+    .values_key = true,
+    .size_varies_with_approx = true,
+    .segment_cut = SegmentCut::never,
+    .error_bound = sparse_bound,
+    .cosine_estimate = topk_cosine,
+};
+constinit const CodecDescriptor randk_codec_row{
+    .keys = kRandkKeys,
+    .check_spec = check_selection_spec,
+    .error_feedback_default = true,
+    .make_host = make_randk_codec,
+    .paths = CollectivePaths::shared_selection,
+    .values_key = true,
+    .segment_cut = SegmentCut::never,
+    .error_bound = sparse_bound,
+    .cosine_estimate = randk_cosine,
+};
+constinit const CodecDescriptor powersgd_codec_row{
+    .keys = kPowersgdKeys,
+    .error_feedback_default = true,
+    .why_no_element_codec =
+        "powersgd compresses whole matrices inside the Reducer; it has no element codec",
+    .paths = CollectivePaths::whole_matrix,
+};
+constinit const CodecDescriptor terngrad_codec_row{
+    .keys = kBucketOnly,
+    .make_host = make_terngrad_codec,
+    .paths = CollectivePaths::bucket_quantiser,
+    .segment_cut = SegmentCut::buckets_of_trit_codes,
+    .error_bound = terngrad_bound,
+    .cosine_estimate = terngrad_cosine,
+};
+
+}  // namespace gradzip::compressors
