@@ -74,6 +74,14 @@ struct CodecDescriptor {
   std::unique_ptr<Codec> (*make_host)(const CompressionSpec& spec) = nullptr;
   std::string_view why_no_element_codec{};
 
+  // Specs that between them cover the layouts its keys give its messages (every bucket / bits /
+  // values / approx shape that changes the bytes): what the codec conformance suite, the fuzz
+  // targets and their seed corpus, and the device tests sweep, in this order after the rows
+  // before it (tests/fuzz/fuzz_specs.h; the seed corpus is indexed by that order, so a row's
+  // list only grows at its end, and only the last codec's without rewriting the corpus). Empty
+  // for a codec without an element codec.
+  std::span<const std::string_view> example_specs{};
+
   // What the collectives read (collectives/codec_table.h).
   CollectivePaths paths = CollectivePaths::dense;
   // The 16-bit type its wire values narrow to (f32: none): fp16 and bf16 always; with

@@ -236,12 +236,31 @@ void check_selection_spec(CompressionSpec& spec, std::string_view text,
   if (given.count("k")) spec.ratio = 0.01;
 }
 
+// The rows' example specs (CodecDescriptor::example_specs).
+constexpr std::array<std::string_view, 1> kNoneExamples{"none"};
+constexpr std::array<std::string_view, 1> kFp16Examples{"fp16"};
+constexpr std::array<std::string_view, 1> kBf16Examples{"bf16"};
+constexpr std::array<std::string_view, 8> kQsgdExamples{
+    "qsgd:bits=1,bucket=1",   "qsgd:bits=1,bucket=64", "qsgd:bits=2,bucket=7",
+    "qsgd:bits=2,bucket=512", "qsgd:bits=4,bucket=3",  "qsgd:bits=4,bucket=128",
+    "qsgd:bits=8,bucket=1",   "qsgd:bits=8,bucket=512"};
+constexpr std::array<std::string_view, 3> kSignExamples{"sign:bucket=1", "sign:bucket=13",
+                                                        "sign:bucket=512"};
+constexpr std::array<std::string_view, 5> kTopkExamples{
+    "topk:ratio=0.1", "topk:k=1", "topk:ratio=0.5,approx=on", "topk:ratio=0.1,values=fp16",
+    "topk:ratio=0.3,approx=on,values=fp16"};
+constexpr std::array<std::string_view, 3> kRandkExamples{"randk:ratio=0.1", "randk:k=1",
+                                                         "randk:ratio=0.5,values=fp16"};
+constexpr std::array<std::string_view, 3> kTerngradExamples{
+    "terngrad:bucket=1", "terngrad:bucket=7", "terngrad:bucket=512"};
+
 }  // namespace
 
 // ---- rows --------------------------------------------------------------------------------------
 
 constinit const CodecDescriptor none_codec_row{
     .make_host = make_none_codec,
+    .example_specs = kNoneExamples,
     .paths = CollectivePaths::dense,
     .segment_cut = SegmentCut::any_element,
     .error_bound = exact_bound,
@@ -249,6 +268,7 @@ constinit const CodecDescriptor none_codec_row{
 };
 constinit const CodecDescriptor fp16_codec_row{
     .make_host = make_fp16_codec,
+    .example_specs = kFp16Examples,
     .paths = CollectivePaths::dense,
     .wire_values = DType::f16,
     .segment_cut = SegmentCut::any_element,
@@ -257,6 +277,7 @@ constinit const CodecDescriptor fp16_codec_row{
 };
 constinit const CodecDescriptor bf16_codec_row{
     .make_host = make_bf16_codec,
+    .example_specs = kBf16Examples,
     .paths = CollectivePaths::dense,
     .wire_values = DType::bf16,
     .segment_cut = SegmentCut::any_element,
@@ -267,6 +288,7 @@ constinit const CodecDescriptor qsgd_codec_row{
     .keys = kQsgdKeys,
     .check_spec = check_qsgd_spec,
     .make_host = make_qsgd_codec,
+    .example_specs = kQsgdExamples,
     .paths = CollectivePaths::bucket_quantiser,
     .segment_cut = SegmentCut::buckets_of_bit_codes,
     .error_bound = qsgd_bound,
@@ -276,6 +298,7 @@ constinit const CodecDescriptor sign_codec_row{
     .keys = kBucketOnly,
     .error_feedback_default = true,
     .make_host = make_sign_codec,
+    .example_specs = kSignExamples,
     .paths = CollectivePaths::bucket_quantiser,
     .segment_cut = SegmentCut::buckets_of_bit_codes,
     .error_bound = sign_bound,
@@ -286,6 +309,7 @@ constinit const CodecDescriptor topk_codec_row{
     .check_spec = check_selection_spec,
     .error_feedback_default = true,
     .make_host = make_topk_codec,
+    .example_specs = kTopkExamples,
     .paths = CollectivePaths::top_selection,
     .values_key = true,
     .size_varies_with_approx = true,
@@ -298,6 +322,7 @@ constinit const CodecDescriptor randk_codec_row{
     .check_spec = check_selection_spec,
     .error_feedback_default = true,
     .make_host = make_randk_codec,
+    .example_specs = kRandkExamples,
     .paths = CollectivePaths::shared_selection,
     .values_key = true,
     .segment_cut = SegmentCut::never,
@@ -314,6 +339,7 @@ constinit const CodecDescriptor powersgd_codec_row{
 constinit const CodecDescriptor terngrad_codec_row{
     .keys = kBucketOnly,
     .make_host = make_terngrad_codec,
+    .example_specs = kTerngradExamples,
     .paths = CollectivePaths::bucket_quantiser,
     .segment_cut = SegmentCut::buckets_of_trit_codes,
     .error_bound = terngrad_bound,

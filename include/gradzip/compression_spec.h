@@ -124,6 +124,10 @@ struct CompressionSpec {
   // powersgd
   int rank = 4;
 
+  // A codec's choice among its own element formats, set by its format= key (0: its default);
+  // the codec's row names the values.
+  std::uint8_t format = 0;
+
   // shared
   bool error_feedback = false;
   ResizePolicy ef_resize = ResizePolicy::error;

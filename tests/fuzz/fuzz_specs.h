@@ -7,44 +7,31 @@
 //   3       1     isa       kernels::cpu::Isa forced for the call, modulo 3 (capped at the CPU's)
 //   4       ...   message   the bytes handed to decode / decode_add, exactly
 //
-// The seed corpus (tests/fuzz/corpus/, written by write_seed_corpus.cpp) depends on the order
-// of this list: append new specs at the end and rewrite the corpus.
+// The specs are the codec rows' example specs (compressors/codec_descriptor.h), row by row in
+// gradzip/codec_list.h's order: the conformance list of every element codec. The seed corpus
+// (tests/fuzz/corpus/, written by write_seed_corpus.cpp) depends on that order: a new codec's
+// specs come last (its row is the list's last line), so the corpus only gains its files.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "compressors/codec_descriptor.h"
 
 namespace gradzip::fuzz {
 
-inline constexpr const char* kFuzzSpecs[] = {
-    "none",
-    "fp16",
-    "bf16",
-    "qsgd:bits=1,bucket=1",
-    "qsgd:bits=1,bucket=64",
-    "qsgd:bits=2,bucket=7",
-    "qsgd:bits=2,bucket=512",
-    "qsgd:bits=4,bucket=3",
-    "qsgd:bits=4,bucket=128",
-    "qsgd:bits=8,bucket=1",
-    "qsgd:bits=8,bucket=512",
-    "sign:bucket=1",
-    "sign:bucket=13",
-    "sign:bucket=512",
-    "topk:ratio=0.1",
-    "topk:k=1",
-    "topk:ratio=0.5,approx=on",
-    "topk:ratio=0.1,values=fp16",
-    "topk:ratio=0.3,approx=on,values=fp16",
-    "randk:ratio=0.1",
-    "randk:k=1",
-    "randk:ratio=0.5,values=fp16",
-    "terngrad:bucket=1",
-    "terngrad:bucket=7",
-    "terngrad:bucket=512",
-};
-inline constexpr std::size_t kFuzzSpecCount = sizeof(kFuzzSpecs) / sizeof(kFuzzSpecs[0]);
-static_assert(kFuzzSpecCount <= 256, "the spec index is one byte");
+// Every row's example specs, as C strings (they are string literals in the rows).
+inline std::vector<const char*> every_example_spec() {
+  std::vector<const char*> specs;
+  for (const compressors::CodecDescriptor& row : compressors::codec_descriptors())
+    for (const std::string_view spec : row.example_specs) specs.push_back(spec.data());
+  return specs;
+}
+
+inline const std::vector<const char*> kFuzzSpecs = every_example_spec();
+inline const std::size_t kFuzzSpecCount = kFuzzSpecs.size();
 
 // Largest output count a fuzz input selects.
 inline constexpr std::size_t kFuzzMaxCount = 4096;

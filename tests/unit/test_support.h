@@ -25,7 +25,7 @@ namespace gradzip::testing {
 // Every codec variant the edge-case and regression tests sweep: the codec conformance list
 // (tests/fuzz/fuzz_specs.h; tests/unit/test_codec_conformance.cpp checks that it covers every
 // element codec of the registry), so a new codec is swept here with no edit.
-inline constexpr const auto& kAllCodecs = fuzz::kFuzzSpecs;
+inline const auto& kAllCodecs = fuzz::kFuzzSpecs;
 
 // The element counts every codec is tested over: empty, one, two, seven, a thousand, and one
 // just above 2^20 (the vector loops' tails and the multi-bucket paths).
