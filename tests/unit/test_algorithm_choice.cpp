@@ -38,18 +38,17 @@ constexpr Algorithm kAlgorithms[] = {Algorithm::auto_select, Algorithm::ring, Al
                                      Algorithm::tree};
 
 // The flat algorithm algo=auto runs per codec, by its stats name.
+// What algo=auto runs without the model, by the codec's collective family (its row says which
+// family it is; a new codec is covered by its family).
 std::string auto_name(CodecKind codec) {
-  switch (codec) {
-    case CodecKind::none:
-    case CodecKind::fp16:
-    case CodecKind::bf16: return "ring";
-    case CodecKind::qsgd:
-    case CodecKind::sign:
-    case CodecKind::terngrad: return "sra";
-    case CodecKind::topk: return "sparse";
-    case CodecKind::randk: return "randk";
-    default: return "?";
+  switch (compressors::codec_descriptor(codec).paths) {
+    case compressors::CollectivePaths::dense: return "ring";
+    case compressors::CollectivePaths::bucket_quantiser: return "sra";
+    case compressors::CollectivePaths::top_selection: return "sparse";
+    case compressors::CollectivePaths::shared_selection: return "randk";
+    case compressors::CollectivePaths::whole_matrix: break;
   }
+  return "?";
 }
 
 CompressionSpec spec_of(CodecKind codec, Algorithm algo, std::size_t min_bytes = 65536) {
@@ -404,9 +403,7 @@ TEST(AlgorithmChoice, ReduceScatterUsesSraForTheQuantisersOrWhenAsked) {
       SCOPED_TRACE(::testing::Message() << codec_kind_name(codec) << " algo=" << algorithm_name(algo));
       const collectives::ShardedChoice choice = choose_reduce_scatter(spec_of(codec, algo), 0);
       const bool sra = algo == Algorithm::sra ||
-                       (algo == Algorithm::auto_select &&
-                        (codec == CodecKind::qsgd || codec == CodecKind::sign ||
-                         codec == CodecKind::terngrad));
+                       (algo == Algorithm::auto_select && auto_name(codec) == "sra");
       EXPECT_EQ(choice.algorithm, sra ? Algorithm::sra : Algorithm::ring);
       EXPECT_EQ(choice.name, sra ? "sra" : "ring");
       EXPECT_FALSE(choice.warmup);
