@@ -19,4 +19,5 @@
   X(topk, 6)              \
   X(randk, 7)             \
   X(powersgd, 0)          \
-  X(terngrad, 8)
+  X(terngrad, 8)          \
+  X(fp8, 9)

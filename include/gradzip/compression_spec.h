@@ -3,7 +3,8 @@
 //
 //   spec   := codec [ ':' option { ',' option } ]
 //   option := key '=' value
-//   codec  := none | fp16 | bf16 | qsgd | sign | topk | randk | powersgd | terngrad
+//   codec  := none | fp16 | bf16 | qsgd | sign | topk | randk | powersgd | terngrad | fp8
+//             (gradzip/codec_list.h)
 //
 // Codec keys (defaults in brackets):
 //   qsgd      bits=1..8 [8], bucket=N [512]
@@ -15,6 +16,7 @@
 // STEPS steps (DGC's exponential sparsity warm-up); 0 = the target ratio from the start.
 //   powersgd  rank=N [4]
 //   terngrad  bucket=N [512]   (TernGrad: {-1, 0, +1} x the bucket's max |x|, unbiased)
+//   fp8       format=e4m3|e5m2 [e4m3]   (8-bit floats, a power-of-two scale per block of 32)
 // Shared keys, accepted after every codec:
 //   ef=on|off            error feedback [on for sign, topk, randk, powersgd; off otherwise]
 //   ef_resize=error|reset what the residual store does when a tensor changes size [error]

@@ -1,0 +1,40 @@
+// The CPU twins of the fp8 kernels (compressors/fp8/cuda/fp8_kernels.h): the CPU codec's loops
+// (fp8_layout.cpp), queued as one operation on the emulated device's stream.
+#include "compressors/fp8/cuda/fp8_kernels.h"
+#include "compressors/fp8/fp8_codec.h"
+#include "gradzip/error.h"
+#include "kernels/emulated/emulated_device.h"
+
+namespace gradzip::compressors::fp8::emulated {
+
+void encode(const float* d_in, std::size_t count, Format format, std::byte* d_payload,
+            void* stream) {
+  constexpr const char* kOp = "cuda.fp8_encode";
+  if (count == 0) return;
+  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument, kOp,
+             ": null input or payload for ", count, " elements");
+  kernels::emulated::enqueue(stream, kOp, [d_in, count, format, d_payload] {
+    kernels::emulated::require_device_range(d_in, count * sizeof(float), "cuda.fp8_encode input");
+    kernels::emulated::require_device_range(d_payload, payload_bytes(count),
+                                            "cuda.fp8_encode payload");
+    auto* scales = reinterpret_cast<std::uint8_t*>(d_payload);
+    encode_blocks(d_in, count, format, scales, scales + block_count(count));
+  });
+}
+
+void decode(const std::byte* d_payload, std::size_t count, Format format, float* d_out,
+            bool accumulate, void* stream) {
+  constexpr const char* kOp = "cuda.fp8_decode";
+  if (count == 0) return;
+  GZ_REQUIRE(d_payload != nullptr && d_out != nullptr, ErrorCode::invalid_argument, kOp,
+             ": null payload or output for ", count, " elements");
+  kernels::emulated::enqueue(stream, kOp, [d_payload, count, format, d_out, accumulate] {
+    kernels::emulated::require_device_range(d_payload, payload_bytes(count),
+                                            "cuda.fp8_decode payload");
+    kernels::emulated::require_device_range(d_out, count * sizeof(float), "cuda.fp8_decode output");
+    const auto* scales = reinterpret_cast<const std::uint8_t*>(d_payload);
+    decode_range(scales, scales + block_count(count), 0, count, format, d_out, accumulate);
+  });
+}
+
+}  // namespace gradzip::compressors::fp8::emulated
