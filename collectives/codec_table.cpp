@@ -58,6 +58,7 @@ CodecRow row_of(const compressors::CodecDescriptor& codec) {
   row.values_key = codec.values_key;
   row.size_varies_with_approx = codec.size_varies_with_approx;
   row.segment_cut = codec.segment_cut;
+  row.segment_block = codec.segment_block;
   return row;
 }
 
@@ -102,7 +103,8 @@ std::size_t segment_granularity(const CompressionSpec& spec) noexcept {
   // overflow).
   constexpr std::size_t kLargestCutBucket = std::size_t{1} << 31;
   const std::size_t bucket = std::max<std::size_t>(spec.bucket, 1);
-  switch (codec_row(spec.codec).segment_cut) {
+  const CodecRow& row = codec_row(spec.codec);
+  switch (row.segment_cut) {
     case SegmentCut::never: return 0;
     case SegmentCut::any_element: return 1;
     case SegmentCut::buckets_of_bit_codes:
@@ -110,6 +112,7 @@ std::size_t segment_granularity(const CompressionSpec& spec) noexcept {
       return bucket > kLargestCutBucket ? 0 : std::lcm(bucket, std::size_t{8});
     case SegmentCut::buckets_of_trit_codes:
       return bucket > kLargestCutBucket ? 0 : std::lcm(bucket, std::size_t{5});
+    case SegmentCut::fixed_blocks: return row.segment_block;
   }
   return 0;
 }

@@ -46,6 +46,7 @@ struct CodecRow {
   // Messages differ in size between ranks for the same count: approximate top-k (approx=on).
   bool size_varies_with_approx = false;
   SegmentCut segment_cut = SegmentCut::never;
+  std::size_t segment_block = 0;  // SegmentCut::fixed_blocks: the block, in elements
 };
 
 // The codec's row (every CodecKind has one).

@@ -51,6 +51,8 @@ enum class SegmentCut : std::uint8_t {
                            // lcm(bucket, 8) elements, whole buckets ending on a whole byte
   buckets_of_trit_codes,   // one scale per bucket, five ternary codes a byte (terngrad):
                            // lcm(bucket, 5) elements
+  fixed_blocks,  // one scale per block of the row's `segment_block` elements, whatever the spec
+                 // (fp8: 32), each element a whole byte: whole blocks
 };
 
 struct CodecDescriptor {
@@ -92,6 +94,7 @@ struct CodecDescriptor {
   // Messages differ in size between ranks for the same count with approx=on (top-k).
   bool size_varies_with_approx = false;
   SegmentCut segment_cut = SegmentCut::never;
+  std::size_t segment_block = 0;  // SegmentCut::fixed_blocks: the block, in elements
 
   // The largest |D(E(y))_i - y_i| of one encode and decode of values with |y_j| <= y_max (for
   // bucket codecs: the values of y_i's bucket), f32 rounding included: what the benchmarks'

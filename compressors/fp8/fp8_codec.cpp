@@ -174,13 +174,14 @@ double fp8_cosine(const CompressionSpec& spec, std::span<const float> y) {
 }  // namespace
 
 // Deterministic rounding, re-applied to partial sums on the ring: a bucket quantiser's paths
-// (SRA by default). Segments cut on whole blocks (32 elements, each a whole byte).
+// (SRA by default). Segments cut on whole blocks of 32 (each element a whole byte).
 constinit const CodecDescriptor fp8_codec_row{
     .keys = kFp8Keys,
     .make_host = make_fp8_codec,
     .example_specs = kFp8Examples,
     .paths = CollectivePaths::bucket_quantiser,
-    .segment_cut = SegmentCut::buckets_of_bit_codes,
+    .segment_cut = SegmentCut::fixed_blocks,
+    .segment_block = kFp8Block,
     .error_bound = fp8_bound,
     .cosine_estimate = fp8_cosine,
 };

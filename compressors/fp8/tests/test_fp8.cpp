@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "collectives/codec_table.h"
 #include "compressors/fp8/fp8_codec.h"
 #include "compressors/fp8/fp8_math.h"
 #include "gradzip/codec.h"
@@ -230,6 +231,31 @@ TEST(Fp8Codec, TheMessageIsOneScaleBytePerBlockThenOneCodeBytePerElement) {
   EXPECT_EQ(byte(2 + kFp8Block + 1), 0x80);
   EXPECT_EQ(static_cast<int>(message[4]), 1);  // version
   EXPECT_EQ(static_cast<int>(message[7]), 1);  // small_param: e5m2
+}
+
+// The pipelined ring and SRA cut chunks where the row says (collectives/segment_plan.h): whole
+// blocks of 32 whatever the spec's unrelated bucket field holds, and two messages cut there carry
+// exactly the scales and codes of the whole chunk's one message.
+TEST(Fp8Codec, SegmentsAreCutOnWholeBlocksAndCarryTheWholeMessagesBytes) {
+  CompressionSpec spec = CompressionSpec::parse("fp8:format=e5m2");
+  for (const std::size_t bucket : {std::size_t{1}, std::size_t{7}, std::size_t{512}}) {
+    spec.bucket = bucket;
+    EXPECT_EQ(collectives::segment_granularity(spec), kFp8Block) << "bucket " << bucket;
+  }
+  const auto codec = make_codec(spec);
+  const std::vector<float> x = testing::gaussian(5 * kFp8Block + 9, 17);
+  const std::size_t cut = 3 * kFp8Block;
+  const auto whole = testing::encode_message(*codec, ConstTensorView{x.data(), x.size(), DType::f32});
+  const auto first = testing::encode_message(*codec, ConstTensorView{x.data(), cut, DType::f32});
+  const auto second = testing::encode_message(*codec, ConstTensorView{x.data() + cut, x.size() - cut, DType::f32});
+  const std::size_t h = compressors::kWireHeaderBytes;
+  const std::size_t blocks = fp8::block_count(x.size());
+  std::vector<std::byte> scales(first.begin() + h, first.begin() + h + 3);
+  scales.insert(scales.end(), second.begin() + h, second.begin() + h + 3);
+  std::vector<std::byte> codes(first.begin() + h + 3, first.end());
+  codes.insert(codes.end(), second.begin() + h + 3, second.end());
+  EXPECT_EQ(scales, std::vector<std::byte>(whole.begin() + h, whole.begin() + h + blocks));
+  EXPECT_EQ(codes, std::vector<std::byte>(whole.begin() + h + blocks, whole.end()));
 }
 
 TEST(Fp8Codec, HeaderFieldsOtherThanTheCodecWritesAreRefused) {
