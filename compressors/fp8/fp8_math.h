@@ -117,7 +117,8 @@ inline double fp8_error_bound(Format format, double y_max) {
 
 // The f32 value of code * 2^s: exact (an element has at most 4 significant bits, and its last
 // one is at least 2^(s - 16) >= 2^-143, within f32's subnormal range), built from the bits so
-// that no device's flush-to-zero setting can change it. Codes that are NaN (e4m3: S.1111.111;
+// that no device's flush-to-zero setting can change it; beyond FLT_MAX (codes the encoder
+// never writes) an infinity. Codes that are NaN (e4m3: S.1111.111;
 // e5m2: S.11111.xx with xx != 0) decode to NaN and e5m2's infinities to infinities.
 GZ_HOST_DEVICE GZ_INLINE float decode_element(std::uint8_t code, int s, Format format) {
   const FormatParams p = params_of(format);
@@ -145,6 +146,9 @@ GZ_HOST_DEVICE GZ_INLINE float decode_element(std::uint8_t code, int s, Format f
       --exponent;
     }
   }
+  // Past f32's range: only a message the encoder did not write gets here (it keeps decoded
+  // values finite); the value is then infinite, as a float multiply by 2^s would make it.
+  if (exponent > 127) return kernels::bits_float(sign | 0x7f800000u);
   if (exponent >= -126)
     return kernels::bits_float(sign | (static_cast<std::uint32_t>(exponent + 127) << 23) |
                                (significand & 0x7fffffu));

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "collectives/codec_table.h"
@@ -200,6 +201,67 @@ TEST_P(Fp8Formats, ABlockWithANanOrInfinityDecodesToNanAndItsNeighboursAreUntouc
       else EXPECT_EQ(decoded[i], 1.5f) << i;
     }
   }
+}
+
+// The CPU loops (fast paths for the common scales, the element math elsewhere) write and read
+// exactly what the element math says, for blocks at every scale and every code: the device
+// kernels run the element math itself, so this is what makes the host's bytes the device's.
+TEST_P(Fp8Formats, TheCpuLoopsGiveTheElementMathsBitsAtEveryScale) {
+  const Format format = GetParam();
+  std::mt19937 random(5);
+  std::uniform_real_distribution<double> mantissa(-2.0, 2.0);
+  std::vector<float> x;
+  for (int top = -150; top <= 127; ++top) {
+    for (std::size_t i = 0; i < kFp8Block; ++i) {
+      const double v = mantissa(random) * std::ldexp(1.0, top - static_cast<int>(random() % 40));
+      x.push_back(static_cast<float>(std::clamp(v, -3.4e38, 3.4e38)));
+    }
+  }
+  const std::size_t blocks = fp8::block_count(x.size());
+  std::vector<std::uint8_t> scales(blocks), codes(x.size());
+  fp8::encode_blocks(x.data(), x.size(), format, scales.data(), codes.data());
+  std::set<int> scales_seen;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    std::uint32_t amax = 0;
+    for (std::size_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i)
+      amax = std::max(amax, bits_of(x[i]) & 0x7fffffffu);
+    const int s = fp8::scale_exponent(amax, format);
+    scales_seen.insert(s);
+    ASSERT_EQ(scales[b], s + 127) << "block " << b;
+    for (std::size_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
+      const std::uint32_t bits = bits_of(x[i]);
+      const auto expected = static_cast<std::uint8_t>(((bits >> 24) & 0x80u) |
+                                                      fp8::encode_magnitude(bits & 0x7fffffffu, s, format));
+      ASSERT_EQ(codes[i], expected) << "element " << i << " = " << x[i] << ", s = " << s;
+    }
+  }
+  // Scales from the floor through the fast range [-100, 100] to beyond it.
+  EXPECT_GT(scales_seen.size(), 150u);
+  EXPECT_TRUE(scales_seen.count(-127));
+  EXPECT_GT(*scales_seen.rbegin(), 105);
+  // Every code under every scale byte, decoded and accumulated.
+  std::vector<std::uint8_t> all_scales(256), all_codes(256 * kFp8Block);
+  for (int b = 0; b < 256; ++b) {
+    all_scales[b] = static_cast<std::uint8_t>(b);
+    for (std::size_t j = 0; j < kFp8Block; ++j)
+      all_codes[b * kFp8Block + j] = static_cast<std::uint8_t>((b * 7 + j * 8 + j / 4) & 0xff);
+  }
+  std::vector<float> decoded(all_codes.size()), accumulated(all_codes.size(), 0.75f);
+  fp8::decode_range(all_scales.data(), all_codes.data(), 0, all_codes.size(), format, decoded.data(), false);
+  fp8::decode_range(all_scales.data(), all_codes.data(), 0, all_codes.size(), format, accumulated.data(), true);
+  std::vector<float> expected(all_codes.size()), expected_sum(all_codes.size());
+  for (std::size_t i = 0; i < all_codes.size(); ++i) {
+    const int scale = all_scales[i / kFp8Block];
+    expected[i] = scale == fp8::kNonfiniteScale ? std::numeric_limits<float>::quiet_NaN()
+                                                : fp8::decode_element(all_codes[i], scale - 127, format);
+    expected_sum[i] = 0.75f + expected[i];
+  }
+  EXPECT_TRUE(testing::same_bits(decoded, expected));
+  EXPECT_TRUE(testing::same_bits(accumulated, expected_sum));
+  // A code past FLT_MAX (never written by the encoder) decodes to an infinity of its sign.
+  const std::uint8_t largest = format == Format::e4m3 ? 0x7e : 0x7b;
+  EXPECT_EQ(fp8::decode_element(largest, 127, format), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(fp8::decode_element(largest | 0x80, 127, format), -std::numeric_limits<float>::infinity());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp8, Fp8Formats, ::testing::Values(Format::e4m3, Format::e5m2),
