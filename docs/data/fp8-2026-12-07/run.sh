@@ -8,11 +8,15 @@
 # then summary.py writes summary.md from these files. Configurations alternate within each
 # round, so drift on the shared machine falls on all of them.
 #
-#   bash docs/data/fp8-2026-12-07/run.sh [BUILD]     (BUILD: a build tree, default build)
+#   bash docs/data/fp8-2026-12-07/run.sh [BUILD] [all|bench|convergence]
+#     BUILD: a build tree (default build); the second argument runs one stage (default all).
+#     Each stage writes the commit it measured to commit-<stage>.txt.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 build="${1:-$root/build}"
+stage="${2:-all}"
+case "$stage" in all|bench|convergence) ;; *) echo "run.sh: stage is all, bench or convergence" >&2; exit 2 ;; esac
 bench="$build/bin/gradzip-bench"
 train="$build/bin/train_fashion_mnist"
 data="${GRADZIP_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}"
@@ -21,8 +25,9 @@ if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 mpi=(mpirun -np 4 --oversubscribe --bind-to none)
 codecs=(none fp16 bf16 qsgd:bits=8 fp8 fp8:format=e5m2)
 mkdir -p "$here/codecs" "$here/allreduce" "$here/convergence" "$here/logs"
-git -C "$root" rev-parse HEAD > "$here/commit.txt"
 
+if [[ $stage != convergence ]]; then
+git -C "$root" rev-parse HEAD > "$here/commit-bench.txt"
 for round in 1 2 3 4 5; do
   args=()
   # Alternate the order between rounds.
@@ -33,7 +38,10 @@ for round in 1 2 3 4 5; do
     --json "$here/allreduce/round$round.json" > "$here/logs/allreduce$round.log"
   echo "round $round of 5 done"
 done
+fi
 
+if [[ $stage != bench ]]; then
+git -C "$root" rev-parse HEAD > "$here/commit-convergence.txt"
 declare -A spec_of=([none]=none [fp16]=fp16 [bf16]=bf16 [qsgd8]=qsgd:bits=8 [fp8]=fp8 [fp8_e5m2]=fp8:format=e5m2)
 for seed in 1 2 3; do
   for label in none fp16 bf16 qsgd8 fp8 fp8_e5m2; do
@@ -43,4 +51,5 @@ for seed in 1 2 3; do
     echo "convergence $label seed $seed: $(tail -n 1 "$here/convergence/${label}_s$seed.csv")"
   done
 done
+fi
 python3 "$here/summary.py"

@@ -35,7 +35,7 @@ def allreduce_table():
     rows = {}
     for path in sorted(glob.glob(os.path.join(HERE, "allreduce", "round*.json"))):
         for r in json.load(open(path)):
-            key = (r["spec"].replace(",min_bytes=0", ""), r["bytes"])
+            key = (r["spec"].replace(",min_bytes=0", "").replace(":min_bytes=0", ""), r["bytes"])
             e = rows.setdefault(key, {"algo": r["algo"], "speedup": [], "sent": r["sent_bytes_per_rank"],
                                       "share": [], "cos": [], "identical": True})
             e["speedup"].append(r["speedup_vs_mpi"])
@@ -73,8 +73,9 @@ def convergence_table():
 
 def main():
     codecs, rounds = codecs_table()
-    commit = open(os.path.join(HERE, "commit.txt")).read().strip()
-    lines = [f"# fp8 beside the casts and qsgd-8 (commit {commit[:12]})", "",
+    bench = open(os.path.join(HERE, "commit-bench.txt")).read().strip()
+    trained = open(os.path.join(HERE, "commit-convergence.txt")).read().strip()
+    lines = [f"# fp8 beside the casts and qsgd-8 (benchmarks at {bench[:12]}, training at {trained[:12]})", "",
              "Written by summary.py from the raw files of `bash docs/data/fp8-2026-12-07/run.sh`.", "",
              f"## Codec throughput, 4 Mi f32 elements, {rounds} rounds (median [min-max] over rounds)", ""]
     lines += codecs + ["", "## All-reduce, 4 ranks over loopback, `--check` (speedup: median [min-max] over rounds)", ""]
