@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
@@ -44,11 +43,8 @@ double reference_value(std::uint8_t code, Format format) {
 
 double largest_finite(Format format) { return format == Format::e4m3 ? 448.0 : 57344.0; }
 
-std::uint32_t bits_of(float x) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-}
+// The f32 bits, as the element math reads them.
+using kernels::float_bits;
 
 // The code of x / 2^s by brute force over every finite code: the nearest value, ties to the code
 // with an even mantissa (the last bit of the code).
@@ -86,7 +82,7 @@ TEST_P(Fp8Formats, EveryCodeDecodesToItsDefinedValueAndEncodesBackToItself) {
       ASSERT_EQ(static_cast<double>(decoded), scaled);  // exact, subnormal f32 results included
       ASSERT_EQ(std::signbit(decoded), (code & 0x80) != 0);
       if (!std::isfinite(expected)) continue;
-      const std::uint32_t bits = bits_of(decoded);
+      const std::uint32_t bits = float_bits(decoded);
       const auto back = static_cast<std::uint8_t>(((bits >> 24) & 0x80u) |
                                                   fp8::encode_magnitude(bits & 0x7fffffffu, s, format));
       // +0 and -0 are the two zero codes; every other value has one code.
@@ -112,7 +108,7 @@ TEST_P(Fp8Formats, EncodingRoundsToNearestWithTiesToEven) {
     }
     if (trial % 2 == 1) x = -x;
     if (std::fabs(x) > largest_finite(format)) continue;
-    const std::uint32_t bits = bits_of(x);
+    const std::uint32_t bits = float_bits(x);
     const auto code = static_cast<std::uint8_t>(((bits >> 24) & 0x80u) |
                                                 fp8::encode_magnitude(bits & 0x7fffffffu, 0, format));
     ASSERT_EQ(code, reference_code(x, 0, format)) << "x = " << x;
@@ -128,7 +124,7 @@ TEST_P(Fp8Formats, TheScaleIsTheSmallestPowerOfTwoThatFitsTheBlockMaximum) {
   for (int trial = 0; trial < 100000; ++trial) {
     const float amax = static_cast<float>(std::min<double>(
         mantissa(random) * std::ldexp(1.0, exponent(random)), std::numeric_limits<float>::max()));
-    const int s = fp8::scale_exponent(bits_of(amax), format);
+    const int s = fp8::scale_exponent(float_bits(amax), format);
     ASSERT_GE(s, -127);
     ASSERT_LE(s, 127);
     // Fits at s; at s - 1 it would not (unless s is the floor): nothing is ever clipped, and no
@@ -224,12 +220,12 @@ TEST_P(Fp8Formats, TheCpuLoopsGiveTheElementMathsBitsAtEveryScale) {
   for (std::size_t b = 0; b < blocks; ++b) {
     std::uint32_t amax = 0;
     for (std::size_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i)
-      amax = std::max(amax, bits_of(x[i]) & 0x7fffffffu);
+      amax = std::max(amax, float_bits(x[i]) & 0x7fffffffu);
     const int s = fp8::scale_exponent(amax, format);
     scales_seen.insert(s);
     ASSERT_EQ(scales[b], s + 127) << "block " << b;
     for (std::size_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
-      const std::uint32_t bits = bits_of(x[i]);
+      const std::uint32_t bits = float_bits(x[i]);
       const auto expected = static_cast<std::uint8_t>(((bits >> 24) & 0x80u) |
                                                       fp8::encode_magnitude(bits & 0x7fffffffu, s, format));
       ASSERT_EQ(codes[i], expected) << "element " << i << " = " << x[i] << ", s = " << s;
