@@ -9,14 +9,19 @@ exists, and the suite is run again (benchmarks/reproduce.sh --only SUITE).
 The rule for the lists: the product code on the measured path (the codecs and kernels every
 suite runs; the collectives for what moves data; the Reducer for overlap and training; the
 Python package for PyTorch's peers), the build settings that decide how it is compiled, and
-the suite's own driver and harness. Documentation, tests and other benchmarks are not listed.
+the suite's own driver and harness. Documentation, tests (tests/, and a folder's own tests/ by
+the exclusion below) and other benchmarks are not listed.
 """
 
+# Tests kept beside the code they test (a codec folder's compressors/<codec>/tests/) are not
+# measured: a git pathspec that every suite's list carries (through _CORE), so each reader of
+# these lists (git diff -- PATHS) leaves them out.
+_NOT_MEASURED = [":(exclude,glob)**/tests/**"]
 # Compiled into everything: the public headers, the element math and CPU kernels, the codecs,
 # error feedback, and how it is all built.
 _CORE = ["include", "kernels", "compressors", "error_feedback", "CMakeLists.txt", "cmake",
          "benchmarks/CMakeLists.txt", "benchmarks/gradzip_bench.cpp", "benchmarks/bench_support.cpp",
-         "benchmarks/bench_support.h"]
+         "benchmarks/bench_support.h"] + _NOT_MEASURED
 _COLLECTIVES = _CORE + ["collectives"]
 _CLUSTER = ["benchmarks/emulated_cluster.sh"]
 # The Python package's binding and common modules; the FSDP suites add fsdp.py (gradzip/torch.py
