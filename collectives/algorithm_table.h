@@ -4,8 +4,9 @@
 // CollectiveStats::algorithm reports and the model prints; for a row with an algo= value, the
 // name algorithm_name gives it, which tests/unit/test_algorithm_choice.cpp checks), the algo=
 // value that selects it, the function that runs it on a ReduceJob, its cost estimate, whether
-// it can run on device memory and whether the sharded collectives run it. Its message tags are in collectives/message_tags.h. Adding an algorithm
-// adds its file, its estimate (collectives/cost_model.cpp), its enumerators and a row here.
+// it can run on device memory and whether the sharded collectives run it. Its message tags are
+// in collectives/message_tags.h. Adding an algorithm adds its file, its estimate
+// (collectives/cost_model.cpp), its enumerators and a row here.
 #pragma once
 
 #include <optional>

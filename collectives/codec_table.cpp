@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <numeric>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -54,11 +53,7 @@ CodecRow row_of(const compressors::CodecDescriptor& codec) {
       break;
   }
   row.element_codec = codec.paths != compressors::CollectivePaths::whole_matrix;
-  row.wire_values = codec.wire_values;
-  row.values_key = codec.values_key;
-  row.size_varies_with_approx = codec.size_varies_with_approx;
-  row.segment_cut = codec.segment_cut;
-  row.segment_block = codec.segment_block;
+  row.descriptor = &codec;
   return row;
 }
 
@@ -93,32 +88,18 @@ std::string_view default_path_name(CodecKind codec) noexcept {
 }
 
 DType wire_value_type(const CompressionSpec& spec) noexcept {
-  const CodecRow& row = codec_row(spec.codec);
-  if (row.values_key) return spec.values == DType::f16 ? DType::f16 : DType::f32;
-  return row.wire_values;
+  const compressors::CodecDescriptor& codec = *codec_row(spec.codec).descriptor;
+  if (codec.values_key) return spec.values == DType::f16 ? DType::f16 : DType::f32;
+  return codec.wire_values;
 }
 
 std::size_t segment_granularity(const CompressionSpec& spec) noexcept {
-  // The parser bounds bucket by 2^31; a larger one set in code is never cut (the lcm could
-  // overflow).
-  constexpr std::size_t kLargestCutBucket = std::size_t{1} << 31;
-  const std::size_t bucket = std::max<std::size_t>(spec.bucket, 1);
-  const CodecRow& row = codec_row(spec.codec);
-  switch (row.segment_cut) {
-    case SegmentCut::never: return 0;
-    case SegmentCut::any_element: return 1;
-    case SegmentCut::buckets_of_bit_codes:
-      // Codes of at most 8 bits: 8 elements end on a byte boundary whatever the width.
-      return bucket > kLargestCutBucket ? 0 : std::lcm(bucket, std::size_t{8});
-    case SegmentCut::buckets_of_trit_codes:
-      return bucket > kLargestCutBucket ? 0 : std::lcm(bucket, std::size_t{5});
-    case SegmentCut::fixed_blocks: return row.segment_block;
-  }
-  return 0;
+  const compressors::CodecDescriptor& codec = *codec_row(spec.codec).descriptor;
+  return codec.segment_granularity == nullptr ? 0 : codec.segment_granularity(spec);
 }
 
 bool message_size_varies(const CompressionSpec& spec) noexcept {
-  return codec_row(spec.codec).size_varies_with_approx && spec.approx;
+  return codec_row(spec.codec).descriptor->size_varies_with_approx && spec.approx;
 }
 
 }  // namespace gradzip::collectives

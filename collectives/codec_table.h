@@ -16,10 +16,6 @@
 
 namespace gradzip::collectives {
 
-// Where a pipelined algorithm may cut a chunk into segments: the codec's row says
-// (compressors/codec_descriptor.h).
-using compressors::SegmentCut;
-
 struct CodecRow {
   CodecKind codec = CodecKind::none;
   // What algo=auto runs without the cost model, and the model's fallback: the ring, SRA, the
@@ -39,14 +35,9 @@ struct CodecRow {
   bool shared_indices = false;
   // False for powersgd, which compresses whole matrices in the Reducer, never in a collective.
   bool element_codec = true;
-  // The 16-bit type its wire values narrow to (f32: none): fp16 and bf16 always; top-k and
-  // random-k when values=fp16 (values_key). The wire-range check guards against saturation.
-  DType wire_values = DType::f32;
-  bool values_key = false;
-  // Messages differ in size between ranks for the same count: approximate top-k (approx=on).
-  bool size_varies_with_approx = false;
-  SegmentCut segment_cut = SegmentCut::never;
-  std::size_t segment_block = 0;  // SegmentCut::fixed_blocks: the block, in elements
+  // The codec's compressors row, whose traits (wire values, varying sizes, segment rule) the
+  // functions below read.
+  const compressors::CodecDescriptor* descriptor = nullptr;
 };
 
 // The codec's row (every CodecKind has one).
@@ -63,7 +54,7 @@ std::string_view default_path_name(CodecKind codec) noexcept;
 DType wire_value_type(const CompressionSpec& spec) noexcept;
 
 // The element count every segment boundary of `spec`'s chunks must be a multiple of (from the
-// chunk's start), or 0 when its chunks may not be cut (SegmentCut::never).
+// chunk's start), or 0 when its chunks may not be cut (the row's segment_granularity).
 std::size_t segment_granularity(const CompressionSpec& spec) noexcept;
 
 // Whether two ranks' messages for the same count may differ in size (a receiver cannot post

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 
 #include "gradzip/error.h"
 
@@ -79,6 +80,54 @@ const CodecDescriptor* find_codec_descriptor(std::string_view name) noexcept {
   for (const CodecDescriptor& row : table().rows)
     if (row.name == name) return &row;
   return nullptr;
+}
+
+namespace {
+
+// The parser bounds bucket by 2^31; a larger one set in code is never cut (the lcm could
+// overflow).
+constexpr std::size_t kLargestCutBucket = std::size_t{1} << 31;
+
+std::size_t whole_buckets_of(const CompressionSpec& spec, std::size_t codes_per_byte) noexcept {
+  const std::size_t bucket = std::max<std::size_t>(spec.bucket, 1);
+  return bucket > kLargestCutBucket ? 0 : std::lcm(bucket, codes_per_byte);
+}
+
+}  // namespace
+
+std::size_t segments_anywhere(const CompressionSpec& /*spec*/) noexcept { return 1; }
+
+std::size_t segments_on_bit_code_buckets(const CompressionSpec& spec) noexcept {
+  // Codes of at most 8 bits: 8 elements end on a byte boundary whatever the width.
+  return whole_buckets_of(spec, 8);
+}
+
+std::size_t segments_on_trit_code_buckets(const CompressionSpec& spec) noexcept {
+  return whole_buckets_of(spec, 5);
+}
+
+double cosine_of_relative_error(double relative) noexcept {
+  return relative < 1 ? std::sqrt(1 - relative * relative) : 0.0;
+}
+
+double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, int bits) {
+  const double levels = bits == 1 ? 1.0 : static_cast<double>((1 << (bits - 1)) - 1);
+  double energy = 0, variance = 0;
+  for (std::size_t begin = 0; begin < y.size(); begin += bucket) {
+    const std::span<const float> part = y.subspan(begin, std::min(bucket, y.size() - begin));
+    double scale = 0;
+    for (const float v : part) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+    if (scale == 0) continue;
+    const double spacing = bits == 1 ? 2 * scale : scale / levels;
+    for (const float v : part) {
+      const double position =
+          bits == 1 ? (v + scale) / spacing : std::fabs(static_cast<double>(v)) / spacing;
+      const double fraction = position - std::floor(position);
+      energy += static_cast<double>(v) * v;
+      variance += fraction * (1 - fraction) * spacing * spacing;
+    }
+  }
+  return energy == 0 ? 1.0 : 1 / std::sqrt(1 + variance / energy);
 }
 
 double allreduce_cosine_floor(double single_cosine, int compressions) noexcept {

@@ -41,20 +41,6 @@ enum class CollectivePaths : std::uint8_t {
   whole_matrix,       // compresses matrices inside the Reducer (powersgd): no collective runs it
 };
 
-// Where a pipelined algorithm may cut a chunk into segments (collectives/segment_plan.h) so that
-// the segments' messages carry, headers aside, exactly the bytes of the chunk's one message and
-// decode to the same values.
-enum class SegmentCut : std::uint8_t {
-  never,         // the encode looks at the whole chunk (top-k's and random-k's selections)
-  any_element,   // element by element (the casts): any boundary
-  buckets_of_bit_codes,    // one scale per bucket, codes of <= 8 bits bit-packed (qsgd, sign):
-                           // lcm(bucket, 8) elements, whole buckets ending on a whole byte
-  buckets_of_trit_codes,   // one scale per bucket, five ternary codes a byte (terngrad):
-                           // lcm(bucket, 5) elements
-  fixed_blocks,  // one scale per block of the row's `segment_block` elements, whatever the spec
-                 // (fp8: 32), each element a whole byte: whole blocks
-};
-
 struct CodecDescriptor {
   // Identity, filled in by the table from gradzip/codec_list.h (a row leaves these unset): the
   // kind, the spec's codec name, and the codec byte of its messages (none for a codec without
@@ -93,8 +79,13 @@ struct CodecDescriptor {
   bool values_key = false;
   // Messages differ in size between ranks for the same count with approx=on (top-k).
   bool size_varies_with_approx = false;
-  SegmentCut segment_cut = SegmentCut::never;
-  std::size_t segment_block = 0;  // SegmentCut::fixed_blocks: the block, in elements
+  // Where a pipelined algorithm may cut a chunk of `spec` into segments
+  // (collectives/segment_plan.h) so that the segments' messages carry, headers aside, exactly
+  // the bytes of the chunk's one message and decode to the same values: every boundary a
+  // multiple of the returned element count from the chunk's start. Null, or 0 returned: never
+  // (an encode that looks at the whole chunk, as top-k's and random-k's selections do). The
+  // common rules are below (segments_anywhere, segments_on_bit_code_buckets, ...).
+  std::size_t (*segment_granularity)(const CompressionSpec& spec) noexcept = nullptr;
 
   // The largest |D(E(y))_i - y_i| of one encode and decode of values with |y_j| <= y_max (for
   // bucket codecs: the values of y_i's bucket), f32 rounding included: what the benchmarks'
@@ -109,6 +100,28 @@ struct CodecDescriptor {
   // (allreduce_cosine_floor) are built from. Null for a codec without an element codec.
   double (*cosine_estimate)(const CompressionSpec& spec, std::span<const float> y) = nullptr;
 };
+
+// Segment rules (CodecDescriptor::segment_granularity) that several codecs share. A bucket
+// larger than the parser's bound (2^31, only set in code) is never cut: the lcm could overflow.
+// Element by element (none and the casts): any boundary.
+std::size_t segments_anywhere(const CompressionSpec& spec) noexcept;
+// One scale per bucket and codes of at most 8 bits, bit-packed (qsgd, sign): whole buckets that
+// end on a whole byte, lcm(bucket, 8) elements.
+std::size_t segments_on_bit_code_buckets(const CompressionSpec& spec) noexcept;
+// One scale per bucket and five ternary codes a byte (terngrad): lcm(bucket, 5) elements.
+std::size_t segments_on_trit_code_buckets(const CompressionSpec& spec) noexcept;
+
+// cos(y + e, y) >= sqrt(1 - d^2) whenever |e| <= d |y| with d < 1 (the sine of the angle is at
+// most d); 0 for d >= 1. What the cosine estimates of codecs with a relative error bound use.
+double cosine_of_relative_error(double relative) noexcept;
+
+// The cosine estimate of unbiased stochastic rounding, per bucket of `bucket` elements, to the
+// levels -scale + j * spacing (bits = 1: spacing 2 scale from -scale) or +-q * spacing
+// (spacing = scale / s, s = 2^(bits - 1) - 1), scale = the bucket's max |y| (qsgd; terngrad is
+// qsgd's 2-bit levels): a value a fraction f of the way between two levels gets variance
+// f (1 - f) spacing^2, and the rounding errors are uncorrelated with y, so
+// E |D(E(y))|^2 = |y|^2 + variance and cos ~ 1 / sqrt(1 + variance / |y|^2). 1 for an all-zero y.
+double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, int bits);
 
 // Each codec's row, defined where the codec lives (see above).
 #define GRADZIP_DECLARE_CODEC_ROW(name, wire_id) extern const CodecDescriptor name##_codec_row;

@@ -28,7 +28,6 @@ constexpr double kF32Unit = 0x1p-24;
 //               stochastic rounding lands on a neighbouring level, |err| <= scale / s (b = 1:
 //               the levels are -scale and +scale, |err| <= 2 scale); plus the f32 rounding of
 //               q * scale / s
-//   terngrad    qsgd's 2-bit levels {-scale, 0, +scale}: |err| <= scale, plus f32 rounding
 //   sign        decodes to +-mean|y| of the bucket: |err| <= |y| + mean <= 2 y_max
 //   topk, randk a dropped element errs by |y| <= y_max, a kept one by 0 (f32 values) or by the
 //               f16 rounding (values=fp16, < y_max)
@@ -39,7 +38,6 @@ double qsgd_bound(const CompressionSpec& spec, double y_max) {
   const double levels = spec.bits == 1 ? 0.5 : static_cast<double>((1 << (spec.bits - 1)) - 1);
   return y_max / levels + 4 * kF32Unit * y_max;
 }
-double terngrad_bound(const CompressionSpec&, double y_max) { return y_max + 4 * kF32Unit * y_max; }
 double sign_bound(const CompressionSpec&, double y_max) { return 2 * y_max; }
 double sparse_bound(const CompressionSpec&, double y_max) { return y_max; }
 
@@ -49,12 +47,6 @@ double squared_norm(std::span<const float> y) {
   double sum = 0;
   for (const float v : y) sum += static_cast<double>(v) * v;
   return sum;
-}
-
-// cos(y + e, y) >= sqrt(1 - d^2) whenever |e| <= d |y| with d < 1 (the sine of the angle is at
-// most d).
-double cosine_of_relative_error(double relative) {
-  return relative < 1 ? std::sqrt(1 - relative * relative) : 0.0;
 }
 
 double exact_cosine(const CompressionSpec&, std::span<const float>) { return 1; }
@@ -71,36 +63,8 @@ double bf16_cosine(const CompressionSpec&, std::span<const float>) {
   return cosine_of_relative_error(0x1p-8);
 }
 
-// Unbiased stochastic rounding, per bucket, to the levels -scale + j * spacing (bits = 1:
-// spacing 2 scale from -scale) or +-q * spacing (spacing = scale / s): a value a fraction f of
-// the way between two levels gets variance f (1 - f) spacing^2, and the rounding errors are
-// uncorrelated with y, so E |D(E(y))|^2 = |y|^2 + variance and cos ~ 1 / sqrt(1 + variance/|y|^2).
-double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, int bits) {
-  const double levels = bits == 1 ? 1.0 : static_cast<double>((1 << (bits - 1)) - 1);
-  double energy = 0, variance = 0;
-  for (std::size_t begin = 0; begin < y.size(); begin += bucket) {
-    const std::span<const float> part = y.subspan(begin, std::min(bucket, y.size() - begin));
-    double scale = 0;
-    for (const float v : part) scale = std::max(scale, std::fabs(static_cast<double>(v)));
-    if (scale == 0) continue;
-    const double spacing = bits == 1 ? 2 * scale : scale / levels;
-    for (const float v : part) {
-      const double position =
-          bits == 1 ? (v + scale) / spacing : std::fabs(static_cast<double>(v)) / spacing;
-      const double fraction = position - std::floor(position);
-      energy += static_cast<double>(v) * v;
-      variance += fraction * (1 - fraction) * spacing * spacing;
-    }
-  }
-  return energy == 0 ? 1.0 : 1 / std::sqrt(1 + variance / energy);
-}
-
 double qsgd_cosine(const CompressionSpec& spec, std::span<const float> y) {
   return stochastic_levels_cosine(y, spec.bucket, spec.bits);
-}
-
-double terngrad_cosine(const CompressionSpec& spec, std::span<const float> y) {
-  return stochastic_levels_cosine(y, spec.bucket, 2);  // qsgd's 2-bit levels
 }
 
 // Each bucket decodes to m sign(y), m = mean |y|: <D, y> = m sum |y| = d m^2 = |D|^2, so
@@ -157,12 +121,6 @@ constexpr CodecKey kBitsKey{
       spec.bits = static_cast<int>(parse_spec_unsigned(text, "bits", value, 1, 8));
     },
     [](const CompressionSpec& spec) { return detail::concat("bits=", spec.bits); }};
-constexpr CodecKey kBucketKey{
-    "bucket",
-    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
-      spec.bucket = parse_spec_unsigned(text, "bucket", value, 1, std::uint64_t{1} << 31);
-    },
-    [](const CompressionSpec& spec) { return detail::concat("bucket=", spec.bucket); }};
 // ratio and k: whichever decides is written (k when given, else the ratio).
 constexpr CodecKey kRatioKey{
     "ratio",
@@ -251,8 +209,6 @@ constexpr std::array<std::string_view, 5> kTopkExamples{
     "topk:ratio=0.3,approx=on,values=fp16"};
 constexpr std::array<std::string_view, 3> kRandkExamples{"randk:ratio=0.1", "randk:k=1",
                                                          "randk:ratio=0.5,values=fp16"};
-constexpr std::array<std::string_view, 3> kTerngradExamples{
-    "terngrad:bucket=1", "terngrad:bucket=7", "terngrad:bucket=512"};
 
 }  // namespace
 
@@ -262,7 +218,7 @@ constinit const CodecDescriptor none_codec_row{
     .make_host = make_none_codec,
     .example_specs = kNoneExamples,
     .paths = CollectivePaths::dense,
-    .segment_cut = SegmentCut::any_element,
+    .segment_granularity = segments_anywhere,
     .error_bound = exact_bound,
     .cosine_estimate = exact_cosine,
 };
@@ -271,7 +227,7 @@ constinit const CodecDescriptor fp16_codec_row{
     .example_specs = kFp16Examples,
     .paths = CollectivePaths::dense,
     .wire_values = DType::f16,
-    .segment_cut = SegmentCut::any_element,
+    .segment_granularity = segments_anywhere,
     .error_bound = fp16_bound,
     .cosine_estimate = fp16_cosine,
 };
@@ -280,7 +236,7 @@ constinit const CodecDescriptor bf16_codec_row{
     .example_specs = kBf16Examples,
     .paths = CollectivePaths::dense,
     .wire_values = DType::bf16,
-    .segment_cut = SegmentCut::any_element,
+    .segment_granularity = segments_anywhere,
     .error_bound = bf16_bound,
     .cosine_estimate = bf16_cosine,
 };
@@ -290,7 +246,7 @@ constinit const CodecDescriptor qsgd_codec_row{
     .make_host = make_qsgd_codec,
     .example_specs = kQsgdExamples,
     .paths = CollectivePaths::bucket_quantiser,
-    .segment_cut = SegmentCut::buckets_of_bit_codes,
+    .segment_granularity = segments_on_bit_code_buckets,
     .error_bound = qsgd_bound,
     .cosine_estimate = qsgd_cosine,
 };
@@ -300,7 +256,7 @@ constinit const CodecDescriptor sign_codec_row{
     .make_host = make_sign_codec,
     .example_specs = kSignExamples,
     .paths = CollectivePaths::bucket_quantiser,
-    .segment_cut = SegmentCut::buckets_of_bit_codes,
+    .segment_granularity = segments_on_bit_code_buckets,
     .error_bound = sign_bound,
     .cosine_estimate = sign_cosine,
 };
@@ -313,7 +269,6 @@ constinit const CodecDescriptor topk_codec_row{
     .paths = CollectivePaths::top_selection,
     .values_key = true,
     .size_varies_with_approx = true,
-    .segment_cut = SegmentCut::never,
     .error_bound = sparse_bound,
     .cosine_estimate = topk_cosine,
 };
@@ -325,7 +280,6 @@ constinit const CodecDescriptor randk_codec_row{
     .example_specs = kRandkExamples,
     .paths = CollectivePaths::shared_selection,
     .values_key = true,
-    .segment_cut = SegmentCut::never,
     .error_bound = sparse_bound,
     .cosine_estimate = randk_cosine,
 };
@@ -335,15 +289,6 @@ constinit const CodecDescriptor powersgd_codec_row{
     .why_no_element_codec =
         "powersgd compresses whole matrices inside the Reducer; it has no element codec",
     .paths = CollectivePaths::whole_matrix,
-};
-constinit const CodecDescriptor terngrad_codec_row{
-    .keys = kBucketOnly,
-    .make_host = make_terngrad_codec,
-    .example_specs = kTerngradExamples,
-    .paths = CollectivePaths::bucket_quantiser,
-    .segment_cut = SegmentCut::buckets_of_trit_codes,
-    .error_bound = terngrad_bound,
-    .cosine_estimate = terngrad_cosine,
 };
 
 }  // namespace gradzip::compressors

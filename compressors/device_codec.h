@@ -42,10 +42,10 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
 void device_decode_own(const Codec& codec, std::span<const std::byte> in, TensorView out,
                          const EncodeContext& ctx);
 
-// Error feedback fused into the encode, for codecs whose device encode can produce the message
-// and the new residual in one pass over g and e (fp16 and bf16: kernels/cuda/ef_cuda.h,
-// ef_cast_fused; sign, qsgd and terngrad (qsgd's 2-bit codes) when the fast encoders' segments
-// allow it: sign_encode_with_feedback, qsgd_encode_with_feedback in kernels/cuda/), or in
+// Error feedback fused into the encode, for the codecs whose device row has a fused encoder
+// (compressors/cuda/device_codec_row.h: fuses_feedback, encode_with_feedback) and the shapes it
+// takes: one pass over g and e (today fp16 and bf16: kernels/cuda/ef_cuda.h, ef_cast_fused;
+// sign, qsgd and terngrad (qsgd's 2-bit codes) when the fast encoders' segments allow it), or in
 // place (top-k and random-k: c = g + e formed in the residual's memory, encoded from there, and
 // the residual updated at the message's entries only, with a finite_or_zero sweep only when
 // some c was not finite): writes into `out` the message `codec` writes for c = g + e and sets

@@ -15,6 +15,5 @@ std::unique_ptr<Codec> make_qsgd_codec(const CompressionSpec& spec);
 std::unique_ptr<Codec> make_sign_codec(const CompressionSpec& spec);
 std::unique_ptr<Codec> make_topk_codec(const CompressionSpec& spec);   // exact and approx
 std::unique_ptr<Codec> make_randk_codec(const CompressionSpec& spec);
-std::unique_ptr<Codec> make_terngrad_codec(const CompressionSpec& spec);
 
 }  // namespace gradzip::compressors

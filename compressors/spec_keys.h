@@ -55,4 +55,13 @@ T parse_spec_choice(std::string_view text, std::string_view key, std::string_vie
   bad_spec_value(text, key, value, "one of: " + join_names(names));
 }
 
+// bucket=N, N in [1, 2^31]: the key of the codecs with one scale per bucket (qsgd, sign,
+// terngrad).
+inline constexpr CodecKey kBucketKey{
+    "bucket",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.bucket = parse_spec_unsigned(text, "bucket", value, 1, std::uint64_t{1} << 31);
+    },
+    [](const CompressionSpec& spec) { return detail::concat("bucket=", spec.bucket); }};
+
 }  // namespace gradzip::compressors

@@ -39,18 +39,14 @@
 #include "kernels/cuda/sign_cuda.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
-#include "kernels/cuda/terngrad_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
 #include "kernels/randk_math.h"
-#include "kernels/terngrad_math.h"
 
 namespace gradzip::compressors {
 namespace {
 
 namespace cuda = kernels::cuda;
 
-static_assert(kernels::kTerngradMaxCount == cuda::kQsgdCudaMaxCount,
-              "terngrad's codes are drawn by qsgd's kernels: its count limit is theirs");
 using namespace device;  // compressors/cuda/device_support.h
 
 // fp16 / bf16 payload from f32 values; through aligned scratch when the payload is not 2-byte
@@ -120,34 +116,6 @@ WireHeader encode_sign(const CompressionSpec& spec, const float* d_in, std::size
   const std::size_t payload = cuda::sign_payload_bytes(n, spec.bucket);
   cuda::sign_encode(d_in, n, spec.bucket, d_payload, nullptr, nullptr, work_stream());
   return WireHeader{WireCodec::sign, 0, 1, n, payload, spec.bucket};
-}
-
-// A terngrad payload from the qsgd payload of its 2-bit codes: the scales as they are, the codes
-// repacked as trit bytes.
-void terngrad_payload_from_qsgd(const std::byte* d_qsgd, std::size_t n,
-                                const kernels::TerngradLayout& layout, std::byte* d_payload,
-                                const std::string& op) {
-  if (layout.scale_bytes > 0) copy_on_device(d_payload, d_qsgd, layout.scale_bytes, op);
-  cuda::terngrad_trits_from_codes(d_qsgd + layout.scale_bytes, n, d_payload + layout.scale_bytes,
-                                  work_stream());
-}
-
-// qsgd's 2-bit codes (drawn into a qsgd payload in scratch), repacked as trit bytes.
-WireHeader encode_terngrad(const CompressionSpec& spec, const float* d_in, std::size_t n,
-                           const EncodeContext& ctx, std::byte* d_payload, const std::string& op) {
-  const int bits = kernels::kTerngradCodeBits;
-  GZ_REQUIRE(kernels::terngrad_layout_fits(n, spec.bucket), ErrorCode::invalid_argument, op, ": ",
-             n, " elements exceed the ", kernels::kTerngradMaxCount,
-             " a terngrad message can hold");
-  const kernels::TerngradLayout layout = kernels::terngrad_layout(n, spec.bucket);
-  const std::size_t payload = layout.payload_bytes();
-  const std::size_t qsgd_bytes = cuda::qsgd_payload_bytes(n, bits, spec.bucket);
-  DeviceScratch qsgd(qsgd_bytes, op);
-  const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
-  cuda::qsgd_encode(d_in, n, bits, spec.bucket, params, qsgd.as<std::byte>(), nullptr, nullptr,
-                    work_stream());
-  terngrad_payload_from_qsgd(qsgd.as<std::byte>(), n, layout, d_payload, op);
-  return WireHeader{WireCodec::terngrad, 0, 0, n, payload, spec.bucket};
 }
 
 std::string describe_topk_entries(int /*status*/) {
@@ -229,11 +197,6 @@ WireHeader encode_randk(const CompressionSpec& spec, const float* d_in, std::siz
 
 // ---- decode ------------------------------------------------------------------------------------
 
-std::string describe_qsgd_status(int status) {
-  return status == cuda::kQsgdStatusNonzeroCode
-             ? "a bucket with a non-finite scale holds a non-zero code (expected every code of such a bucket to be 0)"
-             : "a bucket scale is not one encode writes (expected +0 .. +Inf or the quiet NaN 0x7fc00000)";
-}
 std::string describe_sign_status(int /*status*/) {
   return "an unused bit above the last element of the sign bits is set";
 }
@@ -392,48 +355,6 @@ void decode_randk(const WireHeader& header, std::span<const std::byte> prefix,
   return finish(op);
 }
 
-std::string describe_trit_status(int /*status*/) {
-  return "a trit byte is not one encode writes (expected five trits below 243, the digits after "
-         "the last element 0)";
-}
-std::string describe_terngrad_scale_status(int status) {
-  return status == cuda::kQsgdStatusNonzeroCode
-             ? "a bucket with a non-finite scale holds a non-zero trit (expected every trit of "
-               "such a bucket to be 0)"
-             : describe_qsgd_status(status);
-}
-
-// The trit bytes become a qsgd 2-bit payload in scratch, which qsgd_decode checks and decodes.
-// A bad trit byte poisons the scratch's first scale, so qsgd_decode writes nothing either.
-void decode_terngrad(const WireHeader& header, std::span<const std::byte> /*prefix*/,
-                     const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
-  const std::size_t n = target.count;
-  GZ_REQUIRE(header.flags == 0 && header.small_param == 0, ErrorCode::malformed_message, op,
-             ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
-             int{header.small_param}, " (expected 0 and 0)");
-  GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
-             ": bucket 0 (expected >= 1)");
-  GZ_REQUIRE(n <= kernels::kTerngradMaxCount, ErrorCode::malformed_message, op, ": count ", n,
-             " exceeds the ", kernels::kTerngradMaxCount, " a terngrad message can hold");
-  const auto bucket = static_cast<std::size_t>(bucket_of(header));
-  const kernels::TerngradLayout layout = kernels::terngrad_layout(n, bucket);
-  const std::size_t scale_bytes = layout.scale_bytes;
-  const std::size_t expected = layout.payload_bytes();
-  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
-             header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket, " (expected ",
-             expected, ")");
-  const int bits = kernels::kTerngradCodeBits;
-  DeviceScratch qsgd(cuda::qsgd_payload_bytes(n, bits, bucket), op);
-  // [0]: the trit check, [1]: qsgd_decode's.
-  const StatusWords<2> status(op, {describe_trit_status, describe_terngrad_scale_status});
-  if (scale_bytes > 0) copy_on_device(qsgd.as<std::byte>(), d_payload, scale_bytes, op);
-  cuda::terngrad_codes_from_trits(d_payload + scale_bytes, n, qsgd.as<std::byte>() + scale_bytes,
-                                  status.word(0), qsgd.as<std::byte>(), work_stream());
-  cuda::qsgd_decode(qsgd.as<std::byte>(), n, bits, bucket, target.data, target.accumulate,
-                    status.word(1), work_stream());
-  status.check();  // synchronous calls: the one wait; stream-ordered: nothing
-}
-
 // ---- fixed headers -----------------------------------------------------------------------------
 
 std::optional<WireHeader> fixed_none(const CompressionSpec&, std::size_t n) {
@@ -453,11 +374,6 @@ std::optional<WireHeader> fixed_sign(const CompressionSpec& spec, std::size_t n)
   return WireHeader{WireCodec::sign, 0, 1, n, cuda::sign_payload_bytes(n, spec.bucket),
                     spec.bucket};
 }
-std::optional<WireHeader> fixed_terngrad(const CompressionSpec& spec, std::size_t n) {
-  if (!kernels::terngrad_layout_fits(n, spec.bucket)) return std::nullopt;
-  return WireHeader{WireCodec::terngrad, 0, 0, n,
-                    kernels::terngrad_layout(n, spec.bucket).payload_bytes(), spec.bucket};
-}
 // Exact top-k only: approximate top-k's entry count varies.
 std::optional<WireHeader> fixed_topk(const CompressionSpec& spec, std::size_t n) {
   if (spec.approx) return std::nullopt;
@@ -469,18 +385,104 @@ std::optional<WireHeader> fixed_topk(const CompressionSpec& spec, std::size_t n)
   return WireHeader{WireCodec::topk, flags, 0, n, k * ((wide ? 8 : 4) + (half ? 2 : 4)), k};
 }
 
+// ---- error feedback fused into the encode (DeviceCodecRow::encode_with_feedback) ----------------
+
+// The casts (kernels/cuda/ef_cuda.h, ef_cast_fused): the kernel stores 16-bit words.
+bool cast_fuses_feedback(const CompressionSpec&, std::size_t, const std::byte* d_payload) {
+  return aligned(d_payload, 2);
+}
+WireHeader encode_cast_with_feedback(const CompressionSpec& spec, const float* d_grad,
+                                     float* d_residual, std::size_t n,
+                                     const EncodeContext& /*ctx*/, std::byte* d_payload,
+                                     const std::string& op) {
+  const bool bf16 = spec.codec == CodecKind::bf16;
+  const WireHeader header =
+      required_fixed_header(bf16 ? fixed_bf16(spec, n) : fixed_fp16(spec, n), spec, op);
+  cuda::ef_cast_fused(d_grad, d_residual, reinterpret_cast<std::uint16_t*>(d_payload), bf16, n,
+                      work_stream());
+  return header;
+}
+
+// Sign and qsgd when the fast encoders' segments allow it (kernels/cuda/sign_cuda.h,
+// qsgd_cuda.h).
+bool sign_fuses(const CompressionSpec& spec, std::size_t n, const std::byte*) {
+  return cuda::sign_fuses_feedback(n, spec.bucket);
+}
+WireHeader encode_sign_with_feedback(const CompressionSpec& spec, const float* d_grad,
+                                     float* d_residual, std::size_t n,
+                                     const EncodeContext& /*ctx*/, std::byte* d_payload,
+                                     const std::string& op) {
+  const WireHeader header = required_fixed_header(fixed_sign(spec, n), spec, op);
+  GZ_REQUIRE(cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket, d_payload,
+                                             work_stream()),
+             ErrorCode::internal, op, ": sign_fuses_feedback accepted ", n,
+             " elements that the fused encoder refused");
+  return header;
+}
+
+bool qsgd_fuses(const CompressionSpec& spec, std::size_t n, const std::byte*) {
+  return cuda::qsgd_fuses_feedback(n, spec.bits, spec.bucket);
+}
+WireHeader encode_qsgd_with_feedback(const CompressionSpec& spec, const float* d_grad,
+                                     float* d_residual, std::size_t n, const EncodeContext& ctx,
+                                     std::byte* d_payload, const std::string& op) {
+  const WireHeader header = required_fixed_header(fixed_qsgd(spec, n), spec, op);
+  const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
+  GZ_REQUIRE(cuda::qsgd_encode_with_feedback(d_grad, d_residual, n, spec.bits, spec.bucket,
+                                             params, d_payload, work_stream()),
+             ErrorCode::internal, op, ": qsgd_fuses_feedback accepted ", n,
+             " elements that the fused encoder refused");
+  return header;
+}
+
+// Top-k and random-k in place, as the host's ErrorFeedbackCodec::encode_in_place does for
+// top-k: e = g + e (flagging a non-finite sum), encode from e, then e -= D(message) at the
+// message's entries only (D is +0.0 elsewhere) and, only when the sum was not finite everywhere,
+// a finite_or_zero sweep: the message and residual bits of the general path (compensate into
+// scratch, encode, decode, update), with three streams over the chunk instead of eight and no
+// chunk-sized scratch. Everything that can fail for want of memory is allocated before the
+// residual changes. Any shape.
+bool sparse_fuses(const CompressionSpec&, std::size_t, const std::byte*) { return true; }
+WireHeader encode_sparse_with_feedback(const CompressionSpec& spec, const float* d_grad,
+                                       float* d_residual, std::size_t n, const EncodeContext& ctx,
+                                       std::byte* d_payload, const std::string& op) {
+  const bool half = spec.values == DType::f16;
+  const bool topk = spec.codec == CodecKind::topk;
+  const DeviceScratch scratch(topk ? topk_scratch_bytes(spec, n, ctx) : sizeof(int), op);
+  int* const d_flag = topk ? topk_flag_slot(scratch) : scratch.as<int>();
+  check_runtime(cudaMemsetAsync(d_flag, 0, sizeof(int), static_cast<cudaStream_t>(work_stream())),
+                op, "clearing the non-finite flag");
+  cuda::ef_compensate_flagging(d_grad, d_residual, d_residual, n, d_flag, work_stream());
+  WireHeader header;
+  if (topk) {
+    header = encode_topk_into(spec, d_residual, n, ctx, d_payload, scratch, op);
+    cuda::sparse_subtract_own(d_payload, entry_count_of(header), has_wide_indices(header), half, n,
+                              d_residual, work_stream());
+  } else {
+    header = encode_randk(spec, d_residual, n, ctx, d_payload, op);
+    cuda::randk_subtract_own(d_payload + kernels::kRandkKeyBytes, entry_count_of(header), half,
+                             kernels::cpu::randk_key(ctx), n, d_residual, work_stream());
+  }
+  cuda::ef_zero_nonfinite_if_flagged(d_residual, n, d_flag, work_stream());
+  return header;
+}
+
 // ---- rows ----------------------------------------------------------------------------------------
 
 constexpr DeviceCodecRow kNoneDevice{encode_none, decode_none, std::nullopt, fixed_none};
-constexpr DeviceCodecRow kFp16Device{encode_fp16, decode_fp16, DType::f16, fixed_fp16};
-constexpr DeviceCodecRow kBf16Device{encode_bf16, decode_bf16, DType::bf16, fixed_bf16};
-constexpr DeviceCodecRow kQsgdDevice{encode_qsgd, decode_qsgd, std::nullopt, fixed_qsgd};
-constexpr DeviceCodecRow kSignDevice{encode_sign, decode_sign, std::nullopt, fixed_sign};
-constexpr DeviceCodecRow kTopkDevice{encode_topk, decode_topk, std::nullopt, fixed_topk};
+constexpr DeviceCodecRow kFp16Device{encode_fp16, decode_fp16, DType::f16, fixed_fp16,
+                                     cast_fuses_feedback, encode_cast_with_feedback};
+constexpr DeviceCodecRow kBf16Device{encode_bf16, decode_bf16, DType::bf16, fixed_bf16,
+                                     cast_fuses_feedback, encode_cast_with_feedback};
+constexpr DeviceCodecRow kQsgdDevice{encode_qsgd, decode_qsgd, std::nullopt, fixed_qsgd,
+                                     qsgd_fuses, encode_qsgd_with_feedback};
+constexpr DeviceCodecRow kSignDevice{encode_sign, decode_sign, std::nullopt, fixed_sign,
+                                     sign_fuses, encode_sign_with_feedback};
+constexpr DeviceCodecRow kTopkDevice{encode_topk, decode_topk, std::nullopt, fixed_topk,
+                                     sparse_fuses, encode_sparse_with_feedback};
 // Random-k's key travels in the message: no fixed header (device_decode_own compares it).
-constexpr DeviceCodecRow kRandkDevice{encode_randk, decode_randk, std::nullopt, nullptr};
-constexpr DeviceCodecRow kTerngradDevice{encode_terngrad, decode_terngrad, std::nullopt,
-                                         fixed_terngrad};
+constexpr DeviceCodecRow kRandkDevice{encode_randk, decode_randk, std::nullopt, nullptr,
+                                      sparse_fuses, encode_sparse_with_feedback};
 
 // Each codec's row, in CodecKind order (null: no device path), built once from the list.
 const DeviceCodecRow* device_row_of(CodecKind kind) {
@@ -522,6 +524,16 @@ std::string describe_header_mismatch(int /*status*/) {
 
 }  // namespace
 
+namespace device {
+
+std::string describe_qsgd_status(int status) {
+  return status == cuda::kQsgdStatusNonzeroCode
+             ? "a bucket with a non-finite scale holds a non-zero code (expected every code of such a bucket to be 0)"
+             : "a bucket scale is not one encode writes (expected +0 .. +Inf or the quiet NaN 0x7fc00000)";
+}
+
+}  // namespace device
+
 // The rows of the codecs without a folder of their own (compressors/cuda/device_codec_row.h).
 const DeviceCodecRow* const none_device_row = &kNoneDevice;
 const DeviceCodecRow* const fp16_device_row = &kFp16Device;
@@ -531,7 +543,6 @@ const DeviceCodecRow* const sign_device_row = &kSignDevice;
 const DeviceCodecRow* const topk_device_row = &kTopkDevice;
 const DeviceCodecRow* const randk_device_row = &kRandkDevice;
 const DeviceCodecRow* const powersgd_device_row = nullptr;  // the Reducer's matrices only
-const DeviceCodecRow* const terngrad_device_row = &kTerngradDevice;
 
 bool device_codecs_built() noexcept { return true; }
 
@@ -563,63 +574,16 @@ std::size_t device_encode(const Codec& codec, ConstTensorView in, std::span<std:
   return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
 }
 
-namespace {
-
-// Error feedback for top-k and random-k in place, as the host's ErrorFeedbackCodec::encode_in_place
-// does for top-k: e = g + e (flagging a non-finite sum), encode from e, then e -= D(message) at the
-// message's entries only (D is +0.0 elsewhere) and, only when the sum was not finite everywhere,
-// a finite_or_zero sweep: the message and residual bits of the general path (compensate into
-// scratch, encode, decode, update), with three streams over the chunk instead of eight and no
-// chunk-sized scratch. Everything that can fail for want of memory is allocated before the
-// residual changes.
-std::size_t encode_sparse_with_feedback(const Codec& codec, const float* d_grad, std::size_t n,
-                                        float* d_residual, std::span<std::byte> out,
-                                        const EncodeContext& ctx, const std::string& op) {
-  const CompressionSpec& spec = codec.spec();
-  const bool half = spec.values == DType::f16;
-  std::byte* const d_payload = out.data() + kWireHeaderBytes;
-  const bool topk = spec.codec == CodecKind::topk;
-  const DeviceScratch scratch(topk ? topk_scratch_bytes(spec, n, ctx) : sizeof(int), op);
-  int* const d_flag = topk ? topk_flag_slot(scratch) : scratch.as<int>();
-  check_runtime(cudaMemsetAsync(d_flag, 0, sizeof(int), static_cast<cudaStream_t>(work_stream())),
-                op, "clearing the non-finite flag");
-  cuda::ef_compensate_flagging(d_grad, d_residual, d_residual, n, d_flag, work_stream());
-  WireHeader header;
-  if (topk) {
-    header = encode_topk_into(spec, d_residual, n, ctx, d_payload, scratch, op);
-    cuda::sparse_subtract_own(d_payload, entry_count_of(header), has_wide_indices(header), half, n,
-                              d_residual, work_stream());
-  } else {
-    header = encode_randk(spec, d_residual, n, ctx, d_payload, op);
-    cuda::randk_subtract_own(d_payload + kernels::kRandkKeyBytes, entry_count_of(header), half,
-                             kernels::cpu::randk_key(ctx), n, d_residual, work_stream());
-  }
-  cuda::ef_zero_nonfinite_if_flagged(d_residual, n, d_flag, work_stream());
-  const std::array<std::byte, kWireHeaderBytes> header_bytes = header_bytes_of(header);
-  cuda::write_small_bytes(out.data(), header_bytes.data(), header_bytes.size(), work_stream());
-  finish(op);
-  return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
-}
-
-}  // namespace
-
 std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, ConstTensorView g,
                                                        float* d_residual, std::span<std::byte> out,
                                                        const EncodeContext& ctx) {
   const CompressionSpec& spec = codec.spec();
-  const bool sparse = spec.codec == CodecKind::topk || spec.codec == CodecKind::randk;
-  const bool bf16 = spec.codec == CodecKind::bf16;
-  const bool cast = spec.codec == CodecKind::fp16 || bf16;
-  const bool sign = spec.codec == CodecKind::sign && cuda::sign_fuses_feedback(g.count, spec.bucket);
-  const bool qsgd =
-      spec.codec == CodecKind::qsgd && cuda::qsgd_fuses_feedback(g.count, spec.bits, spec.bucket);
-  // terngrad's codes are qsgd's 2-bit codes (decoding to the same values), repacked.
-  const bool terngrad = spec.codec == CodecKind::terngrad &&
-                        kernels::terngrad_layout_fits(g.count, spec.bucket) &&
-                        cuda::qsgd_fuses_feedback(g.count, kernels::kTerngradCodeBits, spec.bucket);
-  if ((!cast && !sign && !qsgd && !terngrad && !sparse) || g.dtype != DType::f32 ||
-      !aligned(g.data, sizeof(float)) ||
-      (cast && !aligned(out.data() + kWireHeaderBytes, 2)))
+  const DeviceCodecRow* const row = device_row_of(spec.codec);
+  // (A buffer too small for the header fails the capacity check below.)
+  std::byte* const d_payload =
+      out.size() >= kWireHeaderBytes ? out.data() + kWireHeaderBytes : out.data();
+  if (row == nullptr || row->fuses_feedback == nullptr || g.dtype != DType::f32 ||
+      !aligned(g.data, sizeof(float)) || !row->fuses_feedback(spec, g.count, d_payload))
     return std::nullopt;
   const std::string op = std::string(codec_kind_name(spec.codec)) + ".encode (fused error feedback)";
   const std::size_t n = g.count;
@@ -628,37 +592,12 @@ std::optional<std::size_t> device_encode_with_feedback(const Codec& codec, Const
              out.size(), " bytes, ", capacity, " needed (max_encoded_bytes)");
   const DeviceScope scope(g.device.index, op);
   cuda::require_device_pointer(out.data(), g.device.index, op, "the output message buffer");
-  const auto* d_grad = static_cast<const float*>(g.data);
-  if (sparse) return encode_sparse_with_feedback(codec, d_grad, n, d_residual, out, ctx, op);
-  const std::optional<WireHeader> header = fixed_header(device_row(spec, op), spec, n);
-  GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for ", spec.to_string());
-  if (sign) {
-    if (!cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket,
-                                         out.data() + kWireHeaderBytes, work_stream()))
-      return std::nullopt;  // sign_fuses_feedback said yes above: not reached
-  } else if (qsgd) {
-    const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
-    if (!cuda::qsgd_encode_with_feedback(d_grad, d_residual, n, spec.bits, spec.bucket, params,
-                                         out.data() + kWireHeaderBytes, work_stream()))
-      return std::nullopt;  // qsgd_fuses_feedback said yes above: not reached
-  } else if (terngrad) {
-    const int bits = kernels::kTerngradCodeBits;
-    DeviceScratch codes(cuda::qsgd_payload_bytes(n, bits, spec.bucket), op);
-    const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
-    if (!cuda::qsgd_encode_with_feedback(d_grad, d_residual, n, bits, spec.bucket, params,
-                                         codes.as<std::byte>(), work_stream()))
-      return std::nullopt;  // qsgd_fuses_feedback said yes above: not reached
-    terngrad_payload_from_qsgd(codes.as<std::byte>(), n, kernels::terngrad_layout(n, spec.bucket),
-                               out.data() + kWireHeaderBytes, op);
-  } else {
-    cuda::ef_cast_fused(d_grad, d_residual,
-                        reinterpret_cast<std::uint16_t*>(out.data() + kWireHeaderBytes), bf16, n,
-                        work_stream());
-  }
-  const std::array<std::byte, kWireHeaderBytes> header_bytes = header_bytes_of(*header);
+  const WireHeader header = row->encode_with_feedback(spec, static_cast<const float*>(g.data),
+                                                      d_residual, n, ctx, d_payload, op);
+  const std::array<std::byte, kWireHeaderBytes> header_bytes = header_bytes_of(header);
   cuda::write_small_bytes(out.data(), header_bytes.data(), header_bytes.size(), work_stream());
   finish(op);
-  return kWireHeaderBytes + static_cast<std::size_t>(header->payload_bytes);
+  return kWireHeaderBytes + static_cast<std::size_t>(header.payload_bytes);
 }
 
 void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView out,

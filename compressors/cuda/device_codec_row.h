@@ -41,6 +41,23 @@ using DeviceDecoder = void (*)(const WireHeader& header, std::span<const std::by
                                const std::byte* d_payload, const DecodeTarget& target,
                                const std::string& op);
 
+// Error feedback fused into the encode (compressors/device_codec.h,
+// device_encode_with_feedback): whether the codec's fused encoder takes `spec`'s message of n
+// f32 values whose payload starts at d_payload (its alignment matters to some kernels). Pure
+// host logic: nothing is queued.
+using DeviceFeedbackCheck = bool (*)(const CompressionSpec& spec, std::size_t n,
+                                     const std::byte* d_payload);
+
+// Writes at d_payload the payload of `spec`'s message for c = d_grad + d_residual (n f32 values
+// on the device) and sets d_residual = finite_or_zero(c - D(message)), in the bits of the general
+// path (compensate, encode, decode, update); returns the header (which the caller writes in
+// front of it). Called only where the row's DeviceFeedbackCheck said yes; the work is queued on
+// the work stream, the caller finishes it.
+using DeviceFeedbackEncoder = WireHeader (*)(const CompressionSpec& spec, const float* d_grad,
+                                             float* d_residual, std::size_t n,
+                                             const EncodeContext& ctx, std::byte* d_payload,
+                                             const std::string& op);
+
 struct DeviceCodecRow {
   DeviceEncoder encode = nullptr;
   DeviceDecoder decode = nullptr;
@@ -53,6 +70,11 @@ struct DeviceCodecRow {
   // nullopt for a spec, when the header travels in the message only (random-k's key,
   // approximate top-k's entry count).
   std::optional<WireHeader> (*fixed_header)(const CompressionSpec& spec, std::size_t n) = nullptr;
+  // Error feedback in one pass (both set; the generic code in cuda/device_codec.cpp checks the
+  // gradient's dtype and alignment, the output's size and device, and writes the header) or,
+  // null, the general path's four passes.
+  DeviceFeedbackCheck fuses_feedback = nullptr;
+  DeviceFeedbackEncoder encode_with_feedback = nullptr;
 };
 
 #define GRADZIP_DECLARE_DEVICE_ROW(name, wire_id) \

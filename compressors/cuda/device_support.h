@@ -1,5 +1,6 @@
 // Host-side helpers shared by the C++ files that run device codecs and device error feedback
-// (compressors/cuda/device_codec.cpp, error_feedback/cuda/device_feedback.cpp): the thread's
+// (compressors/cuda/device_codec.cpp, the codec folders' cuda/*.cpp,
+// error_feedback/cuda/device_feedback.cpp): the thread's
 // work stream, scratch from the thread's block cache, copies, and f32 views of f16 / bf16
 // inputs. Includes cuda_runtime.h: only sources built with CUDA include it.
 #pragma once
@@ -9,8 +10,11 @@
 #include <array>
 #include <memory>
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "compressors/wire_format.h"
+#include "gradzip/compression_spec.h"
 #include "gradzip/error.h"
 #include "gradzip/tensor_view.h"
 #include "kernels/cuda/cast_cuda.h"
@@ -164,5 +168,19 @@ class F32Input {
   DeviceScratch scratch_;
   const float* data_ = nullptr;
 };
+
+// The header a fused error-feedback encoder (DeviceCodecRow::encode_with_feedback) writes: its
+// row's fixed header for the shape, which every fusing codec with messages of a fixed size has;
+// ErrorCode::internal naming `spec` when there is none.
+inline WireHeader required_fixed_header(const std::optional<WireHeader>& header,
+                                        const CompressionSpec& spec, const std::string& op) {
+  GZ_REQUIRE(header.has_value(), ErrorCode::internal, op, ": no fixed header for ",
+             spec.to_string());
+  return *header;
+}
+
+// qsgd_decode's status word in words (kernels/cuda/qsgd_cuda.h): what qsgd's and terngrad's
+// device decoders report (compressors/cuda/device_codec.cpp).
+std::string describe_qsgd_status(int status);
 
 }  // namespace gradzip::compressors::device

@@ -155,20 +155,16 @@ double fp8_cosine(const CompressionSpec& spec, std::span<const float> y) {
   double energy = 0, floor_energy = 0;
   for (std::size_t begin = 0; begin < y.size(); begin += kFp8Block) {
     const std::size_t n = std::min(kFp8Block, y.size() - begin);
-    std::uint32_t amax = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      amax = std::max(amax, kernels::float_bits(y[begin + i]) & 0x7fffffffu);
-      energy += static_cast<double>(y[begin + i]) * y[begin + i];
-    }
+    const std::uint32_t amax = fp8::block_amax_bits(y.data() + begin, n);
+    for (std::size_t i = 0; i < n; ++i) energy += static_cast<double>(y[begin + i]) * y[begin + i];
     if (amax >= 0x7f800000u) return 0;  // not finite: no direction to keep
     const int s = fp8::scale_exponent(amax, format);
     const double half_step = std::ldexp(1.0, s - p.bias - p.mantissa_bits);
     floor_energy += static_cast<double>(n) * half_step * half_step;
   }
   if (energy == 0) return 1;
-  const double relative = 9.0 / 8.0 / static_cast<double>(1u << (p.mantissa_bits + 1)) +
-                          std::sqrt(floor_energy / energy);
-  return relative < 1 ? std::sqrt(1 - relative * relative) : 0.0;
+  return cosine_of_relative_error(9.0 / 8.0 / static_cast<double>(1u << (p.mantissa_bits + 1)) +
+                                  std::sqrt(floor_energy / energy));
 }
 
 }  // namespace
@@ -180,8 +176,7 @@ constinit const CodecDescriptor fp8_codec_row{
     .make_host = make_fp8_codec,
     .example_specs = kFp8Examples,
     .paths = CollectivePaths::bucket_quantiser,
-    .segment_cut = SegmentCut::fixed_blocks,
-    .segment_block = kFp8Block,
+    .segment_granularity = [](const CompressionSpec&) noexcept { return kFp8Block; },
     .error_bound = fp8_bound,
     .cosine_estimate = fp8_cosine,
 };

@@ -35,6 +35,17 @@ inline WireHeader header_for(Format format, std::size_t count) {
                     payload_bytes(count), kFp8Block};
 }
 
+// The bits of the largest |x_i| over x[0, n) (sign cleared): at least 0x7f800000 when the block
+// holds a NaN or an infinity. What a block's scale is chosen from.
+inline std::uint32_t block_amax_bits(const float* x, std::size_t n) noexcept {
+  std::uint32_t amax = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t magnitude = kernels::float_bits(x[i]) & 0x7fffffffu;
+    amax = magnitude > amax ? magnitude : amax;
+  }
+  return amax;
+}
+
 // Throws ErrorCode::malformed_message (naming `op`) unless `header` (already checked to be an fp8
 // header for `count` elements) has flags 0, a known format, block 32 and payload_bytes(count).
 void check_header(const WireHeader& header, std::size_t count, std::string_view op);

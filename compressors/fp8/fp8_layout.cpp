@@ -80,9 +80,7 @@ void encode_blocks(const float* x, std::size_t n, Format format, std::uint8_t* s
                    std::uint8_t* codes) noexcept {
   for (std::size_t begin = 0, block = 0; begin < n; begin += kFp8Block, ++block) {
     const std::size_t end = std::min(n, begin + kFp8Block);
-    std::uint32_t amax = 0;
-    for (std::size_t i = begin; i < end; ++i)
-      amax = std::max(amax, kernels::float_bits(x[i]) & 0x7fffffffu);
+    const std::uint32_t amax = block_amax_bits(x + begin, end - begin);
     if (amax >= 0x7f800000u) {  // a NaN or an infinity: the whole block decodes to NaN
       scales[block] = kNonfiniteScale;
       std::fill(codes + begin, codes + end, std::uint8_t{0});

@@ -20,6 +20,7 @@
 // subnormal range, half the subnormal step times 2^s (fp8_error_bound says it in numbers).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -110,8 +111,7 @@ GZ_HOST_DEVICE GZ_INLINE std::uint8_t encode_magnitude(std::uint32_t abs_bits, i
 inline double fp8_error_bound(Format format, double y_max) {
   const FormatParams p = params_of(format);
   const double half_ulp = 1.0 / static_cast<double>(1u << (p.mantissa_bits + 1));
-  double floor_step = 1.0;  // 2^(-B - M - 127)
-  for (int i = 0; i < p.bias + p.mantissa_bits + 127; ++i) floor_step /= 2;
+  const double floor_step = std::ldexp(1.0, -(p.bias + p.mantissa_bits + 127));
   return 9.0 / 8.0 * half_ulp * y_max + floor_step;
 }
 

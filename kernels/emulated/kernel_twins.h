@@ -41,7 +41,6 @@
 #include "kernels/cuda/sign_cuda.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
-#include "kernels/cuda/terngrad_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
 
 namespace gradzip::kernels::emulated {
@@ -129,12 +128,6 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
                    bool half_values, std::size_t n, float* d_out, int* d_status, void* stream);
 void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
                          bool half_values, std::size_t n, float* d_residual, void* stream);
-
-// ---- kernels/cuda/terngrad_cuda.h ------------------------------------------------------------
-void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,
-                               void* stream);
-void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std::byte* d_codes,
-                               int* d_status, std::byte* d_poison_scale, void* stream);
 
 // ---- kernels/cuda/topk_cuda.h ----------------------------------------------------------------
 std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k,

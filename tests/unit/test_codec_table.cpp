@@ -11,15 +11,14 @@
 namespace gradzip::collectives {
 namespace {
 
-constexpr CodecKind kEveryCodec[] = {CodecKind::none,  CodecKind::fp16,     CodecKind::bf16,
-                                     CodecKind::qsgd,  CodecKind::sign,     CodecKind::topk,
-                                     CodecKind::randk, CodecKind::powersgd, CodecKind::terngrad};
-
 TEST(CodecTable, EveryCodecHasItsRowWithTheDefaultFirst) {
-  for (const CodecKind codec : kEveryCodec) {
+  for (const compressors::CodecDescriptor& descriptor : compressors::codec_descriptors()) {
+    const CodecKind codec = descriptor.kind;
     SCOPED_TRACE(std::string(codec_kind_name(codec)));
     const CodecRow& row = codec_row(codec);
     EXPECT_EQ(row.codec, codec);
+    // The traits are read from the compressors row itself, not from a copy.
+    EXPECT_EQ(row.descriptor, &compressors::codec_descriptor(codec));
     ASSERT_FALSE(row.runnable.empty());
     ASSERT_FALSE(row.auto_choices.empty());
     EXPECT_EQ(row.runnable.front(), row.default_path);
@@ -45,18 +44,6 @@ TEST(CodecTable, DefaultPathsAreTheDocumentedOnes) {
   EXPECT_EQ(default_flat_algorithm(CodecKind::topk), Algorithm::sparse);
   EXPECT_EQ(default_flat_algorithm(CodecKind::fp16), Algorithm::ring);
   EXPECT_EQ(default_flat_algorithm(CodecKind::randk), Algorithm::ring);  // its path is not flat
-}
-
-TEST(CodecTable, OnlyElementAndBucketCodecsMayBeCut) {
-  EXPECT_EQ(codec_row(CodecKind::none).segment_cut, SegmentCut::any_element);
-  EXPECT_EQ(codec_row(CodecKind::fp16).segment_cut, SegmentCut::any_element);
-  EXPECT_EQ(codec_row(CodecKind::bf16).segment_cut, SegmentCut::any_element);
-  EXPECT_EQ(codec_row(CodecKind::qsgd).segment_cut, SegmentCut::buckets_of_bit_codes);
-  EXPECT_EQ(codec_row(CodecKind::sign).segment_cut, SegmentCut::buckets_of_bit_codes);
-  EXPECT_EQ(codec_row(CodecKind::terngrad).segment_cut, SegmentCut::buckets_of_trit_codes);
-  EXPECT_EQ(codec_row(CodecKind::topk).segment_cut, SegmentCut::never);
-  EXPECT_EQ(codec_row(CodecKind::randk).segment_cut, SegmentCut::never);
-  EXPECT_EQ(codec_row(CodecKind::powersgd).segment_cut, SegmentCut::never);
 }
 
 TEST(CodecTable, WireValueTypesAndVaryingSizes) {

@@ -10,26 +10,27 @@
 
 #include "compressors/fp8/fp8_math.h"
 
-namespace gradzip::compressors::fp8::cuda {
+namespace gradzip::compressors::fp8 {
 
-// Writes the scales (ceil(count / 32) bytes) and then the codes (count bytes) of d_in[0, count)
-// at d_payload (any alignment).
-void encode(const float* d_in, std::size_t count, Format format, std::byte* d_payload,
-            void* stream);
+// The launch wrappers, declared once for the CUDA kernels (namespace cuda) and for their CPU
+// twins on the emulated device (namespace emulated, compressors/fp8/emulated/fp8_twins.cpp;
+// same contracts, queued on the emulated device's stream):
+//   encode: writes the scales (ceil(count / 32) bytes) and then the codes (count bytes) of
+//           d_in[0, count) at d_payload (any alignment).
+//   decode: d_out[i] = D(element i) (accumulate: d_out[i] += D(element i)) for i < count, from
+//           the payload at d_payload (any alignment; its header was checked on the host, and
+//           every byte decodes).
+#define GZ_FP8_KERNEL_DECLARATIONS                                                          \
+  void encode(const float* d_in, std::size_t count, Format format, std::byte* d_payload,    \
+              void* stream);                                                                \
+  void decode(const std::byte* d_payload, std::size_t count, Format format, float* d_out, \
+              bool accumulate, void* stream);
+namespace cuda {
+GZ_FP8_KERNEL_DECLARATIONS
+}  // namespace cuda
+namespace emulated {
+GZ_FP8_KERNEL_DECLARATIONS
+}  // namespace emulated
+#undef GZ_FP8_KERNEL_DECLARATIONS
 
-// d_out[i] = D(element i) (accumulate: d_out[i] += D(element i)) for i < count, from the payload
-// at d_payload (any alignment; its header was checked on the host, and every byte decodes).
-void decode(const std::byte* d_payload, std::size_t count, Format format, float* d_out,
-            bool accumulate, void* stream);
-
-}  // namespace gradzip::compressors::fp8::cuda
-
-namespace gradzip::compressors::fp8::emulated {
-
-// The CPU twins of the kernels above (same contracts), queued on the emulated device's stream.
-void encode(const float* d_in, std::size_t count, Format format, std::byte* d_payload,
-            void* stream);
-void decode(const std::byte* d_payload, std::size_t count, Format format, float* d_out,
-            bool accumulate, void* stream);
-
-}  // namespace gradzip::compressors::fp8::emulated
+}  // namespace gradzip::compressors::fp8

@@ -172,17 +172,6 @@ void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool
                                 stream);
 }
 
-// ---- kernels/cuda/terngrad_cuda.h ------------------------------------------------------------
-
-void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,
-                               void* stream) {
-  emulated::terngrad_trits_from_codes(d_codes, count, d_trits, stream);
-}
-void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std::byte* d_codes,
-                               int* d_status, std::byte* d_poison_scale, void* stream) {
-  emulated::terngrad_codes_from_trits(d_trits, count, d_codes, d_status, d_poison_scale, stream);
-}
-
 // ---- kernels/cuda/topk_cuda.h ----------------------------------------------------------------
 
 std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options) {

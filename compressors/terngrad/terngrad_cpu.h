@@ -1,8 +1,8 @@
-// Host loops of the `terngrad` codec (element math: kernels/terngrad_math.h). Internal to
-// gradzip: compressors/terngrad.cpp writes and validates the message header and calls these.
+// Host loops of the `terngrad` codec (element math: compressors/terngrad/terngrad_math.h). Internal to
+// gradzip: compressors/terngrad/terngrad_codec.cpp writes and validates the message header and calls these.
 //
 // Payload (little-endian, no padding, any alignment):
-//   kernels/terngrad_math.h's TerngradLayout: the f32 scale of each bucket (max |x|), as qsgd
+//   compressors/terngrad/terngrad_math.h's TerngradLayout: the f32 scale of each bucket (max |x|), as qsgd
 //   writes them, then the trit bytes, five elements each.
 //
 // The codes are qsgd's 2-bit codes for the same values, bucket and context, drawn by qsgd's

@@ -1,6 +1,6 @@
-// Host loops of the `terngrad` codec (kernels/cpu/terngrad_cpu.h): qsgd's 2-bit codes, repacked
+// Host loops of the `terngrad` codec (compressors/terngrad/terngrad_cpu.h): qsgd's 2-bit codes, repacked
 // five to a byte through a per-thread qsgd payload.
-#include "kernels/cpu/terngrad_cpu.h"
+#include "compressors/terngrad/terngrad_cpu.h"
 
 #include <algorithm>
 #include <array>
@@ -9,7 +9,7 @@
 
 #include "kernels/cpu/qsgd_cpu.h"
 #include "kernels/qsgd_math.h"
-#include "kernels/terngrad_math.h"
+#include "compressors/terngrad/terngrad_math.h"
 
 namespace gradzip::kernels::cpu {
 

@@ -2,7 +2,7 @@
 // Communication in Distributed Deep Learning", NIPS'17). Each bucket of N elements carries one
 // f32 scale (max |x|), and each element one of {-scale, 0, +scale}, drawn so that its expectation
 // is x (|x| / scale is the probability of +-scale): unbiased, with |decode - x| <= scale. The
-// codes are qsgd's 2-bit codes (kernels/terngrad_math.h explains why they are the same
+// codes are qsgd's 2-bit codes (compressors/terngrad/terngrad_math.h explains why they are the same
 // numbers); the payload packs them as ternary digits, five to a byte. Not additive, not sparse.
 //
 // Message: the 32-byte header (compressors/wire_format.h) with
@@ -18,11 +18,17 @@
 // bucket >= 1, the exact payload size), every trit byte (below 243, and the digits of the last
 // byte after the last element 0), every scale (+0..+Inf or the quiet NaN 0x7FC00000) and that
 // every trit of a bucket with a non-finite scale is 0 (such a bucket decodes to the quiet NaN).
+#include <array>
+#include <memory>
+#include <span>
+#include <string_view>
+
 #include "compressors/codec_checks.h"
-#include "compressors/registry.h"
+#include "compressors/codec_descriptor.h"
+#include "compressors/spec_keys.h"
+#include "compressors/terngrad/terngrad_cpu.h"
+#include "compressors/terngrad/terngrad_math.h"
 #include "compressors/wire_format.h"
-#include "kernels/cpu/terngrad_cpu.h"
-#include "kernels/terngrad_math.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -128,10 +134,36 @@ class TerngradCodec final : public Codec {
   CompressionSpec spec_;
 };
 
-}  // namespace
-
 std::unique_ptr<Codec> make_terngrad_codec(const CompressionSpec& spec) {
   return std::make_unique<TerngradCodec>(spec);
 }
+
+// ---- the row -------------------------------------------------------------------------------------
+
+constexpr std::array<CodecKey, 1> kTerngradKeys{kBucketKey};
+constexpr std::array<std::string_view, 3> kTerngradExamples{
+    "terngrad:bucket=1", "terngrad:bucket=7", "terngrad:bucket=512"};
+
+// qsgd's 2-bit levels {-scale, 0, +scale}: |err| <= scale, plus the f32 rounding of the decoded
+// value (4 units of f32's roundoff 2^-24, as qsgd's bound).
+double terngrad_bound(const CompressionSpec&, double y_max) { return y_max + 4 * 0x1p-24 * y_max; }
+
+double terngrad_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  return stochastic_levels_cosine(y, spec.bucket, 2);  // qsgd's 2-bit levels
+}
+
+}  // namespace
+
+// Unbiased, stochastic: a bucket quantiser's paths (SRA by default); segments cut on whole
+// buckets of whole trit bytes. Error feedback off unless the spec asks.
+constinit const CodecDescriptor terngrad_codec_row{
+    .keys = kTerngradKeys,
+    .make_host = make_terngrad_codec,
+    .example_specs = kTerngradExamples,
+    .paths = CollectivePaths::bucket_quantiser,
+    .segment_granularity = segments_on_trit_code_buckets,
+    .error_bound = terngrad_bound,
+    .cosine_estimate = terngrad_cosine,
+};
 
 }  // namespace gradzip::compressors

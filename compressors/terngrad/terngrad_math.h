@@ -13,8 +13,8 @@
 // the last element are 0 (so the last byte of n elements is below 3^(n mod 5) when n mod 5 != 0).
 //
 // Ten bits of the qsgd code stream (five 2-bit codes, LSB first) map to one trit byte and back;
-// both directions are written here once, for the CPU loops (kernels/cpu/terngrad_cpu.cpp) and the
-// CUDA kernels (kernels/cuda/terngrad_cuda.cu).
+// both directions are written here once, for the CPU loops (compressors/terngrad/terngrad_cpu.cpp) and the
+// CUDA kernels (compressors/terngrad/cuda/terngrad_kernels.cu).
 #pragma once
 
 #include <cstdint>

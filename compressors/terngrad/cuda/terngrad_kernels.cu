@@ -1,9 +1,8 @@
-#include "kernels/cuda/terngrad_cuda.h"
+#include "compressors/terngrad/cuda/terngrad_kernels.h"
 
+#include "compressors/terngrad/terngrad_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/emulated/emulated_device.h"
-#include "kernels/emulated/kernel_twins.h"
-#include "kernels/terngrad_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {

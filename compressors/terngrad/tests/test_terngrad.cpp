@@ -1,5 +1,5 @@
-// The terngrad codec (compressors/terngrad.cpp, kernels/terngrad_math.h,
-// kernels/cpu/terngrad_cpu.cpp): the documented layout, trits equal to qsgd's 2-bit codes for
+// The terngrad codec (compressors/terngrad/terngrad_codec.cpp, compressors/terngrad/terngrad_math.h,
+// compressors/terngrad/terngrad_cpu.cpp): the documented layout, trits equal to qsgd's 2-bit codes for
 // the same draws (repacked here from the documented layouts, not with the library's code),
 // values in {-scale, 0, +scale}, unbiasedness, chunking, non-finite buckets, every ISA writing the
 // same bytes, and decoders refusing every malformed message before writing anything.
