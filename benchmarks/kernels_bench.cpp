@@ -59,7 +59,7 @@
 #include "gradzip/error.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/ef_cuda.h"
-#include "kernels/cuda/qsgd_cuda.h"
+#include "compressors/qsgd/cuda/qsgd_kernels.h"
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/sign_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"

@@ -17,27 +17,16 @@
 namespace gradzip::compressors {
 namespace {
 
-// Unit roundoff of f32: an add or a cast to f32 errs by at most this much of the result.
-constexpr double kF32Unit = 0x1p-24;
-
 // The error bounds (CodecDescriptor::error_bound), from each codec's definition:
 //   none        exact
 //   fp16        round to nearest even: 2^-11 |y| for normal results, 2^-25 absolute below
 //   bf16        2^-8 |y|
-//   qsgd:bits=b levels scale * q / s, s = 2^(b-1) - 1, scale = the bucket's max |y| <= y_max:
-//               stochastic rounding lands on a neighbouring level, |err| <= scale / s (b = 1:
-//               the levels are -scale and +scale, |err| <= 2 scale); plus the f32 rounding of
-//               q * scale / s
 //   sign        decodes to +-mean|y| of the bucket: |err| <= |y| + mean <= 2 y_max
 //   topk, randk a dropped element errs by |y| <= y_max, a kept one by 0 (f32 values) or by the
 //               f16 rounding (values=fp16, < y_max)
 double exact_bound(const CompressionSpec&, double) { return 0; }
 double fp16_bound(const CompressionSpec&, double y_max) { return 0x1p-11 * y_max + 0x1p-25; }
 double bf16_bound(const CompressionSpec&, double y_max) { return 0x1p-8 * y_max; }
-double qsgd_bound(const CompressionSpec& spec, double y_max) {
-  const double levels = spec.bits == 1 ? 0.5 : static_cast<double>((1 << (spec.bits - 1)) - 1);
-  return y_max / levels + 4 * kF32Unit * y_max;
-}
 double sign_bound(const CompressionSpec&, double y_max) { return 2 * y_max; }
 double sparse_bound(const CompressionSpec&, double y_max) { return y_max; }
 
@@ -61,10 +50,6 @@ double fp16_cosine(const CompressionSpec&, std::span<const float> y) {
 
 double bf16_cosine(const CompressionSpec&, std::span<const float>) {
   return cosine_of_relative_error(0x1p-8);
-}
-
-double qsgd_cosine(const CompressionSpec& spec, std::span<const float> y) {
-  return stochastic_levels_cosine(y, spec.bucket, spec.bits);
 }
 
 // Each bucket decodes to m sign(y), m = mean |y|: <D, y> = m sum |y| = d m^2 = |D|^2, so
@@ -115,12 +100,6 @@ std::string print_number(std::string_view key, double value) {
   return std::string(key) + "=" + std::string(buffer, error == std::errc() ? end : buffer);
 }
 
-constexpr CodecKey kBitsKey{
-    "bits",
-    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
-      spec.bits = static_cast<int>(parse_spec_unsigned(text, "bits", value, 1, 8));
-    },
-    [](const CompressionSpec& spec) { return detail::concat("bits=", spec.bits); }};
 // ratio and k: whichever decides is written (k when given, else the ratio).
 constexpr CodecKey kRatioKey{
     "ratio",
@@ -168,23 +147,10 @@ constexpr CodecKey kRankKey{
     },
     [](const CompressionSpec& spec) { return detail::concat("rank=", spec.rank); }};
 
-constexpr std::array<CodecKey, 2> kQsgdKeys{kBitsKey, kBucketKey};
 constexpr std::array<CodecKey, 1> kBucketOnly{kBucketKey};
 constexpr std::array<CodecKey, 5> kTopkKeys{kRatioKey, kCountKey, kApproxKey, kValuesKey, kRampKey};
 constexpr std::array<CodecKey, 4> kRandkKeys{kRatioKey, kCountKey, kValuesKey, kRampKey};
 constexpr std::array<CodecKey, 1> kPowersgdKeys{kRankKey};
-
-// 1-bit qsgd decodes every element to +-(bucket maximum): its error is as large as the
-// signal, and feeding it back grows the maximum every step (measured: the residual reaches
-// 1e28 in 100 steps). `sign` scales by the mean |g| instead and is the 1-bit codec for EF.
-void check_qsgd_spec(CompressionSpec& spec, std::string_view text,
-                     const std::set<std::string_view>&) {
-  GZ_REQUIRE(!(spec.bits == 1 && spec.error_feedback), ErrorCode::invalid_spec,
-             "compression spec '", text,
-             "': qsgd with bits=1 and ef=on diverges (each element's error is up to twice the "
-             "bucket maximum, and error feedback amplifies it); use 'sign' for 1-bit with error "
-             "feedback, or ef=off");
-}
 
 // ratio or k, not both; when k is given, the ratio keeps its default (the canonical form).
 void check_selection_spec(CompressionSpec& spec, std::string_view text,
@@ -198,10 +164,6 @@ void check_selection_spec(CompressionSpec& spec, std::string_view text,
 constexpr std::array<std::string_view, 1> kNoneExamples{"none"};
 constexpr std::array<std::string_view, 1> kFp16Examples{"fp16"};
 constexpr std::array<std::string_view, 1> kBf16Examples{"bf16"};
-constexpr std::array<std::string_view, 8> kQsgdExamples{
-    "qsgd:bits=1,bucket=1",   "qsgd:bits=1,bucket=64", "qsgd:bits=2,bucket=7",
-    "qsgd:bits=2,bucket=512", "qsgd:bits=4,bucket=3",  "qsgd:bits=4,bucket=128",
-    "qsgd:bits=8,bucket=1",   "qsgd:bits=8,bucket=512"};
 constexpr std::array<std::string_view, 3> kSignExamples{"sign:bucket=1", "sign:bucket=13",
                                                         "sign:bucket=512"};
 constexpr std::array<std::string_view, 5> kTopkExamples{
@@ -239,16 +201,6 @@ constinit const CodecDescriptor bf16_codec_row{
     .segment_granularity = segments_anywhere,
     .error_bound = bf16_bound,
     .cosine_estimate = bf16_cosine,
-};
-constinit const CodecDescriptor qsgd_codec_row{
-    .keys = kQsgdKeys,
-    .check_spec = check_qsgd_spec,
-    .make_host = make_qsgd_codec,
-    .example_specs = kQsgdExamples,
-    .paths = CollectivePaths::bucket_quantiser,
-    .segment_granularity = segments_on_bit_code_buckets,
-    .error_bound = qsgd_bound,
-    .cosine_estimate = qsgd_cosine,
 };
 constinit const CodecDescriptor sign_codec_row{
     .keys = kBucketOnly,

@@ -33,7 +33,6 @@
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/ef_cuda.h"
-#include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/sign_cuda.h"
@@ -98,16 +97,6 @@ WireHeader encode_fp16(const CompressionSpec& /*spec*/, const float* d_in, std::
 WireHeader encode_bf16(const CompressionSpec& /*spec*/, const float* d_in, std::size_t n,
                        const EncodeContext& /*ctx*/, std::byte* d_payload, const std::string& op) {
   return encode_half(d_in, n, true, d_payload, op);
-}
-
-WireHeader encode_qsgd(const CompressionSpec& spec, const float* d_in, std::size_t n,
-                       const EncodeContext& ctx, std::byte* d_payload, const std::string& /*op*/) {
-  const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
-  const std::size_t payload = cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket);
-  cuda::qsgd_encode(d_in, n, spec.bits, spec.bucket, params, d_payload, nullptr, nullptr,
-                    work_stream());
-  return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n, payload,
-                    spec.bucket};
 }
 
 WireHeader encode_sign(const CompressionSpec& spec, const float* d_in, std::size_t n,
@@ -258,29 +247,6 @@ void decode_bf16(const WireHeader& header, std::span<const std::byte> /*prefix*/
   decode_half(header, d_payload, target, true, op);
 }
 
-void decode_qsgd(const WireHeader& header, std::span<const std::byte> /*prefix*/,
-                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
-  const std::size_t n = target.count;
-  GZ_REQUIRE(header.flags == 0, ErrorCode::malformed_message, op, ": flags 0x", std::hex,
-             int{header.flags}, " (expected 0)");
-  const int bits = qsgd_bits_of(header);
-  GZ_REQUIRE(bits >= 1 && bits <= 8, ErrorCode::malformed_message, op, ": bits ", bits,
-             " (expected 1..8)");
-  GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
-             ": bucket 0 (expected >= 1)");
-  GZ_REQUIRE(n <= cuda::kQsgdCudaMaxCount, ErrorCode::malformed_message, op, ": count ", n,
-             " exceeds the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
-  const auto bucket = static_cast<std::size_t>(bucket_of(header));
-  const std::size_t expected = cuda::qsgd_payload_bytes(n, bits, bucket);
-  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
-             header.payload_bytes, " bytes for ", n, " elements, bits=", bits, ", bucket=",
-             bucket, " (expected ", expected, ")");
-  const StatusWords<1> status(op, {describe_qsgd_status});
-  cuda::qsgd_decode(d_payload, n, bits, bucket, target.data, target.accumulate, status.word(0),
-                    work_stream());
-  status.check();  // synchronous calls: the one wait; stream-ordered: nothing
-}
-
 void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/,
                  const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
   const std::size_t n = target.count;
@@ -366,10 +332,6 @@ std::optional<WireHeader> fixed_fp16(const CompressionSpec&, std::size_t n) {
 std::optional<WireHeader> fixed_bf16(const CompressionSpec&, std::size_t n) {
   return WireHeader{WireCodec::bf16, 0, 0, n, n * 2, 0};
 }
-std::optional<WireHeader> fixed_qsgd(const CompressionSpec& spec, std::size_t n) {
-  return WireHeader{WireCodec::qsgd, 0, static_cast<std::uint8_t>(spec.bits), n,
-                    cuda::qsgd_payload_bytes(n, spec.bits, spec.bucket), spec.bucket};
-}
 std::optional<WireHeader> fixed_sign(const CompressionSpec& spec, std::size_t n) {
   return WireHeader{WireCodec::sign, 0, 1, n, cuda::sign_payload_bytes(n, spec.bucket),
                     spec.bucket};
@@ -403,8 +365,7 @@ WireHeader encode_cast_with_feedback(const CompressionSpec& spec, const float* d
   return header;
 }
 
-// Sign and qsgd when the fast encoders' segments allow it (kernels/cuda/sign_cuda.h,
-// qsgd_cuda.h).
+// Sign when the fast encoder's segments allow it (kernels/cuda/sign_cuda.h).
 bool sign_fuses(const CompressionSpec& spec, std::size_t n, const std::byte*) {
   return cuda::sign_fuses_feedback(n, spec.bucket);
 }
@@ -416,21 +377,6 @@ WireHeader encode_sign_with_feedback(const CompressionSpec& spec, const float* d
   GZ_REQUIRE(cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket, d_payload,
                                              work_stream()),
              ErrorCode::internal, op, ": sign_fuses_feedback accepted ", n,
-             " elements that the fused encoder refused");
-  return header;
-}
-
-bool qsgd_fuses(const CompressionSpec& spec, std::size_t n, const std::byte*) {
-  return cuda::qsgd_fuses_feedback(n, spec.bits, spec.bucket);
-}
-WireHeader encode_qsgd_with_feedback(const CompressionSpec& spec, const float* d_grad,
-                                     float* d_residual, std::size_t n, const EncodeContext& ctx,
-                                     std::byte* d_payload, const std::string& op) {
-  const WireHeader header = required_fixed_header(fixed_qsgd(spec, n), spec, op);
-  const cuda::QsgdEncodeParams params{ctx.seed, ctx.step, ctx.tensor_id, ctx.element_offset};
-  GZ_REQUIRE(cuda::qsgd_encode_with_feedback(d_grad, d_residual, n, spec.bits, spec.bucket,
-                                             params, d_payload, work_stream()),
-             ErrorCode::internal, op, ": qsgd_fuses_feedback accepted ", n,
              " elements that the fused encoder refused");
   return header;
 }
@@ -474,8 +420,6 @@ constexpr DeviceCodecRow kFp16Device{encode_fp16, decode_fp16, DType::f16, fixed
                                      cast_fuses_feedback, encode_cast_with_feedback};
 constexpr DeviceCodecRow kBf16Device{encode_bf16, decode_bf16, DType::bf16, fixed_bf16,
                                      cast_fuses_feedback, encode_cast_with_feedback};
-constexpr DeviceCodecRow kQsgdDevice{encode_qsgd, decode_qsgd, std::nullopt, fixed_qsgd,
-                                     qsgd_fuses, encode_qsgd_with_feedback};
 constexpr DeviceCodecRow kSignDevice{encode_sign, decode_sign, std::nullopt, fixed_sign,
                                      sign_fuses, encode_sign_with_feedback};
 constexpr DeviceCodecRow kTopkDevice{encode_topk, decode_topk, std::nullopt, fixed_topk,
@@ -524,21 +468,10 @@ std::string describe_header_mismatch(int /*status*/) {
 
 }  // namespace
 
-namespace device {
-
-std::string describe_qsgd_status(int status) {
-  return status == cuda::kQsgdStatusNonzeroCode
-             ? "a bucket with a non-finite scale holds a non-zero code (expected every code of such a bucket to be 0)"
-             : "a bucket scale is not one encode writes (expected +0 .. +Inf or the quiet NaN 0x7fc00000)";
-}
-
-}  // namespace device
-
 // The rows of the codecs without a folder of their own (compressors/cuda/device_codec_row.h).
 const DeviceCodecRow* const none_device_row = &kNoneDevice;
 const DeviceCodecRow* const fp16_device_row = &kFp16Device;
 const DeviceCodecRow* const bf16_device_row = &kBf16Device;
-const DeviceCodecRow* const qsgd_device_row = &kQsgdDevice;
 const DeviceCodecRow* const sign_device_row = &kSignDevice;
 const DeviceCodecRow* const topk_device_row = &kTopkDevice;
 const DeviceCodecRow* const randk_device_row = &kRandkDevice;

@@ -179,8 +179,4 @@ inline WireHeader required_fixed_header(const std::optional<WireHeader>& header,
   return *header;
 }
 
-// qsgd_decode's status word in words (kernels/cuda/qsgd_cuda.h): what qsgd's and terngrad's
-// device decoders report (compressors/cuda/device_codec.cpp).
-std::string describe_qsgd_status(int status);
-
 }  // namespace gradzip::compressors::device

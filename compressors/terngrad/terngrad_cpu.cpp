@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/qsgd_cpu.h"
-#include "kernels/qsgd_math.h"
+#include "compressors/qsgd/qsgd_cpu.h"
+#include "compressors/qsgd/qsgd_math.h"
 #include "compressors/terngrad/terngrad_math.h"
 
 namespace gradzip::kernels::cpu {

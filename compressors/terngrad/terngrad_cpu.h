@@ -6,7 +6,7 @@
 //   writes them, then the trit bytes, five elements each.
 //
 // The codes are qsgd's 2-bit codes for the same values, bucket and context, drawn by qsgd's
-// loops (kernels/cpu/qsgd_cpu.h: scalar, AVX2 or AVX-512, all giving the same bytes), and a
+// loops (compressors/qsgd/qsgd_cpu.h: scalar, AVX2 or AVX-512, all giving the same bytes), and a
 // payload decodes to the bits qsgd's decoder gives for those codes. The loops go through a
 // qsgd payload in a per-thread scratch buffer (ceil(count / 4) + 4 * num_buckets bytes, kept
 // for the thread's next call).

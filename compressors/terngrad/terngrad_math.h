@@ -1,6 +1,6 @@
 // Element math of the `terngrad` codec (TernGrad, Wen et al., NIPS'17): every element becomes
 // one of {-scale, 0, +scale} with scale = the bucket's max |x|, chosen stochastically so that
-// the expectation is x. That is exactly qsgd's 2-bit code (kernels/qsgd_math.h with bits = 2:
+// the expectation is x. That is exactly qsgd's 2-bit code (compressors/qsgd/qsgd_math.h with bits = 2:
 // one magnitude level, s = 1), so terngrad draws its codes with qsgd's math and kernels and
 // decodes them to qsgd's bits; what it adds is the packing: a ternary digit ("trit") per element,
 // five to a byte (3^5 = 243 <= 256), 1.6 bits per element instead of 2.
@@ -90,7 +90,7 @@ GZ_HOST_DEVICE GZ_INLINE std::uint64_t terngrad_trit_bytes(std::uint64_t count) 
 }
 
 // The most elements a terngrad message holds: qsgd's limit (2^60), since its codes are drawn by
-// qsgd's loops (kernels/cpu/qsgd_cpu.h kQsgdMaxCount, kernels/cuda/qsgd_cuda.h
+// qsgd's loops (compressors/qsgd/qsgd_cpu.h kQsgdMaxCount, compressors/qsgd/cuda/qsgd_kernels.h
 // kQsgdCudaMaxCount; both files assert that they agree with this).
 inline constexpr std::uint64_t kTerngradMaxCount = std::uint64_t{1} << 60;
 

@@ -23,7 +23,6 @@
 #include "kernels/cast_math.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/nonfinite_cpu.h"
-#include "kernels/cpu/qsgd_cpu.h"
 #include "kernels/cpu/randk_cpu.h"
 #include "kernels/cpu/sign_cpu.h"
 #include "kernels/cpu/topk_cpu.h"
@@ -31,62 +30,13 @@
 #include "kernels/cuda/topk_plan.h"
 #include "kernels/ef_math.h"
 #include "kernels/emulated/emulated_device.h"
+#include "kernels/emulated/twin_support.h"
 #include "kernels/nonfinite_math.h"
-#include "kernels/qsgd_math.h"
 
 namespace gradzip::kernels::emulated {
 namespace {
 
 using cuda::KernelVariant;
-
-// ---- helpers -------------------------------------------------------------------------------
-
-ConstTensorView f32_view(const float* data, std::size_t count) {
-  return ConstTensorView{data, count, DType::f32, Device{}};
-}
-TensorView f32_view(float* data, std::size_t count) {
-  return TensorView{data, count, DType::f32, Device{}};
-}
-
-std::uint32_t load_u32(const std::byte* at) {
-  std::uint32_t word;
-  std::memcpy(&word, at, sizeof word);
-  return word;
-}
-std::uint64_t load_u64(const std::byte* at) {
-  std::uint64_t word;
-  std::memcpy(&word, at, sizeof word);
-  return word;
-}
-std::uint16_t load_u16(const std::byte* at) {
-  std::uint16_t word;
-  std::memcpy(&word, at, sizeof word);
-  return word;
-}
-
-void store_status(int* d_status, int value) { *d_status = value; }
-
-// launch.cuh's answered_workspace_query: a null workspace with a size pointer is a query.
-bool answered_workspace_query(void* d_workspace, std::size_t* workspace_bytes) {
-  if (d_workspace != nullptr || workspace_bytes == nullptr) return false;
-  *workspace_bytes = 0;
-  return true;
-}
-
-// launch.cuh's require_encode_buffers.
-bool require_encode_buffers(const char* op, const float* d_in, const std::byte* d_payload,
-                            std::size_t count) {
-  if (count == 0) return false;
-  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument, op,
-             ": null input or payload for ", count, " elements");
-  return true;
-}
-
-// launch.cuh's reset_decode_status, host half: the null check (the reset itself is the first
-// step of the twin's queued operation).
-void require_status(const char* op, const int* d_status) {
-  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, op, ": null status");
-}
 
 // ---- casts and element-wise kernels ---------------------------------------------------------
 
@@ -193,33 +143,6 @@ cuda::DeviceNonfiniteCount count_on_device(const void* d_data, std::size_t count
   } catch (const std::exception& failure) {
     GZ_THROW(ErrorCode::unsupported, op, ": reading the count failed: ", failure.what());
   }
-}
-
-// ---- qsgd ----------------------------------------------------------------------------------
-
-void check_qsgd_shape(const char* op, std::size_t count, int bits, std::size_t bucket) {
-  GZ_REQUIRE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits, ErrorCode::invalid_argument, op,
-             ": bits=", bits, " is outside 1..8");
-  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument, op, ": bucket=0 (expected >= 1)");
-  GZ_REQUIRE(count <= cuda::kQsgdCudaMaxCount, ErrorCode::invalid_argument, op, ": ", count,
-             " elements exceed the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
-}
-
-std::size_t qsgd_buckets(std::size_t count, std::size_t bucket) {
-  return count / bucket + (count % bucket != 0 ? 1 : 0);
-}
-
-// What qsgd_cuda.cu's validation leaves in *d_status: the largest offence code (a bad scale
-// anywhere outranks a non-zero code of a non-finite bucket).
-int qsgd_status(const std::byte* payload, std::size_t count, int bits, std::size_t bucket) {
-  const std::size_t buckets = qsgd_buckets(count, bucket);
-  for (std::size_t b = 0; b < buckets; ++b) {
-    if (!qsgd_scale_is_valid(bits_float(load_u32(payload + b * sizeof(float)))))
-      return cuda::kQsgdStatusBadScale;
-  }
-  cpu::QsgdPayloadProblem problem;
-  if (cpu::qsgd_check_payload(payload, count, bits, bucket, problem)) return cuda::kQsgdStatusOk;
-  return problem.nonzero_code ? cuda::kQsgdStatusNonzeroCode : cuda::kQsgdStatusBadScale;
 }
 
 // ---- sign ----------------------------------------------------------------------------------
@@ -426,80 +349,6 @@ void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, b
     d_result[0] = found.count;
     d_result[1] = found.count == 0 ? ~std::uint64_t{0} : found.first;
     d_result[2] = found.beyond;
-  });
-}
-
-// ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
-
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
-  check_qsgd_shape("cuda.qsgd_payload_bytes", count, bits, bucket);
-  return qsgd_buckets(count, bucket) * sizeof(float) +
-         (count * static_cast<std::size_t>(bits) + 7) / 8;
-}
-
-void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
-                 const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
-                 std::size_t* workspace_bytes, void* stream, KernelVariant /*variant*/) {
-  constexpr const char* kOp = "cuda.qsgd_encode";
-  check_qsgd_shape(kOp, count, bits, bucket);
-  if (answered_workspace_query(d_workspace, workspace_bytes)) return;
-  if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
-  const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
-  const EncodeContext ctx{params.seed, params.step, params.tensor_id, params.element_offset};
-  enqueue(stream, kOp, [d_in, count, bits, bucket, ctx, d_payload, payload_bytes] {
-    require_device_range(d_in, count * sizeof(float), "cuda.qsgd_encode input");
-    require_device_range(d_payload, payload_bytes, "cuda.qsgd_encode payload");
-    cpu::qsgd_encode_payload(f32_view(d_in, count), bits, bucket, ctx, d_payload);
-  });
-}
-
-// Error feedback's general path on the host (compressors/qsgd.cpp's fused encode gives the same
-// bits): c into the residual, the encode of c, then e = finite_or_zero(c - D) block by block.
-bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
-                               std::size_t bucket, const cuda::QsgdEncodeParams& params,
-                               std::byte* d_payload, void* stream) {
-  constexpr const char* kOp = "cuda.qsgd_encode_with_feedback";
-  check_qsgd_shape(kOp, count, bits, bucket);
-  if (!cuda::qsgd_fuses_feedback(count, bits, bucket)) return false;
-  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
-             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
-  const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
-  const EncodeContext ctx{params.seed, params.step, params.tensor_id, params.element_offset};
-  enqueue(stream, kOp, [d_grad, d_residual, count, bits, bucket, ctx, d_payload, payload_bytes] {
-    require_device_range(d_grad, count * sizeof(float), "cuda.qsgd_encode_with_feedback input");
-    require_device_range(d_residual, count * sizeof(float), "cuda.qsgd_encode_with_feedback residual");
-    require_device_range(d_payload, payload_bytes, "cuda.qsgd_encode_with_feedback payload");
-    for (std::size_t i = 0; i < count; ++i) d_residual[i] = d_grad[i] + d_residual[i];
-    cpu::qsgd_encode_payload(f32_view(d_residual, count), bits, bucket, ctx, d_payload);
-    std::vector<float> decoded(count);
-    cpu::qsgd_decode_payload(d_payload, count, bits, bucket, f32_view(decoded.data(), count));
-    for (std::size_t i = 0; i < count; ++i)
-      d_residual[i] = finite_or_zero(d_residual[i] - decoded[i]);
-  });
-  return true;
-}
-
-void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
-                 float* d_out, bool accumulate, int* d_status, void* stream,
-                 KernelVariant /*variant*/) {
-  constexpr const char* kOp = "cuda.qsgd_decode";
-  check_qsgd_shape(kOp, count, bits, bucket);
-  GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
-             kOp, ": null payload or output for ", count, " elements");
-  require_status(kOp, d_status);
-  const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
-  enqueue(stream, kOp,
-          [d_payload, count, bits, bucket, d_out, accumulate, d_status, payload_bytes] {
-    require_device_accessible_range(d_status, sizeof(int), "cuda.qsgd_decode status");
-    store_status(d_status, cuda::kQsgdStatusOk);
-    if (count == 0) return;
-    require_device_range(d_payload, payload_bytes, "cuda.qsgd_decode payload");
-    require_device_range(d_out, count * sizeof(float), "cuda.qsgd_decode output");
-    const int status = qsgd_status(d_payload, count, bits, bucket);
-    store_status(d_status, status);
-    if (status != cuda::kQsgdStatusOk) return;
-    if (accumulate) cpu::qsgd_decode_add_payload(d_payload, count, bits, bucket, d_out);
-    else cpu::qsgd_decode_payload(d_payload, count, bits, bucket, f32_view(d_out, count));
   });
 }
 

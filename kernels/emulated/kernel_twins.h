@@ -35,7 +35,6 @@
 #include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/kernel_variant.h"
 #include "kernels/cuda/nonfinite_cuda.h"
-#include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/scale_cuda.h"
 #include "kernels/cuda/sign_cuda.h"
@@ -74,19 +73,6 @@ cuda::DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::s
                                                       void* stream);
 void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
                            std::uint32_t above_bits, std::uint64_t* d_result, void* stream);
-
-// ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);
-void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
-                 const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
-                 std::size_t* workspace_bytes, void* stream,
-                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
-bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
-                               std::size_t bucket, const cuda::QsgdEncodeParams& params,
-                               std::byte* d_payload, void* stream);
-void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
-                 float* d_out, bool accumulate, int* d_status, void* stream,
-                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
 
 // ---- kernels/cuda/randk_cuda.h ---------------------------------------------------------------
 void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::size_t k,

@@ -27,7 +27,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/ef_cuda.h"
-#include "kernels/cuda/qsgd_cuda.h"
+#include "compressors/qsgd/cuda/qsgd_kernels.h"
 #include "kernels/cuda/sign_cuda.h"
 #include "gpu_test_support.h"
 

@@ -1,4 +1,4 @@
-// The CUDA qsgd kernels (kernels/cuda/qsgd_cuda.h) against the CPU codec on the same inputs,
+// The CUDA qsgd kernels (compressors/qsgd/cuda/qsgd_kernels.h) against the CPU codec on the same inputs,
 // every device check for both kernel variants (KernelVariant::reference and ::fast, the
 // parameter of the CudaQsgd tests): byte-identical payloads (after the 32-byte header) for
 // counts {0, 1, 7, 2^20+3, 2^26}, bits {1, 2, 3, 4, 8} and buckets {1, 7, 512} (plus 255, 256
@@ -31,7 +31,7 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/cast_cuda.h"
-#include "kernels/cuda/qsgd_cuda.h"
+#include "compressors/qsgd/cuda/qsgd_kernels.h"
 #include "kernels/host_device.h"
 #include "gpu_test_support.h"
 
@@ -257,7 +257,7 @@ TEST_P(CudaQsgd, UnalignedPayloadsEncodeAndDecode) {
   }
 }
 
-// The fast kernels' shapes (kernels/qsgd_fast_layout.h): buckets whose segments share a code
+// The fast kernels' shapes (compressors/qsgd/qsgd_fast_layout.h): buckets whose segments share a code
 // byte (1001: segments of 4 buckets), long buckets swept twice (4095, 4097, 10000), short ones
 // (3), at every bit width, over many blocks, at element offsets in two positions of a Philox block.
 TEST_P(CudaQsgd, FastKernelShapesMatchTheCpuCodec) {

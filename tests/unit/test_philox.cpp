@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/qsgd_cpu.h"
+#include "compressors/qsgd/qsgd_cpu.h"
 #include "kernels/philox_math.h"
 #include "tests/unit/test_support.h"
 

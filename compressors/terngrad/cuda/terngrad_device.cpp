@@ -11,11 +11,12 @@
 
 #include "compressors/cuda/device_codec_row.h"
 #include "compressors/cuda/device_support.h"
+#include "compressors/qsgd/cuda/qsgd_device.h"
+#include "compressors/qsgd/cuda/qsgd_kernels.h"
 #include "compressors/terngrad/cuda/terngrad_kernels.h"
 #include "compressors/terngrad/terngrad_math.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
-#include "kernels/cuda/qsgd_cuda.h"
 
 namespace gradzip::compressors {
 namespace {

@@ -1,6 +1,6 @@
 // Device kernels of the `terngrad` codec: the repacking between qsgd's 2-bit code stream and
 // terngrad's trit bytes (terngrad_math.h, shared with the CPU loops). The codes themselves are
-// drawn and decoded by qsgd's kernels (kernels/cuda/qsgd_cuda.h, bits = 2), so a terngrad
+// drawn and decoded by qsgd's kernels (compressors/qsgd/cuda/qsgd_kernels.h, bits = 2), so a terngrad
 // payload on the device is the CPU codec's, byte for byte. Host-callable; no CUDA headers
 // needed by includers (the stream is a cudaStream_t cast to void*, nullptr = the default
 // stream). Asynchronous on `stream`, no allocation, no wait; count == 0 launches nothing.

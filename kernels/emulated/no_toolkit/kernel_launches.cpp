@@ -1,8 +1,9 @@
 // The launch wrappers of kernels/cuda/*.h in a build without the CUDA toolkit
 // (GRADZIP_WITH_CUDA=EMULATED), where no .cu file is compiled: each forwards to its CPU twin
 // (kernels/emulated/kernel_twins.h), which is what the .cu wrapper does when the emulated device
-// is active, and that is always the case here. The host-only helpers (qsgd_payload_bytes,
-// sign_payload_bytes, topk_workspace_bytes) give the twins' answers, the .cu ones' arithmetic.
+// is active, and that is always the case here. The host-only helpers (sign_payload_bytes,
+// topk_workspace_bytes) give the twins' answers, the .cu ones' arithmetic. A codec folder keeps
+// its own forwarders (compressors/<codec>/emulated/no_toolkit/).
 #include "kernels/emulated/kernel_twins.h"
 
 namespace gradzip::kernels::cuda {
@@ -65,30 +66,6 @@ DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::size_t 
 void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
                            std::uint32_t above_bits, std::uint64_t* d_result, void* stream) {
   emulated::queue_count_nonfinite(d_data, count, dtype, count_beyond, above_bits, d_result, stream);
-}
-
-// ---- kernels/cuda/qsgd_cuda.h ----------------------------------------------------------------
-
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
-  return emulated::qsgd_payload_bytes(count, bits, bucket);
-}
-void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
-                 const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
-                 std::size_t* workspace_bytes, void* stream, KernelVariant variant) {
-  emulated::qsgd_encode(d_in, count, bits, bucket, params, d_payload, d_workspace,
-                        workspace_bytes, stream, variant);
-}
-bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
-                               std::size_t bucket, const QsgdEncodeParams& params,
-                               std::byte* d_payload, void* stream) {
-  return emulated::qsgd_encode_with_feedback(d_grad, d_residual, count, bits, bucket, params,
-                                             d_payload, stream);
-}
-void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
-                 float* d_out, bool accumulate, int* d_status, void* stream,
-                 KernelVariant variant) {
-  emulated::qsgd_decode(d_payload, count, bits, bucket, d_out, accumulate, d_status, stream,
-                        variant);
 }
 
 // ---- kernels/cuda/randk_cuda.h ---------------------------------------------------------------

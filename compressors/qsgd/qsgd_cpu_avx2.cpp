@@ -1,5 +1,5 @@
 // AVX2 qsgd kernels: 8 elements per step; tails shorter than a vector go to the scalar
-// kernels. Each computes exactly what kernels/qsgd_math.h and the scalar loops in qsgd_cpu.cpp
+// kernels. Each computes exactly what compressors/qsgd/qsgd_math.h and the scalar loops in qsgd_cpu.cpp
 // compute; the comments name the scalar expression a line reproduces.
 //
 // Only static always-inline helpers and the functions in the table: no inline function with
@@ -8,7 +8,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/philox_avx2.h"
-#include "kernels/cpu/qsgd_cpu.h"
+#include "compressors/qsgd/qsgd_cpu.h"
 
 namespace gradzip::kernels::cpu::avx2 {
 namespace {

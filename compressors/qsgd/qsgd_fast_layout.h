@@ -1,7 +1,7 @@
-// The per-thread work of the fast qsgd kernels (kernels/cuda/qsgd_cuda.cu, KernelVariant::fast),
+// The per-thread work of the fast qsgd kernels (compressors/qsgd/cuda/qsgd_kernels.cu, KernelVariant::fast),
 // as GZ_HOST_DEVICE functions that take the thread's coordinates explicitly, so that
-// tests/unit/test_qsgd_fast_layout.cpp can run every simulated thread of a launch on the CPU
-// and compare the payload with the CPU codec's. The element math is kernels/qsgd_math.h's.
+// compressors/qsgd/tests/test_qsgd_fast_layout.cpp can run every simulated thread of a launch on the CPU
+// and compare the payload with the CPU codec's. The element math is compressors/qsgd/qsgd_math.h's.
 //
 // Encode (one block per segment of whole buckets, kernels/run_fast_layout.h):
 //   1. Each thread loads its run of 16 elements and folds their |x| bits into per-bucket maxima
@@ -32,7 +32,7 @@
 
 #include "kernels/host_device.h"
 #include "kernels/philox_math.h"
-#include "kernels/qsgd_math.h"
+#include "compressors/qsgd/qsgd_math.h"
 #include "kernels/run_fast_layout.h"
 
 namespace gradzip::kernels {

@@ -1,12 +1,12 @@
 // Device kernels of the `qsgd` codec: they write exactly the payload bytes of the CPU codec
-// (compressors/qsgd.cpp documents the layout; the element math is kernels/qsgd_math.h, shared
+// (compressors/qsgd/qsgd_codec.cpp documents the layout; the element math is compressors/qsgd/qsgd_math.h, shared
 // with the CPU loops) and decode a payload to the CPU decoder's bits. Host-callable; no CUDA
 // headers needed by includers (the stream is an opaque cudaStream_t cast to void*, nullptr =
 // the default stream). Every call is asynchronous on `stream`, allocates nothing and never
 // synchronises.
 //
 // Two implementations (`variant`, kernels/cuda/kernel_variant.h): KernelVariant::fast (the
-// default: one pass over each bucket, kernels/qsgd_fast_layout.h) and KernelVariant::reference
+// default: one pass over each bucket, compressors/qsgd/qsgd_fast_layout.h) and KernelVariant::reference
 // (the first kernels). Every contract below holds for both, byte for byte; the reference stays
 // until a GPU run has shown the fast kernels identical (tests/gpu/test_qsgd_cuda.cpp checks both).
 //
@@ -20,8 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "compressors/qsgd/qsgd_fast_layout.h"
 #include "kernels/cuda/kernel_variant.h"
-#include "kernels/qsgd_fast_layout.h"
 #include "kernels/run_fast_layout.h"
 
 namespace gradzip::kernels::cuda {
@@ -98,3 +98,22 @@ void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::s
                  KernelVariant variant = KernelVariant::fast);
 
 }  // namespace gradzip::kernels::cuda
+
+namespace gradzip::kernels::emulated {
+
+// The CPU twins of the launch wrappers above (compressors/qsgd/emulated/qsgd_twins.cpp): the
+// same contracts, each call's device work queued as one operation on the emulated device's
+// stream (kernels/emulated/kernel_twins.h states what a twin is).
+std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);
+void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
+                 const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
+                 std::size_t* workspace_bytes, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count, int bits,
+                               std::size_t bucket, const cuda::QsgdEncodeParams& params,
+                               std::byte* d_payload, void* stream);
+void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::size_t bucket,
+                 float* d_out, bool accumulate, int* d_status, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+
+}  // namespace gradzip::kernels::emulated

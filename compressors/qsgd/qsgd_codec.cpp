@@ -1,7 +1,7 @@
 // `qsgd:bits=B,bucket=N`: stochastic-rounding quantisation (Alistarh et al., "QSGD", NIPS'17)
 // with one f32 scale (max |x|) per bucket of N elements and a B-bit code per element.
 // Unbiased: E[decode(encode(x))] = x up to f32 rounding; the element math and its treatment of
-// NaN / Inf are in kernels/qsgd_math.h, the loops in kernels/cpu/qsgd_cpu*.cpp.
+// NaN / Inf are in compressors/qsgd/qsgd_math.h, the loops in qsgd_cpu*.cpp.
 //
 // Message: the 32-byte header (compressors/wire_format.h) with
 //   codec = WireCodec::qsgd, flags = 0, small_param = bits (1..8), large_param = bucket (>= 1),
@@ -24,14 +24,20 @@
 // non-finite bucket is 0 (what encode writes there). The magnitude field can hold any value up
 // to 2^(bits-1) - 1 = s, so no code of a finite bucket is out of range. A sign bit with
 // magnitude 0 ("-0") is never written by encode; it decodes to -0.0, which equals 0.
+#include <array>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <set>
+#include <span>
+#include <string_view>
 
 #include "compressors/codec_checks.h"
+#include "compressors/codec_descriptor.h"
 #include "compressors/fused_feedback.h"
-#include "compressors/registry.h"
+#include "compressors/qsgd/qsgd_cpu.h"
+#include "compressors/spec_keys.h"
 #include "compressors/wire_format.h"
-#include "kernels/cpu/qsgd_cpu.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -65,7 +71,7 @@ class QsgdCodec final : public Codec, public FusedFeedbackEncoder {
     return total;
   }
 
-  // One pass over g and e, block by block (kernels/cpu/qsgd_cpu.h): the message encode(g + e)
+  // One pass over g and e, block by block (compressors/qsgd/qsgd_cpu.h): the message encode(g + e)
   // writes and the residual of the general path, bit for bit. Declines buckets whose lcm with 8
   // exceeds the kernel's largest block.
   std::optional<std::size_t> encode_with_feedback(const float* g, float* e, std::size_t count,
@@ -157,10 +163,64 @@ class QsgdCodec final : public Codec, public FusedFeedbackEncoder {
   CompressionSpec spec_;
 };
 
-}  // namespace
-
 std::unique_ptr<Codec> make_qsgd_codec(const CompressionSpec& spec) {
   return std::make_unique<QsgdCodec>(spec);
 }
+
+// ---- the row -------------------------------------------------------------------------------------
+
+constexpr CodecKey kBitsKey{
+    "bits",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.bits = static_cast<int>(parse_spec_unsigned(text, "bits", value, 1, 8));
+    },
+    [](const CompressionSpec& spec) { return detail::concat("bits=", spec.bits); }};
+constexpr std::array<CodecKey, 2> kQsgdKeys{kBitsKey, kBucketKey};
+
+// 1-bit qsgd decodes every element to +-(bucket maximum): its error is as large as the
+// signal, and feeding it back grows the maximum every step (measured: the residual reaches
+// 1e28 in 100 steps). `sign` scales by the mean |g| instead and is the 1-bit codec for EF.
+void check_qsgd_spec(CompressionSpec& spec, std::string_view text,
+                     const std::set<std::string_view>&) {
+  GZ_REQUIRE(!(spec.bits == 1 && spec.error_feedback), ErrorCode::invalid_spec,
+             "compression spec '", text,
+             "': qsgd with bits=1 and ef=on diverges (each element's error is up to twice the "
+             "bucket maximum, and error feedback amplifies it); use 'sign' for 1-bit with error "
+             "feedback, or ef=off");
+}
+
+constexpr std::array<std::string_view, 8> kQsgdExamples{
+    "qsgd:bits=1,bucket=1",   "qsgd:bits=1,bucket=64", "qsgd:bits=2,bucket=7",
+    "qsgd:bits=2,bucket=512", "qsgd:bits=4,bucket=3",  "qsgd:bits=4,bucket=128",
+    "qsgd:bits=8,bucket=1",   "qsgd:bits=8,bucket=512"};
+
+// levels scale * q / s, s = 2^(b-1) - 1, scale = the bucket's max |y| <= y_max: stochastic
+// rounding lands on a neighbouring level, |err| <= scale / s (b = 1: the levels are -scale and
+// +scale, |err| <= 2 scale); plus the f32 rounding of q * scale / s (4 units of f32's roundoff
+// 2^-24).
+double qsgd_bound(const CompressionSpec& spec, double y_max) {
+  const double levels = spec.bits == 1 ? 0.5 : static_cast<double>((1 << (spec.bits - 1)) - 1);
+  return y_max / levels + 4 * 0x1p-24 * y_max;
+}
+
+double qsgd_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  return stochastic_levels_cosine(y, spec.bucket, spec.bits);
+}
+
+}  // namespace
+
+// Unbiased, stochastic: a bucket quantiser's paths (SRA by default); segments cut on whole
+// buckets that end on a whole code byte. Error feedback off unless the spec asks (and refused
+// with bits=1).
+constinit const CodecDescriptor qsgd_codec_row{
+    .keys = kQsgdKeys,
+    .check_spec = check_qsgd_spec,
+    .make_host = make_qsgd_codec,
+    .example_specs = kQsgdExamples,
+    .paths = CollectivePaths::bucket_quantiser,
+    .segment_granularity = segments_on_bit_code_buckets,
+    .error_bound = qsgd_bound,
+    .cosine_estimate = qsgd_cosine,
+};
 
 }  // namespace gradzip::compressors

@@ -1,4 +1,4 @@
-// The qsgd codec (compressors/qsgd.cpp, kernels/qsgd_math.h, kernels/cpu/qsgd_cpu*.cpp):
+// The qsgd codec (compressors/qsgd/qsgd_codec.cpp, compressors/qsgd/qsgd_math.h, compressors/qsgd/qsgd_cpu*.cpp):
 // payload layout, codes equal to the element math, error bound, unbiasedness, determinism and
 // chunking, NaN/Inf/zero/tiny/huge buckets, every ISA writing the same bytes, and decoders
 // refusing every malformed message before writing anything.
@@ -22,7 +22,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/philox_math.h"
-#include "kernels/qsgd_math.h"
+#include "compressors/qsgd/qsgd_math.h"
 #include "tests/unit/test_support.h"
 
 namespace gradzip {
@@ -99,7 +99,7 @@ double error_bound(float scale, int bits) {
   return step * (1.0 + std::ldexp(1.0, -15)) + scale * std::ldexp(1.0, -22) + std::ldexp(1.0, -140);
 }
 
-// The whole payload as the element math of kernels/qsgd_math.h defines it, element by element
+// The whole payload as the element math of compressors/qsgd/qsgd_math.h defines it, element by element
 // with philox_element(): independent of the library's tiles, vector paths and packing.
 std::vector<std::byte> reference_payload(const std::vector<float>& x, int bits, std::size_t bucket,
                                          const EncodeContext& ctx) {
@@ -647,7 +647,7 @@ TEST_F(QsgdMalformed, RejectsScalesEncodeCannotWrite) {
 }
 
 // The sign bit with magnitude 0 is never encoded but carries no magnitude: it is accepted and
-// decodes to -0.0 (compressors/qsgd.cpp documents this).
+// decodes to -0.0 (compressors/qsgd/qsgd_codec.cpp documents this).
 TEST_F(QsgdMalformed, AcceptsTheNegativeZeroCodeAsMinusZero) {
   const std::size_t codes = kWireHeaderBytes + 4 * num_buckets(kCount, kBucket);
   const std::uint8_t high_nibble = std::to_integer<std::uint8_t>(message_[codes]) & 0xF0u;

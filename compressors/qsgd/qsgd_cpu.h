@@ -1,5 +1,5 @@
-// Host loops of the `qsgd` codec (element math: kernels/qsgd_math.h) and the vectorised Philox
-// they draw from. Internal to gradzip: compressors/qsgd.cpp writes and validates the message
+// Host loops of the `qsgd` codec (element math: compressors/qsgd/qsgd_math.h) and the vectorised Philox
+// they draw from. Internal to gradzip: compressors/qsgd/qsgd_codec.cpp writes and validates the message
 // header and calls the payload functions below.
 //
 // Payload (little-endian, no padding, any alignment):
@@ -21,7 +21,7 @@
 #include "gradzip/codec.h"
 #include "gradzip/tensor_view.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/qsgd_math.h"
+#include "compressors/qsgd/qsgd_math.h"
 
 namespace gradzip::kernels::cpu {
 

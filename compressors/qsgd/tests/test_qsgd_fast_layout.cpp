@@ -1,4 +1,4 @@
-// The fast qsgd CUDA kernels' per-thread work (kernels/qsgd_fast_layout.h), run on the CPU for
+// The fast qsgd CUDA kernels' per-thread work (compressors/qsgd/qsgd_fast_layout.h), run on the CPU for
 // every simulated thread of a launch, in the kernels' order of phases, against the CPU codec:
 //   encode: the payload equals the CPU codec's byte for byte, and every payload byte is
 //           written exactly once (scales by their segment, code bytes by one run's thread or,
@@ -28,8 +28,8 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/host_device.h"
-#include "kernels/qsgd_fast_layout.h"
-#include "kernels/qsgd_math.h"
+#include "compressors/qsgd/qsgd_fast_layout.h"
+#include "compressors/qsgd/qsgd_math.h"
 #include "kernels/run_fast_layout.h"
 #include "tests/unit/test_support.h"
 

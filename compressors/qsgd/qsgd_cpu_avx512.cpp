@@ -1,5 +1,5 @@
 // AVX-512 qsgd kernels (F/BW/VL/DQ): 16 elements per step, tails with masked loads and
-// stores. Each computes exactly what kernels/qsgd_math.h and the scalar loops in qsgd_cpu.cpp
+// stores. Each computes exactly what compressors/qsgd/qsgd_math.h and the scalar loops in qsgd_cpu.cpp
 // compute; the comments name the scalar expression a line reproduces.
 //
 // Only static always-inline helpers and the functions in the table: no inline function with
@@ -17,7 +17,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/philox_avx512.h"
-#include "kernels/cpu/qsgd_cpu.h"
+#include "compressors/qsgd/qsgd_cpu.h"
 
 namespace gradzip::kernels::cpu::avx512 {
 namespace {

@@ -1,4 +1,4 @@
-// qsgd kernels: thin loops around kernels/qsgd_math.h, so every code and every decoded value
+// qsgd kernels: thin loops around compressors/qsgd/qsgd_math.h, so every code and every decoded value
 // is computed by the same GZ_HOST_DEVICE functions as on the CPU (built with --fmad=false,
 // IEEE division and no flush-to-zero, like the host build).
 //
@@ -33,21 +33,20 @@
 // still ok) puts each segment's decoder constants in shared memory, then each thread decodes a
 // run from its 2 * bits code bytes (word loads where aligned) with float4 stores. No division
 // in the per-element loops: a run's buckets are walked with a counter. Every per-thread step
-// after the reductions is a function of kernels/qsgd_fast_layout.h, which
-// tests/unit/test_qsgd_fast_layout.cpp runs for every simulated thread on the CPU.
+// after the reductions is a function of compressors/qsgd/qsgd_fast_layout.h, which
+// compressors/qsgd/tests/test_qsgd_fast_layout.cpp runs for every simulated thread on the CPU.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "compressors/qsgd/cuda/qsgd_kernels.h"
+#include "compressors/qsgd/qsgd_fast_layout.h"
+#include "compressors/qsgd/qsgd_math.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/qsgd_cuda.h"
 #include "kernels/emulated/emulated_device.h"
-#include "kernels/emulated/kernel_twins.h"
 #include "kernels/nonfinite_math.h"
-#include "kernels/qsgd_fast_layout.h"
-#include "kernels/qsgd_math.h"
 #include "kernels/run_fast_layout.h"
 
 namespace gradzip::kernels::cuda {
@@ -213,7 +212,7 @@ __global__ void decode_kernel(const std::byte* payload, std::size_t count, int b
   }
 }
 
-// ---- fast variant (KernelVariant::fast): kernels/qsgd_fast_layout.h ---------------------------
+// ---- fast variant (KernelVariant::fast): compressors/qsgd/qsgd_fast_layout.h ---------------------------
 
 static_assert(kFastThreads == kThreads, "the fast kernels run blocks of kThreads");
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;

@@ -1,9 +1,9 @@
-// The qsgd payload loops (layout: kernels/cpu/qsgd_cpu.h) and the scalar reference kernels.
+// The qsgd payload loops (layout: compressors/qsgd/qsgd_cpu.h) and the scalar reference kernels.
 // The loops work in tiles of kTile elements: draw the tile's Philox words, quantise each bucket
 // segment of the tile into one byte per code, then pack the bytes into the bit stream. A tile
 // starts at a multiple of kTile (a multiple of 8), so its codes start on a byte boundary of the
 // stream whatever `bits` is. 8-bit codes are written to (and read from) the payload directly.
-#include "kernels/cpu/qsgd_cpu.h"
+#include "compressors/qsgd/qsgd_cpu.h"
 
 #include <algorithm>
 #include <cstring>
