@@ -21,13 +21,11 @@ namespace {
 //   none        exact
 //   fp16        round to nearest even: 2^-11 |y| for normal results, 2^-25 absolute below
 //   bf16        2^-8 |y|
-//   sign        decodes to +-mean|y| of the bucket: |err| <= |y| + mean <= 2 y_max
 //   topk, randk a dropped element errs by |y| <= y_max, a kept one by 0 (f32 values) or by the
 //               f16 rounding (values=fp16, < y_max)
 double exact_bound(const CompressionSpec&, double) { return 0; }
 double fp16_bound(const CompressionSpec&, double y_max) { return 0x1p-11 * y_max + 0x1p-25; }
 double bf16_bound(const CompressionSpec&, double y_max) { return 0x1p-8 * y_max; }
-double sign_bound(const CompressionSpec&, double y_max) { return 2 * y_max; }
 double sparse_bound(const CompressionSpec&, double y_max) { return y_max; }
 
 // The cosine estimates (CodecDescriptor::cosine_estimate), from each codec's definition. They
@@ -50,22 +48,6 @@ double fp16_cosine(const CompressionSpec&, std::span<const float> y) {
 
 double bf16_cosine(const CompressionSpec&, std::span<const float>) {
   return cosine_of_relative_error(0x1p-8);
-}
-
-// Each bucket decodes to m sign(y), m = mean |y|: <D, y> = m sum |y| = d m^2 = |D|^2, so
-// cos = |D| / |y| = sqrt(sum over buckets of d m^2) / |y|.
-double sign_cosine(const CompressionSpec& spec, std::span<const float> y) {
-  double energy = 0, kept = 0;
-  for (std::size_t begin = 0; begin < y.size(); begin += spec.bucket) {
-    const std::span<const float> part = y.subspan(begin, std::min(spec.bucket, y.size() - begin));
-    double magnitude = 0;
-    for (const float v : part) {
-      magnitude += std::fabs(static_cast<double>(v));
-      energy += static_cast<double>(v) * v;
-    }
-    kept += magnitude * magnitude / static_cast<double>(part.size());
-  }
-  return energy == 0 ? 1.0 : std::sqrt(kept / energy);
 }
 
 // Exact top-k keeps the k largest |y|: cos = sqrt(their share of |y|^2). approx=on keeps the
@@ -147,7 +129,6 @@ constexpr CodecKey kRankKey{
     },
     [](const CompressionSpec& spec) { return detail::concat("rank=", spec.rank); }};
 
-constexpr std::array<CodecKey, 1> kBucketOnly{kBucketKey};
 constexpr std::array<CodecKey, 5> kTopkKeys{kRatioKey, kCountKey, kApproxKey, kValuesKey, kRampKey};
 constexpr std::array<CodecKey, 4> kRandkKeys{kRatioKey, kCountKey, kValuesKey, kRampKey};
 constexpr std::array<CodecKey, 1> kPowersgdKeys{kRankKey};
@@ -164,8 +145,6 @@ void check_selection_spec(CompressionSpec& spec, std::string_view text,
 constexpr std::array<std::string_view, 1> kNoneExamples{"none"};
 constexpr std::array<std::string_view, 1> kFp16Examples{"fp16"};
 constexpr std::array<std::string_view, 1> kBf16Examples{"bf16"};
-constexpr std::array<std::string_view, 3> kSignExamples{"sign:bucket=1", "sign:bucket=13",
-                                                        "sign:bucket=512"};
 constexpr std::array<std::string_view, 5> kTopkExamples{
     "topk:ratio=0.1", "topk:k=1", "topk:ratio=0.5,approx=on", "topk:ratio=0.1,values=fp16",
     "topk:ratio=0.3,approx=on,values=fp16"};
@@ -201,16 +180,6 @@ constinit const CodecDescriptor bf16_codec_row{
     .segment_granularity = segments_anywhere,
     .error_bound = bf16_bound,
     .cosine_estimate = bf16_cosine,
-};
-constinit const CodecDescriptor sign_codec_row{
-    .keys = kBucketOnly,
-    .error_feedback_default = true,
-    .make_host = make_sign_codec,
-    .example_specs = kSignExamples,
-    .paths = CollectivePaths::bucket_quantiser,
-    .segment_granularity = segments_on_bit_code_buckets,
-    .error_bound = sign_bound,
-    .cosine_estimate = sign_cosine,
 };
 constinit const CodecDescriptor topk_codec_row{
     .keys = kTopkKeys,

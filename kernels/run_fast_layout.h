@@ -1,6 +1,6 @@
 // Index arithmetic shared by the fast bucketed CUDA kernels
-// (compressors/qsgd/cuda/qsgd_kernels.cu, kernels/cuda/sign_cuda.cu) and their CPU emulations
-// (compressors/qsgd/tests/test_qsgd_fast_layout.cpp, tests/unit/test_sign_fast_layout.cpp):
+// (compressors/qsgd/cuda/qsgd_kernels.cu, compressors/sign/cuda/sign_kernels.cu) and their CPU emulations
+// (compressors/qsgd/tests/test_qsgd_fast_layout.cpp, compressors/sign/tests/test_sign_fast_layout.cpp):
 // segments of whole buckets, runs of 16 elements, and which elements of a run belong to which
 // bucket of its segment. GZ_HOST_DEVICE and C++17, so that the CPU tests execute the very code
 // the kernels run, thread by thread.

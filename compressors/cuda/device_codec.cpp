@@ -35,7 +35,6 @@
 #include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/runtime_support.h"
-#include "kernels/cuda/sign_cuda.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
@@ -97,14 +96,6 @@ WireHeader encode_fp16(const CompressionSpec& /*spec*/, const float* d_in, std::
 WireHeader encode_bf16(const CompressionSpec& /*spec*/, const float* d_in, std::size_t n,
                        const EncodeContext& /*ctx*/, std::byte* d_payload, const std::string& op) {
   return encode_half(d_in, n, true, d_payload, op);
-}
-
-WireHeader encode_sign(const CompressionSpec& spec, const float* d_in, std::size_t n,
-                       const EncodeContext& /*ctx*/, std::byte* d_payload,
-                       const std::string& /*op*/) {
-  const std::size_t payload = cuda::sign_payload_bytes(n, spec.bucket);
-  cuda::sign_encode(d_in, n, spec.bucket, d_payload, nullptr, nullptr, work_stream());
-  return WireHeader{WireCodec::sign, 0, 1, n, payload, spec.bucket};
 }
 
 std::string describe_topk_entries(int /*status*/) {
@@ -186,9 +177,6 @@ WireHeader encode_randk(const CompressionSpec& spec, const float* d_in, std::siz
 
 // ---- decode ------------------------------------------------------------------------------------
 
-std::string describe_sign_status(int /*status*/) {
-  return "an unused bit above the last element of the sign bits is set";
-}
 std::string describe_sparse_status(int status) {
   return (status & cuda::kSparseIndexOutOfRange) != 0
              ? "an index is outside the message's element count"
@@ -245,25 +233,6 @@ void decode_fp16(const WireHeader& header, std::span<const std::byte> /*prefix*/
 void decode_bf16(const WireHeader& header, std::span<const std::byte> /*prefix*/,
                  const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
   decode_half(header, d_payload, target, true, op);
-}
-
-void decode_sign(const WireHeader& header, std::span<const std::byte> /*prefix*/,
-                 const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
-  const std::size_t n = target.count;
-  GZ_REQUIRE(header.flags == 0 && header.small_param == 1, ErrorCode::malformed_message, op,
-             ": flags 0x", std::hex, int{header.flags}, ", small_param ", std::dec,
-             int{header.small_param}, " (expected 0 and 1)");
-  GZ_REQUIRE(bucket_of(header) >= 1, ErrorCode::malformed_message, op,
-             ": bucket (large_param) is 0 (expected >= 1)");
-  const auto bucket = static_cast<std::size_t>(bucket_of(header));
-  const std::size_t expected = cuda::sign_payload_bytes(n, bucket);
-  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
-             header.payload_bytes, " bytes for ", n, " elements, bucket=", bucket,
-             " (expected ", expected, ")");
-  const StatusWords<1> status(op, {describe_sign_status});
-  cuda::sign_decode(d_payload, n, bucket, target.data, target.accumulate, status.word(0),
-                    work_stream());
-  status.check();  // synchronous calls: the one wait; stream-ordered: nothing
 }
 
 void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/,
@@ -332,10 +301,6 @@ std::optional<WireHeader> fixed_fp16(const CompressionSpec&, std::size_t n) {
 std::optional<WireHeader> fixed_bf16(const CompressionSpec&, std::size_t n) {
   return WireHeader{WireCodec::bf16, 0, 0, n, n * 2, 0};
 }
-std::optional<WireHeader> fixed_sign(const CompressionSpec& spec, std::size_t n) {
-  return WireHeader{WireCodec::sign, 0, 1, n, cuda::sign_payload_bytes(n, spec.bucket),
-                    spec.bucket};
-}
 // Exact top-k only: approximate top-k's entry count varies.
 std::optional<WireHeader> fixed_topk(const CompressionSpec& spec, std::size_t n) {
   if (spec.approx) return std::nullopt;
@@ -362,22 +327,6 @@ WireHeader encode_cast_with_feedback(const CompressionSpec& spec, const float* d
       required_fixed_header(bf16 ? fixed_bf16(spec, n) : fixed_fp16(spec, n), spec, op);
   cuda::ef_cast_fused(d_grad, d_residual, reinterpret_cast<std::uint16_t*>(d_payload), bf16, n,
                       work_stream());
-  return header;
-}
-
-// Sign when the fast encoder's segments allow it (kernels/cuda/sign_cuda.h).
-bool sign_fuses(const CompressionSpec& spec, std::size_t n, const std::byte*) {
-  return cuda::sign_fuses_feedback(n, spec.bucket);
-}
-WireHeader encode_sign_with_feedback(const CompressionSpec& spec, const float* d_grad,
-                                     float* d_residual, std::size_t n,
-                                     const EncodeContext& /*ctx*/, std::byte* d_payload,
-                                     const std::string& op) {
-  const WireHeader header = required_fixed_header(fixed_sign(spec, n), spec, op);
-  GZ_REQUIRE(cuda::sign_encode_with_feedback(d_grad, d_residual, n, spec.bucket, d_payload,
-                                             work_stream()),
-             ErrorCode::internal, op, ": sign_fuses_feedback accepted ", n,
-             " elements that the fused encoder refused");
   return header;
 }
 
@@ -420,8 +369,6 @@ constexpr DeviceCodecRow kFp16Device{encode_fp16, decode_fp16, DType::f16, fixed
                                      cast_fuses_feedback, encode_cast_with_feedback};
 constexpr DeviceCodecRow kBf16Device{encode_bf16, decode_bf16, DType::bf16, fixed_bf16,
                                      cast_fuses_feedback, encode_cast_with_feedback};
-constexpr DeviceCodecRow kSignDevice{encode_sign, decode_sign, std::nullopt, fixed_sign,
-                                     sign_fuses, encode_sign_with_feedback};
 constexpr DeviceCodecRow kTopkDevice{encode_topk, decode_topk, std::nullopt, fixed_topk,
                                      sparse_fuses, encode_sparse_with_feedback};
 // Random-k's key travels in the message: no fixed header (device_decode_own compares it).
@@ -472,7 +419,6 @@ std::string describe_header_mismatch(int /*status*/) {
 const DeviceCodecRow* const none_device_row = &kNoneDevice;
 const DeviceCodecRow* const fp16_device_row = &kFp16Device;
 const DeviceCodecRow* const bf16_device_row = &kBf16Device;
-const DeviceCodecRow* const sign_device_row = &kSignDevice;
 const DeviceCodecRow* const topk_device_row = &kTopkDevice;
 const DeviceCodecRow* const randk_device_row = &kRandkDevice;
 const DeviceCodecRow* const powersgd_device_row = nullptr;  // the Reducer's matrices only

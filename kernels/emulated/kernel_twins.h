@@ -37,7 +37,6 @@
 #include "kernels/cuda/nonfinite_cuda.h"
 #include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/scale_cuda.h"
-#include "kernels/cuda/sign_cuda.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
@@ -86,17 +85,6 @@ void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_valu
 
 // ---- kernels/cuda/scale_cuda.h ---------------------------------------------------------------
 void divide_f32(float* d_data, std::size_t count, float divisor, void* stream);
-
-// ---- kernels/cuda/sign_cuda.h ----------------------------------------------------------------
-std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
-void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
-                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
-                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
-bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count,
-                               std::size_t bucket, std::byte* d_payload, void* stream);
-void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
-                 bool accumulate, int* d_status, void* stream,
-                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
 
 // ---- kernels/cuda/small_bytes_cuda.h ---------------------------------------------------------
 void write_small_bytes(std::byte* d_out, const std::byte* host, std::size_t count, void* stream);

@@ -28,7 +28,7 @@
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/ef_cuda.h"
 #include "compressors/qsgd/cuda/qsgd_kernels.h"
-#include "kernels/cuda/sign_cuda.h"
+#include "compressors/sign/cuda/sign_kernels.h"
 #include "gpu_test_support.h"
 
 namespace gradzip {

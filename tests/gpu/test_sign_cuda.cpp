@@ -1,4 +1,4 @@
-// The CUDA sign kernels (kernels/cuda/sign_cuda.h) against the CPU codec on the same inputs,
+// The CUDA sign kernels (compressors/sign/cuda/sign_kernels.h) against the CPU codec on the same inputs,
 // every device check for both kernel variants (KernelVariant::reference and ::fast, the
 // parameter of the CudaSign tests; the fast kernels' shapes -- long buckets staged chunk by
 // chunk, unaligned inputs, outputs and payloads -- have tests of their own): byte-identical payloads (after the 32-byte header) for counts {0, 1, 7, 2^20+3, 2^26} and
@@ -32,7 +32,7 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/cast_cuda.h"
-#include "kernels/cuda/sign_cuda.h"
+#include "compressors/sign/cuda/sign_kernels.h"
 #include "kernels/host_device.h"
 #include "gpu_test_support.h"
 
@@ -222,7 +222,7 @@ TEST_P(CudaSign, UnalignedPayloadsEncodeAndDecode) {
   }
 }
 
-// The fast kernels' shapes (kernels/sign_fast_layout.h): long buckets staged chunk by chunk
+// The fast kernels' shapes (compressors/sign/sign_fast_layout.h): long buckets staged chunk by chunk
 // (4097, 10000, 2^16 + 5), the longest resident ones (4095, 4096), buckets of one lane group
 // and fewer (16, 3), over many blocks, on data whose scales depend on the summation order.
 TEST_P(CudaSign, FastKernelShapesMatchTheCpuCodec) {

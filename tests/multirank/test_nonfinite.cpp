@@ -309,7 +309,7 @@ TEST(Nonfinite, HalfTensorsPropagate) {
 // and partial sums may overflow f32 inside the codecs, but the residual guard keeps every
 // residual finite, over several calls. sign's first results are finite too: its bucket scale
 // (the mean |x|, about FLT_MAX / 2 here) is rescued when the bucket's f32 sum overflows
-// (kernels/sign_math.h), and `average` divides before summing, so no sum exceeds FLT_MAX.
+// (compressors/sign/sign_math.h), and `average` divides before summing, so no sum exceeds FLT_MAX.
 // (Later calls add residuals of about FLT_MAX / 2 to +-FLT_MAX, which does overflow.)
 TEST(Nonfinite, ExtremeFiniteInputsKeepResidualsFinite) {
   Communicator comm = Communicator::world();

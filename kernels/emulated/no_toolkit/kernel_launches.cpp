@@ -1,9 +1,9 @@
 // The launch wrappers of kernels/cuda/*.h in a build without the CUDA toolkit
 // (GRADZIP_WITH_CUDA=EMULATED), where no .cu file is compiled: each forwards to its CPU twin
 // (kernels/emulated/kernel_twins.h), which is what the .cu wrapper does when the emulated device
-// is active, and that is always the case here. The host-only helpers (sign_payload_bytes,
-// topk_workspace_bytes) give the twins' answers, the .cu ones' arithmetic. A codec folder keeps
-// its own forwarders (compressors/<codec>/emulated/no_toolkit/).
+// is active, and that is always the case here. The host-only helper topk_workspace_bytes gives
+// the twin's answer, the .cu one's arithmetic. A codec folder keeps its own forwarders
+// (compressors/<codec>/emulated/no_toolkit/).
 #include "kernels/emulated/kernel_twins.h"
 
 namespace gradzip::kernels::cuda {
@@ -91,26 +91,6 @@ void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_valu
 
 void divide_f32(float* d_data, std::size_t count, float divisor, void* stream) {
   emulated::divide_f32(d_data, count, divisor, stream);
-}
-
-// ---- kernels/cuda/sign_cuda.h ----------------------------------------------------------------
-
-std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
-  return emulated::sign_payload_bytes(count, bucket);
-}
-void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
-                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
-                 KernelVariant variant) {
-  emulated::sign_encode(d_in, count, bucket, d_payload, d_workspace, workspace_bytes, stream,
-                        variant);
-}
-bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count,
-                               std::size_t bucket, std::byte* d_payload, void* stream) {
-  return emulated::sign_encode_with_feedback(d_grad, d_residual, count, bucket, d_payload, stream);
-}
-void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
-                 bool accumulate, int* d_status, void* stream, KernelVariant variant) {
-  emulated::sign_decode(d_payload, count, bucket, d_out, accumulate, d_status, stream, variant);
 }
 
 // ---- kernels/cuda/small_bytes_cuda.h ---------------------------------------------------------

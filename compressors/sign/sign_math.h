@@ -1,5 +1,5 @@
 // Element math of the `sign` codec (1 bit per element plus one f32 scale per bucket), shared
-// by the CPU loops (kernels/cpu/sign_cpu*.cpp) and the CUDA kernels so that both give the
+// by the CPU loops (compressors/sign/sign_cpu*.cpp) and the CUDA kernels so that both give the
 // same bits.
 //
 // Buckets: elements [b * bucket, min((b + 1) * bucket, n)) form bucket b; the last one may be

@@ -1,6 +1,6 @@
 // The `sign` codec: every element decodes to exactly +-scale of its bucket, with the scale
 // computed by an independent reference that follows the documented summation order
-// (kernels/sign_math.h), so these tests pin that order; the payload layout, every ISA giving
+// (compressors/sign/sign_math.h), so these tests pin that order; the payload layout, every ISA giving
 // the same bytes, the NaN/inf rules, and the refusal of every malformed message.
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/sign_cpu.h"
+#include "compressors/sign/sign_cpu.h"
 #include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 
@@ -38,7 +38,7 @@ using testing::kTestDTypes;
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
 // The canonical sum of |x_j| * factor over x[0, len), written independently of
-// kernels/sign_math.h: lane l = j % 16 sums in increasing j from +0; then the lanes are halved
+// compressors/sign/sign_math.h: lane l = j % 16 sums in increasing j from +0; then the lanes are halved
 // in place (lane[l] += lane[l + w] for w = 8, 4, 2, 1).
 float reference_sum(const float* x, std::size_t len, float factor) {
   std::array<float, 16> lane{};

@@ -1,8 +1,8 @@
-// The per-thread work of the fast sign kernels (kernels/cuda/sign_cuda.cu, KernelVariant::fast),
+// The per-thread work of the fast sign kernels (compressors/sign/cuda/sign_kernels.cu, KernelVariant::fast),
 // as GZ_HOST_DEVICE functions that take the thread's coordinates explicitly, so that
-// tests/unit/test_sign_fast_layout.cpp can run every simulated thread of a launch on the CPU
+// compressors/sign/tests/test_sign_fast_layout.cpp can run every simulated thread of a launch on the CPU
 // and compare the payload with the CPU codec's. The element math and the canonical summation
-// order of the scales are kernels/sign_math.h's.
+// order of the scales are compressors/sign/sign_math.h's.
 //
 // Encode, one block per segment of whole buckets (kernels/run_fast_layout.h):
 //   resident segments (bucket <= kFastResidentAligned, segment <= kFastResidentAligned elements):
@@ -31,7 +31,7 @@
 
 #include "kernels/host_device.h"
 #include "kernels/run_fast_layout.h"
-#include "kernels/sign_math.h"
+#include "compressors/sign/sign_math.h"
 
 namespace gradzip::kernels {
 

@@ -1,4 +1,4 @@
-// The vector loop bodies of the `sign` kernels (contracts in kernels/cpu/sign_cpu.h), written
+// The vector loop bodies of the `sign` kernels (contracts in compressors/sign/sign_cpu.h), written
 // once over a vector-traits type V and compiled once per instruction set: sign_cpu_avx2.cpp
 // (8 lanes) and sign_cpu_avx512.cpp (16 lanes) each define their V in an unnamed namespace and
 // expand GZ_SIGN_VECTOR_ENTRY_POINTS(V) inside kernels::cpu::<isa>. Include it only there: its
@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cpu/sign_cpu.h"
+#include "compressors/sign/sign_cpu.h"
 
 namespace gradzip::kernels::cpu {
 

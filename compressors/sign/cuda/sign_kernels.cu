@@ -1,4 +1,4 @@
-// sign kernels: thin loops around kernels/sign_math.h (built with --fmad=false, IEEE division
+// sign kernels: thin loops around compressors/sign/sign_math.h (built with --fmad=false, IEEE division
 // and no flush-to-zero, like the host build), so the scales carry the CPU's f32 bits.
 //
 // Encode: (1) the scales, in the canonical order of sign_math.h:
@@ -29,21 +29,20 @@
 // decode kernel puts each segment's scales in shared memory, then each thread decodes a run of
 // 16 elements from its two sign bytes with float4 stores, walking the run's buckets with a
 // counter (no division per element). Every per-thread step after the ballot is a function of
-// kernels/sign_fast_layout.h, which tests/unit/test_sign_fast_layout.cpp runs on the CPU.
+// compressors/sign/sign_fast_layout.h, which compressors/sign/tests/test_sign_fast_layout.cpp runs on the CPU.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <limits>
 
+#include "compressors/sign/cuda/sign_kernels.h"
+#include "compressors/sign/sign_fast_layout.h"
+#include "compressors/sign/sign_math.h"
 #include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/sign_cuda.h"
 #include "kernels/emulated/emulated_device.h"
-#include "kernels/emulated/kernel_twins.h"
-#include "kernels/run_fast_layout.h"
-#include "kernels/sign_fast_layout.h"
 #include "kernels/nonfinite_math.h"
-#include "kernels/sign_math.h"
+#include "kernels/run_fast_layout.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -136,7 +135,7 @@ __global__ void decode_kernel(const std::byte* scales, const unsigned char* bits
   }
 }
 
-// ---- fast variant (KernelVariant::fast): kernels/sign_fast_layout.h ---------------------------
+// ---- fast variant (KernelVariant::fast): compressors/sign/sign_fast_layout.h ---------------------------
 
 static_assert(kFastThreads == kThreads, "the fast kernels run blocks of kThreads");
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;

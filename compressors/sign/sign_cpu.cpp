@@ -1,7 +1,7 @@
 // The `sign` kernels: the scalar loop bodies (the reference the vector paths must match bit
 // for bit), the ISA dispatch, and the parts every ISA shares (unaligned heads, short tails,
-// bucket bookkeeping), which run the scalar math of kernels/sign_math.h.
-#include "kernels/cpu/sign_cpu.h"
+// bucket bookkeeping), which run the scalar math of compressors/sign/sign_math.h.
+#include "compressors/sign/sign_cpu.h"
 
 #include <algorithm>
 #include <cstring>

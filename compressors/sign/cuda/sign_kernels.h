@@ -1,12 +1,12 @@
 // Device kernels of the `sign` codec: they write exactly the payload bytes of the CPU codec
-// (compressors/sign.cpp documents the layout; the element math and the canonical order of the
-// per-bucket |x| sums are kernels/sign_math.h, shared with the CPU loops) and decode a payload
+// (compressors/sign/sign_codec.cpp documents the layout; the element math and the canonical order of the
+// per-bucket |x| sums are compressors/sign/sign_math.h, shared with the CPU loops) and decode a payload
 // to the CPU decoder's bits. Host-callable; no CUDA headers needed by includers (the stream is
 // an opaque cudaStream_t cast to void*, nullptr = the default stream). Every call is
 // asynchronous on `stream`, allocates nothing and never synchronises.
 //
 // Two implementations (`variant`, kernels/cuda/kernel_variant.h): KernelVariant::fast (the
-// default: one pass over each bucket, kernels/sign_fast_layout.h) and KernelVariant::reference
+// default: one pass over each bucket, compressors/sign/sign_fast_layout.h) and KernelVariant::reference
 // (the first kernels). Every contract below holds for both, byte for byte; the reference stays
 // until a GPU run has shown the fast kernels identical (tests/gpu/test_sign_cuda.cpp checks both).
 //
@@ -18,8 +18,8 @@
 
 #include <cstddef>
 
+#include "compressors/sign/sign_fast_layout.h"
 #include "kernels/cuda/kernel_variant.h"
-#include "kernels/sign_fast_layout.h"
 
 namespace gradzip::kernels::cuda {
 
@@ -35,7 +35,7 @@ std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
 // Encodes the `count` f32 values at d_in (device memory) into the payload at d_payload (device
 // memory, sign_payload_bytes() bytes, any alignment): the bytes the CPU codec writes after the
 // header for the same values and bucket (the sign codec draws no random numbers, so it takes no
-// context). Each scale is the canonical-order mean of kernels/sign_math.h.
+// context). Each scale is the canonical-order mean of compressors/sign/sign_math.h.
 // Two-phase workspace: the encoder needs none. With d_workspace == nullptr and
 // workspace_bytes != nullptr it only sets *workspace_bytes = 0 and launches nothing (the query);
 // it runs when d_workspace != nullptr or workspace_bytes == nullptr.
@@ -77,3 +77,20 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
                  KernelVariant variant = KernelVariant::fast);
 
 }  // namespace gradzip::kernels::cuda
+
+namespace gradzip::kernels::emulated {
+
+// The CPU twins of the launch wrappers above (compressors/sign/emulated/sign_twins.cpp): the
+// same contracts, each call's device work queued as one operation on the emulated device's
+// stream (kernels/emulated/kernel_twins.h states what a twin is).
+std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
+void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
+                 void* d_workspace, std::size_t* workspace_bytes, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size_t count,
+                               std::size_t bucket, std::byte* d_payload, void* stream);
+void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t bucket, float* d_out,
+                 bool accumulate, int* d_status, void* stream,
+                 cuda::KernelVariant variant = cuda::KernelVariant::fast);
+
+}  // namespace gradzip::kernels::emulated

@@ -1,6 +1,6 @@
 // Host kernels of the `sign` codec: pack sign bits, sum |x| per bucket in the canonical order
-// of kernels/sign_math.h, and expand bits back to +-scale. Vectorised for AVX2 and AVX-512
-// (kernels/cpu/sign_cpu_avx2.cpp, sign_cpu_avx512.cpp), dispatched on active_isa(); every
+// of compressors/sign/sign_math.h, and expand bits back to +-scale. Vectorised for AVX2 and AVX-512
+// (compressors/sign/sign_cpu_avx2.cpp, sign_cpu_avx512.cpp), dispatched on active_isa(); every
 // path gives the bits of the scalar reference in sign_math.h.
 //
 // Memory the payload lives in (scales, bits) may sit at any alignment: these kernels read and
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/sign_math.h"
+#include "compressors/sign/sign_math.h"
 
 namespace gradzip::kernels::cpu {
 

@@ -1,4 +1,4 @@
-// AVX-512 vector traits of the `sign` kernels (kernels/cpu/sign_cpu_vector.h has the loops,
+// AVX-512 vector traits of the `sign` kernels (compressors/sign/sign_cpu_vector.h has the loops,
 // sign_cpu.h the contracts). A 16-lane vector holds exactly the 16 lanes of the canonical
 // bucket sum, a compare into a mask register gives 16 sign bits at once, in element order, and
 // those bits blend the positive and negative scale.
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cpu/sign_cpu_vector.h"
+#include "compressors/sign/sign_cpu_vector.h"
 
 namespace gradzip::kernels::cpu::avx512 {
 namespace {

@@ -1,4 +1,4 @@
-// The fast sign CUDA kernels' per-thread work (kernels/sign_fast_layout.h), run on the CPU for
+// The fast sign CUDA kernels' per-thread work (compressors/sign/sign_fast_layout.h), run on the CPU for
 // every simulated thread of a launch, in the kernels' order of phases, against the CPU codec:
 //   encode: the payload equals the CPU codec's byte for byte (so every scale has the canonical
 //           order's bits), and every payload byte is written exactly once;
@@ -24,8 +24,8 @@
 #include "gradzip/codec.h"
 #include "kernels/host_device.h"
 #include "kernels/run_fast_layout.h"
-#include "kernels/sign_fast_layout.h"
-#include "kernels/sign_math.h"
+#include "compressors/sign/sign_fast_layout.h"
+#include "compressors/sign/sign_math.h"
 #include "tests/unit/test_support.h"
 
 namespace gradzip {

@@ -1,4 +1,4 @@
-// AVX2 vector traits of the `sign` kernels (kernels/cpu/sign_cpu_vector.h has the loops, sign_cpu.h
+// AVX2 vector traits of the `sign` kernels (compressors/sign/sign_cpu_vector.h has the loops, sign_cpu.h
 // the contracts). Two 8-lane vectors hold the 16 lanes of the canonical bucket sum; an ordered
 // compare and _mm256_movemask_ps give 8 sign bits in element order; a lane is decoded by
 // shifting its bit onto the sign bit of the positive scale.
@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/sign_cpu_vector.h"
+#include "compressors/sign/sign_cpu_vector.h"
 
 namespace gradzip::kernels::cpu::avx2 {
 namespace {

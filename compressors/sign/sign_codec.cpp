@@ -1,6 +1,6 @@
 // `sign:bucket=N`: 1 bit per element (x < 0) plus one f32 scale per bucket of N elements, the
 // bucket's mean |x|; element i decodes to bit ? -scale : +scale. Math and the canonical order
-// of the f32 sums: kernels/sign_math.h. Not additive (two messages' bits cannot be summed),
+// of the f32 sums: compressors/sign/sign_math.h. Not additive (two messages' bits cannot be summed),
 // not sparse.
 //
 // Header: codec = WireCodec::sign, flags = 0, small_param = 1 (bits per element),
@@ -14,18 +14,23 @@
 // payload_bytes = 4 * B + ceil(n / 8) exactly. Decoders refuse any other size, bucket 0,
 // flags != 0, small_param != 1 and a nonzero unused bit; scales may hold any f32 bits.
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "compressors/codec_checks.h"
+#include "compressors/codec_descriptor.h"
 #include "compressors/fused_feedback.h"
-#include "compressors/registry.h"
+#include "compressors/sign/sign_cpu.h"
+#include "compressors/spec_keys.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu/convert.h"
-#include "kernels/cpu/sign_cpu.h"
 #include "kernels/nonfinite_math.h"
 
 namespace gradzip::compressors {
@@ -236,10 +241,48 @@ class SignCodec final : public Codec, public FusedFeedbackEncoder {
   CompressionSpec spec_;
 };
 
-}  // namespace
-
 std::unique_ptr<Codec> make_sign_codec(const CompressionSpec& spec) {
   return std::make_unique<SignCodec>(spec);
 }
+
+// ---- the row -------------------------------------------------------------------------------------
+
+constexpr std::array<CodecKey, 1> kSignKeys{kBucketKey};
+constexpr std::array<std::string_view, 3> kSignExamples{"sign:bucket=1", "sign:bucket=13",
+                                                        "sign:bucket=512"};
+
+// Decodes to +-mean|y| of the bucket: |err| <= |y| + mean <= 2 y_max.
+double sign_bound(const CompressionSpec&, double y_max) { return 2 * y_max; }
+
+// Each bucket decodes to m sign(y), m = mean |y|: <D, y> = m sum |y| = d m^2 = |D|^2, so
+// cos = |D| / |y| = sqrt(sum over buckets of d m^2) / |y|.
+double sign_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  double energy = 0, kept = 0;
+  for (std::size_t begin = 0; begin < y.size(); begin += spec.bucket) {
+    const std::span<const float> part = y.subspan(begin, std::min(spec.bucket, y.size() - begin));
+    double magnitude = 0;
+    for (const float v : part) {
+      magnitude += std::fabs(static_cast<double>(v));
+      energy += static_cast<double>(v) * v;
+    }
+    kept += magnitude * magnitude / static_cast<double>(part.size());
+  }
+  return energy == 0 ? 1.0 : std::sqrt(kept / energy);
+}
+
+}  // namespace
+
+// Biased, deterministic, error feedback on by default: a bucket quantiser's paths (SRA by
+// default); segments cut on whole buckets that end on a whole bit byte.
+constinit const CodecDescriptor sign_codec_row{
+    .keys = kSignKeys,
+    .error_feedback_default = true,
+    .make_host = make_sign_codec,
+    .example_specs = kSignExamples,
+    .paths = CollectivePaths::bucket_quantiser,
+    .segment_granularity = segments_on_bit_code_buckets,
+    .error_bound = sign_bound,
+    .cosine_estimate = sign_cosine,
+};
 
 }  // namespace gradzip::compressors
