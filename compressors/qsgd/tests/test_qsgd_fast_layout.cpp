@@ -49,7 +49,7 @@ using kernels::QsgdFastKey;
 using kernels::QsgdFastPlan;
 
 constexpr std::uint64_t kBuckets[] = {1, 2, 3, 7, 16, 17, 100, 128, 255, 256, 257, 512, 1001, 4095, 4096, 4097, 10000};
-constexpr int kStatusOk = 0, kStatusNonzeroCode = 1, kStatusBadScale = 2;  // qsgd_cuda.h's
+constexpr int kStatusOk = 0, kStatusNonzeroCode = 1, kStatusBadScale = 2;  // qsgd_kernels.h's
 
 std::unique_ptr<Codec> qsgd_codec(int bits, std::uint64_t bucket) {
   return make_codec("qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket));
