@@ -35,10 +35,11 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
 
 // The decode (out = D(in)) of a message this rank encoded with `ctx` (error feedback decodes the
 // message it just wrote; random-k's shared-index all-reduce its own message after summing the
-// values): device_decode, except for random-k in a stream-ordered call
-// (kernels/cuda/stream_ordered_call.h), whose header and key are not read back but compared on
-// the device with the ones the spec and ctx give for out.count elements (a mismatch fails the
-// call's checks) while the values are scattered.
+// values): device_decode, except in a stream-ordered call (kernels/cuda/stream_ordered_call.h)
+// for a codec whose device row has `decode_own` (random-k, compressors/cuda/device_codec_row.h):
+// its header and key are not read back but compared on the device with the ones the spec and
+// ctx give for out.count elements (a mismatch fails the call's checks) while the values are
+// scattered.
 void device_decode_own(const Codec& codec, std::span<const std::byte> in, TensorView out,
                          const EncodeContext& ctx);
 

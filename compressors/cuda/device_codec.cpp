@@ -362,6 +362,33 @@ WireHeader encode_sparse_with_feedback(const CompressionSpec& spec, const float*
   return header;
 }
 
+std::string describe_randk_prefix_mismatch(int /*status*/) {
+  return "the message header or key is not the one the call's spec and random stream give "
+         "(its parameters, element count, k or key differ)";
+}
+
+// Random-k's own message in a stream-ordered call: the header and key this spec and ctx give,
+// compared on the device with the message's, then the values scattered.
+void decode_own_randk(const CompressionSpec& spec, std::span<const std::byte> in, float* d_out,
+                      std::size_t n, const EncodeContext& ctx, const std::string& op) {
+  const std::size_t k = spec.k_for(n);
+  const bool half = spec.values == DType::f16;
+  const WireHeader header{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
+                          kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
+  const std::uint64_t expected_bytes = kWireHeaderBytes + header.payload_bytes;
+  GZ_REQUIRE(in.size() == expected_bytes, ErrorCode::malformed_message, op, ": message of ",
+             in.size(), " bytes for ", n, " elements (expected ", expected_bytes, ")");
+  const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
+  std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
+  write_header(header, std::span<std::byte>(prefix).first(kWireHeaderBytes));
+  kernels::randk_write_key(key, prefix.data() + kWireHeaderBytes);
+  const StatusWords<1> prefix_check(op, {describe_randk_prefix_mismatch});
+  cuda::compare_small_bytes(in.data(), prefix.data(), prefix.size(), 1, prefix_check.word(0),
+                            work_stream());
+  prefix_check.check();
+  cuda::randk_scatter(in.data() + prefix.size(), k, half, key, n, d_out, work_stream());
+}
+
 // ---- rows ----------------------------------------------------------------------------------------
 
 constexpr DeviceCodecRow kNoneDevice{encode_none, decode_none, std::nullopt, fixed_none};
@@ -371,9 +398,15 @@ constexpr DeviceCodecRow kBf16Device{encode_bf16, decode_bf16, DType::bf16, fixe
                                      cast_fuses_feedback, encode_cast_with_feedback};
 constexpr DeviceCodecRow kTopkDevice{encode_topk, decode_topk, std::nullopt, fixed_topk,
                                      sparse_fuses, encode_sparse_with_feedback};
-// Random-k's key travels in the message: no fixed header (device_decode_own compares it).
-constexpr DeviceCodecRow kRandkDevice{encode_randk, decode_randk, std::nullopt, nullptr,
-                                      sparse_fuses, encode_sparse_with_feedback};
+// Random-k's key travels in the message: no fixed header; its decoder reads the key on the host
+// with the header, and its own messages are checked on the device (decode_own_randk).
+constexpr DeviceCodecRow kRandkDevice{.encode = encode_randk,
+                                      .decode = decode_randk,
+                                      .fuses_feedback = sparse_fuses,
+                                      .encode_with_feedback = encode_sparse_with_feedback,
+                                      .prefix_bytes = kernels::kRandkKeyBytes,
+                                      .decode_own = decode_own_randk};
+static_assert(kernels::kRandkKeyBytes <= kMaxDevicePrefixBytes);
 
 // Each codec's row, in CodecKind order (null: no device path), built once from the list.
 const DeviceCodecRow* device_row_of(CodecKind kind) {
@@ -403,10 +436,6 @@ std::array<std::byte, kWireHeaderBytes> header_bytes_of(const WireHeader& header
   return bytes;
 }
 
-std::string describe_randk_prefix_mismatch(int /*status*/) {
-  return "the message header or key is not the one the call's spec and random stream give "
-         "(its parameters, element count, k or key differ)";
-}
 
 std::string describe_header_mismatch(int /*status*/) {
   return "the message header is not the one the call's spec writes for this chunk (its codec, "
@@ -498,7 +527,7 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
   if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "the output tensor");
 
   const DeviceCodecRow& row = device_row(spec, op);
-  std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
+  std::array<std::byte, kWireHeaderBytes + kMaxDevicePrefixBytes> prefix{};
   WireHeader header;
   const std::optional<WireHeader> fixed =
       cuda::stream_ordered() ? fixed_header(row, spec, out.count) : std::nullopt;
@@ -515,8 +544,9 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
                               work_stream());
     header_check.check();
   } else {
-    // The header (and randk's key) on the host, checked like the host decoders check it.
-    const std::size_t prefix_bytes = std::min(in.size(), prefix.size());
+    // The header (and the row's prefix bytes) on the host, checked like the host decoders
+    // check it.
+    const std::size_t prefix_bytes = std::min(in.size(), kWireHeaderBytes + row.prefix_bytes);
     if (prefix_bytes > 0) {
       check_runtime(cudaMemcpyAsync(prefix.data(), in.data(), prefix_bytes, cudaMemcpyDeviceToHost,
                                     static_cast<cudaStream_t>(work_stream())),
@@ -552,33 +582,17 @@ void device_decode(const Codec& codec, std::span<const std::byte> in, TensorView
 void device_decode_own(const Codec& codec, std::span<const std::byte> in, TensorView out,
                          const EncodeContext& ctx) {
   const CompressionSpec& spec = codec.spec();
-  if (!cuda::stream_ordered() || spec.codec != CodecKind::randk || out.dtype != DType::f32)
+  const DeviceCodecRow* const row = device_row_of(spec.codec);
+  if (!cuda::stream_ordered() || row == nullptr || row->decode_own == nullptr ||
+      out.dtype != DType::f32)
     return device_decode(codec, in, out, false);
-  const std::string op = "randk.decode";
+  const std::string op = std::string(codec_kind_name(spec.codec)) + ".decode";
   GZ_REQUIRE(out.data != nullptr || out.count == 0, ErrorCode::invalid_argument, op,
              ": null output pointer for ", out.count, " elements");
   const DeviceScope scope(out.device.index, op);
   if (!in.empty()) cuda::require_device_pointer(in.data(), out.device.index, op, "the message");
   if (out.count > 0) cuda::require_device_pointer(out.data, out.device.index, op, "the output tensor");
-  const std::size_t n = out.count;
-  const std::size_t k = spec.k_for(n);
-  const bool half = spec.values == DType::f16;
-  const WireHeader header{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
-                          kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
-  const std::uint64_t expected_bytes = kWireHeaderBytes + header.payload_bytes;
-  GZ_REQUIRE(in.size() == expected_bytes, ErrorCode::malformed_message, op, ": message of ",
-             in.size(), " bytes for ", n, " elements (expected ", expected_bytes, ")");
-  // The header and key this spec and ctx give, compared on the device with the message's.
-  const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
-  std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
-  write_header(header, std::span<std::byte>(prefix).first(kWireHeaderBytes));
-  kernels::randk_write_key(key, prefix.data() + kWireHeaderBytes);
-  const StatusWords<1> prefix_check(op, {describe_randk_prefix_mismatch});
-  cuda::compare_small_bytes(in.data(), prefix.data(), prefix.size(), 1, prefix_check.word(0),
-                            work_stream());
-  prefix_check.check();
-  cuda::randk_scatter(in.data() + prefix.size(), k, half, key, n, static_cast<float*>(out.data),
-                      work_stream());
+  row->decode_own(spec, in, static_cast<float*>(out.data), out.count, ctx, op);
   finish(op);
 }
 

@@ -34,7 +34,8 @@ using DeviceEncoder = WireHeader (*)(const CompressionSpec& spec, const float* d
                                      const std::string& op);
 
 // Checks the codec-specific header fields the host decoder checks, then decodes the payload into
-// `target`. `prefix` holds the first bytes of the message (the header and, for randk, its key).
+// `target`. `prefix` holds the first bytes of the message: the header and the row's
+// prefix_bytes after it (random-k's key).
 // Returns with the work stream synchronised (each ends with its one wait), or in a
 // stream-ordered call with the work queued.
 using DeviceDecoder = void (*)(const WireHeader& header, std::span<const std::byte> prefix,
@@ -58,6 +59,19 @@ using DeviceFeedbackEncoder = WireHeader (*)(const CompressionSpec& spec, const 
                                              const EncodeContext& ctx, std::byte* d_payload,
                                              const std::string& op);
 
+// The most bytes after the header that a codec's decoder reads on the host with the header
+// (DeviceCodecRow::prefix_bytes).
+inline constexpr std::size_t kMaxDevicePrefixBytes = 32;
+
+// A stream-ordered decode (out = D(in), n f32 values at d_out) of a message this rank encoded
+// with `ctx` (compressors/device_codec.h, device_decode_own), for a codec whose decoder would
+// otherwise read its prefix back to the host: the prefix that `spec` and `ctx` give is compared
+// on the device instead (a mismatch fails the call's checks), and the values are decoded. The
+// caller has checked the pointers and set the device; the work is queued, the caller finishes.
+using DeviceOwnDecoder = void (*)(const CompressionSpec& spec, std::span<const std::byte> in,
+                                  float* d_out, std::size_t n, const EncodeContext& ctx,
+                                  const std::string& op);
+
 struct DeviceCodecRow {
   DeviceEncoder encode = nullptr;
   DeviceDecoder decode = nullptr;
@@ -75,6 +89,11 @@ struct DeviceCodecRow {
   // null, the general path's four passes.
   DeviceFeedbackCheck fuses_feedback = nullptr;
   DeviceFeedbackEncoder encode_with_feedback = nullptr;
+  // Bytes after the header that the decoder reads on the host with it (random-k's index key),
+  // handed to `decode` in its `prefix`; at most kMaxDevicePrefixBytes.
+  std::size_t prefix_bytes = 0;
+  // Null: device_decode_own runs the plain decode.
+  DeviceOwnDecoder decode_own = nullptr;
 };
 
 #define GRADZIP_DECLARE_DEVICE_ROW(name, wire_id) \

@@ -32,7 +32,7 @@ std::size_t qsgd_buckets(std::size_t count, std::size_t bucket) {
   return count / bucket + (count % bucket != 0 ? 1 : 0);
 }
 
-// What qsgd_cuda.cu's validation leaves in *d_status: the largest offence code (a bad scale
+// What qsgd_kernels.cu's validation leaves in *d_status: the largest offence code (a bad scale
 // anywhere outranks a non-zero code of a non-finite bucket).
 int qsgd_status(const std::byte* payload, std::size_t count, int bits, std::size_t bucket) {
   const std::size_t buckets = qsgd_buckets(count, bucket);
