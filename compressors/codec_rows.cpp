@@ -2,7 +2,6 @@
 // their spec keys, rules, factories, collective traits and error oracles.
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -76,29 +75,6 @@ double randk_cosine(const CompressionSpec& spec, std::span<const float> y) {
 
 // ---- keys --------------------------------------------------------------------------------------
 
-std::string print_number(std::string_view key, double value) {
-  char buffer[64];
-  const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(key) + "=" + std::string(buffer, error == std::errc() ? end : buffer);
-}
-
-// ratio and k: whichever decides is written (k when given, else the ratio).
-constexpr CodecKey kRatioKey{
-    "ratio",
-    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
-      spec.ratio = parse_spec_ratio(text, "ratio", value);
-    },
-    [](const CompressionSpec& spec) {
-      return spec.k == 0 ? print_number("ratio", spec.ratio) : std::string();
-    }};
-constexpr CodecKey kCountKey{
-    "k",
-    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
-      spec.k = parse_spec_unsigned(text, "k", value, 1, UINT64_MAX);
-    },
-    [](const CompressionSpec& spec) {
-      return spec.k != 0 ? detail::concat("k=", spec.k) : std::string();
-    }};
 constexpr CodecKey kApproxKey{
     "approx",
     [](CompressionSpec& spec, std::string_view value, std::string_view text) {
@@ -107,21 +83,6 @@ constexpr CodecKey kApproxKey{
     [](const CompressionSpec& spec) {
       return std::string(spec.approx ? "approx=on" : "approx=off");
     }};
-constexpr CodecKey kValuesKey{
-    "values",
-    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
-      spec.values = parse_spec_choice<DType>(text, "values", value,
-                                             {{"fp32", DType::f32}, {"fp16", DType::f16}});
-    },
-    [](const CompressionSpec& spec) {
-      return std::string(spec.values == DType::f16 ? "values=fp16" : "values=fp32");
-    }};
-constexpr CodecKey kRampKey{
-    "ramp",
-    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
-      spec.ramp = static_cast<std::uint32_t>(parse_spec_unsigned(text, "ramp", value, 0, UINT32_MAX));
-    },
-    [](const CompressionSpec& spec) { return detail::concat("ramp=", spec.ramp); }};
 constexpr CodecKey kRankKey{
     "rank",
     [](CompressionSpec& spec, std::string_view value, std::string_view text) {
@@ -132,14 +93,6 @@ constexpr CodecKey kRankKey{
 constexpr std::array<CodecKey, 5> kTopkKeys{kRatioKey, kCountKey, kApproxKey, kValuesKey, kRampKey};
 constexpr std::array<CodecKey, 4> kRandkKeys{kRatioKey, kCountKey, kValuesKey, kRampKey};
 constexpr std::array<CodecKey, 1> kPowersgdKeys{kRankKey};
-
-// ratio or k, not both; when k is given, the ratio keeps its default (the canonical form).
-void check_selection_spec(CompressionSpec& spec, std::string_view text,
-                          const std::set<std::string_view>& given) {
-  GZ_REQUIRE(!(given.count("ratio") && given.count("k")), ErrorCode::invalid_spec,
-             "compression spec '", text, "': give ratio or k, not both");
-  if (given.count("k")) spec.ratio = 0.01;
-}
 
 // The rows' example specs (CodecDescriptor::example_specs).
 constexpr std::array<std::string_view, 1> kNoneExamples{"none"};

@@ -3,6 +3,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <set>
+#include <string>
 
 namespace gradzip::compressors {
 
@@ -37,6 +39,19 @@ std::string join_names(const std::vector<std::string_view>& names) {
     out += name;
   }
   return out;
+}
+
+std::string print_number(std::string_view key, double value) {
+  char buffer[64];
+  const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(key) + "=" + std::string(buffer, error == std::errc() ? end : buffer);
+}
+
+void check_selection_spec(CompressionSpec& spec, std::string_view text,
+                          const std::set<std::string_view>& given) {
+  GZ_REQUIRE(!(given.count("ratio") && given.count("k")), ErrorCode::invalid_spec,
+             "compression spec '", text, "': give ratio or k, not both");
+  if (given.count("k")) spec.ratio = 0.01;
 }
 
 }  // namespace gradzip::compressors

@@ -1,12 +1,14 @@
 // What a codec's row needs to define its spec keys (CodecDescriptor::keys): the key type and the
 // value parsers every key uses, so that each key's parser, printer and error text sit with its
 // codec while the messages read the same for every key ("bad value 'x' for key 'bits';
-// expected an integer in [1, 8]"). compression_spec.cpp parses the shared keys with the same
+// expected an integer in [1, 8]"), and the keys several codecs share (bucket=; the selection
+// keys of top-k and random-k). compression_spec.cpp parses the shared keys with the same
 // functions.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -63,5 +65,48 @@ inline constexpr CodecKey kBucketKey{
       spec.bucket = parse_spec_unsigned(text, "bucket", value, 1, std::uint64_t{1} << 31);
     },
     [](const CompressionSpec& spec) { return detail::concat("bucket=", spec.bucket); }};
+
+// "key=value" with the shortest decimal that reads back as `value`.
+std::string print_number(std::string_view key, double value);
+
+// The keys of the codecs that select k entries (top-k, random-k): ratio=R or k=N (whichever
+// decides is written: k when given, else the ratio), values=fp32|fp16, ramp=S.
+inline constexpr CodecKey kRatioKey{
+    "ratio",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.ratio = parse_spec_ratio(text, "ratio", value);
+    },
+    [](const CompressionSpec& spec) {
+      return spec.k == 0 ? print_number("ratio", spec.ratio) : std::string();
+    }};
+inline constexpr CodecKey kCountKey{
+    "k",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.k = parse_spec_unsigned(text, "k", value, 1, UINT64_MAX);
+    },
+    [](const CompressionSpec& spec) {
+      return spec.k != 0 ? detail::concat("k=", spec.k) : std::string();
+    }};
+inline constexpr CodecKey kValuesKey{
+    "values",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.values = parse_spec_choice<DType>(text, "values", value,
+                                             {{"fp32", DType::f32}, {"fp16", DType::f16}});
+    },
+    [](const CompressionSpec& spec) {
+      return std::string(spec.values == DType::f16 ? "values=fp16" : "values=fp32");
+    }};
+inline constexpr CodecKey kRampKey{
+    "ramp",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.ramp =
+          static_cast<std::uint32_t>(parse_spec_unsigned(text, "ramp", value, 0, UINT32_MAX));
+    },
+    [](const CompressionSpec& spec) { return detail::concat("ramp=", spec.ramp); }};
+
+// The rule between the selection keys: ratio or k, not both; when k is given, the ratio keeps
+// its default (the canonical form). A CodecDescriptor::check_spec.
+void check_selection_spec(CompressionSpec& spec, std::string_view text,
+                          const std::set<std::string_view>& given);
 
 }  // namespace gradzip::compressors
