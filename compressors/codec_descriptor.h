@@ -123,6 +123,15 @@ double cosine_of_relative_error(double relative) noexcept;
 // E |D(E(y))|^2 = |y|^2 + variance and cos ~ 1 / sqrt(1 + variance / |y|^2). 1 for an all-zero y.
 double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, int bits);
 
+// f32's unit roundoff 2^-24: the relative error of one f32 rounding to nearest.
+inline constexpr double kF32UnitRoundoff = 0x1p-24;
+
+// The per-element error bound of the same levels (qsgd; terngrad is bits = 2), for inputs with
+// |y| <= y_max: stochastic rounding lands on a neighbouring level, |err| <= scale / s (bits = 1:
+// the levels are -scale and +scale, |err| <= 2 scale), plus the f32 rounding of q * scale / s
+// (4 units of f32's roundoff).
+double stochastic_levels_bound(int bits, double y_max) noexcept;
+
 // Each codec's row, defined where the codec lives (see above).
 #define GRADZIP_DECLARE_CODEC_ROW(name, wire_id) extern const CodecDescriptor name##_codec_row;
 GRADZIP_CODECS(GRADZIP_DECLARE_CODEC_ROW)

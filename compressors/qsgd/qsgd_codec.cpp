@@ -194,13 +194,8 @@ constexpr std::array<std::string_view, 8> kQsgdExamples{
     "qsgd:bits=2,bucket=512", "qsgd:bits=4,bucket=3",  "qsgd:bits=4,bucket=128",
     "qsgd:bits=8,bucket=1",   "qsgd:bits=8,bucket=512"};
 
-// levels scale * q / s, s = 2^(b-1) - 1, scale = the bucket's max |y| <= y_max: stochastic
-// rounding lands on a neighbouring level, |err| <= scale / s (b = 1: the levels are -scale and
-// +scale, |err| <= 2 scale); plus the f32 rounding of q * scale / s (4 units of f32's roundoff
-// 2^-24).
 double qsgd_bound(const CompressionSpec& spec, double y_max) {
-  const double levels = spec.bits == 1 ? 0.5 : static_cast<double>((1 << (spec.bits - 1)) - 1);
-  return y_max / levels + 4 * 0x1p-24 * y_max;
+  return stochastic_levels_bound(spec.bits, y_max);
 }
 
 double qsgd_cosine(const CompressionSpec& spec, std::span<const float> y) {

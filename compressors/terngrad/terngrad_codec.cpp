@@ -144,9 +144,10 @@ constexpr std::array<CodecKey, 1> kTerngradKeys{kBucketKey};
 constexpr std::array<std::string_view, 3> kTerngradExamples{
     "terngrad:bucket=1", "terngrad:bucket=7", "terngrad:bucket=512"};
 
-// qsgd's 2-bit levels {-scale, 0, +scale}: |err| <= scale, plus the f32 rounding of the decoded
-// value (4 units of f32's roundoff 2^-24, as qsgd's bound).
-double terngrad_bound(const CompressionSpec&, double y_max) { return y_max + 4 * 0x1p-24 * y_max; }
+// qsgd's 2-bit levels {-scale, 0, +scale}: |err| <= scale, plus the f32 rounding.
+double terngrad_bound(const CompressionSpec&, double y_max) {
+  return stochastic_levels_bound(2, y_max);
+}
 
 double terngrad_cosine(const CompressionSpec& spec, std::span<const float> y) {
   return stochastic_levels_cosine(y, spec.bucket, 2);  // qsgd's 2-bit levels
