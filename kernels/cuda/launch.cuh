@@ -1,5 +1,5 @@
 // Internal launch helpers shared by the kernels/cuda/*.cu files (not a public header): the
-// default block size, grid sizes for grid-stride loops, the launch check that turns
+// host-side argument checks (kernels/launch_checks.h), the default block size, grid sizes for grid-stride loops, the launch check that turns
 // cudaGetLastError into gradzip::Error(unsupported), grid-stride indices, and little-endian word
 // loads/stores that work at any alignment. Compiled by nvcc (C++17).
 #pragma once
@@ -11,6 +11,7 @@
 
 #include "gradzip/error.h"
 #include "kernels/host_device.h"
+#include "kernels/launch_checks.h"
 
 namespace gradzip::kernels::cuda::detail {
 
@@ -38,28 +39,16 @@ inline void check_launch(const char* op, std::uint64_t count, const char* unit =
              " ", unit, " failed: ", cudaGetErrorString(status));
 }
 
-// The two-phase workspace rule for kernels that need no workspace: a call with a null
-// workspace and a size pointer is a query (reports 0 bytes and launches nothing: returns
-// true); a call with a null size pointer, or with a workspace, runs.
-inline bool answered_workspace_query(void* d_workspace, std::size_t* workspace_bytes) {
-  if (d_workspace != nullptr || workspace_bytes == nullptr) return false;
-  *workspace_bytes = 0;
-  return true;
-}
-
-// Encoders: nothing to do for 0 elements; otherwise both pointers must be set.
-inline bool require_encode_buffers(const char* op, const float* d_in, const std::byte* d_payload,
-                                   std::size_t count) {
-  if (count == 0) return false;
-  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument, op,
-             ": null input or payload for ", count, " elements");
-  return true;
-}
+// The host-side argument checks, shared with the emulated device's twins.
+using kernels::answered_workspace_query;
+using kernels::require_decode_buffers;
+using kernels::require_encode_buffers;
+using kernels::require_feedback_buffers;
 
 // Decoders: the validation status starts at 0 (ok) on `stream`, before the validation pass
 // ORs or writes its findings into it. A null status is a caller bug (invalid_argument).
 inline void reset_decode_status(const char* op, int* d_status, cudaStream_t stream) {
-  GZ_REQUIRE(d_status != nullptr, ErrorCode::invalid_argument, op, ": null status");
+  kernels::require_status(op, d_status);
   const cudaError_t reset = cudaMemsetAsync(d_status, 0, sizeof(int), stream);
   GZ_REQUIRE(reset == cudaSuccess, ErrorCode::unsupported, op, ": clearing the status failed: ",
              cudaGetErrorString(reset));

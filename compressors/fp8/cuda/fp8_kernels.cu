@@ -1,7 +1,6 @@
 // The fp8 codec's kernels (compressors/fp8/cuda/fp8_kernels.h).
 #include "compressors/fp8/cuda/fp8_kernels.h"
 
-#include "gradzip/error.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/emulated/emulated_device.h"
 
@@ -58,9 +57,7 @@ std::uint64_t blocks_of(std::size_t count) { return (count + kFp8Block - 1) / kF
 void encode(const float* d_in, std::size_t count, Format format, std::byte* d_payload,
             void* stream) {
   if (kernels::emulated::active()) return emulated::encode(d_in, count, format, d_payload, stream);
-  if (count == 0) return;
-  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument,
-             "cuda.fp8_encode: null input or payload for ", count, " elements");
+  if (!kernels::require_encode_buffers("cuda.fp8_encode", d_in, d_payload, count)) return;
   auto* scales = reinterpret_cast<std::uint8_t*>(d_payload);
   encode_kernel<<<kernels::cuda::detail::grid_for(blocks_of(count) * kFp8Block),
                   kernels::cuda::detail::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -73,8 +70,7 @@ void decode(const std::byte* d_payload, std::size_t count, Format format, float*
   if (kernels::emulated::active())
     return emulated::decode(d_payload, count, format, d_out, accumulate, stream);
   if (count == 0) return;
-  GZ_REQUIRE(d_payload != nullptr && d_out != nullptr, ErrorCode::invalid_argument,
-             "cuda.fp8_decode: null payload or output for ", count, " elements");
+  kernels::require_decode_buffers("cuda.fp8_decode", d_payload, d_out, count);
   const auto* scales = reinterpret_cast<const std::uint8_t*>(d_payload);
   decode_kernel<<<kernels::cuda::detail::grid_for(count), kernels::cuda::detail::kThreads, 0,
                   static_cast<cudaStream_t>(stream)>>>(scales, scales + blocks_of(count), count,

@@ -2,17 +2,15 @@
 // (fp8_layout.cpp), queued as one operation on the emulated device's stream.
 #include "compressors/fp8/cuda/fp8_kernels.h"
 #include "compressors/fp8/fp8_codec.h"
-#include "gradzip/error.h"
 #include "kernels/emulated/emulated_device.h"
+#include "kernels/launch_checks.h"
 
 namespace gradzip::compressors::fp8::emulated {
 
 void encode(const float* d_in, std::size_t count, Format format, std::byte* d_payload,
             void* stream) {
   constexpr const char* kOp = "cuda.fp8_encode";
-  if (count == 0) return;
-  GZ_REQUIRE(d_in != nullptr && d_payload != nullptr, ErrorCode::invalid_argument, kOp,
-             ": null input or payload for ", count, " elements");
+  if (!kernels::require_encode_buffers(kOp, d_in, d_payload, count)) return;
   kernels::emulated::enqueue(stream, kOp, [d_in, count, format, d_payload] {
     kernels::emulated::require_device_range(d_in, count * sizeof(float), "cuda.fp8_encode input");
     kernels::emulated::require_device_range(d_payload, payload_bytes(count),
@@ -26,8 +24,7 @@ void decode(const std::byte* d_payload, std::size_t count, Format format, float*
             bool accumulate, void* stream) {
   constexpr const char* kOp = "cuda.fp8_decode";
   if (count == 0) return;
-  GZ_REQUIRE(d_payload != nullptr && d_out != nullptr, ErrorCode::invalid_argument, kOp,
-             ": null payload or output for ", count, " elements");
+  kernels::require_decode_buffers(kOp, d_payload, d_out, count);
   kernels::emulated::enqueue(stream, kOp, [d_payload, count, format, d_out, accumulate] {
     kernels::emulated::require_device_range(d_payload, payload_bytes(count),
                                             "cuda.fp8_decode payload");

@@ -629,22 +629,6 @@ void with_bits(int bits, Launch&& launch) {
 
 // ---- host side ---------------------------------------------------------------------------------
 
-void check_shape(const char* op, std::size_t count, int bits, std::size_t bucket) {
-  GZ_REQUIRE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits, ErrorCode::invalid_argument, op,
-             ": bits=", bits, " is outside 1..8");
-  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument, op, ": bucket=0 (expected >= 1)");
-  GZ_REQUIRE(count <= kQsgdCudaMaxCount, ErrorCode::invalid_argument, op, ": ", count,
-             " elements exceed the ", kQsgdCudaMaxCount, " a qsgd message can hold");
-}
-
-std::size_t num_buckets_for(std::size_t count, std::size_t bucket) {
-  return count / bucket + (count % bucket != 0 ? 1 : 0);
-}
-
-std::size_t code_bytes_for(std::size_t count, int bits) {
-  return (count * static_cast<std::size_t>(bits) + 7) / 8;
-}
-
 FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t count, int bits,
                    std::size_t bucket, const QsgdFastKey& key, float* residual = nullptr) {
   FastArgs a{};
@@ -652,10 +636,10 @@ FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t 
   a.residual = residual;
   a.out = out;
   a.payload = payload;
-  a.stream = reinterpret_cast<unsigned char*>(payload + num_buckets_for(count, bucket) * sizeof(float));
+  a.stream = reinterpret_cast<unsigned char*>(payload + qsgd_buckets(count, bucket) * sizeof(float));
   a.count = count;
   a.bucket = bucket;
-  a.code_bytes = code_bytes_for(count, bits);
+  a.code_bytes = qsgd_code_bytes(count, bits);
   a.plan = qsgd_fast_plan(count, bits, bucket);
   a.key = key;
   a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16) &&
@@ -666,11 +650,6 @@ FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t 
 
 }  // namespace
 
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
-  check_shape("cuda.qsgd_payload_bytes", count, bits, bucket);
-  return num_buckets_for(count, bucket) * sizeof(float) + code_bytes_for(count, bits);
-}
-
 void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
                  const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
                  std::size_t* workspace_bytes, void* stream, KernelVariant variant) {
@@ -678,11 +657,11 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
     return emulated::qsgd_encode(d_in, count, bits, bucket, params, d_payload, d_workspace,
                                  workspace_bytes, stream, variant);
   constexpr const char* kOp = "cuda.qsgd_encode";
-  check_shape(kOp, count, bits, bucket);
+  check_qsgd_shape(kOp, count, bits, bucket);
   if (answered_workspace_query(d_workspace, workspace_bytes)) return;
   if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  const std::size_t num_buckets = num_buckets_for(count, bucket);
+  const std::size_t num_buckets = qsgd_buckets(count, bucket);
   if (variant == KernelVariant::fast) {
     const QsgdFastKey key{params.seed, params.step, params.tensor_id, params.element_offset};
     const FastArgs a = fast_args(d_in, nullptr, d_payload, count, bits, bucket, key);
@@ -702,7 +681,7 @@ void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t buc
                                                                        num_buckets, d_payload);
   }
   check_launch(kOp, count);
-  const std::size_t code_bytes = code_bytes_for(count, bits);
+  const std::size_t code_bytes = qsgd_code_bytes(count, bits);
   codes_kernel<<<grid_for(code_bytes), kThreads, 0, s>>>(
       d_in, count, bits, bucket, params, d_payload,
       reinterpret_cast<unsigned char*>(d_payload + num_buckets * sizeof(float)), code_bytes);
@@ -716,10 +695,9 @@ bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size
     return emulated::qsgd_encode_with_feedback(d_grad, d_residual, count, bits, bucket, params,
                                                d_payload, stream);
   constexpr const char* kOp = "cuda.qsgd_encode_with_feedback";
-  check_shape(kOp, count, bits, bucket);
+  check_qsgd_shape(kOp, count, bits, bucket);
   if (!qsgd_fuses_feedback(count, bits, bucket)) return false;
-  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
-             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  require_feedback_buffers(kOp, d_grad, d_residual, d_payload, count);
   const QsgdFastKey key{params.seed, params.step, params.tensor_id, params.element_offset};
   const FastArgs a = fast_args(d_grad, nullptr, d_payload, count, bits, bucket, key, d_residual);
   const auto s = static_cast<cudaStream_t>(stream);
@@ -737,9 +715,8 @@ void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::s
     return emulated::qsgd_decode(d_payload, count, bits, bucket, d_out, accumulate, d_status,
                                  stream, variant);
   constexpr const char* kOp = "cuda.qsgd_decode";
-  check_shape(kOp, count, bits, bucket);
-  GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
-             kOp, ": null payload or output for ", count, " elements");
+  check_qsgd_shape(kOp, count, bits, bucket);
+  require_decode_buffers(kOp, d_payload, d_out, count);
   const auto s = static_cast<cudaStream_t>(stream);
   reset_decode_status(kOp, d_status, s);
   if (count == 0) return;
@@ -753,8 +730,8 @@ void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::s
     check_launch(kOp, count);
     return;
   }
-  const std::size_t num_buckets = num_buckets_for(count, bucket);
-  const std::size_t code_bytes = code_bytes_for(count, bits);
+  const std::size_t num_buckets = qsgd_buckets(count, bucket);
+  const std::size_t code_bytes = qsgd_code_bytes(count, bits);
   const std::size_t tasks = num_buckets > code_bytes ? num_buckets : code_bytes;
   validate_kernel<<<grid_for(tasks), kThreads, 0, s>>>(d_payload, count, bits, bucket, num_buckets,
                                                       code_bytes, d_status);

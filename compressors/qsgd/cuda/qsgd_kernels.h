@@ -21,6 +21,8 @@
 #include <cstdint>
 
 #include "compressors/qsgd/qsgd_fast_layout.h"
+#include "compressors/qsgd/qsgd_math.h"
+#include "gradzip/error.h"
 #include "kernels/cuda/kernel_variant.h"
 #include "kernels/run_fast_layout.h"
 
@@ -47,10 +49,33 @@ inline constexpr int kQsgdStatusNonzeroCode = 1;
 // A scale encode never writes: negative, -0, or a NaN other than 0x7FC00000.
 inline constexpr int kQsgdStatusBadScale = 2;
 
+// The wrappers' shape check, host-side and shared with their twins: throws
+// gradzip::Error(invalid_argument) naming `op` when bits is outside 1..8, bucket is 0 or count
+// exceeds kQsgdCudaMaxCount.
+inline void check_qsgd_shape(const char* op, std::size_t count, int bits, std::size_t bucket) {
+  GZ_REQUIRE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits, ErrorCode::invalid_argument, op,
+             ": bits=", bits, " is outside 1..8");
+  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument, op, ": bucket=0 (expected >= 1)");
+  GZ_REQUIRE(count <= kQsgdCudaMaxCount, ErrorCode::invalid_argument, op, ": ", count,
+             " elements exceed the ", kQsgdCudaMaxCount, " a qsgd message can hold");
+}
+
+// Buckets of a payload, ceil(count / bucket), and bytes of its code stream,
+// ceil(count * bits / 8), for a checked shape.
+inline std::size_t qsgd_buckets(std::size_t count, std::size_t bucket) {
+  return count / bucket + (count % bucket != 0 ? 1 : 0);
+}
+inline std::size_t qsgd_code_bytes(std::size_t count, int bits) {
+  return (count * static_cast<std::size_t>(bits) + 7) / 8;
+}
+
 // 4 * ceil(count / bucket) + ceil(count * bits / 8): the payload size, equal to the CPU codec's.
 // Throws gradzip::Error(invalid_argument) when bits is outside 1..8, bucket is 0 or count
 // exceeds kQsgdCudaMaxCount.
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);
+inline std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
+  check_qsgd_shape("cuda.qsgd_payload_bytes", count, bits, bucket);
+  return qsgd_buckets(count, bucket) * sizeof(float) + qsgd_code_bytes(count, bits);
+}
 
 // Encodes the `count` f32 values at d_in (device memory) into the payload at d_payload (device
 // memory, qsgd_payload_bytes() bytes, any alignment): the bytes the CPU codec writes after the
@@ -103,8 +128,9 @@ namespace gradzip::kernels::emulated {
 
 // The CPU twins of the launch wrappers above (compressors/qsgd/emulated/qsgd_twins.cpp): the
 // same contracts, each call's device work queued as one operation on the emulated device's
-// stream (kernels/emulated/kernel_twins.h states what a twin is).
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket);
+// stream (kernels/emulated/kernel_twins.h states what a twin is). The shape check and the
+// payload size are the host functions above.
+using cuda::qsgd_payload_bytes;
 void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
                  const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
                  std::size_t* workspace_bytes, void* stream,

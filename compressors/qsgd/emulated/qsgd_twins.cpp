@@ -20,22 +20,10 @@ namespace {
 
 using cuda::KernelVariant;
 
-void check_qsgd_shape(const char* op, std::size_t count, int bits, std::size_t bucket) {
-  GZ_REQUIRE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits, ErrorCode::invalid_argument, op,
-             ": bits=", bits, " is outside 1..8");
-  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument, op, ": bucket=0 (expected >= 1)");
-  GZ_REQUIRE(count <= cuda::kQsgdCudaMaxCount, ErrorCode::invalid_argument, op, ": ", count,
-             " elements exceed the ", cuda::kQsgdCudaMaxCount, " a qsgd message can hold");
-}
-
-std::size_t qsgd_buckets(std::size_t count, std::size_t bucket) {
-  return count / bucket + (count % bucket != 0 ? 1 : 0);
-}
-
 // What qsgd_kernels.cu's validation leaves in *d_status: the largest offence code (a bad scale
 // anywhere outranks a non-zero code of a non-finite bucket).
 int qsgd_status(const std::byte* payload, std::size_t count, int bits, std::size_t bucket) {
-  const std::size_t buckets = qsgd_buckets(count, bucket);
+  const std::size_t buckets = cuda::qsgd_buckets(count, bucket);
   for (std::size_t b = 0; b < buckets; ++b) {
     if (!qsgd_scale_is_valid(bits_float(load_u32(payload + b * sizeof(float)))))
       return cuda::kQsgdStatusBadScale;
@@ -47,17 +35,11 @@ int qsgd_status(const std::byte* payload, std::size_t count, int bits, std::size
 
 }  // namespace
 
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
-  check_qsgd_shape("cuda.qsgd_payload_bytes", count, bits, bucket);
-  return qsgd_buckets(count, bucket) * sizeof(float) +
-         (count * static_cast<std::size_t>(bits) + 7) / 8;
-}
-
 void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
                  const cuda::QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
                  std::size_t* workspace_bytes, void* stream, KernelVariant /*variant*/) {
   constexpr const char* kOp = "cuda.qsgd_encode";
-  check_qsgd_shape(kOp, count, bits, bucket);
+  cuda::check_qsgd_shape(kOp, count, bits, bucket);
   if (answered_workspace_query(d_workspace, workspace_bytes)) return;
   if (!require_encode_buffers(kOp, d_in, d_payload, count)) return;
   const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
@@ -75,10 +57,9 @@ bool qsgd_encode_with_feedback(const float* d_grad, float* d_residual, std::size
                                std::size_t bucket, const cuda::QsgdEncodeParams& params,
                                std::byte* d_payload, void* stream) {
   constexpr const char* kOp = "cuda.qsgd_encode_with_feedback";
-  check_qsgd_shape(kOp, count, bits, bucket);
+  cuda::check_qsgd_shape(kOp, count, bits, bucket);
   if (!cuda::qsgd_fuses_feedback(count, bits, bucket)) return false;
-  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
-             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  require_feedback_buffers(kOp, d_grad, d_residual, d_payload, count);
   const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
   const EncodeContext ctx{params.seed, params.step, params.tensor_id, params.element_offset};
   enqueue(stream, kOp, [d_grad, d_residual, count, bits, bucket, ctx, d_payload, payload_bytes] {
@@ -99,9 +80,8 @@ void qsgd_decode(const std::byte* d_payload, std::size_t count, int bits, std::s
                  float* d_out, bool accumulate, int* d_status, void* stream,
                  KernelVariant /*variant*/) {
   constexpr const char* kOp = "cuda.qsgd_decode";
-  check_qsgd_shape(kOp, count, bits, bucket);
-  GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
-             kOp, ": null payload or output for ", count, " elements");
+  cuda::check_qsgd_shape(kOp, count, bits, bucket);
+  require_decode_buffers(kOp, d_payload, d_out, count);
   require_status(kOp, d_status);
   const std::size_t payload_bytes = qsgd_payload_bytes(count, bits, bucket);
   enqueue(stream, kOp,

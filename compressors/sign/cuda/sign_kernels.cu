@@ -360,12 +360,6 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(FastArgs a, const
 
 // ---- host side ---------------------------------------------------------------------------------
 
-std::size_t num_buckets_for(std::size_t count, std::size_t bucket) {
-  return count == 0 ? 0 : (count - 1) / bucket + 1;
-}
-
-std::size_t bit_bytes_for(std::size_t count) { return count / 8 + (count % 8 != 0 ? 1 : 0); }
-
 FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t count,
                    std::size_t bucket, float* residual = nullptr) {
   FastArgs a{};
@@ -373,10 +367,10 @@ FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t 
   a.residual = residual;
   a.out = out;
   a.scales = payload;
-  a.bits = reinterpret_cast<unsigned char*>(payload + num_buckets_for(count, bucket) * sizeof(float));
+  a.bits = reinterpret_cast<unsigned char*>(payload + sign_buckets(count, bucket) * sizeof(float));
   a.count = count;
   a.bucket = bucket;
-  a.bit_bytes = bit_bytes_for(count);
+  a.bit_bytes = sign_bit_bytes(count);
   a.plan = sign_fast_plan(count, bucket);
   a.vector_values = aligned_to(in != nullptr ? static_cast<const void*>(in) : out, 16) &&
                     (residual == nullptr || aligned_to(residual, 16));
@@ -385,17 +379,6 @@ FastArgs fast_args(const float* in, float* out, std::byte* payload, std::size_t 
 }
 
 }  // namespace
-
-std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
-  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument,
-             "cuda.sign_payload_bytes: bucket=0 (expected >= 1)");
-  const std::size_t buckets = num_buckets_for(count, bucket);
-  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
-  GZ_REQUIRE(buckets <= (kMax - bit_bytes_for(count)) / sizeof(float), ErrorCode::invalid_argument,
-             "cuda.sign_payload_bytes: the payload of ", count, " elements in buckets of ", bucket,
-             " does not fit a size_t");
-  return buckets * sizeof(float) + bit_bytes_for(count);
-}
 
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
@@ -419,7 +402,7 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
     check_launch(kOp, count);
     return;
   }
-  const std::size_t num_buckets = num_buckets_for(count, bucket);
+  const std::size_t num_buckets = sign_buckets(count, bucket);
   if (bucket < static_cast<std::size_t>(kSignLanes)) {
     short_scales_kernel<<<grid_for(num_buckets), kThreads, 0, s>>>(d_in, count, bucket,
                                                                   num_buckets, d_payload);
@@ -430,7 +413,7 @@ void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::
                                                              d_payload);
   }
   check_launch(kOp, count);
-  const std::size_t bit_bytes = bit_bytes_for(count);
+  const std::size_t bit_bytes = sign_bit_bytes(count);
   bits_kernel<<<grid_for(bit_bytes), kThreads, 0, s>>>(
       d_in, count, reinterpret_cast<unsigned char*>(d_payload + num_buckets * sizeof(float)),
       bit_bytes);
@@ -444,8 +427,7 @@ bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size
   constexpr const char* kOp = "cuda.sign_encode_with_feedback";
   sign_payload_bytes(count, bucket);  // validates bucket and the size
   if (!sign_fuses_feedback(count, bucket)) return false;
-  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
-             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  require_feedback_buffers(kOp, d_grad, d_residual, d_payload, count);
   const FastArgs a = fast_args(d_grad, nullptr, d_payload, count, bucket, d_residual);
   fast_encode_resident_kernel<<<clamp_blocks(a.plan.num_segments), kThreads, 0,
                                 static_cast<cudaStream_t>(stream)>>>(a);
@@ -460,12 +442,11 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
                                  variant);
   constexpr const char* kOp = "cuda.sign_decode";
   sign_payload_bytes(count, bucket);  // validates bucket and the size
-  GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
-             kOp, ": null payload or output for ", count, " elements");
+  require_decode_buffers(kOp, d_payload, d_out, count);
   const auto s = static_cast<cudaStream_t>(stream);
   reset_decode_status(kOp, d_status, s);
   if (count == 0) return;
-  const std::size_t num_buckets = num_buckets_for(count, bucket);
+  const std::size_t num_buckets = sign_buckets(count, bucket);
   const auto* bits = reinterpret_cast<const unsigned char*>(d_payload + num_buckets * sizeof(float));
   if (count % 8 != 0) {
     validate_kernel<<<1, 1, 0, s>>>(bits, count, d_status);

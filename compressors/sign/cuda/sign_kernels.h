@@ -17,8 +17,10 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 
 #include "compressors/sign/sign_fast_layout.h"
+#include "gradzip/error.h"
 #include "kernels/cuda/kernel_variant.h"
 
 namespace gradzip::kernels::cuda {
@@ -28,9 +30,29 @@ inline constexpr int kSignStatusOk = 0;
 // A bit above the last element in the last byte of the sign bits is set.
 inline constexpr int kSignStatusUnusedBits = 1;
 
+// Buckets of a payload: ceil(count / bucket), bucket >= 1.
+inline std::size_t sign_buckets(std::size_t count, std::size_t bucket) {
+  return count / bucket + (count % bucket != 0 ? 1 : 0);
+}
+// Bytes of the sign bits: ceil(count / 8).
+inline std::size_t sign_bit_bytes(std::size_t count) {
+  return count / 8 + (count % 8 != 0 ? 1 : 0);
+}
+
 // 4 * ceil(count / bucket) + ceil(count / 8): the payload size, equal to the CPU codec's.
 // Throws gradzip::Error(invalid_argument) when bucket is 0 or the size does not fit a size_t.
-std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
+// Host-side, shared by the wrappers below and their twins (every one of them checks its shape
+// with it first).
+inline std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
+  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument,
+             "cuda.sign_payload_bytes: bucket=0 (expected >= 1)");
+  const std::size_t buckets = sign_buckets(count, bucket);
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  GZ_REQUIRE(buckets <= (kMax - sign_bit_bytes(count)) / sizeof(float), ErrorCode::invalid_argument,
+             "cuda.sign_payload_bytes: the payload of ", count, " elements in buckets of ", bucket,
+             " does not fit a size_t");
+  return buckets * sizeof(float) + sign_bit_bytes(count);
+}
 
 // Encodes the `count` f32 values at d_in (device memory) into the payload at d_payload (device
 // memory, sign_payload_bytes() bytes, any alignment): the bytes the CPU codec writes after the
@@ -82,8 +104,9 @@ namespace gradzip::kernels::emulated {
 
 // The CPU twins of the launch wrappers above (compressors/sign/emulated/sign_twins.cpp): the
 // same contracts, each call's device work queued as one operation on the emulated device's
-// stream (kernels/emulated/kernel_twins.h states what a twin is).
-std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket);
+// stream (kernels/emulated/kernel_twins.h states what a twin is). The payload size is the
+// host function above.
+using cuda::sign_payload_bytes;
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
                  cuda::KernelVariant variant = cuda::KernelVariant::fast);

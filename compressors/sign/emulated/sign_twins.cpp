@@ -3,7 +3,6 @@
 // with the wrappers' host-side refusals.
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "compressors/sign/cuda/sign_kernels.h"
@@ -18,30 +17,12 @@ namespace {
 
 using cuda::KernelVariant;
 
-std::size_t sign_buckets(std::size_t count, std::size_t bucket) {
-  return count == 0 ? 0 : (count - 1) / bucket + 1;
-}
-std::size_t sign_bit_bytes(std::size_t count) { return count / 8 + (count % 8 != 0 ? 1 : 0); }
-
-}  // namespace
-
-std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
-  GZ_REQUIRE(bucket >= 1, ErrorCode::invalid_argument,
-             "cuda.sign_payload_bytes: bucket=0 (expected >= 1)");
-  const std::size_t buckets = sign_buckets(count, bucket);
-  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
-  GZ_REQUIRE(buckets <= (kMax - sign_bit_bytes(count)) / sizeof(float), ErrorCode::invalid_argument,
-             "cuda.sign_payload_bytes: the payload of ", count, " elements in buckets of ", bucket,
-             " does not fit a size_t");
-  return buckets * sizeof(float) + sign_bit_bytes(count);
-}
-
-// compressors/sign/sign_codec.cpp's encode of `count` f32 values at `in` into the payload (the overflow
-// rescue included); returns where its sign bits start.
-static std::uint8_t* encode_sign_payload(const float* in, std::size_t count, std::size_t bucket,
-                                         std::byte* d_payload) {
-  auto* const bits =
-      reinterpret_cast<std::uint8_t*>(d_payload + sign_buckets(count, bucket) * sizeof(float));
+// compressors/sign/sign_codec.cpp's encode of `count` f32 values at `in` into the payload (the
+// overflow rescue included); returns where its sign bits start.
+std::uint8_t* encode_sign_payload(const float* in, std::size_t count, std::size_t bucket,
+                                  std::byte* d_payload) {
+  auto* const bits = reinterpret_cast<std::uint8_t*>(
+      d_payload + cuda::sign_buckets(count, bucket) * sizeof(float));
   cpu::SignEncoder encoder(bucket, d_payload, bits);
   encoder.add(in, count);
   encoder.finish();
@@ -51,6 +32,8 @@ static std::uint8_t* encode_sign_payload(const float* in, std::size_t count, std
   }
   return bits;
 }
+
+}  // namespace
 
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
@@ -74,8 +57,7 @@ bool sign_encode_with_feedback(const float* d_grad, float* d_residual, std::size
   constexpr const char* kOp = "cuda.sign_encode_with_feedback";
   const std::size_t payload_bytes = sign_payload_bytes(count, bucket);  // validates bucket, size
   if (!cuda::sign_fuses_feedback(count, bucket)) return false;
-  GZ_REQUIRE(d_grad != nullptr && d_residual != nullptr && d_payload != nullptr,
-             ErrorCode::invalid_argument, kOp, ": null pointer for ", count, " elements");
+  require_feedback_buffers(kOp, d_grad, d_residual, d_payload, count);
   enqueue(stream, kOp, [d_grad, d_residual, count, bucket, d_payload, payload_bytes] {
     require_device_range(d_grad, count * sizeof(float), "cuda.sign_encode_with_feedback input");
     require_device_range(d_residual, count * sizeof(float), "cuda.sign_encode_with_feedback residual");
@@ -99,8 +81,7 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
                  bool accumulate, int* d_status, void* stream, KernelVariant /*variant*/) {
   constexpr const char* kOp = "cuda.sign_decode";
   const std::size_t payload_bytes = sign_payload_bytes(count, bucket);  // validates bucket, size
-  GZ_REQUIRE(count == 0 || (d_payload != nullptr && d_out != nullptr), ErrorCode::invalid_argument,
-             kOp, ": null payload or output for ", count, " elements");
+  require_decode_buffers(kOp, d_payload, d_out, count);
   require_status(kOp, d_status);
   enqueue(stream, kOp, [d_payload, count, bucket, d_out, accumulate, d_status, payload_bytes] {
     require_device_accessible_range(d_status, sizeof(int), "cuda.sign_decode status");
@@ -109,7 +90,7 @@ void sign_decode(const std::byte* d_payload, std::size_t count, std::size_t buck
     require_device_range(d_payload, payload_bytes, "cuda.sign_decode payload");
     require_device_range(d_out, count * sizeof(float), "cuda.sign_decode output");
     const auto* bits = reinterpret_cast<const std::uint8_t*>(
-        d_payload + sign_buckets(count, bucket) * sizeof(float));
+        d_payload + cuda::sign_buckets(count, bucket) * sizeof(float));
     if (count % 8 != 0 && (bits[count / 8] >> (count % 8)) != 0) {
       store_status(d_status, cuda::kSignStatusUnusedBits);
       return;

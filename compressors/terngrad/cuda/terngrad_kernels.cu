@@ -42,10 +42,8 @@ void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std:
   if (emulated::active())
     return emulated::terngrad_trits_from_codes(d_codes, count, d_trits, stream);
   if (count == 0) return;
-  GZ_REQUIRE(d_codes != nullptr && d_trits != nullptr, ErrorCode::invalid_argument,
-             "cuda.terngrad_trits_from_codes: null codes or trits for ", count, " elements");
-  const std::uint64_t trit_bytes = terngrad_trit_bytes(count);
-  const std::uint64_t code_bytes = (std::uint64_t{count} * 2 + 7) / 8;
+  require_trits_from_codes_buffers(d_codes, count, d_trits);
+  const auto [trit_bytes, code_bytes] = terngrad_repack_bytes(count);
   trits_from_codes_kernel<<<detail::grid_for(trit_bytes), detail::kThreads, 0,
                             static_cast<cudaStream_t>(stream)>>>(
       reinterpret_cast<const std::uint8_t*>(d_codes), code_bytes, trit_bytes,
@@ -59,12 +57,8 @@ void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std:
     return emulated::terngrad_codes_from_trits(d_trits, count, d_codes, d_status, d_poison_scale,
                                                stream);
   if (count == 0) return;
-  GZ_REQUIRE(d_trits != nullptr && d_codes != nullptr && d_status != nullptr &&
-                 d_poison_scale != nullptr,
-             ErrorCode::invalid_argument, "cuda.terngrad_codes_from_trits: null pointer for ",
-             count, " elements");
-  const std::uint64_t trit_bytes = terngrad_trit_bytes(count);
-  const std::uint64_t code_bytes = (std::uint64_t{count} * 2 + 7) / 8;
+  require_codes_from_trits_buffers(d_trits, count, d_codes, d_status, d_poison_scale);
+  const auto [trit_bytes, code_bytes] = terngrad_repack_bytes(count);
   const std::uint64_t work = trit_bytes > code_bytes ? trit_bytes : code_bytes;
   codes_from_trits_kernel<<<detail::grid_for(work), detail::kThreads, 0,
                             static_cast<cudaStream_t>(stream)>>>(

@@ -11,11 +11,39 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "compressors/terngrad/terngrad_math.h"
+#include "gradzip/error.h"
+
 namespace gradzip::kernels::cuda {
 
 // What terngrad_codes_from_trits() writes to *d_status when a trit byte is above
 // terngrad_byte_limit() (one encode never writes). 0 otherwise.
 inline constexpr int kTerngradStatusBadTrit = 4;
+
+// The byte counts the repacking wrappers below work on for `count` elements: the trit bytes,
+// ceil(count / 5), and the 2-bit code stream, ceil(count / 4).
+struct TerngradRepackBytes {
+  std::uint64_t trit_bytes;
+  std::uint64_t code_bytes;
+};
+inline TerngradRepackBytes terngrad_repack_bytes(std::size_t count) {
+  return {terngrad_trit_bytes(count), (std::uint64_t{count} * 2 + 7) / 8};
+}
+
+// The wrappers' pointer checks, host-side and shared with their twins (count > 0).
+inline void require_trits_from_codes_buffers(const std::byte* d_codes, std::size_t count,
+                                             const std::byte* d_trits) {
+  GZ_REQUIRE(d_codes != nullptr && d_trits != nullptr, ErrorCode::invalid_argument,
+             "cuda.terngrad_trits_from_codes: null codes or trits for ", count, " elements");
+}
+inline void require_codes_from_trits_buffers(const std::byte* d_trits, std::size_t count,
+                                             const std::byte* d_codes, const int* d_status,
+                                             const std::byte* d_poison_scale) {
+  GZ_REQUIRE(d_trits != nullptr && d_codes != nullptr && d_status != nullptr &&
+                 d_poison_scale != nullptr,
+             ErrorCode::invalid_argument, "cuda.terngrad_codes_from_trits: null pointer for ",
+             count, " elements");
+}
 
 // The launch wrappers, declared once for the CUDA kernels (namespace cuda) and for their CPU
 // twins on the emulated device (namespace emulated, compressors/terngrad/emulated/

@@ -5,7 +5,6 @@
 
 #include "compressors/terngrad/cuda/terngrad_kernels.h"
 #include "compressors/terngrad/terngrad_math.h"
-#include "gradzip/error.h"
 #include "kernels/emulated/emulated_device.h"
 
 namespace gradzip::kernels::emulated {
@@ -13,10 +12,9 @@ namespace gradzip::kernels::emulated {
 void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std::byte* d_trits,
                                void* stream) {
   if (count == 0) return;
-  GZ_REQUIRE(d_codes != nullptr && d_trits != nullptr, ErrorCode::invalid_argument,
-             "cuda.terngrad_trits_from_codes: null codes or trits for ", count, " elements");
-  const std::uint64_t trit_bytes = terngrad_trit_bytes(count);
-  const std::uint64_t code_bytes = (std::uint64_t{count} * 2 + 7) / 8;
+  cuda::require_trits_from_codes_buffers(d_codes, count, d_trits);
+  const cuda::TerngradRepackBytes bytes = cuda::terngrad_repack_bytes(count);
+  const std::uint64_t trit_bytes = bytes.trit_bytes, code_bytes = bytes.code_bytes;
   enqueue(stream, "cuda.terngrad_trits_from_codes", [d_codes, d_trits, trit_bytes, code_bytes] {
     require_device_range(d_codes, code_bytes, "cuda.terngrad_trits_from_codes codes");
     require_device_range(d_trits, trit_bytes, "cuda.terngrad_trits_from_codes trits");
@@ -31,12 +29,9 @@ void terngrad_trits_from_codes(const std::byte* d_codes, std::size_t count, std:
 void terngrad_codes_from_trits(const std::byte* d_trits, std::size_t count, std::byte* d_codes,
                                int* d_status, std::byte* d_poison_scale, void* stream) {
   if (count == 0) return;
-  GZ_REQUIRE(d_trits != nullptr && d_codes != nullptr && d_status != nullptr &&
-                 d_poison_scale != nullptr,
-             ErrorCode::invalid_argument, "cuda.terngrad_codes_from_trits: null pointer for ",
-             count, " elements");
-  const std::uint64_t trit_bytes = terngrad_trit_bytes(count);
-  const std::uint64_t code_bytes = (std::uint64_t{count} * 2 + 7) / 8;
+  cuda::require_codes_from_trits_buffers(d_trits, count, d_codes, d_status, d_poison_scale);
+  const cuda::TerngradRepackBytes bytes = cuda::terngrad_repack_bytes(count);
+  const std::uint64_t trit_bytes = bytes.trit_bytes, code_bytes = bytes.code_bytes;
   enqueue(stream, "cuda.terngrad_codes_from_trits",
           [d_trits, count, d_codes, d_status, d_poison_scale, trit_bytes, code_bytes] {
     require_device_range(d_trits, trit_bytes, "cuda.terngrad_codes_from_trits trits");

@@ -1,13 +1,10 @@
 // qsgd's kernel launch wrappers in a build without the CUDA toolkit, where qsgd_kernels.cu is
-// not compiled: the emulated device is always active there, so each runs its CPU twin. The
-// host-only qsgd_payload_bytes gives the twin's answer, the .cu one's arithmetic.
+// not compiled: the emulated device is always active there, so each runs its CPU twin. (The shape
+// check and the payload size are host functions, defined in qsgd_kernels.h.)
 #include "compressors/qsgd/cuda/qsgd_kernels.h"
 
 namespace gradzip::kernels::cuda {
 
-std::size_t qsgd_payload_bytes(std::size_t count, int bits, std::size_t bucket) {
-  return emulated::qsgd_payload_bytes(count, bits, bucket);
-}
 void qsgd_encode(const float* d_in, std::size_t count, int bits, std::size_t bucket,
                  const QsgdEncodeParams& params, std::byte* d_payload, void* d_workspace,
                  std::size_t* workspace_bytes, void* stream, KernelVariant variant) {

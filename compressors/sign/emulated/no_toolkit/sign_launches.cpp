@@ -1,13 +1,10 @@
 // sign's kernel launch wrappers in a build without the CUDA toolkit, where sign_kernels.cu is
-// not compiled: the emulated device is always active there, so each runs its CPU twin. The
-// host-only sign_payload_bytes gives the twin's answer, the .cu one's arithmetic.
+// not compiled: the emulated device is always active there, so each runs its CPU twin. (The payload
+// size is host arithmetic, defined in sign_kernels.h.)
 #include "compressors/sign/cuda/sign_kernels.h"
 
 namespace gradzip::kernels::cuda {
 
-std::size_t sign_payload_bytes(std::size_t count, std::size_t bucket) {
-  return emulated::sign_payload_bytes(count, bucket);
-}
 void sign_encode(const float* d_in, std::size_t count, std::size_t bucket, std::byte* d_payload,
                  void* d_workspace, std::size_t* workspace_bytes, void* stream,
                  KernelVariant variant) {
