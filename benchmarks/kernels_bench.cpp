@@ -60,7 +60,7 @@
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/ef_cuda.h"
 #include "compressors/qsgd/cuda/qsgd_kernels.h"
-#include "kernels/cuda/randk_cuda.h"
+#include "compressors/randk/cuda/randk_kernels.h"
 #include "compressors/sign/cuda/sign_kernels.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "kernels/cuda/topk_cuda.h"

@@ -130,6 +130,8 @@ double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, in
   return energy == 0 ? 1.0 : 1 / std::sqrt(1 + variance / energy);
 }
 
+double selection_bound(const CompressionSpec&, double y_max) noexcept { return y_max; }
+
 double stochastic_levels_bound(int bits, double y_max) noexcept {
   const double levels = bits == 1 ? 0.5 : static_cast<double>((1 << (bits - 1)) - 1);
   return y_max / levels + 4 * kF32UnitRoundoff * y_max;

@@ -123,6 +123,10 @@ double cosine_of_relative_error(double relative) noexcept;
 // E |D(E(y))|^2 = |y|^2 + variance and cos ~ 1 / sqrt(1 + variance / |y|^2). 1 for an all-zero y.
 double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, int bits);
 
+// The error bound of the selection codecs (top-k, random-k): a dropped element errs by
+// |y| <= y_max, a kept one by 0 (f32 values) or by the f16 rounding (values=fp16, < y_max).
+double selection_bound(const CompressionSpec& spec, double y_max) noexcept;
+
 // f32's unit roundoff 2^-24: the relative error of one f32 rounding to nearest.
 inline constexpr double kF32UnitRoundoff = 0x1p-24;
 

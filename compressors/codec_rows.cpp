@@ -20,12 +20,10 @@ namespace {
 //   none        exact
 //   fp16        round to nearest even: 2^-11 |y| for normal results, 2^-25 absolute below
 //   bf16        2^-8 |y|
-//   topk, randk a dropped element errs by |y| <= y_max, a kept one by 0 (f32 values) or by the
-//               f16 rounding (values=fp16, < y_max)
+//   topk        selection_bound (codec_descriptor.h)
 double exact_bound(const CompressionSpec&, double) { return 0; }
 double fp16_bound(const CompressionSpec&, double y_max) { return 0x1p-11 * y_max + 0x1p-25; }
 double bf16_bound(const CompressionSpec&, double y_max) { return 0x1p-8 * y_max; }
-double sparse_bound(const CompressionSpec&, double y_max) { return y_max; }
 
 // The cosine estimates (CodecDescriptor::cosine_estimate), from each codec's definition. They
 // read y only. Sums are in f64.
@@ -66,13 +64,6 @@ double topk_cosine(const CompressionSpec& spec, std::span<const float> y) {
   return std::sqrt(kept_energy / energy);
 }
 
-// k indices drawn without regard to the values keep k/n of |y|^2 on average.
-double randk_cosine(const CompressionSpec& spec, std::span<const float> y) {
-  if (y.empty()) return 1;
-  const double kept = static_cast<double>(std::min(spec.k_for(y.size()), y.size()));
-  return std::sqrt(kept / static_cast<double>(y.size()));
-}
-
 // ---- keys --------------------------------------------------------------------------------------
 
 constexpr CodecKey kApproxKey{
@@ -91,7 +82,6 @@ constexpr CodecKey kRankKey{
     [](const CompressionSpec& spec) { return detail::concat("rank=", spec.rank); }};
 
 constexpr std::array<CodecKey, 5> kTopkKeys{kRatioKey, kCountKey, kApproxKey, kValuesKey, kRampKey};
-constexpr std::array<CodecKey, 4> kRandkKeys{kRatioKey, kCountKey, kValuesKey, kRampKey};
 constexpr std::array<CodecKey, 1> kPowersgdKeys{kRankKey};
 
 // The rows' example specs (CodecDescriptor::example_specs).
@@ -101,8 +91,6 @@ constexpr std::array<std::string_view, 1> kBf16Examples{"bf16"};
 constexpr std::array<std::string_view, 5> kTopkExamples{
     "topk:ratio=0.1", "topk:k=1", "topk:ratio=0.5,approx=on", "topk:ratio=0.1,values=fp16",
     "topk:ratio=0.3,approx=on,values=fp16"};
-constexpr std::array<std::string_view, 3> kRandkExamples{"randk:ratio=0.1", "randk:k=1",
-                                                         "randk:ratio=0.5,values=fp16"};
 
 }  // namespace
 
@@ -143,19 +131,8 @@ constinit const CodecDescriptor topk_codec_row{
     .paths = CollectivePaths::top_selection,
     .values_key = true,
     .size_varies_with_approx = true,
-    .error_bound = sparse_bound,
+    .error_bound = selection_bound,
     .cosine_estimate = topk_cosine,
-};
-constinit const CodecDescriptor randk_codec_row{
-    .keys = kRandkKeys,
-    .check_spec = check_selection_spec,
-    .error_feedback_default = true,
-    .make_host = make_randk_codec,
-    .example_specs = kRandkExamples,
-    .paths = CollectivePaths::shared_selection,
-    .values_key = true,
-    .error_bound = sparse_bound,
-    .cosine_estimate = randk_cosine,
 };
 constinit const CodecDescriptor powersgd_codec_row{
     .keys = kPowersgdKeys,

@@ -12,6 +12,5 @@ std::unique_ptr<Codec> make_none_codec(const CompressionSpec& spec);
 std::unique_ptr<Codec> make_fp16_codec(const CompressionSpec& spec);   // cast_codec.cpp
 std::unique_ptr<Codec> make_bf16_codec(const CompressionSpec& spec);   // cast_codec.cpp
 std::unique_ptr<Codec> make_topk_codec(const CompressionSpec& spec);   // exact and approx
-std::unique_ptr<Codec> make_randk_codec(const CompressionSpec& spec);
 
 }  // namespace gradzip::compressors

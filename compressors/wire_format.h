@@ -22,7 +22,7 @@
 #include <string_view>
 
 #include "gradzip/codec_list.h"
-#include "kernels/randk_math.h"
+#include "compressors/randk/randk_math.h"
 
 namespace gradzip::compressors {
 
@@ -41,8 +41,8 @@ enum class WireCodec : std::uint8_t { GRADZIP_CODECS(GRADZIP_WIRE_CODEC) };
 std::string_view wire_codec_name(WireCodec codec) noexcept;
 
 // A randk payload starts with its 24-byte index key (u64 seed, u32 step, u32 tensor id,
-// u64 element offset; kernels/randk_math.h reads and writes it); the k values follow
-// (compressors/randk.cpp).
+// u64 element offset; compressors/randk/randk_math.h reads and writes it); the k values follow
+// (compressors/randk/randk_codec.cpp).
 inline constexpr std::size_t kRandkKeyBytes = kernels::kRandkKeyBytes;
 
 // Top-k's flag bits (compressors/topk.cpp has its message layout): indices are u64 (else u32);
@@ -52,7 +52,8 @@ inline constexpr std::uint8_t kTopkHalfValues = 0x2;
 // Top-k messages of more elements than this must carry u64 indices (kTopkWideIndices); up to
 // it, the encoders write u32 ones.
 inline constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
-// Random-k's flag bit (compressors/randk.cpp): values are f16 (else f32); no other bit is used.
+// Random-k's flag bit (compressors/randk/randk_codec.cpp): values are f16 (else f32); no other
+// bit is used.
 inline constexpr std::uint8_t kRandkHalfValues = 0x2;
 
 struct WireHeader {

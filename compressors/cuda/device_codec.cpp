@@ -29,16 +29,13 @@
 #include "compressors/cuda/device_support.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
-#include "kernels/cpu/randk_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/device_runtime.h"
 #include "kernels/cuda/ef_cuda.h"
-#include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
-#include "kernels/randk_math.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -161,20 +158,6 @@ WireHeader encode_topk(const CompressionSpec& spec, const float* d_in, std::size
   return encode_topk_into(spec, d_in, n, ctx, d_payload, scratch, op);
 }
 
-WireHeader encode_randk(const CompressionSpec& spec, const float* d_in, std::size_t n,
-                        const EncodeContext& ctx, std::byte* d_payload,
-                        const std::string& /*op*/) {
-  const std::size_t k = spec.k_for(n);
-  const bool half = spec.values == DType::f16;
-  const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
-  std::array<std::byte, kernels::kRandkKeyBytes> key_bytes{};
-  kernels::randk_write_key(key, key_bytes.data());
-  cuda::write_small_bytes(d_payload, key_bytes.data(), key_bytes.size(), work_stream());
-  cuda::randk_gather(d_in, n, key, k, half, d_payload + kernels::kRandkKeyBytes, work_stream());
-  return WireHeader{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
-                    kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
-}
-
 // ---- decode ------------------------------------------------------------------------------------
 
 std::string describe_sparse_status(int status) {
@@ -268,28 +251,6 @@ void decode_topk(const WireHeader& header, std::span<const std::byte> /*prefix*/
   status.check();  // synchronous calls: the one wait; stream-ordered: nothing
 }
 
-void decode_randk(const WireHeader& header, std::span<const std::byte> prefix,
-                  const std::byte* d_payload, const DecodeTarget& target, const std::string& op) {
-  const std::size_t n = target.count;
-  GZ_REQUIRE((header.flags & ~kRandkHalfValues) == 0 && header.small_param == 0,
-             ErrorCode::malformed_message, op, ": flags 0x", std::hex, int{header.flags},
-             ", small_param ", std::dec, int{header.small_param},
-             " (expected flags 0 or 0x2, small_param 0)");
-  const std::uint64_t k = entry_count_of(header);
-  GZ_REQUIRE(n == 0 ? k == 0 : (k >= 1 && k <= n), ErrorCode::malformed_message, op, ": k = ",
-             k, " for ", n, " elements (expected 1 <= k <= n, or 0 for an empty message)");
-  const bool half = has_half_values(header);
-  const std::uint64_t expected = kernels::kRandkKeyBytes + k * (half ? 2 : 4);
-  GZ_REQUIRE(header.payload_bytes == expected, ErrorCode::malformed_message, op, ": payload of ",
-             header.payload_bytes, " bytes for k = ", k, " (expected ", expected, ")");
-  const kernels::RandkKey key =
-      kernels::randk_read_key(prefix.data() + kWireHeaderBytes);
-  const std::byte* values = d_payload + kernels::kRandkKeyBytes;
-  if (target.accumulate) cuda::randk_scatter_add(values, k, half, key, n, target.data, work_stream());
-  else cuda::randk_scatter(values, k, half, key, n, target.data, work_stream());
-  return finish(op);
-}
-
 // ---- fixed headers -----------------------------------------------------------------------------
 
 std::optional<WireHeader> fixed_none(const CompressionSpec&, std::size_t n) {
@@ -330,63 +291,21 @@ WireHeader encode_cast_with_feedback(const CompressionSpec& spec, const float* d
   return header;
 }
 
-// Top-k and random-k in place, as the host's ErrorFeedbackCodec::encode_in_place does for
-// top-k: e = g + e (flagging a non-finite sum), encode from e, then e -= D(message) at the
-// message's entries only (D is +0.0 elsewhere) and, only when the sum was not finite everywhere,
-// a finite_or_zero sweep: the message and residual bits of the general path (compensate into
-// scratch, encode, decode, update), with three streams over the chunk instead of eight and no
-// chunk-sized scratch. Everything that can fail for want of memory is allocated before the
+// Top-k in place (device_support.h, begin/end_sparse_feedback): encode from e, then subtract the
+// message's entries. Everything that can fail for want of memory is allocated before the
 // residual changes. Any shape.
-bool sparse_fuses(const CompressionSpec&, std::size_t, const std::byte*) { return true; }
-WireHeader encode_sparse_with_feedback(const CompressionSpec& spec, const float* d_grad,
-                                       float* d_residual, std::size_t n, const EncodeContext& ctx,
-                                       std::byte* d_payload, const std::string& op) {
-  const bool half = spec.values == DType::f16;
-  const bool topk = spec.codec == CodecKind::topk;
-  const DeviceScratch scratch(topk ? topk_scratch_bytes(spec, n, ctx) : sizeof(int), op);
-  int* const d_flag = topk ? topk_flag_slot(scratch) : scratch.as<int>();
-  check_runtime(cudaMemsetAsync(d_flag, 0, sizeof(int), static_cast<cudaStream_t>(work_stream())),
-                op, "clearing the non-finite flag");
-  cuda::ef_compensate_flagging(d_grad, d_residual, d_residual, n, d_flag, work_stream());
-  WireHeader header;
-  if (topk) {
-    header = encode_topk_into(spec, d_residual, n, ctx, d_payload, scratch, op);
-    cuda::sparse_subtract_own(d_payload, entry_count_of(header), has_wide_indices(header), half, n,
-                              d_residual, work_stream());
-  } else {
-    header = encode_randk(spec, d_residual, n, ctx, d_payload, op);
-    cuda::randk_subtract_own(d_payload + kernels::kRandkKeyBytes, entry_count_of(header), half,
-                             kernels::cpu::randk_key(ctx), n, d_residual, work_stream());
-  }
-  cuda::ef_zero_nonfinite_if_flagged(d_residual, n, d_flag, work_stream());
+bool topk_fuses_feedback(const CompressionSpec&, std::size_t, const std::byte*) { return true; }
+WireHeader encode_topk_with_feedback(const CompressionSpec& spec, const float* d_grad,
+                                     float* d_residual, std::size_t n, const EncodeContext& ctx,
+                                     std::byte* d_payload, const std::string& op) {
+  const DeviceScratch scratch(topk_scratch_bytes(spec, n, ctx), op);
+  int* const d_flag = topk_flag_slot(scratch);
+  begin_sparse_feedback(d_grad, d_residual, n, d_flag, op);
+  const WireHeader header = encode_topk_into(spec, d_residual, n, ctx, d_payload, scratch, op);
+  cuda::sparse_subtract_own(d_payload, entry_count_of(header), has_wide_indices(header),
+                            has_half_values(header), n, d_residual, work_stream());
+  end_sparse_feedback(d_residual, n, d_flag);
   return header;
-}
-
-std::string describe_randk_prefix_mismatch(int /*status*/) {
-  return "the message header or key is not the one the call's spec and random stream give "
-         "(its parameters, element count, k or key differ)";
-}
-
-// Random-k's own message in a stream-ordered call: the header and key this spec and ctx give,
-// compared on the device with the message's, then the values scattered.
-void decode_own_randk(const CompressionSpec& spec, std::span<const std::byte> in, float* d_out,
-                      std::size_t n, const EncodeContext& ctx, const std::string& op) {
-  const std::size_t k = spec.k_for(n);
-  const bool half = spec.values == DType::f16;
-  const WireHeader header{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
-                          kernels::kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
-  const std::uint64_t expected_bytes = kWireHeaderBytes + header.payload_bytes;
-  GZ_REQUIRE(in.size() == expected_bytes, ErrorCode::malformed_message, op, ": message of ",
-             in.size(), " bytes for ", n, " elements (expected ", expected_bytes, ")");
-  const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
-  std::array<std::byte, kWireHeaderBytes + kernels::kRandkKeyBytes> prefix{};
-  write_header(header, std::span<std::byte>(prefix).first(kWireHeaderBytes));
-  kernels::randk_write_key(key, prefix.data() + kWireHeaderBytes);
-  const StatusWords<1> prefix_check(op, {describe_randk_prefix_mismatch});
-  cuda::compare_small_bytes(in.data(), prefix.data(), prefix.size(), 1, prefix_check.word(0),
-                            work_stream());
-  prefix_check.check();
-  cuda::randk_scatter(in.data() + prefix.size(), k, half, key, n, d_out, work_stream());
 }
 
 // ---- rows ----------------------------------------------------------------------------------------
@@ -397,16 +316,7 @@ constexpr DeviceCodecRow kFp16Device{encode_fp16, decode_fp16, DType::f16, fixed
 constexpr DeviceCodecRow kBf16Device{encode_bf16, decode_bf16, DType::bf16, fixed_bf16,
                                      cast_fuses_feedback, encode_cast_with_feedback};
 constexpr DeviceCodecRow kTopkDevice{encode_topk, decode_topk, std::nullopt, fixed_topk,
-                                     sparse_fuses, encode_sparse_with_feedback};
-// Random-k's key travels in the message: no fixed header; its decoder reads the key on the host
-// with the header, and its own messages are checked on the device (decode_own_randk).
-constexpr DeviceCodecRow kRandkDevice{.encode = encode_randk,
-                                      .decode = decode_randk,
-                                      .fuses_feedback = sparse_fuses,
-                                      .encode_with_feedback = encode_sparse_with_feedback,
-                                      .prefix_bytes = kernels::kRandkKeyBytes,
-                                      .decode_own = decode_own_randk};
-static_assert(kernels::kRandkKeyBytes <= kMaxDevicePrefixBytes);
+                                     topk_fuses_feedback, encode_topk_with_feedback};
 
 // Each codec's row, in CodecKind order (null: no device path), built once from the list.
 const DeviceCodecRow* device_row_of(CodecKind kind) {
@@ -449,7 +359,6 @@ const DeviceCodecRow* const none_device_row = &kNoneDevice;
 const DeviceCodecRow* const fp16_device_row = &kFp16Device;
 const DeviceCodecRow* const bf16_device_row = &kBf16Device;
 const DeviceCodecRow* const topk_device_row = &kTopkDevice;
-const DeviceCodecRow* const randk_device_row = &kRandkDevice;
 const DeviceCodecRow* const powersgd_device_row = nullptr;  // the Reducer's matrices only
 
 bool device_codecs_built() noexcept { return true; }

@@ -19,6 +19,7 @@
 #include "gradzip/tensor_view.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/device_runtime.h"
+#include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/runtime_support.h"
 #include "kernels/cuda/stream_ordered_call.h"
 
@@ -168,6 +169,24 @@ class F32Input {
   DeviceScratch scratch_;
   const float* data_ = nullptr;
 };
+
+// Error feedback fused into a sparse codec's encode (top-k, random-k), in place, as the host's
+// ErrorFeedbackCodec::encode_in_place does: begin_sparse_feedback clears *d_flag and sets
+// e = g + e, flagging a non-finite sum; the codec then encodes from e and subtracts its own
+// message's entries from e (D is +0.0 elsewhere); end_sparse_feedback runs the finite_or_zero
+// sweep, only when the sum was not finite everywhere. The message and residual bits of the
+// general path (compensate into scratch, encode, decode, update), with three streams over the
+// chunk instead of eight and no chunk-sized scratch. The caller allocates everything that can
+// fail for want of memory (d_flag included) before begin_sparse_feedback changes the residual.
+inline void begin_sparse_feedback(const float* d_grad, float* d_residual, std::size_t n,
+                                  int* d_flag, const std::string& op) {
+  check_runtime(cudaMemsetAsync(d_flag, 0, sizeof(int), static_cast<cudaStream_t>(work_stream())),
+                op, "clearing the non-finite flag");
+  cuda::ef_compensate_flagging(d_grad, d_residual, d_residual, n, d_flag, work_stream());
+}
+inline void end_sparse_feedback(float* d_residual, std::size_t n, const int* d_flag) {
+  cuda::ef_zero_nonfinite_if_flagged(d_residual, n, d_flag, work_stream());
+}
 
 // The header a fused error-feedback encoder (DeviceCodecRow::encode_with_feedback) writes: its
 // row's fixed header for the shape, which every fusing codec with messages of a fixed size has;

@@ -35,7 +35,6 @@
 #include "kernels/cuda/ef_cuda.h"
 #include "kernels/cuda/kernel_variant.h"
 #include "kernels/cuda/nonfinite_cuda.h"
-#include "kernels/cuda/randk_cuda.h"
 #include "kernels/cuda/scale_cuda.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
@@ -72,16 +71,6 @@ cuda::DeviceNonfiniteCount count_nonfinite_and_beyond(const void* d_data, std::s
                                                       void* stream);
 void queue_count_nonfinite(const void* d_data, std::size_t count, DType dtype, bool count_beyond,
                            std::uint32_t above_bits, std::uint64_t* d_result, void* stream);
-
-// ---- kernels/cuda/randk_cuda.h ---------------------------------------------------------------
-void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::size_t k,
-                  bool half_values, std::byte* d_values_out, void* stream);
-void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_values,
-                       const RandkKey& key, std::size_t n, float* d_acc, void* stream);
-void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
-                   const RandkKey& key, std::size_t n, float* d_out, void* stream);
-void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_values,
-                        const RandkKey& key, std::size_t n, float* d_residual, void* stream);
 
 // ---- kernels/cuda/scale_cuda.h ---------------------------------------------------------------
 void divide_f32(float* d_data, std::size_t count, float divisor, void* stream);

@@ -1,9 +1,9 @@
-// The CUDA random-k kernels give the CPU codec's bytes: gather writes exactly the values area
-// of compressors/randk.cpp's payload for the same input and context (f32 and f16 values, chunk
-// offsets, aligned and unaligned payloads), and scatter / scatter-add give the bits of the CPU
-// decode / decode_add. The per-entry index rule the kernels use and the host key writer are
-// checked against the CPU here without a device; the device tests skip, saying why, when no
-// device is present.
+// The CUDA random-k kernels give the CPU codec's bytes: gather writes exactly the values area of
+// compressors/randk/randk_codec.cpp's payload for the same input and context (f32 and f16 values,
+// chunk offsets, aligned and unaligned payloads), and scatter / scatter-add give the bits of the
+// CPU decode / decode_add. The per-entry index rule the kernels use and the host key writer are
+// checked against the CPU here without a device; the device tests skip, saying why, when no device
+// is present.
 #include <gtest/gtest.h>
 #include "kernels/device_api.h"
 
@@ -19,10 +19,10 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
-#include "kernels/cpu/randk_cpu.h"
+#include "compressors/randk/randk_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
-#include "kernels/cuda/randk_cuda.h"
-#include "kernels/randk_math.h"
+#include "compressors/randk/cuda/randk_kernels.h"
+#include "compressors/randk/randk_math.h"
 #include "gpu_test_support.h"
 
 namespace gradzip {

@@ -1,6 +1,6 @@
 // The shared-index random-k all-reduce (collectives/randk_allreduce.cpp) at every world size
 // ctest runs (1..5): the result is, exactly, the sum over ranks of the inputs at the indices
-// kernels/cpu/randk_cpu.h draws (rounded to f16 for values=fp16) and zero elsewhere, on every
+// compressors/randk/randk_cpu.h draws (rounded to f16 for values=fp16) and zero elsewhere, on every
 // rank byte for byte; the bytes sent are the inner ring's; with error feedback every integer
 // is delivered exactly once over the calls.
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
-#include "kernels/cpu/randk_cpu.h"
+#include "compressors/randk/randk_cpu.h"
 #include "tests/multirank/multirank_support.h"
 #include "tests/unit/test_support.h"
 

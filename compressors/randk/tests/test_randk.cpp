@@ -1,6 +1,6 @@
-// The `randk` codec and its index rule (kernels/randk_math.h): stratified indices drawn from
-// the shared key, values carried bit-exactly (or rounded to nearest even with values=fp16),
-// equal keys give equal indices whatever the input (what makes payloads additive), every ISA
+// The `randk` codec and its index rule (compressors/randk/randk_math.h): stratified indices
+// drawn from the shared key, values carried bit-exactly (or rounded to nearest even with
+// values=fp16), equal keys give equal indices whatever the input (what makes payloads additive), every ISA
 // gives the same bytes, and every malformed message is refused before anything is written.
 //
 // The reference below recomputes the rule from its definition with unsigned __int128 and
@@ -21,9 +21,9 @@
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/randk_cpu.h"
+#include "compressors/randk/randk_cpu.h"
 #include "kernels/philox_math.h"
-#include "kernels/randk_math.h"
+#include "compressors/randk/randk_math.h"
 #include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 

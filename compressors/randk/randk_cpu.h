@@ -1,5 +1,5 @@
-// Host loops of the `randk` codec: draw the kept indices (kernels/randk_math.h), gather the
-// kept values on encode, scatter them on decode. Every loop gives exactly the indices of
+// Host loops of the `randk` codec: draw the kept indices (randk_math.h), gather the kept
+// values on encode, scatter them on decode. Every loop gives exactly the indices of
 // randk_index(key, n, k, j) for j = 0 .. k-1.
 //
 // The kept values are the input values themselves, NOT rescaled by n/k: the compressed
@@ -14,7 +14,7 @@
 
 #include "gradzip/codec.h"
 #include "gradzip/tensor_view.h"
-#include "kernels/randk_math.h"
+#include "compressors/randk/randk_math.h"
 
 namespace gradzip::kernels::cpu {
 
@@ -56,7 +56,7 @@ void randk_scatter_add(const std::byte* values, DType value_dtype, std::uint64_t
 // residual[index_j] = finite_or_zero(residual[index_j] - value j) for j < k, the other elements
 // untouched: error feedback's e = finite_or_zero(c - D(message)) at the kept elements, where D
 // is the decode above (+0.0 elsewhere). The device codec's in-place residual update
-// (kernels/cuda/randk_cuda.h: randk_subtract_own) runs this on the emulated device.
+// (compressors/randk/cuda/randk_kernels.h: randk_subtract_own) runs this on the emulated device.
 void randk_subtract_from(const std::byte* values, DType value_dtype, std::uint64_t k,
                          const RandkKey& key, float* residual, std::uint64_t n) noexcept;
 

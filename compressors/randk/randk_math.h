@@ -1,5 +1,5 @@
 // Element math of the `randk` codec: which k of a chunk's n elements are kept. Shared by the
-// CPU loops (kernels/cpu/randk_cpu.cpp) and the CUDA kernels, so every rank and every device
+// CPU loops (compressors/randk/randk_cpu.cpp) and the CUDA kernels, so every rank and every device
 // picks the same indices from the same key.
 //
 // The index rule (the contract):
@@ -192,7 +192,7 @@ struct RandkStrata {
   }
 };
 
-// The key as it travels at the start of a randk payload (compressors/randk.cpp,
+// The key as it travels at the start of a randk payload (compressors/randk/randk_codec.cpp,
 // docs/wire_format.md): u64 seed, u32 step, u32 tensor id, u64 element offset, little-endian.
 inline constexpr std::size_t kRandkKeyBytes = 24;
 

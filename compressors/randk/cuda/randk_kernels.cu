@@ -1,27 +1,21 @@
 // Random-k gather / scatter kernels: one thread per kept entry j (grid-stride), its index from
-// randk_entry_index (kernels/randk_math.h), its value converted
-// by kernels/cast_math.h. The values area of a message may sit at any alignment: the kernels
+// randk_entry_index (compressors/randk/randk_math.h), its value converted by
+// kernels/cast_math.h. The values area of a message may sit at any alignment: the kernels
 // use typed loads and stores when it is aligned to the value width and byte-wise little-endian
 // ones otherwise (chosen on the host).
 #include <cuda_runtime.h>
 
+#include "compressors/randk/cuda/randk_kernels.h"
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/randk_cuda.h"
 #include "kernels/emulated/emulated_device.h"
-#include "kernels/emulated/kernel_twins.h"
 #include "kernels/nonfinite_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
 
 using namespace detail;  // kernels/cuda/launch.cuh
-
-void check_sizes(const char* op, std::size_t n, std::size_t k) {
-  GZ_REQUIRE(k <= n && (n == 0 || k >= 1), ErrorCode::invalid_argument, op, ": k = ", k,
-             " for a chunk of ", n, " elements (expected 1 <= k <= n, or k = 0 for n = 0)");
-}
 
 // Value j of the values area, widened exactly to f32.
 template <bool Half, bool Aligned>
@@ -100,7 +94,7 @@ void randk_gather(const float* d_in, std::size_t n, const RandkKey& key, std::si
                   bool half_values, std::byte* d_values_out, void* stream) {
   if (emulated::active())
     return emulated::randk_gather(d_in, n, key, k, half_values, d_values_out, stream);
-  check_sizes("cuda.randk_gather", n, k);
+  check_randk_sizes("cuda.randk_gather", n, k);
   if (k == 0) return;
   const Strata s = strata_for(key, n, k);
   const unsigned grid = grid_for(k);
@@ -120,7 +114,7 @@ void randk_scatter_add(const std::byte* d_values, std::size_t k, bool half_value
                        const RandkKey& key, std::size_t n, float* d_acc, void* stream) {
   if (emulated::active())
     return emulated::randk_scatter_add(d_values, k, half_values, key, n, d_acc, stream);
-  check_sizes("cuda.randk_scatter_add", n, k);
+  check_randk_sizes("cuda.randk_scatter_add", n, k);
   if (k == 0) return;
   launch_scatter<Scatter::add>("cuda.randk_scatter_add", d_values, k, half_values, key, n, d_acc,
                        static_cast<cudaStream_t>(stream));
@@ -130,7 +124,7 @@ void randk_scatter(const std::byte* d_values, std::size_t k, bool half_values,
                    const RandkKey& key, std::size_t n, float* d_out, void* stream) {
   if (emulated::active())
     return emulated::randk_scatter(d_values, k, half_values, key, n, d_out, stream);
-  check_sizes("cuda.randk_scatter", n, k);
+  check_randk_sizes("cuda.randk_scatter", n, k);
   if (n == 0) return;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const cudaError_t status = cudaMemsetAsync(d_out, 0, n * sizeof(float), cuda_stream);
@@ -143,7 +137,7 @@ void randk_subtract_own(const std::byte* d_values, std::size_t k, bool half_valu
                         const RandkKey& key, std::size_t n, float* d_residual, void* stream) {
   if (emulated::active())
     return emulated::randk_subtract_own(d_values, k, half_values, key, n, d_residual, stream);
-  check_sizes("cuda.randk_subtract_own", n, k);
+  check_randk_sizes("cuda.randk_subtract_own", n, k);
   if (k == 0) return;
   launch_scatter<Scatter::subtract_own>("cuda.randk_subtract_own", d_values, k, half_values, key,
                                         n, d_residual, static_cast<cudaStream_t>(stream));

@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
-#include "kernels/cpu/randk_cpu.h"
+#include "compressors/randk/randk_cpu.h"
 
 namespace gradzip::kernels::cpu::avx512 {
 

@@ -2,7 +2,7 @@
 // the active ISA's path, then the strata walked without divisions by RandkStrata), then the
 // batch's values are gathered or scattered; only the k kept elements of the chunk are touched
 // (plus the zero fill of decode).
-#include "kernels/cpu/randk_cpu.h"
+#include "compressors/randk/randk_cpu.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,7 +1,7 @@
 // `randk`: shared-seed random-k sparsification (`randk:ratio=r` or `randk:k=N`, optional
 // `values=fp16`). k = spec.k_for(n) indices are drawn from the EncodeContext (seed, step,
-// tensor id, element offset) by the stratified rule of kernels/randk_math.h, so every rank
-// with the same context keeps the same indices: the payload carries values only, and payloads
+// tensor id, element offset) by the stratified rule of randk_math.h, so every rank with the
+// same context keeps the same indices: the payload carries values only, and payloads
 // of equal keys can be summed value by value (additive, not sparse).
 //
 // Values are sent as they are, NOT rescaled by n/k: D(C(g)) is a shrunk estimate of g and
@@ -25,13 +25,20 @@
 //     24      4k     values          f32; or 2k bytes of f16 (round to nearest even) with flags
 //                                    bit 1. Value j belongs to index_j, the j-th smallest index.
 // The key is written for every count, including n == 0 (payload of 24 bytes).
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <span>
+#include <string_view>
 
 #include "compressors/codec_checks.h"
-#include "compressors/registry.h"
+#include "compressors/codec_descriptor.h"
+#include "compressors/randk/randk_cpu.h"
+#include "compressors/spec_keys.h"
 #include "compressors/wire_format.h"
-#include "kernels/cpu/randk_cpu.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -125,10 +132,37 @@ class RandkCodec final : public Codec {
   CompressionSpec spec_;
 };
 
-}  // namespace
-
 std::unique_ptr<Codec> make_randk_codec(const CompressionSpec& spec) {
   return std::make_unique<RandkCodec>(spec);
 }
+
+// ---- the row -------------------------------------------------------------------------------------
+
+constexpr std::array<CodecKey, 4> kRandkKeys{kRatioKey, kCountKey, kValuesKey, kRampKey};
+constexpr std::array<std::string_view, 3> kRandkExamples{"randk:ratio=0.1", "randk:k=1",
+                                                         "randk:ratio=0.5,values=fp16"};
+
+// k indices drawn without regard to the values keep k/n of |y|^2 on average.
+double randk_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  if (y.empty()) return 1;
+  const double kept = static_cast<double>(std::min(spec.k_for(y.size()), y.size()));
+  return std::sqrt(kept / static_cast<double>(y.size()));
+}
+
+}  // namespace
+
+// Biased (values not rescaled): error feedback on by default; the shared-selection paths (every
+// rank keeps the same indices, so payloads add value by value).
+constinit const CodecDescriptor randk_codec_row{
+    .keys = kRandkKeys,
+    .check_spec = check_selection_spec,
+    .error_feedback_default = true,
+    .make_host = make_randk_codec,
+    .example_specs = kRandkExamples,
+    .paths = CollectivePaths::shared_selection,
+    .values_key = true,
+    .error_bound = selection_bound,
+    .cosine_estimate = randk_cosine,
+};
 
 }  // namespace gradzip::compressors
