@@ -22,6 +22,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/philox_math.h"
+#include "compressors/qsgd/qsgd_cpu.h"
 #include "compressors/qsgd/qsgd_math.h"
 #include "tests/unit/test_support.h"
 
@@ -524,6 +525,118 @@ TEST_P(QsgdOnEachIsa, EveryIsaGivesTheSameBytes) {
         << "count=" << c.count << " bits=" << c.bits << " bucket=" << c.bucket << " offset=" << c.offset;
     ASSERT_TRUE(same_bits(decoded, reference_decoded)) << c.count;
     ASSERT_TRUE(same_bits(acc, reference_acc)) << c.count;
+  }
+}
+
+// Each vector kernel against the scalar one, called directly, output buffers compared byte for
+// byte with guard bytes after them (a write past the end differs too): every width; every
+// length from 0 to past four vectors of either ISA (whole vectors, masked or scalar tails,
+// packing steps) and a few longer; unaligned pointers; NaN, Inf, -0, subnormal and huge values
+// at the head, middle and tail of abs_max_bits's input; buckets of zeros, subnormals, tiny
+// scales (the 2^64 prescale), ordinary and huge ones (up to FLT_MAX); random and extreme Philox
+// words; every code value, the -0 code (sign bit, level 0) included.
+TEST_P(QsgdOnEachIsa, EveryKernelMatchesTheScalarKernelByteForByte) {
+  if (GetParam() == Isa::scalar) GTEST_SKIP() << "the scalar kernels are the reference";
+  const kernels::cpu::QsgdKernels& simd = kernels::cpu::qsgd_kernels(GetParam());
+  const kernels::cpu::QsgdKernels& scalar = kernels::cpu::qsgd_kernels(Isa::scalar);
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 0; n <= 140; ++n) lengths.push_back(n);
+  for (std::size_t n : {191, 192, 193, 255, 256, 257, 1000, 2047, 2048}) lengths.push_back(n);
+  constexpr std::size_t kGuard = 80;  // more than a vector of floats or of bytes
+  const auto random_word = [](std::size_t i, std::uint32_t stream) {
+    return kernels::philox_element(0xC0DE, stream, 7, i);
+  };
+
+  // abs_max_bits: plain data, and each special value planted at the head, middle and tail.
+  const std::uint32_t specials[] = {0x7FC00000u, 0x7F800001u, 0xFFC00001u, 0x7F800000u, 0xFF800000u,
+                                    0x7F7FFFFFu, 0xFF7FFFFFu, 0x80000000u, 0x00000001u, 0x80400000u,
+                                    0x71800000u};
+  for (std::size_t n : lengths) {
+    for (std::size_t offset : {0, 1}) {
+      std::vector<float> x = gaussian(n + offset + kGuard, n);
+      float* const data = x.data() + offset;
+      ASSERT_EQ(simd.abs_max_bits(data, n), scalar.abs_max_bits(data, n)) << "n=" << n;
+      for (std::uint32_t special : specials) {
+        for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+          if (at >= n) continue;
+          const float saved = data[at];
+          data[at] = kernels::bits_float(special);
+          ASSERT_EQ(simd.abs_max_bits(data, n), scalar.abs_max_bits(data, n))
+              << "n=" << n << " special=" << std::hex << special << std::dec << " at " << at;
+          data[at] = saved;
+        }
+      }
+    }
+  }
+
+  // quantize, dequantize and dequantize_add over buckets of each magnitude; pack and unpack.
+  const float magnitudes[] = {0.0f, 1e-40f, 0x1p-70f, 1.0f, 0x1p100f, 2e37f};
+  for (int bits : kAllBits) {
+    const std::uint32_t code_mask = (1u << bits) - 1u;
+    for (std::size_t n : lengths) {
+      for (std::size_t offset : {0, 1}) {
+        SCOPED_TRACE("bits=" + std::to_string(bits) + " n=" + std::to_string(n) +
+                     " offset=" + std::to_string(offset));
+        for (float magnitude : magnitudes) {
+          // A finite bucket: |x| <= scale = max |x|, with exact zeros, -0 and the maximum itself.
+          std::vector<float> x = gaussian(n + offset + kGuard, n + static_cast<std::size_t>(bits));
+          for (std::size_t i = 0; i < x.size(); ++i) x[i] *= magnitude;
+          for (std::size_t i = offset; i < offset + n; i += 11) x[i] = i % 2 == 0 ? 0.0f : -0.0f;
+          if (magnitude == 2e37f && n > 0) x[offset + n / 2] = -FLT_MAX;  // q * step overflows
+          const float* const data = x.data() + offset;
+          const float scale = kernels::qsgd_scale_from_abs_max_bits(scalar.abs_max_bits(data, n));
+          ASSERT_TRUE(kernels::qsgd_scale_is_finite(scale));
+          std::vector<std::uint32_t> words(n + offset + kGuard);
+          for (std::size_t i = 0; i < words.size(); ++i) {
+            words[i] = i % 17 == 3 ? 0xFFFFFFFFu : i % 17 == 5 ? 0u : random_word(i, 1);
+          }
+          const kernels::QsgdEncodeBucket encode = kernels::qsgd_encode_bucket(scale, bits);
+          std::vector<std::uint8_t> reference_codes(n + offset + kGuard, 0xA5);
+          std::vector<std::uint8_t> codes = reference_codes;
+          scalar.quantize(data, words.data() + offset, n, encode, reference_codes.data() + offset);
+          simd.quantize(data, words.data() + offset, n, encode, codes.data() + offset);
+          ASSERT_EQ(codes, reference_codes) << "scale=" << scale;
+
+          // Every code value, not just those quantize wrote for this bucket.
+          for (std::size_t i = 0; i < codes.size(); ++i) {
+            codes[i] = static_cast<std::uint8_t>(random_word(i, 2) & code_mask);
+          }
+          const kernels::QsgdDecodeBucket decode = kernels::qsgd_decode_bucket(scale, bits);
+          std::vector<float> reference_out(n + offset + kGuard, kernels::bits_float(0x7FA5A5A5u));
+          std::vector<float> out = reference_out;
+          scalar.dequantize(codes.data() + offset, n, decode, bits, reference_out.data() + offset);
+          simd.dequantize(codes.data() + offset, n, decode, bits, out.data() + offset);
+          ASSERT_TRUE(same_bits(out, reference_out)) << "dequantize, scale=" << scale;
+          std::vector<float> reference_acc = gaussian(n + offset + kGuard, 3);
+          std::vector<float> acc = reference_acc;
+          const std::uint8_t* const code_data = codes.data() + offset;
+          scalar.dequantize_add(code_data, n, decode, bits, reference_acc.data() + offset);
+          simd.dequantize_add(code_data, n, decode, bits, acc.data() + offset);
+          ASSERT_TRUE(same_bits(acc, reference_acc)) << "dequantize_add, scale=" << scale;
+        }
+
+        std::vector<std::uint8_t> codes(n + offset + kGuard);
+        for (std::size_t i = 0; i < codes.size(); ++i) {
+          codes[i] = static_cast<std::uint8_t>(random_word(i, 3) & code_mask);
+        }
+        const std::size_t stream_bytes = (n * static_cast<std::size_t>(bits) + 7) / 8;
+        std::vector<std::byte> reference_stream(stream_bytes + offset + kGuard, std::byte{0xA5});
+        std::vector<std::byte> stream = reference_stream;
+        scalar.pack_codes(codes.data() + offset, n, bits, reference_stream.data() + offset);
+        simd.pack_codes(codes.data() + offset, n, bits, stream.data() + offset);
+        ASSERT_EQ(stream, reference_stream) << "pack_codes";
+
+        // Random stream bytes: the unused high bits of the last byte are ignored.
+        for (std::size_t i = 0; i < stream.size(); ++i) {
+          stream[i] = static_cast<std::byte>(random_word(i, 4));
+        }
+        std::vector<std::uint8_t> reference_unpacked(n + offset + kGuard, 0xA5);
+        std::vector<std::uint8_t> unpacked = reference_unpacked;
+        scalar.unpack_codes(stream.data() + offset, n, bits, reference_unpacked.data() + offset);
+        simd.unpack_codes(stream.data() + offset, n, bits, unpacked.data() + offset);
+        ASSERT_EQ(unpacked, reference_unpacked) << "unpack_codes";
+      }
+    }
   }
 }
 
