@@ -63,8 +63,8 @@
 #include "compressors/randk/cuda/randk_kernels.h"
 #include "compressors/sign/cuda/sign_kernels.h"
 #include "kernels/cuda/sparse_cuda.h"
-#include "kernels/cuda/topk_cuda.h"
-#include "kernels/cuda/topk_plan.h"
+#include "compressors/topk/cuda/topk_kernels.h"
+#include "compressors/topk/cuda/topk_plan.h"
 
 // The NCCL loader's own answer (nccl_api()) needs NCCL's header, which the build puts on this
 // file's include path when it comes with the CUDA toolkit (gpu-check.sh adds it otherwise), and

@@ -130,6 +130,12 @@ double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, in
   return energy == 0 ? 1.0 : 1 / std::sqrt(1 + variance / energy);
 }
 
+double squared_norm(std::span<const float> y) noexcept {
+  double sum = 0;
+  for (const float v : y) sum += static_cast<double>(v) * v;
+  return sum;
+}
+
 double selection_bound(const CompressionSpec&, double y_max) noexcept { return y_max; }
 
 double stochastic_levels_bound(int bits, double y_max) noexcept {

@@ -3,13 +3,13 @@
 // rules, its error-feedback default, the factory of its host codec, the traits the collectives
 // branch on, and the error oracles the tests and benchmarks build their bounds from.
 //
-// Each codec defines its row as `<name>_codec_row` (declared below from the list): the codecs
-// with a folder in theirs (compressors/<codec>/), the others in compressors/codec_rows.cpp. The
-// table (codec_descriptors(), codec_descriptor.cpp) copies each row and fills in its identity
-// from the list, so a row never spells its own name or codec byte. The spec parser
-// (compression_spec.cpp), make_codec (registry.cpp), the wire format's codec names
-// (wire_format.cpp), the collectives' codec table (collectives/codec_table.cpp) and the CUDA
-// routing (cuda/device_codec.cpp) read the table; none of them switches over CodecKind.
+// Each codec defines its row as `<name>_codec_row` (declared below from the list) in its folder
+// (compressors/<codec>/; fp16 and bf16 share compressors/cast/). The table (codec_descriptors(),
+// codec_descriptor.cpp) copies each row and fills in its identity from the list, so a row never
+// spells its own name or codec byte. The spec parser (compression_spec.cpp), make_codec
+// (registry.cpp), the wire format's codec names (wire_format.cpp), the collectives' codec table
+// (collectives/codec_table.cpp) and the CUDA routing (cuda/device_codec.cpp) read the table; none
+// of them switches over CodecKind.
 // docs/architecture.md has the add-a-codec checklist.
 #pragma once
 
@@ -122,6 +122,9 @@ double cosine_of_relative_error(double relative) noexcept;
 // f (1 - f) spacing^2, and the rounding errors are uncorrelated with y, so
 // E |D(E(y))|^2 = |y|^2 + variance and cos ~ 1 / sqrt(1 + variance / |y|^2). 1 for an all-zero y.
 double stochastic_levels_cosine(std::span<const float> y, std::size_t bucket, int bits);
+
+// sum of y_i^2, in f64: what the cosine estimates of the casts and of top-k start from.
+double squared_norm(std::span<const float> y) noexcept;
 
 // The error bound of the selection codecs (top-k, random-k): a dropped element errs by
 // |y| <= y_max, a kept one by 0 (f32 values) or by the f16 rounding (values=fp16, < y_max).

@@ -1,4 +1,4 @@
-#include "compressors/registry.h"
+#include "gradzip/codec.h"
 
 #include <optional>
 #include <vector>

@@ -45,7 +45,7 @@ std::string_view wire_codec_name(WireCodec codec) noexcept;
 // (compressors/randk/randk_codec.cpp).
 inline constexpr std::size_t kRandkKeyBytes = kernels::kRandkKeyBytes;
 
-// Top-k's flag bits (compressors/topk.cpp has its message layout): indices are u64 (else u32);
+// Top-k's flag bits (compressors/topk/topk_codec.cpp has its message layout): indices are u64 (else u32);
 // values are f16 (else f32).
 inline constexpr std::uint8_t kTopkWideIndices = 0x1;
 inline constexpr std::uint8_t kTopkHalfValues = 0x2;

@@ -170,6 +170,21 @@ class F32Input {
   const float* data_ = nullptr;
 };
 
+// The checked payload size of an element-wise message (none: 4 bytes an element; fp16, bf16: 2):
+// flags, small_param and large_param 0 and payload_bytes = count * element_bytes, else
+// ErrorCode::malformed_message naming `op`.
+inline std::size_t expected_element_payload(const WireHeader& header, std::size_t element_bytes,
+                                            const std::string& op) {
+  GZ_REQUIRE(header.flags == 0 && header.small_param == 0 && header.large_param == 0,
+             ErrorCode::malformed_message, op, ": flags ", int{header.flags}, ", small_param ",
+             int{header.small_param}, ", large_param ", header.large_param, " (expected all 0)");
+  GZ_REQUIRE(header.count <= SIZE_MAX / element_bytes &&
+                 header.payload_bytes == header.count * element_bytes,
+             ErrorCode::malformed_message, op, ": payload of ", header.payload_bytes, " bytes for ",
+             header.count, " elements (expected ", element_bytes, " per element)");
+  return static_cast<std::size_t>(header.payload_bytes);
+}
+
 // Error feedback fused into a sparse codec's encode (top-k, random-k), in place, as the host's
 // ErrorFeedbackCodec::encode_in_place does: begin_sparse_feedback clears *d_flag and sets
 // e = g + e, flagging a non-finite sum; the codec then encodes from e and subtracts its own

@@ -1,6 +1,6 @@
 // Host dtype conversions: the scalar loops over kernels/cast_math.h, and the dispatch to the
 // vector paths (cast_cpu_avx2.cpp, cast_cpu_avx512.cpp) on active_isa(). Every path gives the
-// bits of cast_math.h; tests/unit/test_cast_codec.cpp checks each ISA against an independent
+// bits of cast_math.h; compressors/cast/tests/test_cast_codec.cpp checks each ISA against an independent
 // reference.
 #include <algorithm>
 #include <atomic>

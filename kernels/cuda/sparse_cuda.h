@@ -1,4 +1,4 @@
-// Device side of the sparse (`topk`) decoders (compressors/topk.cpp): validate payloads of
+// Device side of the sparse (`topk`) decoders (compressors/topk/topk_codec.cpp): validate payloads of
 // (index, value) pairs, then scatter-add them into a dense f32 accumulator, or decode one into
 // a dense output.
 //
@@ -57,7 +57,7 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
 // Error feedback's residual update for a top-k payload this rank just encoded (not a received
 // one, so not validated): d_residual[index_j] = finite_or_zero(d_residual[index_j] - value_j)
 // for every entry, other elements untouched (the decode writes +0.0 there). This is
-// topk.subtract_decoded (compressors/topk.cpp) on the device. An index >= n is skipped (the
+// topk.subtract_decoded (compressors/topk/topk_codec.cpp) on the device. An index >= n is skipped (the
 // encode's own entry check reports a selection that went wrong). Refusals as sparse_decode's
 // host-side ones; d_residual may be null only when entries == 0.
 void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,

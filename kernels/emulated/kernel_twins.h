@@ -18,10 +18,6 @@
 //    ("cuda.count_nonfinite", "cuda.count_nonfinite_and_beyond") through count_polled_wait
 //    (kernels/cuda/device_runtime.h), where the .cu counts it through synchronize_stream. A
 //    failed operation (e.g. a host pointer) throws gradzip::Error(unsupported) from the wait.
-//  - topk_workspace_bytes: the reference variant's plan reserves CUB's scan storage, which only
-//    a CUDA device can size; the twin plans with 0 scan bytes (one alignment unit), so the
-//    reference variant's answer differs from a GPU's. The fast variant's (the default) is the
-//    same. topk_select checks the workspace against the twin's own answer.
 //  - device_count returns emulated::device_count() and sets *reason to nullptr when it is > 0.
 //
 // Included by the .cu files, so it stays C++17 (nvcc is given -std=c++17).
@@ -38,7 +34,6 @@
 #include "kernels/cuda/scale_cuda.h"
 #include "kernels/cuda/small_bytes_cuda.h"
 #include "kernels/cuda/sparse_cuda.h"
-#include "kernels/cuda/topk_cuda.h"
 
 namespace gradzip::kernels::emulated {
 
@@ -91,13 +86,5 @@ void sparse_decode(const std::byte* d_payload, std::uint64_t entries, bool wide_
                    bool half_values, std::size_t n, float* d_out, int* d_status, void* stream);
 void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool wide_indices,
                          bool half_values, std::size_t n, float* d_residual, void* stream);
-
-// ---- kernels/cuda/topk_cuda.h ----------------------------------------------------------------
-std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k,
-                                 const cuda::TopkCudaOptions& options);
-void topk_select(const float* d_in, std::uint64_t n, std::uint64_t k,
-                 const cuda::TopkCudaOptions& options, std::byte* d_payload,
-                 std::uint64_t* d_entries_out, void* d_workspace, std::size_t* workspace_bytes,
-                 void* stream);
 
 }  // namespace gradzip::kernels::emulated

@@ -21,10 +21,10 @@
 #include "compressors/wire_format.h"
 #include "gradzip/codec.h"
 #include "gradzip/error.h"
-#include "kernels/cpu/topk_cpu.h"
+#include "compressors/topk/topk_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
-#include "kernels/cuda/topk_cuda.h"
-#include "kernels/cuda/topk_plan.h"
+#include "compressors/topk/cuda/topk_kernels.h"
+#include "compressors/topk/cuda/topk_plan.h"
 #include "kernels/host_device.h"
 #include "gpu_test_support.h"
 

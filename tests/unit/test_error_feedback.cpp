@@ -1382,7 +1382,7 @@ class TopKFeedback : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TopKFeedback, ResidualKeepsExactlyTheUnsentElements) {
   // Top-k with f32 values sends m elements of g' unchanged (exact: m = k; approx: the exact
-  // top-m for some ceil(k/2) <= m <= k, compressors/topk.cpp), so per step, exactly:
+  // top-m for some ceil(k/2) <= m <= k, compressors/topk/topk_codec.cpp), so per step, exactly:
   //   e_i = +0 for the m sent elements and e_i = g'_i (bit for bit) for the others, and every
   //   sent element is at least as large in magnitude as every kept one;
   // hence ||e||^2 <= (1 - m/n) ||g'||^2, the contraction that keeps the residual bounded.

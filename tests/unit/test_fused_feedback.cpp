@@ -21,8 +21,8 @@
 #include "error_feedback/residual_store.h"
 #include "gradzip/codec.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/topk_cpu.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_cpu.h"
+#include "compressors/topk/topk_math.h"
 #include "kernels/nonfinite_math.h"
 #include "tests/unit/test_support.h"
 
@@ -137,7 +137,7 @@ TEST_P(FusedFeedbackOnEachIsa, TopkGivesTheGeneralPathsMessageAndResidualOnEvery
   }
 }
 
-// The kernel itself, on inputs that drive each step of the selection (kernels/cpu/topk_cpu.h):
+// The kernel itself, on inputs that drive each step of the selection (compressors/topk/topk_cpu.h):
 // e must end as g + e and the result (entries, path, threshold, candidate count) must be
 // topk_select's of that sum. Which path each case takes is asserted too, so that the cases
 // keep covering steps 2 to 5 if the sampling changes.
@@ -196,7 +196,7 @@ TEST_P(FusedFeedbackOnEachIsa, TopkKernelSelectsAsTopkSelectOfTheSumOnEveryPath)
     cases.push_back({"ramp", 20000, false, TopkPath::candidates, g, e});
   }
   {
-    // The sampled runs (kernels/topk_math.h, same key as `options` below) hold 100 (split
+    // The sampled runs (compressors/topk/topk_math.h, same key as `options` below) hold 100 (split
     // between g and e), every other element 1: the threshold is 100, step 2 finds only the
     // 65536 sampled elements, fewer than k, and step 5's radix select runs over the sum. With
     // k = 100000 the candidate buffer holds all n and the top digit's bin is collected

@@ -1,8 +1,7 @@
 // The launch wrappers of kernels/cuda/*.h in a build without the CUDA toolkit
 // (GRADZIP_WITH_CUDA=EMULATED), where no .cu file is compiled: each forwards to its CPU twin
 // (kernels/emulated/kernel_twins.h), which is what the .cu wrapper does when the emulated device
-// is active, and that is always the case here. The host-only helper topk_workspace_bytes gives
-// the twin's answer, the .cu one's arithmetic. A codec folder keeps its own forwarders
+// is active, and that is always the case here. A codec folder keeps its own forwarders
 // (compressors/<codec>/emulated/no_toolkit/).
 #include "kernels/emulated/kernel_twins.h"
 
@@ -108,19 +107,6 @@ void sparse_subtract_own(const std::byte* d_payload, std::uint64_t entries, bool
                          bool half_values, std::size_t n, float* d_residual, void* stream) {
   emulated::sparse_subtract_own(d_payload, entries, wide_indices, half_values, n, d_residual,
                                 stream);
-}
-
-// ---- kernels/cuda/topk_cuda.h ----------------------------------------------------------------
-
-std::size_t topk_workspace_bytes(std::uint64_t n, std::uint64_t k, const TopkCudaOptions& options) {
-  return emulated::topk_workspace_bytes(n, k, options);
-}
-void topk_select(const float* d_in, std::uint64_t n, std::uint64_t k,
-                 const TopkCudaOptions& options, std::byte* d_payload,
-                 std::uint64_t* d_entries_out, void* d_workspace, std::size_t* workspace_bytes,
-                 void* stream) {
-  emulated::topk_select(d_in, n, k, options, d_payload, d_entries_out, d_workspace,
-                        workspace_bytes, stream);
 }
 
 }  // namespace gradzip::kernels::cuda

@@ -1,12 +1,12 @@
-// The one-pass compaction of the CUDA top-k (KernelVariant::fast, kernels/cuda/topk_cuda.cu),
+// The one-pass compaction of the CUDA top-k (KernelVariant::fast, compressors/topk/cuda/topk_kernels.cu),
 // run on the host tile by tile with the index arithmetic the kernel calls
-// (kernels/cuda/topk_plan.h: tile items, packed counts, kept positions, look-back windows):
+// (compressors/topk/cuda/topk_plan.h: tile items, packed counts, kept positions, look-back windows):
 //  - the small functions against worked examples (tail tiles, count limits, need cut-offs,
 //    which lanes of a look-back window count what);
 //  - the candidate pass against the CPU's candidate pass (kernels::cpu::topk_collect) for the
 //    same threshold and capacity, overflow included;
 //  - the whole fast pipeline (sample threshold, candidate pass, decision, final compaction)
-//    against the CPU codec's selection (kernels::cpu::topk_select, what compressors/topk.cpp
+//    against the CPU codec's selection (kernels::cpu::topk_select, what compressors/topk/topk_codec.cpp
 //    encodes): the same entry count, indices and value bits, over sizes around tile multiples,
 //    tie-heavy and all-zero data, exact and approx.
 // The look-back is emulated as blocks see it: tiles take tickets in order, and when a tile
@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "gradzip/tensor_view.h"
-#include "kernels/cpu/topk_cpu.h"
-#include "kernels/cuda/topk_plan.h"
+#include "compressors/topk/topk_cpu.h"
+#include "compressors/topk/cuda/topk_plan.h"
 #include "kernels/host_device.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_math.h"
 
 namespace gradzip {
 namespace {

@@ -15,8 +15,8 @@
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/topk_cpu.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_cpu.h"
+#include "compressors/topk/topk_math.h"
 #include "kernels/host_device.h"
 #include "tests/unit/test_support.h"
 
@@ -116,7 +116,7 @@ std::vector<std::byte> encode_all_isas(const Codec& codec, ConstTensorView in,
   return reference;
 }
 
-// Which steps of kernels/cpu/topk_cpu.h the selection of `codec` on `input` takes.
+// Which steps of compressors/topk/topk_cpu.h the selection of `codec` on `input` takes.
 TopkPath path_of(const Codec& codec, ConstTensorView input, const EncodeContext& ctx = {}) {
   const std::size_t k = codec.spec().k_for(input.count);
   std::vector<std::uint32_t> indices(k);
@@ -428,7 +428,7 @@ TEST(TopkApprox, SameContextGivesTheSameBytes) {
             testing::encode_message(*codec, input.view(), ctx));
 }
 
-// An input whose sampled runs (kernels/topk_math.h) hold 2.0 and all other elements are below
+// An input whose sampled runs (compressors/topk/topk_math.h) hold 2.0 and all other elements are below
 // 1: the sample says "2.0 is the k-th magnitude" but only the 65536 sampled elements reach it.
 std::vector<float> sample_aliased_input(std::size_t n, const EncodeContext& ctx) {
   std::vector<float> x = testing::gaussian(n, 17, 0.1f);
@@ -505,7 +505,7 @@ TEST(TopkFallbacks, OverflowThenEnoughCandidatesAboveTheThreshold) {
   }
 }
 
-// The sampled runs (kernels/topk_math.h) of an input set to 0.
+// The sampled runs (compressors/topk/topk_math.h) of an input set to 0.
 void zero_the_sample(std::vector<float>& x, const EncodeContext& ctx) {
   for (std::uint64_t segment = 0; segment < kernels::kTopkSampleGroups; ++segment) {
     const std::uint64_t start =

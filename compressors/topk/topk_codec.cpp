@@ -1,6 +1,6 @@
 // `topk`: keeps the k = spec.k_for(n) elements of largest magnitude (exact), or about that many
 // (approx=on, DGC-style sampled threshold), as (index, value) pairs. Selection, ordering rule
-// and the approx guarantee: kernels/cpu/topk_cpu.h and kernels/topk_math.h. In short: exact
+// and the approx guarantee: compressors/topk/topk_cpu.h and compressors/topk/topk_math.h. In short: exact
 // keeps exactly the k largest |x| (ties: lowest index; NaN ranks above Inf); approx keeps the
 // exact top-m for some ceil(k/2) <= m <= k.
 //
@@ -24,20 +24,27 @@
 // decode() writes zeros everywhere, then the values at their indices; decode_add() adds the
 // values at their indices. Both validate the whole message, every index included, first.
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "compressors/codec_checks.h"
+#include "compressors/codec_descriptor.h"
 #include "compressors/fused_feedback.h"
-#include "compressors/registry.h"
+#include "compressors/spec_keys.h"
+#include "compressors/topk/topk_cpu.h"
 #include "compressors/wire_format.h"
 #include "kernels/cast_math.h"
-#include "kernels/nonfinite_math.h"
 #include "kernels/cpu/convert.h"
-#include "kernels/cpu/topk_cpu.h"
+#include "kernels/nonfinite_math.h"
 
 namespace gradzip::compressors {
 namespace {
@@ -200,7 +207,7 @@ class TopkCodec final : public Codec, public FusedFeedbackEncoder {
   bool additive() const noexcept override { return false; }
   bool sparse() const noexcept override { return true; }
 
-  // Error feedback with the add inside the candidate pass (kernels/cpu/topk_cpu.h
+  // Error feedback with the add inside the candidate pass (compressors/topk/topk_cpu.h
   // topk_select_with_feedback): the message of encode(g + e), then e = g' - D(message), which
   // changes e only at the carried entries (D is +0.0 elsewhere), plus a finite_or_zero sweep
   // when some g' is not finite: the general path's residual, bit for bit.
@@ -293,8 +300,6 @@ class TopkCodec final : public Codec, public FusedFeedbackEncoder {
   CompressionSpec spec_;
 };
 
-}  // namespace
-
 std::unique_ptr<Codec> make_topk_codec(const CompressionSpec& spec) {
   GZ_REQUIRE(spec.codec == CodecKind::topk, ErrorCode::internal,
              "make_topk_codec: spec '", spec.to_string(), "' is not a topk spec");
@@ -302,5 +307,55 @@ std::unique_ptr<Codec> make_topk_codec(const CompressionSpec& spec) {
              "topk: values=", dtype_name(spec.values), " is not one of fp32, fp16");
   return std::make_unique<TopkCodec>(spec);
 }
+
+// ---- the row -------------------------------------------------------------------------------------
+
+constexpr CodecKey kApproxKey{
+    "approx",
+    [](CompressionSpec& spec, std::string_view value, std::string_view text) {
+      spec.approx = parse_spec_choice<bool>(text, "approx", value, {{"on", true}, {"off", false}});
+    },
+    [](const CompressionSpec& spec) {
+      return std::string(spec.approx ? "approx=on" : "approx=off");
+    }};
+constexpr std::array<CodecKey, 5> kTopkKeys{kRatioKey, kCountKey, kApproxKey, kValuesKey,
+                                             kRampKey};
+constexpr std::array<std::string_view, 5> kTopkExamples{
+    "topk:ratio=0.1", "topk:k=1", "topk:ratio=0.5,approx=on", "topk:ratio=0.1,values=fp16",
+    "topk:ratio=0.3,approx=on,values=fp16"};
+
+// Exact top-k keeps the k largest |y|: cos = sqrt(their share of |y|^2). approx=on keeps the
+// exact top m for some m >= ceil(k/2) (above), so the estimate uses ceil(k/2).
+double topk_cosine(const CompressionSpec& spec, std::span<const float> y) {
+  const double energy = squared_norm(y);
+  if (energy == 0) return 1;
+  std::size_t kept = std::min(spec.k_for(y.size()), y.size());
+  if (spec.approx) kept = (kept + 1) / 2;
+  std::vector<float> magnitudes(y.size());
+  std::transform(y.begin(), y.end(), magnitudes.begin(), [](float v) { return std::fabs(v); });
+  std::nth_element(magnitudes.begin(), magnitudes.begin() + static_cast<std::ptrdiff_t>(kept),
+                   magnitudes.end(), std::greater<>());
+  double kept_energy = 0;
+  for (std::size_t i = 0; i < kept; ++i)
+    kept_energy += static_cast<double>(magnitudes[i]) * magnitudes[i];
+  return std::sqrt(kept_energy / energy);
+}
+
+}  // namespace
+
+// Biased: error feedback on by default; the top-selection paths (each rank's own indices, so
+// messages are gathered and their entries added). Approximate top-k's message size varies.
+constinit const CodecDescriptor topk_codec_row{
+    .keys = kTopkKeys,
+    .check_spec = check_selection_spec,
+    .error_feedback_default = true,
+    .make_host = make_topk_codec,
+    .example_specs = kTopkExamples,
+    .paths = CollectivePaths::top_selection,
+    .values_key = true,
+    .size_varies_with_approx = true,
+    .error_bound = selection_bound,
+    .cosine_estimate = topk_cosine,
+};
 
 }  // namespace gradzip::compressors

@@ -1,4 +1,4 @@
-// AVX2 candidate pass of top-k (contract: topk_collect() in kernels/cpu/topk_cpu.h), and the
+// AVX2 candidate pass of top-k (contract: topk_collect() in compressors/topk/topk_cpu.h), and the
 // same pass forming g' = g + e as it reads (topk_add_collect_avx2, for the fused error feedback).
 //
 // Branch-free like the AVX-512 path: AVX2 has no compress, so each 8-lane mask indexes a table
@@ -10,8 +10,8 @@
 #include <array>
 #include <cstring>
 
-#include "kernels/cpu/topk_cpu.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_cpu.h"
+#include "compressors/topk/topk_math.h"
 
 namespace gradzip::kernels::cpu::detail {
 namespace {

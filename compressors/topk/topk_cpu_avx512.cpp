@@ -1,4 +1,4 @@
-// AVX-512 candidate pass of top-k (contract: topk_collect() in kernels/cpu/topk_cpu.h).
+// AVX-512 candidate pass of top-k (contract: topk_collect() in compressors/topk/topk_cpu.h).
 //
 // Branch-free: every 16-lane vector is compressed in a register (vpcompressd) and stored whole,
 // the write position advancing by the popcount of the mask. Compress-store straight to memory
@@ -7,8 +7,8 @@
 // at most capacity + 64 entries.
 #include <immintrin.h>
 
-#include "kernels/cpu/topk_cpu.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_cpu.h"
+#include "compressors/topk/topk_math.h"
 
 namespace gradzip::kernels::cpu::detail {
 namespace {

@@ -1,6 +1,6 @@
-// Host top-k selection (algorithm and contracts: kernels/cpu/topk_cpu.h): the scalar candidate
+// Host top-k selection (algorithm and contracts: compressors/topk/topk_cpu.h): the scalar candidate
 // pass, its ISA dispatch, the sample, the radix select and the emission of the result.
-#include "kernels/cpu/topk_cpu.h"
+#include "compressors/topk/topk_cpu.h"
 
 #include <algorithm>
 #include <array>
@@ -12,7 +12,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/nonfinite_math.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_math.h"
 
 namespace gradzip::kernels::cpu {
 namespace {
@@ -208,7 +208,7 @@ std::unique_ptr<T[]> scratch(std::size_t count) {
   return std::make_unique_for_overwrite<T[]>(count);
 }
 
-// Keys of the sample (kernels/topk_math.h) of an n-element tensor with n > kTopkSampleAllCount.
+// Keys of the sample (compressors/topk/topk_math.h) of an n-element tensor with n > kTopkSampleAllCount.
 // load_run(start, run) writes the f32 values of elements [start, start + kTopkSampleRun) into
 // run; prefetch(start) hints that run is wanted soon.
 template <typename Prefetch, typename LoadRun>
@@ -231,7 +231,7 @@ std::vector<std::uint32_t> sample_run_keys(std::size_t n, const TopkOptions& opt
   return keys;
 }
 
-// Keys of the sample of `in` (kernels/topk_math.h).
+// Keys of the sample of `in` (compressors/topk/topk_math.h).
 std::vector<std::uint32_t> sample_keys(ConstTensorView in, const TopkOptions& options) {
   const std::size_t n = in.count;
   if (n <= kTopkSampleAllCount) {
@@ -400,7 +400,7 @@ std::size_t topk_candidate_capacity(std::size_t n, std::uint64_t sample_rank) no
 
 namespace {
 
-// Steps 1 to 5 (kernels/cpu/topk_cpu.h) for 0 < k < n on the tensor `in`. The two hooks let
+// Steps 1 to 5 (compressors/topk/topk_cpu.h) for 0 < k < n on the tensor `in`. The two hooks let
 // the fused error feedback form `in` during step 2: `sample()` returns step 1's sample keys of
 // `in` as it will be; `first_pass(candidates, threshold, collect)` runs step 2, leaving `in` in
 // its final state, with collect = false when the pass is known to overflow (then only

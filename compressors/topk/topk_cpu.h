@@ -1,7 +1,7 @@
-// Host top-k selection by magnitude (ordering rule and keys: kernels/topk_math.h).
+// Host top-k selection by magnitude (ordering rule and keys: compressors/topk/topk_math.h).
 //
 // Algorithm (exact). K below is the true k-th largest key.
-//   1. Sample the tensor (kernels/topk_math.h) and take the r-th largest sample key as the
+//   1. Sample the tensor (compressors/topk/topk_math.h) and take the r-th largest sample key as the
 //      threshold t, r = topk_sample_rank(k, n, approx = false): an estimate slightly below K
 //      (t = 0 when r exceeds the sample).
 //   2. One vectorised pass collects every element with key >= t, as (index, f32 bits) in index

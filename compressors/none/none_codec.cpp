@@ -1,10 +1,14 @@
 // `none`: the payload is the chunk as f32, whatever the input dtype. The baseline every other
 // codec is measured against, and what dense fallbacks send.
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <memory>
+#include <span>
+#include <string_view>
 
 #include "compressors/codec_checks.h"
-#include "compressors/registry.h"
+#include "compressors/codec_descriptor.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu/convert.h"
 
@@ -85,10 +89,28 @@ class NoneCodec final : public Codec {
   CompressionSpec spec_;
 };
 
-}  // namespace
-
 std::unique_ptr<Codec> make_none_codec(const CompressionSpec& spec) {
   return std::make_unique<NoneCodec>(spec);
 }
+
+// ---- the row -------------------------------------------------------------------------------------
+
+constexpr std::array<std::string_view, 1> kNoneExamples{"none"};
+
+// Exact: no error, cosine 1.
+double exact_bound(const CompressionSpec&, double) { return 0; }
+double exact_cosine(const CompressionSpec&, std::span<const float>) { return 1; }
+
+}  // namespace
+
+// The dense paths; segments cut anywhere.
+constinit const CodecDescriptor none_codec_row{
+    .make_host = make_none_codec,
+    .example_specs = kNoneExamples,
+    .paths = CollectivePaths::dense,
+    .segment_granularity = segments_anywhere,
+    .error_bound = exact_bound,
+    .cosine_estimate = exact_cosine,
+};
 
 }  // namespace gradzip::compressors

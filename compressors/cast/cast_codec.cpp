@@ -21,14 +21,19 @@
 // additive(): the payloads of equal-length messages are elementwise 16-bit floats, so a
 // reduction may sum them without parsing anything else.
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "compressors/codec_checks.h"
+#include "compressors/codec_descriptor.h"
 #include "compressors/fused_feedback.h"
-#include "compressors/registry.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu/cast_cpu_simd.h"
 #include "kernels/cpu/convert.h"
@@ -176,8 +181,6 @@ class CastCodec final : public Codec, public FusedFeedbackEncoder {
   std::string decode_add_op_;
 };
 
-}  // namespace
-
 std::unique_ptr<Codec> make_fp16_codec(const CompressionSpec& spec) {
   return std::make_unique<CastCodec>(spec, kFp16);
 }
@@ -185,5 +188,49 @@ std::unique_ptr<Codec> make_fp16_codec(const CompressionSpec& spec) {
 std::unique_ptr<Codec> make_bf16_codec(const CompressionSpec& spec) {
   return std::make_unique<CastCodec>(spec, kBf16);
 }
+
+// ---- the rows ------------------------------------------------------------------------------------
+
+constexpr std::array<std::string_view, 1> kFp16Examples{"fp16"};
+constexpr std::array<std::string_view, 1> kBf16Examples{"bf16"};
+
+// Round to nearest even: fp16 errs by at most 2^-11 |y| for normal results and 2^-25 absolute
+// below, bf16 by 2^-8 |y|.
+double fp16_bound(const CompressionSpec&, double y_max) { return 0x1p-11 * y_max + 0x1p-25; }
+double bf16_bound(const CompressionSpec&, double y_max) { return 0x1p-8 * y_max; }
+
+// |err_i| <= 2^-11 |y_i| + 2^-25 (fp16_bound), so |err| <= 2^-11 |y| + 2^-25 sqrt(n).
+double fp16_cosine(const CompressionSpec&, std::span<const float> y) {
+  const double norm = std::sqrt(squared_norm(y));
+  if (norm == 0) return 1;
+  return cosine_of_relative_error(0x1p-11 + 0x1p-25 * std::sqrt(static_cast<double>(y.size())) /
+                                                norm);
+}
+
+double bf16_cosine(const CompressionSpec&, std::span<const float>) {
+  return cosine_of_relative_error(0x1p-8);
+}
+
+}  // namespace
+
+// The dense paths, 16-bit values on the wire; segments cut anywhere.
+constinit const CodecDescriptor fp16_codec_row{
+    .make_host = make_fp16_codec,
+    .example_specs = kFp16Examples,
+    .paths = CollectivePaths::dense,
+    .wire_values = DType::f16,
+    .segment_granularity = segments_anywhere,
+    .error_bound = fp16_bound,
+    .cosine_estimate = fp16_cosine,
+};
+constinit const CodecDescriptor bf16_codec_row{
+    .make_host = make_bf16_codec,
+    .example_specs = kBf16Examples,
+    .paths = CollectivePaths::dense,
+    .wire_values = DType::bf16,
+    .segment_granularity = segments_anywhere,
+    .error_bound = bf16_bound,
+    .cosine_estimate = bf16_cosine,
+};
 
 }  // namespace gradzip::compressors

@@ -1,17 +1,17 @@
-// Host-side planning of the CUDA top-k selection (kernels/cuda/topk_cuda.h): which path a call
+// Host-side planning of the CUDA top-k selection (compressors/topk/cuda/topk_kernels.h): which path a call
 // takes, the candidate capacities, the tiling of the compaction passes and the layout of the
 // workspace, for either compaction variant; and the index arithmetic of the one-pass
 // compaction (tile items, kept positions, look-back). Plain C++17 with no CUDA dependency, so
-// that it is unit-tested on any machine (tests/unit/test_topk_plan.cpp, which checks the
-// layouts, and tests/unit/test_topk_one_pass.cpp, which runs the one-pass arithmetic tile by
+// that it is unit-tested on any machine (compressors/topk/tests/test_topk_plan.cpp, which checks the
+// layouts, and compressors/topk/tests/test_topk_one_pass.cpp, which runs the one-pass arithmetic tile by
 // tile on the host against the CPU codec) and included by topk_cuda.cu.
 //
 // The selection the GPU makes is decided by these numbers and by the shared element math of
-// kernels/topk_math.h only:
-//  - exact: the exact top-k under the ordering rule of kernels/topk_math.h;
+// compressors/topk/topk_math.h only:
+//  - exact: the exact top-k under the ordering rule of compressors/topk/topk_math.h;
 //  - approx: with t the sampled threshold and c the number of elements with key >= t, the
 //    elements with key >= t when c <= topk_plan_cpu_capacity(n, r) and ceil(k/2) <= c < k,
-//    else the exact top-k. This is the CPU codec's approx result (kernels/cpu/topk_cpu.h: its
+//    else the exact top-k. This is the CPU codec's approx result (compressors/topk/topk_cpu.h: its
 //    steps 3-5 all give the exact top-k, only "approx_accepted" gives the candidates), so the
 //    payload bytes are the same as the CPU's.
 #pragma once
@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/kernel_variant.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_math.h"
 
 namespace gradzip::kernels::cuda {
 
@@ -39,7 +39,7 @@ inline constexpr std::size_t kTopkStateBytes = 256;
 // null workspace, which topk_select takes for a size query, and nothing would run.
 inline constexpr std::size_t kTopkMinWorkspaceBytes = kTopkWorkspaceAlign;
 
-// Elements above which payload indices are u64 (compressors/topk.cpp: u32 iff n <= 2^32).
+// Elements above which payload indices are u64 (compressors/topk/topk_codec.cpp: u32 iff n <= 2^32).
 inline constexpr std::uint64_t kTopkMaxNarrowCount = std::uint64_t{1} << 32;
 
 inline constexpr std::size_t topk_index_bytes(std::uint64_t n) noexcept {

@@ -1,6 +1,6 @@
-// CUDA top-k selection (algorithm and contract: kernels/cuda/topk_cuda.h; planning and
-// workspace layout: kernels/cuda/topk_plan.h). The element math (keys, digits, sample
-// positions and ranks) is kernels/topk_math.h, shared with the CPU codec.
+// CUDA top-k selection (algorithm and contract: compressors/topk/cuda/topk_kernels.h; planning and
+// workspace layout: compressors/topk/cuda/topk_plan.h). The element math (keys, digits, sample
+// positions and ranks) is compressors/topk/topk_math.h, shared with the CPU codec.
 //
 // Control flow lives on the device: the host launches a fixed sequence of kernels for a given
 // (n, k, options), and each reads TopkDeviceState to learn whether and on what it works
@@ -8,14 +8,14 @@
 // histograms and hand out tile tickets, and no output position depends on which block ran
 // what when, so every run writes the same bytes.
 //
-// Compactions (steps 2, 4 and 6 of kernels/cuda/topk_cuda.h), two variants (KernelVariant):
+// Compactions (steps 2, 4 and 6 of compressors/topk/cuda/topk_kernels.h), two variants (KernelVariant):
 //  - fast, one pass: one_pass_kernel. Blocks take tiles by an atomic ticket (so a tile's
 //    predecessors are all held by running blocks), load the tile, count it (block scan), and
 //    warp 0 publishes the count and sums the predecessors' counts by decoupled look-back over
 //    the TopkTileStatus records of the workspace (zeroed by a cudaMemsetAsync at the start of
 //    every call); then the block writes its kept entries. The candidate pass writes positions
 //    below the buffer's capacity only and its last tile leaves the total c in the state for the
-//    decision. Index arithmetic: kernels/cuda/topk_plan.h (tested on the host).
+//    decision. Index arithmetic: compressors/topk/cuda/topk_plan.h (tested on the host).
 //  - reference, two passes: count_kernel per tile, CUB exclusive scans of the counts,
 //    write_kernel (which skips tiles with nothing to keep).
 #include <cuda_runtime.h>
@@ -33,11 +33,11 @@
 #include "gradzip/error.h"
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/topk_cuda.h"
-#include "kernels/cuda/topk_plan.h"
+#include "compressors/topk/cuda/topk_kernels.h"
+#include "compressors/topk/cuda/topk_plan.h"
 #include "kernels/emulated/emulated_device.h"
 #include "kernels/emulated/kernel_twins.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_math.h"
 
 namespace gradzip::kernels::cuda {
 namespace {
@@ -148,7 +148,7 @@ __global__ void setup_kernel(TopkDeviceState* state, unsigned long long* histogr
   *state = s;
 }
 
-// Keys of the sample (kernels/topk_math.h): the whole tensor up to kTopkSampleAllCount, else
+// Keys of the sample (compressors/topk/topk_math.h): the whole tensor up to kTopkSampleAllCount, else
 // kTopkSampleRun consecutive elements of each of kTopkSampleGroups segments.
 __global__ void sample_kernel(const float* in, std::uint64_t n, std::uint64_t sample_count,
                               std::uint64_t seed, std::uint32_t step, std::uint32_t tensor_id,

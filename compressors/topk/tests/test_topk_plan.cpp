@@ -1,4 +1,4 @@
-// Host-side planning of the CUDA top-k (kernels/cuda/topk_plan.h), checked without a GPU: the
+// Host-side planning of the CUDA top-k (compressors/topk/cuda/topk_plan.h), checked without a GPU: the
 // capacity restated from the CPU equals the CPU's, the workspace layout of either variant
 // (fast: one-pass compactions with look-back records; reference: count arrays and CUB scan
 // storage) has exactly the regions its kernels use, each aligned, large enough and disjoint
@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "gradzip/tensor_view.h"
-#include "kernels/cpu/topk_cpu.h"
-#include "kernels/cuda/topk_plan.h"
-#include "kernels/topk_math.h"
+#include "compressors/topk/topk_cpu.h"
+#include "compressors/topk/cuda/topk_plan.h"
+#include "compressors/topk/topk_math.h"
 
 namespace gradzip {
 namespace {
