@@ -16,17 +16,19 @@
 namespace gradzip::collectives {
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
-                   const CompressionSpec& spec) {
-  return Call{kind, tensor, name, op, spec, spec.to_string(), std::nullopt, std::nullopt, {}, false, 0, nullptr};
+                   const CompressionSpec& spec, SpecCache& specs) {
+  return Call{kind, tensor, name, op, spec, specs.canonical_text(spec), std::nullopt,
+              std::nullopt, {}, false, 0, nullptr};
 }
 
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
-                   std::string_view spec_text) {
+                   std::string_view spec_text, SpecCache& specs) {
   Call call{kind, tensor, name, op, std::nullopt, std::string(spec_text), std::nullopt,
             std::nullopt, {}, false, 0, nullptr};
   try {
-    call.spec = CompressionSpec::parse(spec_text);
-    call.spec_text = call.spec->to_string();
+    const SpecCache::Parsed& parsed = specs.parse(spec_text);
+    call.spec = parsed.spec;
+    call.spec_text = parsed.canonical;
   } catch (const Error& error) {
     call.error = error;
   }

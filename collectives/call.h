@@ -17,6 +17,7 @@
 #include "collectives/collective_job.h"
 #include "collectives/communicator_state.h"
 #include "collectives/device_memory.h"
+#include "collectives/spec_cache.h"
 #include "collectives/timeline.h"
 #include "collectives/transport/deadline.h"
 #include "gradzip/communicator.h"
@@ -73,11 +74,12 @@ struct Call {
 };
 
 // A Call of a parsed spec, or of spec text (a parse error is kept in Call::error and thrown by
-// begin_call on every rank).
+// begin_call on every rank). `specs` (the Communicator's) parses and prints the spec once per
+// text, not once per call.
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
-                   const CompressionSpec& spec);
+                   const CompressionSpec& spec, SpecCache& specs);
 Call describe_call(CollectiveKind kind, TensorView tensor, std::string_view name, ReduceOp op,
-                   std::string_view spec_text);
+                   std::string_view spec_text, SpecCache& specs);
 
 // Checks the arguments, runs the call check with every rank, and counts the call. Returns the
 // call's step. Throws on every rank when any rank's arguments are bad or the ranks disagree.

@@ -132,7 +132,8 @@ CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, s
                                   const Error* preset_error) {
   CompressionSpec without_warmup = spec;
   without_warmup.warmup = 0;
-  Call call = describe_call(CollectiveKind::allreduce, tensor, name, op, without_warmup);
+  Call call = describe_call(CollectiveKind::allreduce, tensor, name, op, without_warmup,
+                            state.specs());
   call.explicit_step = step;
   if (preset_error != nullptr) call.error = *preset_error;
   return run_allreduce(state, std::move(call));
@@ -141,7 +142,7 @@ CollectiveStats allreduce_at_step(CommunicatorState& state, TensorView tensor, s
 CollectiveStats allreduce_keyed_by_step(CommunicatorState& state, TensorView tensor,
                                         std::string_view name, const CompressionSpec& spec,
                                         ReduceOp op, std::uint32_t step) {
-  Call call = describe_call(CollectiveKind::allreduce, tensor, name, op, spec);
+  Call call = describe_call(CollectiveKind::allreduce, tensor, name, op, spec, state.specs());
   call.explicit_step = step;
   return run_allreduce(state, std::move(call));
 }
@@ -149,7 +150,8 @@ CollectiveStats allreduce_keyed_by_step(CommunicatorState& state, TensorView ten
 CollectiveStats reduce_scatter_keyed_by_step(CommunicatorState& state, TensorView tensor,
                                              std::string_view name, const CompressionSpec& spec,
                                              ReduceOp op, std::uint32_t step) {
-  Call call = describe_call(CollectiveKind::reduce_scatter, tensor, name, op, spec);
+  Call call = describe_call(CollectiveKind::reduce_scatter, tensor, name, op, spec,
+                            state.specs());
   call.explicit_step = step;
   return run_reduce_scatter(state, std::move(call));
 }
@@ -192,13 +194,15 @@ int Communicator::size() const noexcept { return state_->transport().size(); }
 CollectiveStats Communicator::allreduce(TensorView tensor, std::string_view name,
                                         const CompressionSpec& spec, ReduceOp op) {
   return collectives::run_allreduce(
-      *state_, collectives::describe_call(collectives::CollectiveKind::allreduce, tensor, name, op, spec));
+      *state_, collectives::describe_call(collectives::CollectiveKind::allreduce, tensor, name, op,
+                                          spec, state_->specs()));
 }
 
 CollectiveStats Communicator::allreduce(TensorView tensor, std::string_view name,
                                         std::string_view spec, ReduceOp op) {
   return collectives::run_allreduce(
-      *state_, collectives::describe_call(collectives::CollectiveKind::allreduce, tensor, name, op, spec));
+      *state_, collectives::describe_call(collectives::CollectiveKind::allreduce, tensor, name, op,
+                                          spec, state_->specs()));
 }
 
 CollectiveStats Communicator::allreduce(TensorView tensor, std::string_view name, ReduceOp op) {
@@ -209,14 +213,15 @@ CollectiveStats Communicator::reduce_scatter(TensorView tensor, std::string_view
                                              const CompressionSpec& spec, ReduceOp op) {
   return collectives::run_reduce_scatter(
       *state_,
-      collectives::describe_call(collectives::CollectiveKind::reduce_scatter, tensor, name, op, spec));
+      collectives::describe_call(collectives::CollectiveKind::reduce_scatter, tensor, name, op,
+                                 spec, state_->specs()));
 }
 
 CollectiveStats Communicator::allgather(TensorView tensor, std::string_view name,
                                         const CompressionSpec& spec) {
   return collectives::run_allgather(
       *state_, collectives::describe_call(collectives::CollectiveKind::allgather, tensor, name,
-                                          ReduceOp::sum, spec));
+                                          ReduceOp::sum, spec, state_->specs()));
 }
 
 std::size_t Communicator::shard_begin(std::size_t count, int r) const noexcept {

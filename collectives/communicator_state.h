@@ -3,6 +3,7 @@
 // collectives/communicator_internal.h instead.
 //   TransportSet     the world transport, node groups, NCCL transports, deadline, CUDA path
 //   NameRegistry     call numbers per name, calls started, random streams, the release window
+//   SpecCache        each spec text parsed and printed once
 //   CodecCache       the codec of each spec
 //   AutoModelCache   algo=auto's measured inputs and its choices
 //   CallScratch      working memory kept between calls
@@ -21,6 +22,7 @@
 #include "collectives/codec_cache.h"
 #include "collectives/communicator_internal.h"
 #include "collectives/name_registry.h"
+#include "collectives/spec_cache.h"
 #include "collectives/transport_set.h"
 #include "error_feedback/residual_store.h"
 #include "gradzip/communicator.h"
@@ -43,6 +45,7 @@ class CommunicatorState {
   error_feedback::ResidualStore& residuals() noexcept { return residuals_; }
   NameRegistry& names() noexcept { return names_; }
   const NameRegistry& names() const noexcept { return names_; }
+  SpecCache& specs() noexcept { return specs_; }
   CodecCache& codecs() noexcept { return codecs_; }
   AutoModelCache& auto_model() noexcept { return auto_model_; }
   const AutoModelCache& auto_model() const noexcept { return auto_model_; }
@@ -59,6 +62,7 @@ class CommunicatorState {
   CompressionSpec default_spec_;
   error_feedback::ResidualStore residuals_;
   NameRegistry names_;
+  SpecCache specs_;
   CodecCache codecs_;
   AutoModelCache auto_model_;
   CallScratch scratch_;
