@@ -196,7 +196,7 @@ ShardedChoice choose_reduce_scatter(const CompressionSpec& spec, std::uint32_t s
   if (step < spec.warmup) {
     choice.algorithm = Algorithm::ring;
     choice.warmup = true;
-    choice.name = "ring";
+    choice.name = algorithm_name(Algorithm::ring);
     choice.note = warmup_note(spec, step);
     return choice;
   }

@@ -1,12 +1,12 @@
 // The all-reduce paths the library runs, one row each (algorithm_table.cpp): the flat
 // algorithms, random-k's shared-index path and the hierarchical composition, keyed by
 // AlgorithmId (collectives/algorithm_id.h). A row says the path's name (what
-// CollectiveStats::algorithm reports and the model prints; for a row with an algo= value, the
-// name algorithm_name gives it, which tests/unit/test_algorithm_choice.cpp checks), the algo=
-// value that selects it, the function that runs it on a ReduceJob, its cost estimate, whether
+// CollectiveStats::algorithm reports and the model prints; for a row with an algo= value, taken
+// from gradzip/algorithm_list.h through algorithm_name), the algo= value that selects it, the function that runs it on a ReduceJob, its cost estimate, whether
 // it can run on device memory and whether the sharded collectives run it. Its message tags are
 // in collectives/message_tags.h. Adding an algorithm adds its file, its estimate
-// (collectives/cost_model.cpp), its enumerators and a row here.
+// (collectives/cost_model.cpp), its line in gradzip/algorithm_list.h (when algo= selects it),
+// its AlgorithmId and a row here.
 #pragma once
 
 #include <optional>

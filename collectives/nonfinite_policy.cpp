@@ -124,7 +124,7 @@ void run_uncompressed(CommunicatorState& state, const Call& call, std::uint32_t 
       return;
     }
     case CollectiveKind::reduce_scatter: {
-      stats.algorithm = "ring";
+      stats.algorithm = algorithm_name(Algorithm::ring);
       const CallMemory memory = open_call_memory(
           state, call, 0, count, route_of(state, tensor, dense, Algorithm::ring), stats);
       divide_for_average(memory, call.op);

@@ -52,31 +52,17 @@ std::string_view trim(std::string_view text) {
   return text;
 }
 
-// The algo= values and their names, in Algorithm's order: what the parser accepts and
-// algorithm_name prints. The collectives' algorithm rows repeat the names (the parser stays
-// here so that make_codec needs no collectives); tests/unit/test_algorithm_choice.cpp checks
-// that they agree.
-constexpr std::array<std::pair<std::string_view, Algorithm>, 7> kAlgorithmNames{{
-    {"auto", Algorithm::auto_select},
-    {"ring", Algorithm::ring},
-    {"sra", Algorithm::sra},
-    {"sparse", Algorithm::sparse},
-    {"hier", Algorithm::hier},
-    {"rhd", Algorithm::rhd},
-    {"tree", Algorithm::tree},
-}};
+// The algo= values and their names (gradzip/algorithm_list.h): what the parser accepts.
+#define GRADZIP_ALGORITHM_CHOICE(value, name) \
+  std::pair<std::string_view, Algorithm>{name, Algorithm::value},
+constexpr std::array kAlgorithmNames{GRADZIP_ALGORITHMS(GRADZIP_ALGORITHM_CHOICE)};
+#undef GRADZIP_ALGORITHM_CHOICE
 
 }  // namespace
 
 std::string_view codec_kind_name(CodecKind kind) noexcept {
   for (const CodecDescriptor& row : codec_descriptors())
     if (row.kind == kind) return row.name;
-  return "unknown";
-}
-
-std::string_view algorithm_name(Algorithm algo) noexcept {
-  for (const auto& [name, value] : kAlgorithmNames)
-    if (value == algo) return name;
   return "unknown";
 }
 

@@ -75,6 +75,7 @@
 #include <string>
 #include <string_view>
 
+#include "gradzip/algorithm_list.h"
 #include "gradzip/codec_list.h"
 #include "gradzip/dtype.h"
 
@@ -87,22 +88,26 @@ enum class CodecKind : std::uint8_t { GRADZIP_CODECS(GRADZIP_CODEC_KIND) };
 // sparse: the sparse all-reduce (every rank's whole compressed message all-gathered, the decoded
 // messages summed; top-k's default). `allgather` is its former name, kept so that existing code
 // compiles.
+// One enumerator per algo= value of gradzip/algorithm_list.h, in its order.
+#define GRADZIP_ALGORITHM_ENUMERATOR(value, name) value,
 enum class Algorithm : std::uint8_t {
-  auto_select,
-  ring,
-  sra,
-  sparse,
-  hier,
-  rhd,
-  tree,
+  GRADZIP_ALGORITHMS(GRADZIP_ALGORITHM_ENUMERATOR)
   allgather [[deprecated("the sparse all-reduce is Algorithm::sparse")]] = sparse,
 };
+#undef GRADZIP_ALGORITHM_ENUMERATOR
 enum class ResizePolicy : std::uint8_t { error, reset };
 enum class NonfinitePolicy : std::uint8_t { propagate, error, skip };
 enum class FallbackPolicy : std::uint8_t { off, dense };
 
 std::string_view codec_kind_name(CodecKind kind) noexcept;
-std::string_view algorithm_name(Algorithm algo) noexcept;
+// The algo= name of `algo` (gradzip/algorithm_list.h); "unknown" for a value outside the list.
+constexpr std::string_view algorithm_name(Algorithm algo) noexcept {
+#define GRADZIP_ALGORITHM_NAME(value, name) \
+  if (algo == Algorithm::value) return name;
+  GRADZIP_ALGORITHMS(GRADZIP_ALGORITHM_NAME)
+#undef GRADZIP_ALGORITHM_NAME
+  return "unknown";
+}
 std::string_view nonfinite_policy_name(NonfinitePolicy policy) noexcept;
 std::string_view fallback_policy_name(FallbackPolicy policy) noexcept;
 
