@@ -37,6 +37,7 @@
 #include "compressors/codec_checks.h"
 #include "compressors/codec_descriptor.h"
 #include "compressors/randk/randk_cpu.h"
+#include "compressors/randk/randk_header.h"
 #include "compressors/spec_keys.h"
 #include "compressors/wire_format.h"
 
@@ -68,16 +69,15 @@ class RandkCodec final : public Codec {
   std::size_t encode(ConstTensorView in, std::span<std::byte> out,
                      const EncodeContext& ctx) const override {
     require_host(in, "randk.encode");
-    const std::size_t k = spec_.k_for(in.count);
-    const std::size_t payload = kRandkKeyBytes + k * dtype_size(spec_.values);
-    const std::size_t total = kWireHeaderBytes + payload;
+    const WireHeader header = randk_header(spec_, in.count);
+    const std::size_t total = kWireHeaderBytes + header.payload_bytes;
     require_capacity(out, total, "randk.encode");
-    const std::uint8_t flags = spec_.values == DType::f16 ? kRandkHalfValues : 0;
-    write_header(WireHeader{WireCodec::randk, flags, 0, in.count, payload, k}, out);
+    write_header(header, out);
     const kernels::RandkKey key = kernels::cpu::randk_key(ctx);
     std::byte* key_bytes = out.data() + kWireHeaderBytes;
     kernels::randk_write_key(key, key_bytes);
-    kernels::cpu::randk_gather(in, k, key, spec_.values, key_bytes + kRandkKeyBytes);
+    kernels::cpu::randk_gather(in, entry_count_of(header), key, spec_.values,
+                               key_bytes + kRandkKeyBytes);
     return total;
   }
 

@@ -15,6 +15,7 @@
 #include "compressors/cuda/device_support.h"
 #include "compressors/randk/cuda/randk_kernels.h"
 #include "compressors/randk/randk_cpu.h"
+#include "compressors/randk/randk_header.h"
 #include "compressors/randk/randk_math.h"
 #include "compressors/wire_format.h"
 #include "gradzip/error.h"
@@ -24,15 +25,6 @@ namespace gradzip::compressors {
 namespace {
 
 using namespace device;  // compressors/cuda/device_support.h
-
-// The header of `spec`'s message of n elements: it follows from the spec and n (the key, which
-// does not, is in the payload).
-WireHeader randk_header(const CompressionSpec& spec, std::size_t n) {
-  const std::size_t k = spec.k_for(n);
-  const bool half = spec.values == DType::f16;
-  return WireHeader{WireCodec::randk, half ? kRandkHalfValues : std::uint8_t{0}, 0, n,
-                    kRandkKeyBytes + cuda::randk_values_bytes(k, half), k};
-}
 
 WireHeader encode_randk(const CompressionSpec& spec, const float* d_in, std::size_t n,
                         const EncodeContext& ctx, std::byte* d_payload,
