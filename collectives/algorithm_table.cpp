@@ -11,25 +11,23 @@ namespace {
 
 using A = AlgorithmId;
 
-// The name of a row that an algo= value selects: that value's (gradzip/algorithm_list.h).
-constexpr std::string_view named(Algorithm value) { return algorithm_name(value); }
-
-// In AlgorithmId's order (checked below).
+// In AlgorithmId's order (checked below). A row that an algo= value selects takes that value's
+// name (gradzip/algorithm_list.h).
 constexpr std::array<AlgorithmRow, 7> kRows{{
-    {A::ring, named(Algorithm::ring), Algorithm::ring, &ring_allreduce, &estimate_ring, {},
+    {A::ring, algorithm_name(Algorithm::ring), Algorithm::ring, &ring_allreduce, &estimate_ring, {},
      &ring_reduce_scatter},
-    {A::sra, named(Algorithm::sra), Algorithm::sra, &sra_allreduce, &estimate_sra, {},
+    {A::sra, algorithm_name(Algorithm::sra), Algorithm::sra, &sra_allreduce, &estimate_sra, {},
      &sra_reduce_scatter},
-    {A::sparse, named(Algorithm::sparse), Algorithm::sparse, &sparse_allreduce, &estimate_sparse,
-     {}},
+    {A::sparse, algorithm_name(Algorithm::sparse), Algorithm::sparse, &sparse_allreduce,
+     &estimate_sparse, {}},
     {A::randk, "randk", std::nullopt, &randk_allreduce, &estimate_randk, {}},
     // Halving/doubling parses the concatenated messages it forwards by their headers, and the
     // tree is meant for small tensors: both run on host memory.
-    {A::rhd, named(Algorithm::rhd), Algorithm::rhd, &halving_doubling_allreduce, &estimate_rhd,
-     "the rhd all-reduce runs on host memory"},
-    {A::tree, named(Algorithm::tree), Algorithm::tree, &tree_allreduce, &estimate_tree,
+    {A::rhd, algorithm_name(Algorithm::rhd), Algorithm::rhd, &halving_doubling_allreduce,
+     &estimate_rhd, "the rhd all-reduce runs on host memory"},
+    {A::tree, algorithm_name(Algorithm::tree), Algorithm::tree, &tree_allreduce, &estimate_tree,
      "the tree all-reduce runs on host memory"},
-    {A::hier, named(Algorithm::hier), Algorithm::hier, nullptr, &estimate_hier,
+    {A::hier, algorithm_name(Algorithm::hier), Algorithm::hier, nullptr, &estimate_hier,
      "the hierarchical all-reduce runs on host memory"},
 }};
 

@@ -1,5 +1,5 @@
-// Element math of the top-k codec, shared by the CPU kernels (kernels/cpu/topk_cpu.*) and a
-// future CUDA port, so that both select the same entries.
+// Element math of the top-k codec, shared by the CPU loops (topk_cpu.*) and the CUDA kernels
+// (cuda/topk_kernels.cu), so that both select the same entries.
 //
 // Magnitude key. An element's rank is decided by its magnitude key: the f32 bit pattern with
 // the sign bit cleared, read as an unsigned 32-bit integer. For non-NaN values the key order is
